@@ -1,0 +1,140 @@
+"""One velocity interface over both objectives ("wrap, don't branch").
+
+A raw network is any callable ``net(x, timestep, cond) → output``. An adapter gives it the face the ensemble and
+the sampler use, ``velocity(x_t, t, cond, uncond=None, cfg_scale=1.0) → v`` in FM time and velocity space, and the
+training loss of its own objective. Classifier-free guidance happens inside the adapter, in the network's native
+output space, before any conversion. Nothing outside this module asks which objective an expert has.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from .objectives import (
+    CONVERSIONS,
+    FM_TIME_SCALE,
+    ddpm_alpha_bar,
+    ddpm_eps_to_velocity,
+    ddpm_loss,
+    ddpm_noise,
+    fm_input_scale,
+    fm_interpolate,
+    fm_loss,
+    naive_timestep,
+    snr_matched_timestep,
+)
+
+Net = Callable[[Tensor, Tensor, Any], Tensor]
+
+
+def map_cond(fn: Callable[..., Tensor], *conds: Any) -> Any:
+    """Apply ``fn`` leaf-wise to conditions: tensors, (named) tuples of tensors, or None."""
+    first = conds[0]
+    if first is None:
+        return None
+    if isinstance(first, Tensor):
+        return fn(*conds)
+    if isinstance(first, tuple):
+        parts = [map_cond(fn, *leaves) for leaves in zip(*conds)]
+        return type(first)(*parts) if hasattr(first, "_fields") else tuple(parts)
+    raise TypeError(f"unsupported condition type {type(first).__name__}")
+
+
+def cat_cond(a: Any, b: Any) -> Any:
+    """Concatenate two conditions along the batch."""
+    return map_cond(lambda x, y: torch.cat([x, y]), a, b)
+
+
+class Expert(nn.Module):
+    """Base adapter: a network plus the maps between FM time/space and the network's own.
+
+    Subclasses define ``net_inputs`` (what the network sees at FM state ``(x_t, t)``), ``to_velocity`` (how its
+    output becomes an FM velocity) and ``training_loss`` (its objective).
+    """
+
+    objective: str
+
+    def __init__(self, net: Net):
+        super().__init__()
+        self.net = net
+
+    def net_inputs(self, x_t: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def to_velocity(self, x_t: Tensor, t: Tensor, out: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def training_loss(self, x0: Tensor, cond: Any, generator: torch.Generator | None = None) -> Tensor:
+        raise NotImplementedError
+
+    def velocity(self, x_t: Tensor, t: Tensor, cond: Any, uncond: Any = None, cfg_scale: float = 1.0) -> Tensor:
+        """FM velocity at ``(x_t, t)``; with ``uncond``, guided in native space: ``u + s·(c − u)``."""
+        t = torch.as_tensor(t, dtype=x_t.dtype, device=x_t.device).expand(x_t.shape[0])
+        x_in, timestep = self.net_inputs(x_t, t)
+        if uncond is None or cfg_scale == 1.0:
+            out = self.net(x_in, timestep, cond)
+        else:
+            out_c, out_u = self.net(torch.cat([x_in, x_in]), torch.cat([timestep, timestep]),
+                                    cat_cond(cond, uncond)).chunk(2)
+            out = out_u + cfg_scale * (out_c - out_u)
+        return self.to_velocity(x_t, t, out)
+
+
+class FlowMatchingExpert(Expert):
+    """An FM expert predicts the velocity directly; its network sees the time as ``FM_TIME_SCALE·t``."""
+
+    objective = "fm"
+
+    def net_inputs(self, x_t, t):
+        return x_t, FM_TIME_SCALE * t
+
+    def to_velocity(self, x_t, t, out):
+        return out
+
+    def training_loss(self, x0, cond, generator=None):
+        t = torch.rand(x0.shape[0], generator=generator, device=x0.device, dtype=x0.dtype)
+        eps = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        x_t = fm_interpolate(x0, eps, t)
+        return fm_loss(self.net(x_t, FM_TIME_SCALE * t, cond), x0, eps)
+
+
+class DDPMExpert(Expert):
+    """A DDPM ε-prediction expert, converted into the FM velocity space at inference without retraining.
+
+    ``conversion="schedule_aware"`` (default): SNR-matched fractional timestep and input rescaling, exact for an
+    exact network. ``conversion="naive"``: ``tau = round((T−1)·t)`` on the unscaled ``x_t`` (the paper's variant,
+    for ablations). ``t_eps`` and ``x0_clamp`` guard the clean estimate near pure noise.
+    """
+
+    objective = "ddpm"
+
+    def __init__(self, net: Net, schedule: str = "cosine", num_train_timesteps: int = 1000, *,
+                 conversion: str = "schedule_aware", t_eps: float = 0.01, x0_clamp: float = 20.0):
+        super().__init__(net)
+        if conversion not in CONVERSIONS:
+            raise ValueError(f"unknown conversion {conversion!r}; expected one of {CONVERSIONS}")
+        self.schedule, self.conversion = schedule, conversion
+        self.t_eps, self.x0_clamp = t_eps, x0_clamp
+        self.register_buffer("alpha_bar", ddpm_alpha_bar(schedule, num_train_timesteps), persistent=False)
+
+    @property
+    def num_train_timesteps(self) -> int:
+        return len(self.alpha_bar)
+
+    def net_inputs(self, x_t, t):
+        if self.conversion == "naive":
+            return x_t, naive_timestep(t, self.num_train_timesteps).to(x_t.dtype)
+        tau = snr_matched_timestep(t, self.alpha_bar).to(x_t.dtype)
+        return x_t * fm_input_scale(t).reshape(-1, *([1] * (x_t.ndim - 1))), tau
+
+    def to_velocity(self, x_t, t, out):
+        return ddpm_eps_to_velocity(x_t, t, out, t_eps=self.t_eps, x0_clamp=self.x0_clamp)
+
+    def training_loss(self, x0, cond, generator=None):
+        tau = torch.randint(0, self.num_train_timesteps, (x0.shape[0],), generator=generator, device=x0.device)
+        eps = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        z = ddpm_noise(x0, eps, tau, self.alpha_bar.to(x0.dtype))
+        return ddpm_loss(self.net(z, tau.to(x0.dtype), cond), eps)

@@ -1,0 +1,179 @@
+"""Training objectives and the DDPM → velocity conversion, as pure tensor functions.
+
+Conventions (DESIGN.md §2), used everywhere in this package:
+
+* FM time ``t ∈ [0, 1]`` with **t = 1 pure noise**; the Flow-Matching path is ``x_t = (1 − t)·x0 + t·eps``.
+* "velocity" is the FM velocity ``v = eps − x0`` = dx_t/dt. It is *not* diffusers' ``v_prediction``.
+* DDPM experts live on a discrete variance-preserving schedule ``alpha_bar[tau]``, ``tau ∈ {0, …, T−1}``
+  (``tau = T−1`` is the noisiest): ``z = sqrt(alpha_bar)·x0 + sqrt(1 − alpha_bar)·eps``; the network predicts eps.
+* FM networks see the time as ``FM_TIME_SCALE·t`` (999·t), the same range as DDPM timesteps.
+
+Schedule-aware conversion of a DDPM expert at FM time t (exact when the network is exact and the SNR of ``x_t``
+lies inside the schedule's range):
+
+1. SNR match: ``alpha_bar* = (1−t)² / ((1−t)² + t²)``; ``tau*`` is the fractional timestep where the schedule's
+   log-SNR, linearly interpolated between integer timesteps, equals that of ``alpha_bar*`` (clamped to [0, T−1]).
+2. Input rescale: ``x̃ = x_t / sqrt((1−t)² + t²)``, a VP sample at ``alpha_bar*``.
+3. ``eps_hat = net(x̃, tau*)``; ``x0_hat = (x_t − t·eps_hat) / max(1 − t, t_eps)`` clamped to ``±x0_clamp``;
+   ``v_hat = eps_hat − x0_hat``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+FM_TIME_SCALE = 999.0
+"""FM networks receive ``FM_TIME_SCALE·t`` as their timestep (the paper's "999·t")."""
+
+SCHEDULES = ("linear", "cosine")
+CONVERSIONS = ("schedule_aware", "naive")
+
+
+def _bcast(t: Tensor, x: Tensor) -> Tensor:
+    """View a per-sample time (B,) as (B, 1, …, 1) so it broadcasts against x (B, …)."""
+    t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+    return t.reshape(-1, *([1] * (x.ndim - 1))) if t.ndim else t
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Flow Matching
+
+
+def fm_interpolate(x0: Tensor, eps: Tensor, t: Tensor) -> Tensor:
+    """``x_t = (1 − t)·x0 + t·eps``."""
+    t = _bcast(t, x0)
+    return (1 - t) * x0 + t * eps
+
+
+def fm_velocity_target(x0: Tensor, eps: Tensor) -> Tensor:
+    """The regression target of an FM expert, ``v = eps − x0``."""
+    return eps - x0
+
+
+def fm_loss(v_hat: Tensor, x0: Tensor, eps: Tensor) -> Tensor:
+    """``E ‖v_hat − (eps − x0)‖²`` (mean over all elements)."""
+    return torch.mean((v_hat - fm_velocity_target(x0, eps)) ** 2)
+
+
+def x0_from_velocity(x_t: Tensor, t: Tensor, v: Tensor) -> Tensor:
+    """``x0 = x_t − t·v`` on the FM path."""
+    return x_t - _bcast(t, x_t) * v
+
+
+def eps_from_velocity(x_t: Tensor, t: Tensor, v: Tensor) -> Tensor:
+    """``eps = x_t + (1 − t)·v`` on the FM path."""
+    return x_t + (1 - _bcast(t, x_t)) * v
+
+
+def velocity_from_eps(x_t: Tensor, t: Tensor, eps: Tensor) -> Tensor:
+    """``v = (eps − x_t) / (1 − t)`` on the FM path (no endpoint guard; see :func:`ddpm_eps_to_velocity`)."""
+    return (eps - x_t) / (1 - _bcast(t, x_t))
+
+
+def velocity_from_x0(x_t: Tensor, t: Tensor, x0: Tensor) -> Tensor:
+    """``v = (x_t − x0) / t`` on the FM path (no endpoint guard)."""
+    return (x_t - x0) / _bcast(t, x_t)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# DDPM (variance preserving, discrete time)
+
+
+def ddpm_alpha_bar(schedule: str, num_train_timesteps: int = 1000, dtype: torch.dtype = torch.float64) -> Tensor:
+    """The cumulative product ``alpha_bar[tau]``, tau = 0 … T−1, of a VP schedule.
+
+    ``linear``: beta from 1e-4 to 0.02 (Ho et al.; the ImageNet DiT checkpoint's schedule).
+    ``cosine``: Nichol & Dhariwal, ``alpha_bar(s) = cos²((s/T + 0.008)/1.008 · π/2)``, betas capped at 0.999.
+    """
+    T = num_train_timesteps
+    if schedule == "linear":
+        betas = torch.linspace(1e-4, 0.02, T, dtype=torch.float64)
+    elif schedule == "cosine":
+        f = lambda s: math.cos((s / T + 0.008) / 1.008 * math.pi / 2) ** 2  # noqa: E731
+        betas = torch.tensor([min(1 - f(i + 1) / f(i), 0.999) for i in range(T)], dtype=torch.float64)
+    else:
+        raise ValueError(f"unknown DDPM schedule {schedule!r}; expected one of {SCHEDULES}")
+    return torch.cumprod(1 - betas, dim=0).to(dtype)
+
+
+def ddpm_log_snr(alpha_bar: Tensor) -> Tensor:
+    """``log(alpha_bar / (1 − alpha_bar))``, decreasing in tau."""
+    return torch.log(alpha_bar) - torch.log1p(-alpha_bar)
+
+
+def alpha_bar_at(tau: Tensor, alpha_bar: Tensor) -> Tensor:
+    """``alpha_bar`` at a fractional timestep: log-SNR interpolated linearly between integer timesteps.
+
+    This is the continuous extension that :func:`snr_matched_timestep` inverts exactly.
+    """
+    lam = ddpm_log_snr(alpha_bar.to(torch.float64))
+    tau = torch.as_tensor(tau, dtype=torch.float64).clamp(0, len(lam) - 1)
+    lo = tau.floor().long().clamp(max=len(lam) - 2)
+    frac = tau - lo
+    lam_tau = lam[lo] + frac * (lam[lo + 1] - lam[lo])
+    return torch.sigmoid(lam_tau)
+
+
+def ddpm_noise(x0: Tensor, eps: Tensor, tau: Tensor, alpha_bar: Tensor) -> Tensor:
+    """``z = sqrt(alpha_bar[tau])·x0 + sqrt(1 − alpha_bar[tau])·eps`` for integer timesteps tau (B,)."""
+    ab = _bcast(alpha_bar.to(x0.device)[tau], x0)
+    return ab.sqrt() * x0 + (1 - ab).sqrt() * eps
+
+
+def ddpm_loss(eps_hat: Tensor, eps: Tensor) -> Tensor:
+    """``E ‖eps_hat − eps‖²`` (mean over all elements)."""
+    return torch.mean((eps_hat - eps) ** 2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# DDPM → velocity conversion
+
+
+def fm_alpha_bar(t: Tensor) -> Tensor:
+    """The VP ``alpha_bar*`` with the same SNR as the FM path at time t: ``(1−t)² / ((1−t)² + t²)``."""
+    return (1 - t) ** 2 / ((1 - t) ** 2 + t**2)
+
+
+def fm_input_scale(t: Tensor) -> Tensor:
+    """``1 / sqrt((1−t)² + t²)``: maps an FM sample ``x_t`` to the VP sample with the same SNR."""
+    return torch.rsqrt((1 - t) ** 2 + t**2)
+
+
+def snr_matched_timestep(t: Tensor, alpha_bar: Tensor) -> Tensor:
+    """Fractional DDPM timestep ``tau*`` whose SNR equals the FM path's SNR ``((1−t)/t)²`` at time t.
+
+    Inverts the piecewise-linear log-SNR of the table (see :func:`alpha_bar_at`); SNRs outside the table's range
+    clamp to tau = 0 (cleaner than the schedule can express) or tau = T − 1 (noisier). Returns float64.
+    """
+    t = torch.as_tensor(t, dtype=torch.float64)
+    lam_t = 2 * (torch.log1p(-t) - torch.log(t))  # FM log-SNR; +inf at t = 0, −inf at t = 1
+    neg_lam = -ddpm_log_snr(alpha_bar.to(device=t.device, dtype=torch.float64))  # increasing in tau
+    T = len(neg_lam)
+    hi = torch.searchsorted(neg_lam, -lam_t).clamp(1, T - 1)  # neg_lam[hi−1] ≤ −lam_t ≤ neg_lam[hi]
+    lo = hi - 1
+    frac = (-lam_t - neg_lam[lo]) / (neg_lam[hi] - neg_lam[lo])
+    return (lo + frac.clamp(0, 1)).clamp(0, T - 1)
+
+
+def naive_timestep(t: Tensor, num_train_timesteps: int = 1000) -> Tensor:
+    """The paper's crude mapping ``tau = round((T − 1)·t)``, with no SNR matching (ablations only)."""
+    return torch.round((num_train_timesteps - 1) * torch.as_tensor(t, dtype=torch.float64))
+
+
+def ddpm_eps_to_velocity(
+    x_t: Tensor, t: Tensor, eps_hat: Tensor, *, t_eps: float, x0_clamp: float
+) -> Tensor:
+    """FM velocity from a noise prediction at FM state ``(x_t, t)``.
+
+    ``x0_hat = (x_t − t·eps_hat) / max(1 − t, t_eps)``, clamped to ``±x0_clamp``; ``v_hat = eps_hat − x0_hat``.
+    ``t_eps`` guards the division near pure noise (t → 1), where ``x_t`` carries no information about x0;
+    ``x0_clamp`` bounds the clean estimate there. Away from both guards this is exactly
+    ``velocity_from_eps(x_t, t, eps_hat)``.
+    """
+    tb = _bcast(t, x_t)
+    x0_hat = (x_t - tb * eps_hat) / (1 - tb).clamp(min=t_eps)
+    x0_hat = x0_hat.clamp(-x0_clamp, x0_clamp)
+    return eps_hat - x0_hat

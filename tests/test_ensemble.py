@@ -1,0 +1,126 @@
+"""Routing, the DDM decomposition and the Euler sampler against closed-form answers, in float64."""
+
+import pytest
+import torch
+
+from hddm_flower.ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
+from hddm_flower.experts import DDPMExpert, FlowMatchingExpert
+from hddm_flower.objectives import ddpm_alpha_bar, fm_interpolate
+
+from .gmm import GaussianMixture, three_blobs
+
+F64 = torch.float64
+
+
+def _oracle_experts(gmm: GaussianMixture, objectives, t_eps=1e-12, x0_clamp=1e12):
+    """Expert j knows component j exactly, as an FM (v*) or a DDPM (ε*, converted) network."""
+    experts = {}
+    for j, objective in enumerate(objectives):
+        comp = gmm.component(j)
+        if objective == "fm":
+            experts[j] = FlowMatchingExpert(lambda x, ts, c, comp=comp: comp.fm_velocity_star(x, ts / 999))
+        else:
+            ab = ddpm_alpha_bar(objective)
+            experts[j] = DDPMExpert(lambda z, tau, c, comp=comp, ab=ab: comp.ddpm_eps_star(z, tau, ab), objective,
+                                    t_eps=t_eps, x0_clamp=x0_clamp)
+    return experts
+
+
+@pytest.mark.parametrize("objectives", [("fm", "fm", "fm"), ("linear", "fm", "cosine")])
+def test_ddm_decomposition_with_exact_posterior_gives_global_velocity(objectives):
+    """Σ_k p(k | x_t)·v_k*(x_t) = v*(x_t): per-component oracle experts (homogeneous or heterogeneous) weighted by
+    the exact posterior reproduce the mixture's velocity field."""
+    gmm = three_blobs()
+    router = lambda x_t, t: torch.log(gmm.fm_posterior(x_t, t))  # noqa: E731  exact posterior as logits
+    ens = Ensemble(_oracle_experts(gmm, objectives), router, 3, routing="full")
+    g = torch.Generator().manual_seed(0)
+    for t in torch.linspace(0.05, 0.95, 19, dtype=F64):
+        x_t = fm_interpolate(gmm.sample(128, g), torch.randn(128, 2, generator=g, dtype=F64), t)
+        torch.testing.assert_close(ens.velocity(x_t, t, None), gmm.fm_velocity_star(x_t, t), rtol=0, atol=1e-6)
+
+
+def test_routing_modes():
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.1, 0.2, 0.6]], dtype=F64)
+    torch.testing.assert_close(routing_weights(p, "top_k", k=2),
+                               torch.tensor([[0.625, 0.375, 0, 0], [0, 0, 0.25, 0.75]], dtype=F64))
+    torch.testing.assert_close(routing_weights(p, "top_k", k=1),
+                               torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]], dtype=F64))
+    torch.testing.assert_close(routing_weights(p, "full"), p)
+    torch.testing.assert_close(routing_weights(p, "threshold", threshold=0.2),
+                               torch.tensor([[0.625, 0.375, 0, 0], [0, 0, 0.25, 0.75]], dtype=F64))
+    torch.testing.assert_close(routing_weights(p, "threshold", threshold=0.9),  # arg-max always kept
+                               torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]], dtype=F64))
+    torch.testing.assert_close(routing_weights(p, "oracle", labels=torch.tensor([2, 0])),
+                               torch.tensor([[0, 0, 1.0, 0], [1.0, 0, 0, 0]], dtype=F64))
+    # sampling: one-hot rows, frequencies follow the probabilities
+    rows = p[:1].expand(20000, 4)
+    w = routing_weights(rows, "sample", generator=torch.Generator().manual_seed(0))
+    assert torch.all(w.sum(-1) == 1) and torch.all((w == 0) | (w == 1))
+    torch.testing.assert_close(w.mean(0), p[0], atol=0.015, rtol=0)
+    with pytest.raises(ValueError, match="unknown routing mode 'best'"):
+        routing_weights(p, "best")
+    with pytest.raises(ValueError, match="labels"):
+        routing_weights(p, "oracle")
+
+
+def test_missing_experts_are_masked_and_renormalised():
+    """An expert lost in the federation never receives weight; the others' posterior is renormalised."""
+    calls = []
+
+    def expert(j):
+        return FlowMatchingExpert(lambda x, ts, c, j=j: (calls.append(j), torch.full_like(x, float(j)))[1])
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]], dtype=F64)).expand(4, 3)
+    ens = Ensemble({0: expert(0), 2: expert(2)}, lambda x, t: logits, 3, routing="full")  # expert 1 missing
+    torch.testing.assert_close(ens.posterior(torch.zeros(4, 1, dtype=F64), torch.zeros(4, dtype=F64)),
+                               torch.tensor([[5 / 7, 0, 2 / 7]], dtype=F64).expand(4, 3))
+    v = ens.velocity(torch.zeros(4, 1, dtype=F64), torch.full((4,), 0.5, dtype=F64), None)
+    torch.testing.assert_close(v, torch.full((4, 1), 4 / 7, dtype=F64))
+    assert 1 not in calls
+    with pytest.raises(ValueError, match="outside"):
+        Ensemble({5: expert(0)}, lambda x, t: logits, 3)
+
+
+def test_top_k_only_evaluates_selected_experts_and_cfg_is_per_expert():
+    """Each row calls only its top-k experts; guidance is applied inside each expert before mixing."""
+    seen = {j: 0 for j in range(3)}
+
+    def expert(j):
+        def net(x, ts, c):
+            seen[j] += x.shape[0]
+            return c.expand_as(x) + j  # conditional output c + j, unconditional u + j
+        return FlowMatchingExpert(net)
+
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.1, 0.3, 0.6]], dtype=F64))
+    ens = Ensemble({j: expert(j) for j in range(3)}, lambda x, t: logits, 3, routing="top_k", k=2)
+    cond, uncond = torch.ones(2, 1, dtype=F64), torch.zeros(2, 1, dtype=F64)
+    v = ens.velocity(torch.zeros(2, 1, dtype=F64), torch.full((2,), 0.5, dtype=F64), cond, uncond, cfg_scale=3.0)
+    # guided v_j = (0 + j) + 3·((1 + j) − (0 + j)) = 3 + j; mixed with renormalised top-2 weights
+    torch.testing.assert_close(v, torch.tensor([[3 + (0.6 * 0 + 0.3 * 1) / 0.9], [3 + (0.3 * 1 + 0.6 * 2) / 0.9]],
+                                               dtype=F64))
+    assert seen == {0: 2, 1: 4, 2: 2}  # rows × (cond + uncond)
+
+
+def test_euler_sampler_on_analytic_fields():
+    # constant velocity c: x_0 = x_1 − c exactly, for any number of steps
+    x1 = torch.randn(5, 3, dtype=F64, generator=torch.Generator().manual_seed(0))
+    c = torch.tensor([0.5, -1.0, 2.0], dtype=F64)
+    torch.testing.assert_close(euler_sample(lambda x, t: c.expand_as(x), x1, 7), x1 - c)
+    # v = 3t²: x_0 = x_1 − 1 exactly in the limit; Euler's error is first order in the step size
+    errs = [(euler_sample(lambda x, t: 3 * t[:, None] ** 2 * torch.ones_like(x), x1, n) - (x1 - 1)).abs().max()
+            for n in (100, 200)]
+    assert errs[1] < 1e-2 and 1.9 < errs[0] / errs[1] < 2.1
+
+
+def test_ensemble_sampler_transports_noise_to_the_mixture():
+    """Exact heterogeneous experts + exact router + Euler: samples land on the mixture (means and weights)."""
+    gmm = GaussianMixture([0.7, 0.3], [[-2.0, 0.0], [2.0, 1.0]], [0.2, 0.3])
+    router = lambda x_t, t: torch.log(gmm.fm_posterior(x_t, t))  # noqa: E731
+    ens = Ensemble(_oracle_experts(gmm, ("cosine", "fm"), t_eps=0.01, x0_clamp=20.0), router, 2, routing="full")
+    noise = torch.randn(4000, 2, dtype=F64, generator=torch.Generator().manual_seed(1))
+    x0 = sample_ensemble(ens, noise, None, num_steps=200)
+    left = x0[:, 0] < 0
+    assert abs(left.double().mean().item() - 0.7) < 0.03
+    torch.testing.assert_close(x0[left].mean(0), gmm.mu[0], atol=0.03, rtol=0)
+    torch.testing.assert_close(x0[~left].mean(0), gmm.mu[1], atol=0.05, rtol=0)
+    assert abs(x0[left].std(0).mean().item() - 0.2) < 0.03
