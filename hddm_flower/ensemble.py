@@ -87,10 +87,12 @@ class Ensemble(nn.Module):
         return logits.masked_fill(~self.present, float("-inf")).softmax(-1)
 
     def velocity(self, x_t: Tensor, t: Tensor, cond: Any, uncond: Any = None, cfg_scale: float = 1.0, *,
-                 labels: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+                 routing: str | None = None, labels: Tensor | None = None,
+                 generator: torch.Generator | None = None) -> Tensor:
+        """Mixed FM velocity; ``routing`` overrides the ensemble's mode for this call (e.g. "oracle")."""
         t = torch.as_tensor(t, dtype=x_t.dtype, device=x_t.device).expand(x_t.shape[0])
         # route
-        w = routing_weights(self.posterior(x_t, t), self.routing, k=self.k, threshold=self.threshold,
+        w = routing_weights(self.posterior(x_t, t), routing or self.routing, k=self.k, threshold=self.threshold,
                             labels=labels, generator=generator).to(x_t.dtype)
         # per-expert (guided) velocity, evaluated only on the rows routed to it; then combine
         v = torch.zeros_like(x_t)

@@ -1,0 +1,134 @@
+"""Checkpoints on disk: safetensors weights with their metadata, written atomically.
+
+An expert folder is what diffusers ``PixArtTransformer2DModel.from_pretrained(folder)`` loads (``config.json`` +
+``diffusion_pytorch_model.safetensors``) plus ``hddm_expert.json``, the metadata that says how to use it
+(objective, schedule, time convention, preset, provenance and compute). The server reads the objective from
+there, never from a name or a position. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import diffusers
+import torch
+from diffusers import PixArtTransformer2DModel
+from safetensors.torch import save_file
+from torch import Tensor
+
+from .experts import DDPMExpert, Expert, FlowMatchingExpert
+from .models import ExpertNet, Router
+
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+META = "hddm_expert.json"
+TIME_CONVENTION = "fm: t in [0,1], t=1 noise, x_t=(1-t)x0+t*eps, v=eps-x0, net timestep=999t; ddpm: tau in 0..T-1"
+REQUIRED_META = ("expert_id", "cluster_id", "objective", "preset", "time_convention", "steps", "images_seen",
+                 "device_seconds")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_folder(folder: Path):
+    """A temporary sibling folder that replaces ``folder`` on success and vanishes on failure."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+
+
+def _commit(tmp: Path, folder: Path) -> None:
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+
+
+def check_expert_state(state_dict: dict[str, Tensor], model_config: dict) -> None:
+    """Raise ValueError unless ``state_dict`` has exactly the keys and shapes of ``model_config``'s model and only
+    finite values. The reference model is built on the meta device (no memory)."""
+    with torch.device("meta"):
+        ref = PixArtTransformer2DModel.from_config(model_config).state_dict()
+    missing, extra = sorted(set(ref) - set(state_dict)), sorted(set(state_dict) - set(ref))
+    if missing or extra:
+        raise ValueError(f"checkpoint keys do not match the model: missing {missing[:3]}, unexpected {extra[:3]}")
+    for k, v in state_dict.items():
+        if tuple(v.shape) != tuple(ref[k].shape):
+            raise ValueError(f"checkpoint tensor {k} has shape {tuple(v.shape)}, expected {tuple(ref[k].shape)}")
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise ValueError(f"checkpoint tensor {k} has non-finite values")
+
+
+def save_expert(folder: str | os.PathLike, state_dict: dict[str, Tensor], model_config: dict,
+                meta: dict[str, Any]) -> str:
+    """Write an expert folder atomically; returns the sha256 of the weights file."""
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise ValueError(f"expert metadata lacks {missing}")
+    folder = Path(folder)
+    tmp = _atomic_folder(folder)
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, tmp / WEIGHTS,
+                  metadata={"format": "pt", "objective": str(meta["objective"])})
+        config = {"_class_name": "PixArtTransformer2DModel", "_diffusers_version": diffusers.__version__,
+                  **model_config}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        digest = sha256_file(tmp / WEIGHTS)
+        (tmp / META).write_text(json.dumps({**meta, "sha256": digest}, indent=2))
+        _commit(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return digest
+
+
+def read_expert_meta(folder: str | os.PathLike) -> dict[str, Any]:
+    path = Path(folder) / META
+    if not path.exists():
+        raise FileNotFoundError(f"{folder} is not an expert folder (no {META})")
+    return json.loads(path.read_text())
+
+
+def make_expert(net: ExpertNet, meta: dict[str, Any], *, conversion: str = "schedule_aware", t_eps: float = 0.01,
+                x0_clamp: float = 20.0) -> Expert:
+    """Wrap a network in the adapter its metadata names: the one place the objective is read."""
+    if meta["objective"] == "fm":
+        return FlowMatchingExpert(net)
+    if meta["objective"] == "ddpm":
+        return DDPMExpert(net, meta["schedule"], meta["num_train_timesteps"], conversion=conversion, t_eps=t_eps,
+                          x0_clamp=x0_clamp)
+    raise ValueError(f"unknown objective {meta['objective']!r} in expert {meta.get('expert_id')}")
+
+
+def load_expert(folder: str | os.PathLike, **conversion: Any) -> tuple[Expert, dict[str, Any]]:
+    """Load an expert folder, verify its checksum, and return the velocity adapter and its metadata."""
+    folder = Path(folder)
+    meta = read_expert_meta(folder)
+    if "sha256" in meta and sha256_file(folder / WEIGHTS) != meta["sha256"]:
+        raise ValueError(f"{folder / WEIGHTS} does not match the sha256 in its metadata (corrupt or altered)")
+    net = ExpertNet(PixArtTransformer2DModel.from_pretrained(folder)).eval()
+    return make_expert(net, meta, **conversion), meta
+
+
+def save_router(folder: str | os.PathLike, router: Router, meta: dict[str, Any]) -> None:
+    folder = Path(folder)
+    tmp = _atomic_folder(folder)
+    try:
+        router.save_pretrained(tmp)
+        (tmp / "hddm_router.json").write_text(json.dumps(meta, indent=2))
+        _commit(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_router(folder: str | os.PathLike) -> Router:
+    return Router.from_pretrained(folder).eval()

