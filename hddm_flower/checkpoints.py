@@ -47,6 +47,7 @@ def _atomic_folder(folder: Path):
 
 
 def _commit(tmp: Path, folder: Path) -> None:
+    tmp.chmod(0o755)  # mkdtemp makes it private
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)

@@ -24,7 +24,7 @@ EXPERT_PRESETS: dict[str, dict] = {
 }
 ROUTER_PRESETS: dict[str, dict] = {
     "test": dict(depth=1, hidden_size=32, num_heads=2, patch_size=4),
-    "tiny": dict(depth=3, hidden_size=96, num_heads=4, patch_size=2),
+    "tiny": dict(depth=3, hidden_size=96, num_heads=4, patch_size=4),
 }
 
 

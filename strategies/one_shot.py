@@ -1,0 +1,238 @@
+"""A one-shot, no-aggregation Flower strategy for heterogeneous diffusion experts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from hddm_flower.checkpoints import REQUIRED_META, check_expert_state, save_expert
+from hddm_flower.config import OBJECTIVES
+
+
+class OneShotExperts(Strategy):
+    """One-shot federation of diffusion experts, without aggregation.
+
+    Each node trains one expert on its own cluster with its own objective and replies once with the final
+    checkpoint. Nothing is averaged: every reply is validated and written to ``run_dir/experts/expert-<id>`` as it
+    arrives (one checkpoint in memory at a time). Error replies, invalid checkpoints, silent nodes and experts
+    without a node are recorded in ``missing``; the run goes on when at least ``min_experts`` arrived.
+
+    Parameters
+    ----------
+    run_dir : Path
+        Absolute directory of this run; experts are written to ``run_dir/experts``.
+    experiment : dict
+        The resolved experiment configuration, sent to every node with its task.
+    objectives : list[str]
+        The objective of each expert id (``"fm"`` or ``"ddpm"``); its length is the number of experts.
+    min_nodes : int (default: 1)
+        Wait until this many nodes are connected before assigning experts, or ``node_wait_timeout`` seconds.
+    min_experts : int (default: 1)
+        Minimum number of experts needed to build the ensemble.
+    node_wait_timeout : float (default: 120.0)
+        Seconds to wait for ``min_nodes``; then the strategy goes on with the nodes it has.
+    message_ttl : float | None (default: None)
+        TTL of train messages in seconds (None = Flower's default, 12 h). Must exceed the training time.
+    cache_dir : str (default: "")
+        Where nodes without a ``data-dir`` prepare the embedded dataset ("" = their default).
+    poll_interval : float (default: 1.0)
+        Seconds between polls for replies.
+    """
+
+    def __init__(self, run_dir: Path, experiment: dict, objectives: list[str], *, min_nodes: int = 1,
+                 min_experts: int = 1, node_wait_timeout: float = 120.0, message_ttl: float | None = None,
+                 cache_dir: str = "", poll_interval: float = 1.0) -> None:
+        bad = [o for o in objectives if o not in OBJECTIVES]
+        if bad:
+            raise ValueError(f"unknown objectives {bad}; expected {OBJECTIVES}")
+        self.run_dir, self.experiment, self.objectives = Path(run_dir), experiment, list(objectives)
+        self.min_nodes, self.min_experts = min_nodes, min_experts
+        self.node_wait_timeout, self.message_ttl, self.cache_dir = node_wait_timeout, message_ttl, cache_dir
+        self.poll_interval = poll_interval
+        self.assignment: dict[int, int] = {}  # node id → expert id
+        self.received: dict[int, dict[str, Any]] = {}  # expert id → checkpoint metadata
+        self.missing: dict[int, str] = {}  # expert id → reason
+        self._message_expert: dict[str, int] = {}  # train message id → expert id
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.objectives)
+
+    def summary(self) -> None:
+        """Log the strategy's settings."""
+        log(INFO, "\t├──> OneShotExperts settings:")
+        log(INFO, "\t│\t├── Experts: %d (%s)", self.num_experts,
+            ", ".join(f"{o}: {self.objectives.count(o)}" for o in OBJECTIVES))
+        log(INFO, "\t│\t├── Objectives by expert id: %s", self.objectives)
+        log(INFO, "\t│\t├── Min nodes: %d (wait ≤ %.0f s), min experts: %d", self.min_nodes,
+            self.node_wait_timeout, self.min_experts)
+        log(INFO, "\t│\t└── Run directory: %s", self.run_dir)
+
+    # -- the protocol ------------------------------------------------------------------------------------------
+
+    def discover(self, grid: Grid, timeout: float) -> dict[int, dict]:
+        """Wait for nodes, ask each for its node config, and assign expert ids (``expert-id`` or
+        ``partition-id``). Nodes that do not answer get nothing; experts without a node are missing."""
+        deadline = time.monotonic() + self.node_wait_timeout
+        while len(list(grid.get_node_ids())) < self.min_nodes and time.monotonic() < deadline:
+            time.sleep(self.poll_interval)
+        node_ids = sorted(grid.get_node_ids())
+        log(INFO, "OneShotExperts: %d nodes connected; querying them", len(node_ids))
+        queries = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
+        info: dict[int, dict] = {}
+        for reply in self._stream(grid, queries, timeout, {}):
+            if reply.has_error():
+                log(WARNING, "node %d did not answer the query: %s", reply.metadata.src_node_id, reply.error.reason)
+                continue
+            info[reply.metadata.src_node_id] = dict(reply.content["node-info"])
+        for node_id in sorted(info):
+            raw = info[node_id].get("expert-id", info[node_id].get("partition-id"))
+            if raw is None:
+                log(WARNING, "node %d has no expert-id or partition-id in its node config; skipped", node_id)
+                continue
+            expert_id = int(raw)
+            if not 0 <= expert_id < self.num_experts:
+                log(WARNING, "node %d asks for expert %d outside 0..%d; skipped", node_id, expert_id,
+                    self.num_experts - 1)
+            elif expert_id in self.assignment.values():
+                log(WARNING, "node %d asks for expert %d, already assigned; skipped", node_id, expert_id)
+            else:
+                self.assignment[node_id] = expert_id
+        for k in range(self.num_experts):
+            if k not in self.assignment.values():
+                self.missing[k] = "no node was assigned this expert (none connected, answered or claimed it)"
+        return info
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """One fresh record per node: its expert id, cluster, objective and the experiment."""
+        messages = []
+        for node_id, expert_id in sorted(self.assignment.items(), key=lambda kv: kv[1]):
+            task = ConfigRecord(dict(config))
+            task["server-round"] = server_round
+            task["expert-id"] = expert_id
+            task["cluster-id"] = expert_id
+            task["objective"] = self.objectives[expert_id]
+            task["experiment"] = json.dumps(self.experiment)
+            task["cache-dir"] = self.cache_dir
+            messages.append(Message(RecordDict({"config": task}), dst_node_id=node_id,
+                                    message_type=MessageType.TRAIN, group_id=str(server_round),
+                                    ttl=self.message_ttl))
+        return messages
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """No averaging: validate each reply and write it to disk as it arrives."""
+        for reply in replies:
+            expert_id = self._message_expert.get(reply.metadata.reply_to_message_id)
+            if expert_id is None:
+                log(WARNING, "reply to an unknown message %s ignored", reply.metadata.reply_to_message_id)
+                continue
+            if reply.has_error():
+                reason = f"error reply (code {reply.error.code}): {_summary_line(reply.error.reason)}"
+                self._lose(expert_id, reason)
+                continue
+            try:
+                meta = self._save(expert_id, reply.content)
+            except (KeyError, ValueError, TypeError) as e:
+                self._lose(expert_id, f"invalid checkpoint: {_summary_line(str(e))}")
+                continue
+            self.received[expert_id] = meta
+            log(INFO, "expert %d (%s) received: %d steps, %.0f device-s", expert_id, meta["objective"],
+                meta["steps"], meta["device_seconds"])
+        return None, MetricRecord({"experts-received": len(self.received), "experts-missing": len(self.missing)})
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """No federated evaluation: the ensemble is evaluated on the server."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 1,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn: Callable | None = None,
+              ensemble_fn: Callable[[dict[int, dict], dict[int, str]], dict | None] | None = None) -> Result:
+        """Discover nodes, send one train message per node, collect the experts, then call
+        ``ensemble_fn(received, missing)`` if at least ``min_experts`` arrived.
+
+        Raises RuntimeError when too few experts arrived (after the missing ones are recorded).
+        """
+        log(INFO, "Starting %s (one shot, no aggregation)", self.__class__.__name__)
+        self.summary()
+        self.discover(grid, timeout=min(timeout, 300.0))
+        messages = list(self.configure_train(1, initial_arrays or ArrayRecord(), train_config or ConfigRecord(),
+                                             grid))
+        _, metrics = self.aggregate_train(1, self._stream(grid, messages, timeout, self._message_expert))
+        result = Result()
+        result.train_metrics_clientapp[1] = metrics
+        log(INFO, "OneShotExperts: %d experts received, %d missing", len(self.received), len(self.missing))
+        if len(self.received) < self.min_experts:
+            raise RuntimeError(f"only {len(self.received)} of {self.num_experts} experts arrived "
+                               f"(min_experts={self.min_experts}); missing: {self.missing}")
+        if ensemble_fn is not None:
+            out = ensemble_fn(dict(self.received), dict(self.missing))
+            if out:
+                result.evaluate_metrics_serverapp[1] = MetricRecord(
+                    {k: v for k, v in out.items() if isinstance(v, (int, float))})
+        return result
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+
+    def _stream(self, grid: Grid, messages: list[Message], timeout: float,
+                expert_of: dict[str, int]) -> Iterator[Message]:
+        """Push ``messages`` and yield replies as they arrive, until all arrived or ``timeout`` passed.
+        Fills ``expert_of`` (message id → expert id, for train messages) so replies map back by
+        ``reply_to_message_id`` (error replies from the SuperLink carry node id 1)."""
+        ids = list(grid.push_messages(messages))
+        node_expert = self.assignment
+        pending = set()
+        for message_id, message in zip(ids, messages):
+            if message_id:
+                pending.add(message_id)
+                if message.metadata.dst_node_id in node_expert and message.metadata.message_type == "train":
+                    expert_of[message_id] = node_expert[message.metadata.dst_node_id]
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for reply in grid.pull_messages(list(pending)):
+                pending.discard(reply.metadata.reply_to_message_id)
+                yield reply
+            if pending:
+                time.sleep(self.poll_interval)
+        for message_id in pending:
+            if message_id in expert_of:
+                self._lose(expert_of[message_id], f"no reply within {timeout:.0f} s (node silent or too slow)")
+
+    def _save(self, expert_id: int, content: RecordDict) -> dict:
+        meta = json.loads(str(content["meta"]["meta"]))
+        model_config = json.loads(str(content["meta"]["model-config"]))
+        missing = [k for k in REQUIRED_META if k not in meta]
+        if missing:
+            raise ValueError(f"metadata lacks {missing}")
+        if int(meta["expert_id"]) != expert_id:
+            raise ValueError(f"reply claims expert {meta['expert_id']}, expected {expert_id}")
+        if meta["objective"] not in OBJECTIVES:
+            raise ValueError(f"unknown objective {meta['objective']!r}")
+        state = content.array_records["expert"].to_torch_state_dict()
+        check_expert_state(state, model_config)
+        meta["sha256"] = save_expert(self.run_dir / "experts" / f"expert-{expert_id}", state, model_config, meta)
+        return meta
+
+    def _lose(self, expert_id: int, reason: str) -> None:
+        log(WARNING, "expert %d missing: %s", expert_id, reason)
+        self.missing[expert_id] = reason
+
+
+def _summary_line(text: str) -> str:
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(no reason given)"

@@ -1,0 +1,60 @@
+"""A Ray-free Grid that delivers messages to an in-process ClientApp, one Context per node."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity  # private API: Message() needs it outside a runtime
+
+
+class FakeGrid(Grid):
+    """``node_configs`` maps node id → node config. ``silent`` nodes answer queries but never a train message;
+    ``tamper(node_id, reply)`` may alter a reply in flight."""
+
+    def __init__(self, client_app, node_configs: dict[int, dict], run_config: dict | None = None, *,
+                 silent: Iterable[int] = (), tamper: Callable[[int, Message], Message] | None = None):
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+        self.client_app, self.silent, self.tamper = client_app, set(silent), tamper
+        self.contexts = {n: Context(run_id=1, node_id=n, node_config=dict(c), state=RecordDict(),
+                                    run_config=dict(run_config or {})) for n, c in node_configs.items()}
+        self.replies: dict[str, Message] = {}
+        self.sent: list[Message] = []
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = message_id = uuid.uuid4().hex
+            self.sent.append(msg)
+            ids.append(message_id)
+            node = msg.metadata.dst_node_id
+            if node in self.silent and msg.metadata.message_type == "train":
+                continue
+            try:
+                reply = self.client_app(msg, self.contexts[node])
+            except Exception as e:  # what the SuperNode does: an error reply, code 2
+                reply = Message(Error(code=2, reason=f"{type(e).__name__}: {e}"), reply_to=msg)
+            reply.metadata.__dict__["_src_node_id"] = node
+            self.replies[message_id] = self.tamper(node, reply) if self.tamper else reply
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self.pull_messages(self.push_messages(messages))
+
+    def create_message(self, *args, **kwargs):
+        raise NotImplementedError("deprecated in flwr; build Message objects directly")
+
+    def set_run(self, run_id):
+        self._run_id = run_id
+
+    @property
+    def run(self):
+        return None

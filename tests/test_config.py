@@ -1,0 +1,87 @@
+"""The configuration schema: every shipped YAML loads; bad input fails with the key and the file named."""
+
+from pathlib import Path
+
+import pytest
+
+from hddm_flower.config import Config, ConfigError, config_from_dict, load_config, parse_overrides
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_load(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, Config) and cfg.num_experts >= 1
+
+
+def test_default_is_2_ddpm_6_fm_on_8_experts():
+    cfg = load_config(Path(__file__).parent.parent / "configs" / "default.yaml")
+    assert cfg.num_experts == 8 and (cfg.objectives.ddpm, cfg.objectives.fm) == (2, 6)
+    details = [0.1, 0.5, 0.2, 0.9, 0.3, 0.0, 0.4, 0.05]
+    assert cfg.objective_of(details) == ["fm", "ddpm", "fm", "ddpm", "fm", "fm", "fm", "fm"]
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "exp.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    p = _write(tmp_path, "expert:\n  stpes: 10\n")
+    with pytest.raises(ConfigError, match=r"exp\.yaml: unknown key expert\.stpes") as e:
+        load_config(p)
+    assert "\n" not in str(e.value)
+    p = _write(tmp_path, "num_expert: 8\n")
+    with pytest.raises(ConfigError, match=r"unknown key num_expert"):
+        load_config(p)
+    p = _write(tmp_path, "sampling:\n  cfg-scale: 2\n")
+    with pytest.raises(ConfigError, match=r"did you mean sampling\.cfg_scale"):
+        load_config(p)
+
+
+def test_type_and_value_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"exp\.yaml: expert\.steps: expected int, got 'many'"):
+        load_config(_write(tmp_path, "expert:\n  steps: many\n"))
+    with pytest.raises(ConfigError, match=r"ddpm\.schedule: unknown schedule 'quadratic'"):
+        load_config(_write(tmp_path, "ddpm:\n  schedule: quadratic\n"))
+    with pytest.raises(ConfigError, match=r"sampling\.routing: unknown routing mode 'best'"):
+        load_config(_write(tmp_path, "sampling:\n  routing: best\n"))
+    with pytest.raises(ConfigError, match=r"not valid YAML"):
+        load_config(_write(tmp_path, "expert: [\n"))
+    with pytest.raises(ConfigError, match=r"does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    assert load_config(_write(tmp_path, "expert:\n  lr: 1\n")).expert.lr == 1.0  # int accepted for a float
+
+
+def test_objective_mixes(tmp_path):
+    cfg = load_config(_write(tmp_path, "objectives: {ddpm: 4, fm: 4, ddpm_clusters: [0, 2, 4, 6]}\n"))
+    assert cfg.objective_of() == ["ddpm", "fm"] * 4
+    cfg = load_config(_write(tmp_path, "objectives: {ddpm: 0, fm: 8}\n"))
+    assert cfg.objective_of([0.0] * 8) == ["fm"] * 8
+    cfg = load_config(_write(tmp_path, "num_experts: 3\nfederation: {min_experts: 2}\nobjectives: [fm, ddpm, fm]\n"))
+    assert cfg.objective_of() == ["fm", "ddpm", "fm"]
+    with pytest.raises(ConfigError, match=r"objectives: ddpm 3 \+ fm 6 must equal num_experts 8"):
+        load_config(_write(tmp_path, "objectives: {ddpm: 3, fm: 6}\n"))
+    with pytest.raises(ConfigError, match=r"objectives\.ddpm_clusters: needs 2 distinct ids"):
+        load_config(_write(tmp_path, "objectives: {ddpm_clusters: [1, 1]}\n"))
+    with pytest.raises(ConfigError, match=r"objectives\.per_expert\[1\]: unknown objective 'edm'"):
+        load_config(_write(tmp_path, "num_experts: 2\nfederation: {min_experts: 1}\nobjectives: [fm, edm]\n"))
+
+
+def test_overrides(tmp_path):
+    p = _write(tmp_path, "expert:\n  steps: 10\n")
+    o = parse_overrides("expert.steps=3 sampling.prompts=[a cat, 'b, c'] sampling.cfg_scale=4.5")
+    assert o == {"expert.steps": 3, "sampling.prompts": ["a cat", "b, c"], "sampling.cfg_scale": 4.5}
+    cfg = load_config(p, o)
+    assert cfg.expert.steps == 3 and cfg.sampling.prompts == ["a cat", "b, c"]
+    with pytest.raises(ConfigError, match=r"unknown key expert\.step"):
+        load_config(p, {"expert.step": 3})
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        parse_overrides("expert.steps")
+
+
+def test_round_trip_through_dict():
+    cfg = Config()
+    assert config_from_dict(cfg.to_dict()) == cfg

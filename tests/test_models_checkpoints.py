@@ -1,0 +1,119 @@
+"""Models at tiny sizes and checkpoints on disk: shapes, gradients, save → load → same output, corruption."""
+
+import json
+
+import pytest
+import torch
+from diffusers import PixArtTransformer2DModel
+
+from hddm_flower.checkpoints import (
+    META,
+    WEIGHTS,
+    check_expert_state,
+    load_expert,
+    load_router,
+    make_expert,
+    save_expert,
+    save_router,
+)
+from hddm_flower.experts import DDPMExpert, FlowMatchingExpert
+from hddm_flower.models import ExpertNet, Router, TextCond, expert_config, router_config
+
+CFG = expert_config("test", sample_size=8, in_channels=3, caption_channels=24)
+
+
+def _cond(b, length=5, dim=24):
+    mask = torch.ones(b, length)
+    mask[:, 3:] = 0
+    return TextCond(torch.randn(b, length, dim), mask)
+
+
+def _meta(objective, **extra):
+    meta = {"expert_id": 1, "cluster_id": 1, "objective": objective, "preset": "test", "time_convention": "fm",
+            "steps": 3, "images_seen": 12, "device_seconds": 0.1}
+    if objective == "ddpm":
+        meta |= {"schedule": "linear", "num_train_timesteps": 1000}
+    return meta | extra
+
+
+def test_expert_net_shapes_and_gradients_reach_adaln_tables():
+    torch.manual_seed(0)
+    net = ExpertNet.from_config(CFG)
+    x = torch.randn(4, 3, 8, 8)
+    out = net(x, torch.tensor([0.0, 10.5, 500.0, 999.0]), _cond(4))
+    assert out.shape == x.shape
+    out.pow(2).mean().backward()
+    tables = [p for n, p in net.named_parameters() if n.endswith("scale_shift_table")]
+    assert tables and all(p.grad is not None and p.grad.abs().sum() > 0 for p in tables)
+
+
+def test_router_shapes_and_time_input():
+    torch.manual_seed(0)
+    router = Router(**router_config("test", num_experts=5, sample_size=8, in_channels=3))
+    x = torch.randn(6, 3, 8, 8)
+    logits = router(x, torch.linspace(0, 1, 6))
+    assert logits.shape == (6, 5)
+    # the time reaches the output (adaLN is zero at init, so train a step first)
+    opt = torch.optim.SGD(router.parameters(), lr=1.0)
+    router(x, torch.rand(6)).logsumexp(-1).sum().backward()
+    opt.step()
+    assert not torch.allclose(router(x[:1], torch.tensor([0.1])), router(x[:1], torch.tensor([0.9])))
+
+
+@pytest.mark.parametrize("objective", ["fm", "ddpm"])
+def test_save_load_same_velocity_and_diffusers_loadable(tmp_path, objective):
+    torch.manual_seed(0)
+    net = ExpertNet.from_config(CFG)
+    expert = make_expert(net, _meta(objective), t_eps=0.01, x0_clamp=20.0)
+    assert isinstance(expert, FlowMatchingExpert if objective == "fm" else DDPMExpert)
+    digest = save_expert(tmp_path / "e", net.transformer.state_dict(), CFG, _meta(objective))
+    assert json.loads((tmp_path / "e" / META).read_text())["sha256"] == digest
+    PixArtTransformer2DModel.from_pretrained(tmp_path / "e")  # plain diffusers can load the folder
+    loaded, meta = load_expert(tmp_path / "e", t_eps=0.01, x0_clamp=20.0)
+    assert meta["objective"] == objective and type(loaded) is type(expert)
+    x, t, c = torch.randn(3, 3, 8, 8), torch.tensor([0.2, 0.5, 0.8]), _cond(3)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.velocity(x, t, c), expert.eval().velocity(x, t, c))
+    assert not list(tmp_path.glob(".e.*"))  # no temporary folder left behind
+
+
+def test_corrupt_and_invalid_checkpoints_are_rejected(tmp_path):
+    net = ExpertNet.from_config(CFG)
+    state = net.transformer.state_dict()
+    save_expert(tmp_path / "e", state, CFG, _meta("fm"))
+    weights = tmp_path / "e" / WEIGHTS
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not match the sha256"):
+        load_expert(tmp_path / "e")
+    check_expert_state(state, CFG)
+    with pytest.raises(ValueError, match="missing"):
+        check_expert_state({k: v for k, v in list(state.items())[1:]}, CFG)
+    bad = dict(state)
+    key = next(iter(bad))
+    bad[key] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match=f"{key} has shape"):
+        check_expert_state(bad, CFG)
+    bad[key] = torch.full_like(state[key], float("nan"))
+    with pytest.raises(ValueError, match="non-finite"):
+        check_expert_state(bad, CFG)
+    with pytest.raises(ValueError, match="lacks"):
+        save_expert(tmp_path / "f", state, CFG, {"objective": "fm"})
+    with pytest.raises(ValueError, match="unknown objective 'edm'"):
+        make_expert(net, _meta("edm"))
+    assert not (tmp_path / "f").exists()
+
+
+def test_router_round_trip(tmp_path):
+    torch.manual_seed(0)
+    router = Router(**router_config("test", num_experts=3, sample_size=8, in_channels=3)).eval()
+    save_router(tmp_path / "router", router, {"steps": 0})
+    x, t = torch.randn(2, 3, 8, 8), torch.tensor([0.3, 0.7])
+    with torch.no_grad():
+        torch.testing.assert_close(load_router(tmp_path / "router")(x, t), router(x, t))
+
+
+def test_unknown_preset_is_named():
+    with pytest.raises(ValueError, match="unknown expert preset 'huge'"):
+        expert_config("huge", sample_size=8, in_channels=3, caption_channels=8)

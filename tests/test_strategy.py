@@ -1,0 +1,105 @@
+"""The one-shot strategy over a fake Grid (no Ray) with the real ClientApp and the real server-side stages."""
+
+import json
+
+import pytest
+import torch
+from flwr.app import ConfigRecord
+
+from clients.client_app import app as client_app
+from hddm_flower.checkpoints import load_expert
+from hddm_flower.pipeline import finish_run
+from strategies.one_shot import OneShotExperts
+
+from .fake_grid import FakeGrid
+
+
+def _strategy(cfg, run_dir, cache_dir, **kw):
+    objectives = cfg.objective_of()
+    args = dict(min_nodes=len(objectives), min_experts=cfg.federation.min_experts, node_wait_timeout=1.0,
+                cache_dir=str(cache_dir), poll_interval=0.05)
+    return OneShotExperts(run_dir, cfg.to_dict(), objectives, **(args | kw))
+
+
+def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(tiny_config, dataset_dir, cache_dir,
+                                                                            tmp_path):
+    cfg = tiny_config
+    assert cfg.objective_of() == ["fm", "ddpm", "ddpm", "fm"]
+    nodes = {
+        101: {"partition-id": 0, "num-partitions": 4},
+        102: {"partition-id": 1, "num-partitions": 4},
+        103: {"partition-id": 2, "num-partitions": 4, "objective": "edm"},  # its ClientApp raises
+        104: {"partition-id": 3, "num-partitions": 4},  # silent: never answers its train message
+        105: {"partition-id": 3, "num-partitions": 4},  # claims an expert already taken: gets nothing
+    }
+    grid = FakeGrid(client_app, nodes, silent=[104])
+    strategy = _strategy(cfg, tmp_path, cache_dir)
+    reports = []
+
+    def ensemble_fn(received, missing):
+        reports.append(finish_run(cfg, tmp_path, dataset_dir, list(received.values()),
+                                  [{"expert_id": k, "reason": r} for k, r in missing.items()]))
+        return {"experts": len(received)}
+
+    result = strategy.start(grid, timeout=2.0, ensemble_fn=ensemble_fn)
+
+    # one fresh record per node, each with its own expert id, cluster and objective
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert sorted(m.metadata.dst_node_id for m in train) == [101, 102, 103, 104]
+    tasks = {m.metadata.dst_node_id: m.content["config"] for m in train}
+    assert len({id(t) for t in tasks.values()}) == 4
+    assert {n: (t["expert-id"], t["cluster-id"], t["objective"]) for n, t in tasks.items()} == {
+        101: (0, 0, "fm"), 102: (1, 1, "ddpm"), 103: (2, 2, "ddpm"), 104: (3, 3, "fm")}
+
+    # the error reply and the silent node end up in `missing`; the rest was written to disk
+    assert sorted(strategy.received) == [0, 1]
+    assert set(strategy.missing) == {2, 3}
+    assert "error reply (code 2)" in strategy.missing[2] and "edm" in strategy.missing[2]
+    assert "no reply within 2 s" in strategy.missing[3]
+    assert result.train_metrics_clientapp[1]["experts-received"] == 2
+
+    # the ensemble was built from the rest, and report.json says so
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert reports and report["num_experts"] == 4
+    assert [(e["expert_id"], e["objective"]) for e in report["experts"]] == [(0, "fm"), (1, "ddpm")]
+    for e in report["experts"]:
+        assert {"expert_id", "objective", "cluster_id", "steps", "images_seen", "device_seconds", "sha256"} <= set(e)
+        assert e["steps"] == 3 and e["images_seen"] == 12
+    assert [m["expert_id"] for m in report["missing"]] == [2, 3]
+    assert {"metrics", "versions"} <= set(report) and report["versions"]["flwr"] == "1.42.0"
+    assert report["metrics"]["feature_network"].startswith("none")
+    assert (tmp_path / "samples.png").stat().st_size > 0 and (tmp_path / "report.md").exists()
+    assert (tmp_path / "router" / "config.json").exists()
+    expert, meta = load_expert(tmp_path / "experts" / "expert-1")
+    assert meta["objective"] == "ddpm" and meta["schedule"] == "linear" and meta["objective_assigned"] == "ddpm"
+
+
+def test_node_override_and_tampered_checkpoint(tiny_config, dataset_dir, cache_dir, tmp_path):
+    """A SuperNode may force its objective (metadata records both); a reply with corrupt weights is refused."""
+    nodes = {201: {"partition-id": 0, "objective": "ddpm"}, 202: {"partition-id": 1}}
+
+    def tamper(node, reply):
+        if node == 202 and not reply.has_error() and "expert" in reply.content.array_records:
+            arrays = reply.content.array_records["expert"]
+            key = next(iter(arrays))
+            state = arrays.to_torch_state_dict()
+            state[key] = torch.full_like(state[key], float("nan"))
+            from flwr.app import ArrayRecord
+
+            reply.content["expert"] = ArrayRecord(state)
+        return reply
+
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, min_nodes=2, min_experts=1)
+    strategy.start(FakeGrid(client_app, nodes, tamper=tamper), timeout=30.0)
+    assert strategy.received[0]["objective"] == "ddpm" and strategy.received[0]["objective_assigned"] == "fm"
+    assert "invalid checkpoint" in strategy.missing[1] and "non-finite" in strategy.missing[1]
+    assert "no node" in strategy.missing[2] and "no node" in strategy.missing[3]
+    assert not (tmp_path / "experts" / "expert-1").exists()
+
+
+def test_too_few_experts_raise_after_recording(tiny_config, cache_dir, tmp_path):
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, min_nodes=1, min_experts=2)
+    grid = FakeGrid(client_app, {301: {"partition-id": 2, "objective": "edm"}})
+    with pytest.raises(RuntimeError, match="only 0 of 4 experts arrived"):
+        strategy.start(grid, timeout=5.0, train_config=ConfigRecord())
+    assert set(strategy.missing) == {0, 1, 2, 3}
