@@ -1,0 +1,102 @@
+"""The embedded dataset: Twemoji rendering, MiniLM states, clustering, shards, and safe preparation."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from hddm_flower import data as data_mod
+from hddm_flower.data import (
+    TextEncoder,
+    load_split,
+    load_twemoji,
+    load_uncond,
+    prepare_embedded,
+    read_meta,
+)
+
+
+def test_twemoji_images_and_captions():
+    images, captions, categories = load_twemoji(16, skin_tones=False)
+    assert images.shape[1:] == (16, 16, 3) and images.dtype == np.uint8 and len(images) > 1800
+    assert len(set(categories)) == 9 and "Component" not in categories
+    assert "japan flag" in captions and "hot dog" in captions and all(c == c.lower() for c in captions)
+    corners = images[:, [0, 0, -1, -1], [0, -1, 0, -1]]
+    assert np.median(corners) == 255  # composited on white
+    images_t, captions_t, _ = load_twemoji(8, skin_tones=True)
+    assert len(images_t) > 3500 and "father christmas, dark skin tone" in captions_t
+
+
+def test_prepared_dataset(tiny_config, dataset_dir):
+    meta = read_meta(dataset_dir)
+    assert meta["num_images"] == 240 and meta["num_clusters"] == 4 and meta["text_dim"] == 384
+    assert "Twemoji" in meta["license"] and meta["text_encoder"] and "k-means" in meta["cluster_features"]
+    sizes = [c["size"] for c in meta["clusters"]]
+    assert sum(sizes) == 240 and sizes == sorted(sizes, reverse=True)  # id 0 = largest
+    total = 0
+    for k in range(4):
+        train, val = load_split(dataset_dir, [k], "train"), load_split(dataset_dir, [k], "val")
+        assert len(train) + len(val) == sizes[k] and torch.all(train.labels == k)
+        total += len(train) + len(val)
+        x = train.images
+        assert x.shape[1:] == (3, 16, 16) and x.min() >= -1 and x.max() <= 1
+        states, mask = train.cond
+        assert states.shape[1:] == (8, 384) and torch.all(mask[:, 0] == 1)
+        assert torch.all(states[mask == 0] == 0)  # padding carries no signal
+    assert total == 240
+    un = load_uncond(dataset_dir)
+    assert un.states.shape == (1, 8, 384) and un.mask.sum() == 2  # [CLS] [SEP]
+    with pytest.raises(ValueError, match="cluster 9 does not exist"):
+        load_split(dataset_dir, [9])
+
+
+def test_caption_states_match_the_encoder(dataset_dir):
+    split = load_split(dataset_dir, [0], "train")
+    encoder = TextEncoder(max_length=8)
+    cond, pooled = encoder.encode(split.captions[:3])
+    torch.testing.assert_close(split.cond.states[:3], cond.states, atol=2e-3, rtol=1e-2)  # stored as float16
+    torch.testing.assert_close(pooled.norm(dim=-1), torch.ones(3))
+
+
+def test_text_encoder_from_a_local_directory(tmp_path):
+    """Any transformers encoder saved to a folder loads through the same code (here a tiny random BERT)."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    default = TextEncoder()
+    AutoTokenizer.from_pretrained(default.path).save_pretrained(tmp_path)
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+              ).save_pretrained(tmp_path)
+    enc = TextEncoder(tmp_path, max_length=6)
+    cond, pooled = enc.encode(["a dog", "japan flag"])
+    assert enc.dim == 32 and cond.states.shape == (2, 6, 32) and pooled.shape == (2, 32)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        TextEncoder(tmp_path / "missing")
+
+
+def test_concurrent_prepare_builds_once_and_failure_leaves_nothing(tmp_path, monkeypatch):
+    calls = []
+    real = data_mod.load_twemoji
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(data_mod, "load_twemoji", counting)
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(prepare_embedded(tmp_path, num_clusters=2, limit=24)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == 2 and out[0] == out[1] and len(calls) == 1
+
+    def broken(*a, **k):
+        raise RuntimeError("encoder exploded")
+
+    monkeypatch.setattr(data_mod.TextEncoder, "encode", broken)
+    with pytest.raises(RuntimeError, match="exploded"):
+        prepare_embedded(tmp_path, num_clusters=3, limit=24)
+    leftovers = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".") or not p.name.endswith(".lock")]
+    assert leftovers == [out[0].name]
