@@ -29,6 +29,7 @@ class ConfigError(ValueError):
 class DataConfig:
     name: str = "twemoji"  # the embedded, offline dataset
     image_size: int = 16  # pixels; 16×16 with patch 2 (64 tokens) is what a CPU trains in minutes
+    cluster_features: str = "pixels"  # "pixels" (visual, like the paper's DINOv2) or "caption" (semantic)
     skin_tones: bool = False  # add the 1,875 skin-tone variants (mostly "People & Body")
     val_fraction: float = 0.05
     max_caption_tokens: int = 16
@@ -136,6 +137,8 @@ class Config:
                     fail("objectives.ddpm_clusters", f"must be 'auto' or a list of cluster ids, got {ids!r}")
                 if len(set(ids)) != o.ddpm or not all(0 <= i < self.num_experts for i in ids):
                     fail("objectives.ddpm_clusters", f"needs {o.ddpm} distinct ids in 0..{self.num_experts - 1}")
+        if self.data.cluster_features not in ("caption", "pixels"):
+            fail("data.cluster_features", f"unknown features {self.data.cluster_features!r}; expected caption or pixels")
         if self.ddpm.schedule not in SCHEDULES:
             fail("ddpm.schedule", f"unknown schedule {self.ddpm.schedule!r}; expected one of {SCHEDULES}")
         s = self.sampling
@@ -161,6 +164,8 @@ class Config:
         o = self.objectives
         if o.per_expert is not None:
             return list(o.per_expert)
+        if o.ddpm == 0:
+            return ["fm"] * self.num_experts
         if o.ddpm_clusters == "auto":
             if cluster_details is None:
                 raise ConfigError("objectives.ddpm_clusters is 'auto' but no cluster detail scores are known")
@@ -258,6 +263,25 @@ def _split_overrides(text: str) -> list[str]:
     return items + [cur] if cur else items
 
 
+def _with_base(values: dict, path: Path, seen: tuple[Path, ...]) -> dict:
+    """Resolve ``base: other.yaml`` (relative to ``path``): the other file's values, deep-updated by these."""
+    if "base" not in values:
+        return values
+    base = path.parent / str(values.pop("base"))
+    if base.resolve() in seen:
+        raise ConfigError(f"{path}: base {base} includes itself")
+    if not base.is_file():
+        raise ConfigError(f"{path}: base {base} does not exist")
+    parent = yaml.safe_load(base.read_text()) or {}
+    parent = _with_base(parent, base, seen + (base.resolve(),))
+
+    def merge(a: dict, b: dict) -> dict:
+        return {**a, **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+                        for k, v in b.items()}}
+
+    return merge(parent, values)
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
     """Load a YAML file into a validated :class:`Config`, applying dotted overrides."""
     path = Path(path)
@@ -269,6 +293,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
         raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from e
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
+    values = _with_base(values, path, seen=(path.resolve(),))
     source = str(path)
     for dotted, value in (overrides or {}).items():
         node = values

@@ -120,9 +120,37 @@ class TextEncoder:
 # Preparation: encode once, cluster, write shards
 
 
+CLUSTER_FEATURES = ("caption", "pixels")
+
+
+def cluster_features(kind: str, images: np.ndarray, captions: list[str], categories: list[str],
+                     encoder: "TextEncoder", seed: int) -> tuple[np.ndarray, str]:
+    """Features for k-means and a description of them.
+
+    ``caption``: MiniLM embedding of "category: caption" (skin tones removed, so variants share their base's
+    features): clusters are semantic and pure, so each expert is a narrow specialist.
+    ``pixels``: the first 32 principal components of the pixels: clusters group by colour and layout, what a
+    router that sees only x_t can recognise, with mixed semantics (the visual analogue of DINOv2 clustering).
+    """
+    if kind == "caption":
+        texts = [f"{g.lower()}: {c.split(', ')[0] if c.endswith('skin tone') else c}"
+                 for c, g in zip(captions, categories)]
+        _, features = encoder.encode(texts)
+        return features.numpy().astype(np.float64), (f"L2-normalised mean-pooled {encoder.name} embeddings of "
+                                                     "'category: caption' (skin tones removed)")
+    if kind == "pixels":
+        from sklearn.decomposition import PCA
+
+        flat = images.reshape(len(images), -1).astype(np.float64) / 255.0
+        n = min(32, *flat.shape)
+        return PCA(n, random_state=seed).fit_transform(flat), f"the first {n} principal components of the pixels"
+    raise ValueError(f"unknown cluster features {kind!r}; expected one of {CLUSTER_FEATURES}")
+
+
 def embedded_dataset_dir(cache_dir: str | os.PathLike, image_size: int, num_clusters: int, seed: int,
-                         skin_tones: bool, limit: int = 0) -> Path:
-    name = f"twemoji-v{DATASET_VERSION}-{image_size}px-k{num_clusters}-seed{seed}" + ("-tones" if skin_tones else "")
+                         skin_tones: bool, limit: int = 0, features: str = "caption") -> Path:
+    name = (f"twemoji-v{DATASET_VERSION}-{image_size}px-k{num_clusters}-{features}-seed{seed}"
+            + ("-tones" if skin_tones else ""))
     return Path(cache_dir) / (name + (f"-first{limit}" if limit else ""))
 
 
@@ -135,7 +163,7 @@ def detail_score(images: np.ndarray) -> float:
 
 def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_clusters: int = 8, seed: int = 0,
                      skin_tones: bool = True, val_fraction: float = 0.05, max_caption_tokens: int = 16,
-                     limit: int = 0, encoder_path: str | None = None) -> Path:
+                     limit: int = 0, encoder_path: str | None = None, features: str = "caption") -> Path:
     """Build (once) the embedded dataset's per-cluster shards; returns the dataset directory.
 
     Safe to call from many processes at once: one builds while the others wait; a crash leaves no partial
@@ -145,7 +173,9 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
     from safetensors.torch import save_file
     from sklearn.cluster import KMeans
 
-    out = embedded_dataset_dir(cache_dir, image_size, num_clusters, seed, skin_tones, limit)
+    if features not in CLUSTER_FEATURES:
+        raise ValueError(f"unknown cluster features {features!r}; expected one of {CLUSTER_FEATURES}")
+    out = embedded_dataset_dir(cache_dir, image_size, num_clusters, seed, skin_tones, limit, features)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -161,14 +191,8 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
         encoder = TextEncoder(encoder_path, max_caption_tokens)
         cond, _ = encoder.encode(captions)
         uncond, _ = encoder.encode([""])
-        # cluster the distinct "category: name" texts (skin-tone variants share their base emoji's text)
-        texts = [f"{g.lower()}: {c.split(', ')[0] if c.endswith('skin tone') else c}"
-                 for c, g in zip(captions, categories)]
-        distinct = sorted(set(texts))
-        _, features = encoder.encode(distinct)
-        km = KMeans(num_clusters, n_init=10, random_state=seed).fit(features.numpy().astype(np.float64))
-        position = {text: i for i, text in enumerate(distinct)}
-        raw = km.labels_[[position[t] for t in texts]]
+        feats, described = cluster_features(features, images, captions, categories, encoder, seed)
+        raw = KMeans(num_clusters, n_init=10, random_state=seed).fit(feats).labels_
         order = np.argsort(-np.bincount(raw, minlength=num_clusters), kind="stable")  # id 0 = largest cluster
         labels = np.argsort(order)[raw]
         split = np.where(np.random.default_rng(seed + 1).random(len(images)) < val_fraction, "val", "train")
@@ -196,8 +220,7 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
                     "num_images": len(images), "num_clusters": num_clusters, "seed": seed,
                     "skin_tones": skin_tones, "text_encoder": encoder.name, "text_dim": encoder.dim,
                     "max_caption_tokens": max_caption_tokens,
-                    "cluster_features": f"k-means (k={num_clusters}, n_init=10) on L2-normalised mean-pooled "
-                                        f"{encoder.name} embeddings of 'category: caption' (skin tones removed)",
+                    "cluster_features": f"k-means (k={num_clusters}, n_init=10) on {described}",
                     "license": "Twemoji graphics (c) Twitter, Inc. and other contributors, CC-BY 4.0",
                     "clusters": clusters}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))

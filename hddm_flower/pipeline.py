@@ -38,7 +38,7 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None) -> Path:
     return prepare_embedded(cache_dir or d.cache_dir or default_cache_dir(), image_size=d.image_size,
                             num_clusters=cfg.num_experts, seed=d.seed, skin_tones=d.skin_tones,
                             val_fraction=d.val_fraction, max_caption_tokens=d.max_caption_tokens, limit=d.limit,
-                            encoder_path=d.text_encoder or None)
+                            encoder_path=d.text_encoder or None, features=d.cluster_features)
 
 
 def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:

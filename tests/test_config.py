@@ -85,3 +85,15 @@ def test_overrides(tmp_path):
 def test_round_trip_through_dict():
     cfg = Config()
     assert config_from_dict(cfg.to_dict()) == cfg
+
+
+def test_base_files_are_deep_merged(tmp_path):
+    (tmp_path / "a.yaml").write_text("expert: {steps: 7, lr: 0.5}\nsampling: {cfg_scale: 2}\n")
+    cfg = load_config(_write(tmp_path, "base: a.yaml\nexpert: {steps: 9}\n"))
+    assert (cfg.expert.steps, cfg.expert.lr, cfg.sampling.cfg_scale) == (9, 0.5, 2.0)
+    fm8 = load_config(Path(__file__).parent.parent / "configs" / "fm-8.yaml")
+    default = load_config(Path(__file__).parent.parent / "configs" / "default.yaml")
+    assert fm8.objective_of() == ["fm"] * 8 and fm8.expert == default.expert and fm8.sampling == default.sampling
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(ConfigError, match="includes itself"):
+        load_config(tmp_path / "loop.yaml")
