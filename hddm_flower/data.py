@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 SKIN_TONES = {"1F3FB": "light", "1F3FC": "medium-light", "1F3FD": "medium", "1F3FE": "medium-dark",
               "1F3FF": "dark"}
-DATASET_VERSION = 1
+DATASET_VERSION = 2
 
 
 def default_cache_dir() -> Path:
@@ -195,7 +195,12 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
         raw = KMeans(num_clusters, n_init=10, random_state=seed).fit(feats).labels_
         order = np.argsort(-np.bincount(raw, minlength=num_clusters), kind="stable")  # id 0 = largest cluster
         labels = np.argsort(order)[raw]
-        split = np.where(np.random.default_rng(seed + 1).random(len(images)) < val_fraction, "val", "train")
+        # held-out split, stratified: every cluster of ≥ 2 images keeps at least one validation image
+        split, rng = np.full(len(images), "train", dtype=object), np.random.default_rng(seed + 1)
+        for k in range(num_clusters):
+            idx = rng.permutation(np.flatnonzero(labels == k))
+            n_val = max(1, round(val_fraction * len(idx))) if len(idx) >= 2 and val_fraction > 0 else 0
+            split[idx[:n_val]] = "val"
 
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
