@@ -84,7 +84,7 @@ def cmd_assemble(args) -> None:
     metas = [read_expert_meta(f) for f in folders]
     have = {int(m["expert_id"]) for m in metas}
     missing = [{"expert_id": k, "reason": "no expert folder"} for k in range(cfg.num_experts) if k not in have]
-    report = finish_run(cfg, run_dir, _dataset(args, cfg), metas, missing, progress=True)
+    report = finish_run(cfg, run_dir, _dataset(args, cfg), missing, progress=True)
     print(f"report: {run_dir / 'report.md'}  ({len(report['experts'])} experts, {len(missing)} missing)")
 
 

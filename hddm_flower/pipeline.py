@@ -185,7 +185,7 @@ def save_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 4) -> No
     img.resize((img.width * scale, img.height * scale), Image.NEAREST).save(path)
 
 
-def finish_run(cfg: Config, run_dir: Path, dataset_dir: Path, received: list[dict], missing: list[dict], *,
+def finish_run(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict], *,
                extra: dict | None = None, progress: bool = False) -> dict:
     """After the experts arrived in ``run_dir/experts``: router, ensemble, evaluation, samples, report."""
     router = fit_router(cfg, dataset_dir, run_dir, progress=progress)

@@ -36,6 +36,8 @@ def resolve_run(run_config: dict, run_id: int) -> tuple[Config, Path, Path, str]
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg, path, run_dir, cache_dir = resolve_run(dict(context.run_config), context.run_id)
+    if (run_dir / "experts").exists() and any((run_dir / "experts").iterdir()):
+        raise ConfigError(f"run-dir {run_dir} already holds experts from another run; choose a new run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(f"# resolved from {path}\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     log(INFO, "hddm-flower: run directory %s", run_dir)
@@ -49,7 +51,7 @@ def main(grid: Grid, context: Context) -> None:
 
     def ensemble_fn(received: dict, missing: dict) -> dict:
         log(INFO, "hddm-flower: training the router, assembling %d experts, sampling", len(received))
-        report = finish_run(cfg, run_dir, dataset_dir, list(received.values()),
+        report = finish_run(cfg, run_dir, dataset_dir,
                             [{"expert_id": k, "reason": r} for k, r in missing.items()],
                             extra={"flower": {"run_id": context.run_id,
                                               "assignment": {str(n): e for n, e in strategy.assignment.items()}}})

@@ -37,7 +37,7 @@ def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(tiny
     reports = []
 
     def ensemble_fn(received, missing):
-        reports.append(finish_run(cfg, tmp_path, dataset_dir, list(received.values()),
+        reports.append(finish_run(cfg, tmp_path, dataset_dir,
                                   [{"expert_id": k, "reason": r} for k, r in missing.items()]))
         return {"experts": len(received)}
 
@@ -103,3 +103,18 @@ def test_too_few_experts_raise_after_recording(tiny_config, cache_dir, tmp_path)
     with pytest.raises(RuntimeError, match="only 0 of 4 experts arrived"):
         strategy.start(grid, timeout=5.0, train_config=ConfigRecord())
     assert set(strategy.missing) == {0, 1, 2, 3}
+
+
+def test_server_run_config_resolution(tiny_config_path, tmp_path):
+    from hddm_flower.config import ConfigError
+    from strategies.server_app import resolve_run
+
+    cfg, path, run_dir, cache = resolve_run({"config": str(tiny_config_path), "overrides": "expert.steps=5",
+                                             "run-dir": "", "cache-dir": ""}, 42)
+    assert cfg.expert.steps == 5 and run_dir.name == "run-42" and run_dir.is_absolute()
+    _, default_path, _, _ = resolve_run({}, 1)
+    assert default_path.name == "default.yaml" and default_path.is_file()
+    with pytest.raises(ConfigError, match="run-dir must be an absolute path"):
+        resolve_run({"config": str(tiny_config_path), "run-dir": "relative/out"}, 1)
+    with pytest.raises(ConfigError, match="unknown key expert.stpes"):
+        resolve_run({"config": str(tiny_config_path), "overrides": "expert.stpes=5"}, 1)
