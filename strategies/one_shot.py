@@ -195,18 +195,23 @@ class OneShotExperts(Strategy):
         Fills ``expert_of`` (message id → expert id, for train messages) so replies map back by
         ``reply_to_message_id`` (error replies from the SuperLink carry node id 1)."""
         ids = list(grid.push_messages(messages))
-        node_expert = self.assignment
         pending = set()
         for message_id, message in zip(ids, messages):
-            if message_id:
-                pending.add(message_id)
-                if message.metadata.dst_node_id in node_expert and message.metadata.message_type == "train":
-                    expert_of[message_id] = node_expert[message.metadata.dst_node_id]
+            expert_id = self.assignment.get(message.metadata.dst_node_id)
+            is_train = message.metadata.message_type == MessageType.TRAIN and expert_id is not None
+            if not message_id:
+                if is_train:
+                    self._lose(expert_id, "the train message could not be delivered to its node")
+                continue
+            pending.add(message_id)
+            if is_train:
+                expert_of[message_id] = expert_id
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            for reply in grid.pull_messages(list(pending)):
-                pending.discard(reply.metadata.reply_to_message_id)
-                yield reply
+            for message_id in sorted(pending):  # one id per pull: at most one checkpoint in memory at a time
+                for reply in grid.pull_messages([message_id]):
+                    pending.discard(reply.metadata.reply_to_message_id)
+                    yield reply
             if pending:
                 time.sleep(self.poll_interval)
         for message_id in pending:

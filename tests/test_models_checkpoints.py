@@ -117,3 +117,15 @@ def test_router_round_trip(tmp_path):
 def test_unknown_preset_is_named():
     with pytest.raises(ValueError, match="unknown expert preset 'huge'"):
         expert_config("huge", sample_size=8, in_channels=3, caption_channels=8)
+
+
+def test_paper_scale_presets_match_the_paper_without_allocating():
+    """XL/2 expert ≈ 605M and B/2 router ≈ 129M parameters at the paper's shapes (4×32×32, CLIP width 768)."""
+    with torch.device("meta"):
+        xl = PixArtTransformer2DModel.from_config(expert_config("XL/2", sample_size=32, in_channels=4,
+                                                                caption_channels=768))
+        router = Router(**router_config("B/2", num_experts=8, sample_size=32, in_channels=4))
+    n_xl = sum(p.numel() for p in xl.parameters())
+    n_router = sum(p.numel() for p in router.parameters())
+    assert abs(n_xl / 605e6 - 1) < 0.01, n_xl
+    assert abs(n_router / 129e6 - 1) < 0.05, n_router
