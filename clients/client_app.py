@@ -9,11 +9,13 @@ Messages it answers:
   (``expert``), the checkpoint metadata and the model config (``meta``), and compute metrics (``metrics``).
 
 Node config keys understood (all optional): ``partition-id`` / ``expert-id``, ``objective`` (fm|ddpm),
-``data-dir`` (a prepared dataset directory), ``cache-dir``, ``device`` (e.g. cuda:0), ``num-threads``.
+``data-dir`` (a prepared dataset directory), ``cache-dir``, ``work-dir`` (training-state checkpoints when
+``expert.checkpoint_every`` > 0), ``device`` (e.g. cuda:0), ``num-threads``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -24,7 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from hddm_flower.config import OBJECTIVES, config_from_dict
-from hddm_flower.data import read_meta
+from hddm_flower.data import default_cache_dir, read_meta
 from hddm_flower.pipeline import prepare_data, train_one_expert
 
 app = ClientApp()
@@ -67,7 +69,15 @@ def train(msg: Message, context: Context) -> Message:
 
     log.info("expert %d: training %s on cluster %d (%s, assigned %s)", expert_id, objective, expert_id, device,
              assigned)
-    state, model_config, meta = train_one_expert(cfg, dataset_dir, expert_id, objective, device=device)
+    checkpoint = None
+    if cfg.expert.checkpoint_every:  # a restarted node resumes the same experiment's training from here
+        digest = hashlib.sha256(f"{task['experiment']}|{objective}".encode()).hexdigest()[:16]
+        work = Path(str(node.get("work-dir", "")) or default_cache_dir() / "work")
+        checkpoint = work / f"expert-{expert_id}-{digest}.pt"
+    state, model_config, meta = train_one_expert(cfg, dataset_dir, expert_id, objective, device=device,
+                                                 checkpoint=checkpoint)
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)  # the final weights travel in the reply
     meta |= {"objective_assigned": assigned, "node_id": context.node_id}
     metrics = MetricRecord({"expert-id": expert_id, "steps": meta["steps"], "images-seen": meta["images_seen"],
                             "device-seconds": float(meta["device_seconds"]),

@@ -5,6 +5,7 @@
     hddm train-router --run-dir RUN                train the router into RUN/router
     hddm assemble --run-dir RUN                    router + evaluation + samples + report for RUN/experts
     hddm sample --run-dir RUN --prompt "dog face"  sample a grid from an assembled run
+    hddm convert-dit DiT-XL-2-256x256.pt --out DIR convert an ImageNet DiT into an expert initialisation
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def cmd_train_expert(args) -> None:
         raise ConfigError(f"--expert-id {args.expert_id} is outside 0..{cfg.num_experts - 1}")
     objective = args.objective or assign_objectives(cfg, d)[args.expert_id]
     state, model_config, meta = train_one_expert(cfg, d, args.expert_id, objective, device=args.device,
-                                                 progress=True)
+                                                 checkpoint=args.checkpoint, progress=True)
     out = Path(args.out)
     digest = save_expert(out, state, model_config, meta)
     print(f"expert {args.expert_id} ({objective}) written to {out} (sha256 {digest[:12]}…)")
@@ -105,6 +106,20 @@ def cmd_sample(args) -> None:
     print(json.dumps({"grid": str(out), "prompts": prompts, "routing": s.routing, "steps": s.num_steps}))
 
 
+def cmd_convert_dit(args) -> None:
+    from .convert import read_dit, convert_dit, write_converted
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"--out {out} exists and is not empty")
+    src = read_dit(args.source, num_heads=args.num_heads)
+    state, config, report = convert_dit(src, objective=args.objective, caption_channels=args.caption_channels,
+                                        reference_timestep=args.reference_timestep, seed=args.seed)
+    write_converted(out, state, config, report)
+    print(f"{src.format} DiT ({src.arch['depth']} blocks, width {src.arch['hidden_size']}) → {args.objective} "
+          f"expert init in {out}; check at τ={args.reference_timestep:g}: {report['check']}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hddm", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -124,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--objective", choices=OBJECTIVES, help="override the objective the config assigns")
     sp.add_argument("--out", required=True, help="expert folder to write (diffusers layout + hddm_expert.json)")
     sp.add_argument("--device", default="cpu")
+    sp.add_argument("--checkpoint", type=Path, default=None,
+                    help="training-state file: saved every expert.checkpoint_every steps, resumed from if present")
     sp = add("train-router", cmd_train_router, "train the router on all clusters into RUN/router")
     sp.add_argument("--run-dir", required=True)
     sp = add("assemble", cmd_assemble, "train the router, evaluate and sample the experts in RUN/experts")
@@ -132,6 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--prompt", action="append", help="a prompt (repeatable; default: the config's prompts)")
     sp.add_argument("--out", help="PNG path (default RUN/samples-cli.png)")
+    sp = sub.add_parser("convert-dit", help="ImageNet DiT checkpoint → PixArt AdaLN-Single expert initialisation",
+                        description="Convert an original DiT .pt (or .safetensors) or a diffusers DiTTransformer2DModel "
+                                    "folder into a diffusers PixArt folder usable as expert.init.")
+    sp.add_argument("source", help="DiT-XL-2-256x256.pt, a .safetensors file, or a diffusers DiT folder")
+    sp.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
+    sp.add_argument("--objective", choices=OBJECTIVES, default="fm")
+    sp.add_argument("--caption-channels", type=int, default=768, help="width of the text states (CLIP L/14: 768)")
+    sp.add_argument("--reference-timestep", type=float, default=500.0,
+                    help="DiT timestep at which the converted modulations equal the source's (null class)")
+    sp.add_argument("--num-heads", type=int, default=None, help="attention heads (original .pt files do not say)")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the re-initialised text path")
+    sp.set_defaults(fn=cmd_convert_dit)
     return p
 
 

@@ -66,6 +66,13 @@ class ExpertConfig:
     warmup_steps: int = 50
     grad_clip: float = 1.0
     caption_dropout: float = 0.1  # probability of the empty caption, for classifier-free guidance
+    grad_accumulation: int = 1  # micro-batches per optimiser step (images per step = batch_size × this)
+    ema_decay: float = 0.0  # > 0: keep an EMA of the weights and export it (the metadata says so)
+    mixed_precision: str = "no"  # or "bf16" (autocast)
+    gradient_checkpointing: bool = False
+    optimizer: str = "auto"  # AdamW implementation: auto (fused on CUDA, foreach elsewhere), fused, foreach, default
+    checkpoint_every: int = 0  # save the training state every N steps (0 = never); a restart resumes from it
+    init: str = "random"  # or a folder: `hddm convert-dit` output or a diffusers PixArt transformer
     seed: int = 0
     log_every: int = 100
 
@@ -152,7 +159,14 @@ class Config:
             fail("sampling.x0_clamp", "must be > 0")
         if not 1 <= self.federation.min_experts <= self.num_experts:
             fail("federation.min_experts", f"must be in 1..{self.num_experts}")
-        for key in ("expert.steps", "router.steps", "sampling.num_steps", "expert.batch_size", "router.batch_size"):
+        e = self.expert
+        if e.mixed_precision not in ("no", "bf16"):
+            fail("expert.mixed_precision", f"unknown precision {e.mixed_precision!r}; expected no or bf16")
+        if e.optimizer not in ("auto", "fused", "foreach", "default"):
+            fail("expert.optimizer", f"unknown AdamW implementation {e.optimizer!r}")
+        if not 0 <= e.ema_decay < 1:
+            fail("expert.ema_decay", "must be in [0, 1)")
+        for key in ("expert.grad_accumulation", "expert.steps", "router.steps", "sampling.num_steps", "expert.batch_size", "router.batch_size"):
             section, name = key.split(".")
             if getattr(getattr(self, section), name) < 1:
                 fail(key, "must be ≥ 1")

@@ -20,6 +20,7 @@ from PIL import Image
 
 from .checkpoints import TIME_CONVENTION, load_expert, load_router, make_expert, save_router
 from .config import Config
+from .convert import load_init
 from .data import Split, TextEncoder, default_cache_dir, load_split, load_uncond, prepare_embedded, read_meta
 from .ensemble import Ensemble, sample_ensemble
 from .experts import map_cond
@@ -53,13 +54,22 @@ def build_expert(cfg: Config, dataset_meta: dict, objective: str, conversion: di
     meta = {"objective": objective, "preset": cfg.expert.preset, "time_convention": TIME_CONVENTION}
     if objective == "ddpm":
         meta |= {"schedule": cfg.ddpm.schedule, "num_train_timesteps": cfg.ddpm.num_train_timesteps}
-    return make_expert(ExpertNet.from_config(model_config), meta, **(conversion or {})), model_config, meta
+    net = ExpertNet.from_config(model_config)
+    if cfg.expert.init != "random":  # a convert-dit output or a diffusers PixArt transformer folder
+        state, notes = load_init(cfg.expert.init, model_config)
+        net.transformer.load_state_dict(state)
+        init_meta = Path(cfg.expert.init) / "hddm_init.json"
+        if init_meta.exists() and json.loads(init_meta.read_text())["objective"] != objective:
+            notes.append(f"converted for {json.loads(init_meta.read_text())['objective']}, trained as {objective}")
+        meta["init_notes"] = notes
+    return make_expert(net, meta, **(conversion or {})), model_config, meta
 
 
-def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: str, *,
-                     device: str = "cpu", progress: bool = False) -> tuple[dict, dict, dict]:
+def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: str, *, device: str = "cpu",
+                     checkpoint: Path | None = None, progress: bool = False) -> tuple[dict, dict, dict]:
     """Train expert ``expert_id`` on cluster ``expert_id`` with ``objective``, in isolation.
 
+    ``checkpoint``: where the training state is saved every ``expert.checkpoint_every`` steps and resumed from.
     Returns the transformer's state dict, its diffusers config and the checkpoint metadata (DESIGN.md §2).
     """
     dataset_meta = read_meta(dataset_dir)
@@ -69,10 +79,14 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
     e = cfg.expert
     stats = train_expert(expert, data, load_uncond(dataset_dir), steps=e.steps, batch_size=e.batch_size, lr=e.lr,
                          weight_decay=e.weight_decay, warmup_steps=e.warmup_steps, grad_clip=e.grad_clip,
-                         caption_dropout=e.caption_dropout, seed=e.seed + expert_id, log_every=e.log_every,
+                         caption_dropout=e.caption_dropout, seed=e.seed + expert_id,
+                         accumulation=e.grad_accumulation, ema_decay=e.ema_decay, mixed_precision=e.mixed_precision,
+                         gradient_checkpointing=e.gradient_checkpointing, optimizer=e.optimizer,
+                         checkpoint=checkpoint, checkpoint_every=e.checkpoint_every, log_every=e.log_every,
                          name=f"expert {expert_id} [{objective}]", device=device, progress=progress)
     meta |= {
-        "expert_id": expert_id, "cluster_id": expert_id, "ema": False,
+        "expert_id": expert_id, "cluster_id": expert_id, "ema": stats.ema, "ema_decay": e.ema_decay,
+        "mixed_precision": e.mixed_precision, "grad_accumulation": e.grad_accumulation, "init": e.init,
         "dataset": f"{dataset_meta['name']} v{dataset_meta['version']} ({dataset_dir.name})",
         "cluster_size": len(data), "steps": stats.steps, "images_seen": stats.images_seen,
         "device_seconds": round(stats.device_seconds, 3), "device": str(device),

@@ -1,18 +1,23 @@
 """Training loops: one expert on its own cluster (its adapter supplies the objective), and the router.
 
-Both loops are plain: AdamW with linear warm-up, gradient clipping, a seeded generator for batches, noise and
-times, and a progress log. They return what the checkpoint metadata reports about compute.
+Both run the same loop (:func:`fit`): AdamW (fused on CUDA) with linear warm-up, gradient clipping, gradient
+accumulation, optional bf16 autocast and weight EMA, a seeded generator for batches, noise and times, a progress
+log, and periodic local checkpoints that a restarted training resumes from exactly. They return what the
+checkpoint metadata reports about compute.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
+from diffusers.training_utils import EMAModel
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -31,6 +36,7 @@ class TrainStats:
     device_seconds: float = 0.0
     peak_memory_bytes: int = 0
     final_loss: float = float("nan")
+    ema: bool = False
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
 
 
@@ -52,38 +58,108 @@ def _drop_captions(cond: TextCond, uncond: TextCond, p: float, generator: torch.
                     torch.where(keep, cond.mask, uncond.mask.expand_as(cond.mask)))
 
 
-def fit(params, loss_fn: Callable[[torch.Generator], Tensor], *, steps: int, lr: float, weight_decay: float = 0.0,
-        warmup_steps: int = 0, grad_clip: float | None = 1.0, seed: int = 0, log_every: int = 100,
-        name: str = "train", progress: bool = False) -> TrainStats:
-    """The one optimisation loop: AdamW with linear warm-up and gradient clipping over ``loss_fn(generator)``."""
-    params = list(params)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+OPTIMIZERS = ("auto", "fused", "foreach", "default")
+PRECISIONS = ("no", "bf16")
+
+
+def make_optimizer(params, lr: float, weight_decay: float, impl: str, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; ``auto`` picks the fused kernel on CUDA and the foreach one elsewhere."""
+    if impl not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer implementation {impl!r}; expected one of {OPTIMIZERS}")
+    impl = ("fused" if device.type == "cuda" else "foreach") if impl == "auto" else impl
+    kw = {"fused": True} if impl == "fused" else {"foreach": True} if impl == "foreach" else {"foreach": False}
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kw)
+
+
+def fit(model: torch.nn.Module, loss_fn: Callable[[torch.Generator], Tensor], *, steps: int, lr: float,
+        weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float | None = 1.0, seed: int = 0,
+        accumulation: int = 1, ema_decay: float = 0.0, mixed_precision: str = "no", optimizer: str = "auto",
+        checkpoint: str | Path | None = None, checkpoint_every: int = 0, log_every: int = 100,
+        name: str = "train", progress: bool = False) -> tuple[TrainStats, EMAModel | None]:
+    """The one optimisation loop over ``loss_fn(generator)`` (one micro-batch per call).
+
+    AdamW with linear warm-up, gradient clipping, ``accumulation`` micro-batches per step, optional bf16 autocast
+    and an EMA of the weights (returned; the caller decides what to export). With ``checkpoint`` set, the full
+    training state (weights, optimiser, schedule, EMA, random generator, step) is saved every
+    ``checkpoint_every`` steps, and a later call with the same path resumes exactly where it stopped.
+    """
+    if mixed_precision not in PRECISIONS:
+        raise ValueError(f"unknown mixed precision {mixed_precision!r}; expected one of {PRECISIONS}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device
+    opt = make_optimizer(params, lr, weight_decay, optimizer, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
     g = torch.Generator().manual_seed(seed)
-    stats, ema, start = TrainStats(), None, time.perf_counter()
-    for step in tqdm(range(steps), desc=name, disable=not progress, mininterval=1.0):
-        loss = loss_fn(g)
+    ema = EMAModel(params, decay=ema_decay) if ema_decay else None
+    stats, loss_ema, first, elapsed = TrainStats(), None, 0, 0.0
+    checkpoint = Path(checkpoint) if checkpoint else None
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, map_location=device, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        if ema is not None:
+            ema.load_state_dict(state["ema"])
+        g.set_state(state["generator"].cpu())
+        first, loss_ema, elapsed = int(state["step"]), float(state["loss_ema"]), float(state["elapsed"])
+        stats.loss_curve = [tuple(x) for x in state["loss_curve"]]
+        log.info("%s resumed from %s at step %d", name, checkpoint, first)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
+    start = time.perf_counter() - elapsed
+    for step in tqdm(range(first, steps), desc=name, disable=not progress, mininterval=1.0, initial=first,
+                     total=steps):
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total = 0.0
+        for _ in range(accumulation):
+            with autocast:
+                loss = loss_fn(g) / accumulation
+            loss.backward()
+            total += loss.item()
         if grad_clip:
             torch.nn.utils.clip_grad_norm_(params, grad_clip)
         opt.step()
         sched.step()
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if ema is not None:
+            ema.step(params)
+        loss_ema = total if loss_ema is None else 0.98 * loss_ema + 0.02 * total
         if (step + 1) % log_every == 0 or step + 1 == steps:
-            stats.loss_curve.append((step + 1, ema))
-            log.info("%s step %d/%d loss %.4f (%.1f s)", name, step + 1, steps, ema, time.perf_counter() - start)
-    stats.steps, stats.device_seconds, stats.final_loss = steps, time.perf_counter() - start, float(ema)
-    return stats
+            stats.loss_curve.append((step + 1, loss_ema))
+            log.info("%s step %d/%d loss %.4f (%.1f s)", name, step + 1, steps, loss_ema, time.perf_counter() - start)
+        if checkpoint is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+            _save_training_state(checkpoint, model, opt, sched, ema, g, step + 1, loss_ema,
+                                 time.perf_counter() - start, stats.loss_curve)
+    stats.steps, stats.device_seconds, stats.final_loss = steps, time.perf_counter() - start, float(loss_ema)
+    return stats, ema
+
+
+def _save_training_state(path: Path, model, opt, sched, ema, g, step, loss_ema, elapsed, curve) -> None:
+    """Write the training state atomically (a local file of this node, read back with weights_only=True)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+             "generator": g.get_state(), "step": step, "loss_ema": loss_ema, "elapsed": elapsed,
+             "loss_curve": [list(x) for x in curve]}
+    if ema is not None:
+        state["ema"] = ema.state_dict()
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
 
 
 def train_expert(expert: Expert, data: Split, uncond: TextCond, *, steps: int, batch_size: int, lr: float,
                  weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0,
-                 caption_dropout: float = 0.1, seed: int = 0, log_every: int = 100, name: str = "expert",
-                 device: torch.device | str = "cpu", progress: bool = False) -> TrainStats:
-    """Train ``expert`` in isolation on ``data`` with its own objective (``expert.training_loss``)."""
+                 caption_dropout: float = 0.1, seed: int = 0, accumulation: int = 1, ema_decay: float = 0.0,
+                 mixed_precision: str = "no", gradient_checkpointing: bool = False, optimizer: str = "auto",
+                 checkpoint: str | Path | None = None, checkpoint_every: int = 0, log_every: int = 100,
+                 name: str = "expert", device: torch.device | str = "cpu", progress: bool = False) -> TrainStats:
+    """Train ``expert`` in isolation on ``data`` with its own objective (``expert.training_loss``).
+
+    With ``ema_decay`` > 0 the expert ends holding the EMA weights (``stats.ema`` says so).
+    """
     device = torch.device(device)
     expert.to(device).train()
+    transformer = getattr(expert.net, "transformer", None)
+    if gradient_checkpointing and transformer is not None:
+        transformer.enable_gradient_checkpointing()
     uncond = TextCond(uncond.states.to(device), uncond.mask.to(device))
 
     def loss_fn(g: torch.Generator) -> Tensor:
@@ -92,10 +168,19 @@ def train_expert(expert: Expert, data: Split, uncond: TextCond, *, steps: int, b
         cond = TextCond(cond.states.to(device), cond.mask.to(device))
         return expert.training_loss(x0.to(device), _drop_captions(cond, uncond, caption_dropout, g), generator=g)
 
-    stats = fit(expert.parameters(), loss_fn, steps=steps, lr=lr, weight_decay=weight_decay,
-                warmup_steps=warmup_steps, grad_clip=grad_clip, seed=seed, log_every=log_every, name=name,
-                progress=progress)
-    stats.images_seen, stats.peak_memory_bytes = steps * batch_size, peak_memory_bytes(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    stats, ema = fit(expert, loss_fn, steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+                     grad_clip=grad_clip, seed=seed, accumulation=accumulation, ema_decay=ema_decay,
+                     mixed_precision=mixed_precision, optimizer=optimizer, checkpoint=checkpoint,
+                     checkpoint_every=checkpoint_every, log_every=log_every, name=name, progress=progress)
+    if ema is not None:
+        ema.copy_to([p for p in expert.parameters() if p.requires_grad])
+        stats.ema = True
+    if gradient_checkpointing and transformer is not None:
+        transformer.disable_gradient_checkpointing()
+    stats.images_seen = steps * batch_size * accumulation
+    stats.peak_memory_bytes = peak_memory_bytes(device)
     expert.eval()
     return stats
 
@@ -116,8 +201,8 @@ def train_router(router: Router, data: Split, *, steps: int, batch_size: int, lr
         idx = torch.randint(0, len(data), (batch_size,), generator=g)
         return router_loss(router, data.images[idx], data.labels[idx], g)
 
-    stats = fit(router.parameters(), loss_fn, steps=steps, lr=lr, warmup_steps=min(50, steps // 10), seed=seed,
-                log_every=log_every, name="router", progress=progress)
+    stats, _ = fit(router, loss_fn, steps=steps, lr=lr, warmup_steps=min(50, steps // 10), seed=seed,
+                   log_every=log_every, name="router", progress=progress)
     stats.images_seen = steps * batch_size
     router.eval()
     return stats
