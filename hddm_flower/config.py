@@ -27,9 +27,12 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    name: str = "twemoji"  # the embedded, offline dataset
-    image_size: int = 16  # pixels; 16×16 with patch 2 (64 tokens) is what a CPU trains in minutes
-    cluster_features: str = "pixels"  # "pixels" (visual, like the paper's DINOv2) or "caption" (semantic)
+    name: str = "twemoji"  # the embedded, offline dataset; or "webdataset" (image + caption shards)
+    image_size: int = 16  # side of what the experts see: pixels, or latents when `vae` is set
+    cluster_features: str = "pixels"  # "pixels" (visual), "caption" (semantic), or "dinov2" (the paper's)
+    shards: str = ""  # webdataset: brace pattern of the image + caption tar shards (img2dataset layout)
+    vae: str = ""  # local AutoencoderKL folder (sd-vae-ft-mse): experts work on its latents; "" = pixels
+    dinov2: str = ""  # local DINOv2 folder for cluster_features: dinov2
     skin_tones: bool = False  # add the 1,875 skin-tone variants (mostly "People & Body")
     val_fraction: float = 0.05
     max_caption_tokens: int = 16
@@ -72,7 +75,8 @@ class ExpertConfig:
     gradient_checkpointing: bool = False
     optimizer: str = "auto"  # AdamW implementation: auto (fused on CUDA, foreach elsewhere), fused, foreach, default
     checkpoint_every: int = 0  # save the training state every N steps (0 = never); a restart resumes from it
-    init: str = "random"  # or a folder: `hddm convert-dit` output or a diffusers PixArt transformer
+    init: Any = "random"  # "random", a folder (`hddm convert-dit` output or a diffusers PixArt transformer), or a
+    # mapping by objective and/or expert id, e.g. {fm: /inits/fm, ddpm: /inits/ddpm, 3: random}
     seed: int = 0
     log_every: int = 100
 
@@ -144,8 +148,11 @@ class Config:
                     fail("objectives.ddpm_clusters", f"must be 'auto' or a list of cluster ids, got {ids!r}")
                 if len(set(ids)) != o.ddpm or not all(0 <= i < self.num_experts for i in ids):
                     fail("objectives.ddpm_clusters", f"needs {o.ddpm} distinct ids in 0..{self.num_experts - 1}")
-        if self.data.cluster_features not in ("caption", "pixels"):
-            fail("data.cluster_features", f"unknown features {self.data.cluster_features!r}; expected caption or pixels")
+        if self.data.name not in ("twemoji", "webdataset"):
+            fail("data.name", f"unknown dataset {self.data.name!r}; expected twemoji or webdataset")
+        if self.data.cluster_features not in ("caption", "pixels", "dinov2"):
+            fail("data.cluster_features", f"unknown features {self.data.cluster_features!r}; "
+                                          "expected caption, pixels or dinov2")
         if self.ddpm.schedule not in SCHEDULES:
             fail("ddpm.schedule", f"unknown schedule {self.ddpm.schedule!r}; expected one of {SCHEDULES}")
         s = self.sampling
@@ -166,6 +173,10 @@ class Config:
             fail("expert.optimizer", f"unknown AdamW implementation {e.optimizer!r}")
         if not 0 <= e.ema_decay < 1:
             fail("expert.ema_decay", "must be in [0, 1)")
+        init = e.init if isinstance(e.init, dict) else {"all": e.init}
+        for key, value in init.items():
+            if not isinstance(value, str) or not (key == "all" or key in OBJECTIVES or isinstance(key, int)):
+                fail("expert.init", f"entry {key!r}: {value!r} is not a path or 'random' for an objective or expert id")
         for key in ("expert.grad_accumulation", "expert.steps", "router.steps", "sampling.num_steps", "expert.batch_size", "router.batch_size"):
             section, name = key.split(".")
             if getattr(getattr(self, section), name) < 1:
@@ -188,6 +199,13 @@ class Config:
         else:
             ddpm = set(o.ddpm_clusters)
         return ["ddpm" if k in ddpm else "fm" for k in range(self.num_experts)]
+
+    def init_for(self, expert_id: int, objective: str) -> str:
+        """The initialisation of one expert: its id's entry, else its objective's, else the single value."""
+        init = self.expert.init
+        if not isinstance(init, dict):
+            return init
+        return init.get(expert_id, init.get(str(expert_id), init.get(objective, "random")))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -34,8 +34,10 @@ log = logging.getLogger(__name__)
 def prepare_data(cfg: Config, cache_dir: str | Path | None = None) -> Path:
     """The prepared dataset directory for this config (built on first use)."""
     d = cfg.data
-    if d.name != "twemoji":
-        raise ValueError(f"data.name: unknown dataset {d.name!r}; the embedded dataset is 'twemoji'")
+    if d.name != "twemoji" or d.vae or d.cluster_features == "dinov2":
+        raise ValueError(f"data: only the embedded Twemoji dataset in pixel space with caption or pixel clusters "
+                         f"can be prepared in this version (got name={d.name!r}, vae={d.vae!r}, "
+                         f"cluster_features={d.cluster_features!r}); prepared shards can be passed as data-dir")
     return prepare_embedded(cache_dir or d.cache_dir or default_cache_dir(), image_size=d.image_size,
                             num_clusters=cfg.num_experts, seed=d.seed, skin_tones=d.skin_tones,
                             val_fraction=d.val_fraction, max_caption_tokens=d.max_caption_tokens, limit=d.limit,
@@ -47,18 +49,22 @@ def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:
     return cfg.objective_of([c["detail"] for c in read_meta(dataset_dir)["clusters"]])
 
 
-def build_expert(cfg: Config, dataset_meta: dict, objective: str, conversion: dict | None = None):
-    """A fresh expert network wrapped in the adapter of ``objective``; returns (adapter, model_config, meta)."""
+def build_expert(cfg: Config, dataset_meta: dict, objective: str, conversion: dict | None = None,
+                 expert_id: int = 0):
+    """A new expert network (random or ``expert.init``) wrapped in the adapter of ``objective``; returns
+    (adapter, model_config, meta)."""
     model_config = expert_config(cfg.expert.preset, sample_size=dataset_meta["image_size"],
                                  in_channels=dataset_meta["channels"], caption_channels=dataset_meta["text_dim"])
     meta = {"objective": objective, "preset": cfg.expert.preset, "time_convention": TIME_CONVENTION}
     if objective == "ddpm":
         meta |= {"schedule": cfg.ddpm.schedule, "num_train_timesteps": cfg.ddpm.num_train_timesteps}
     net = ExpertNet.from_config(model_config)
-    if cfg.expert.init != "random":  # a convert-dit output or a diffusers PixArt transformer folder
-        state, notes = load_init(cfg.expert.init, model_config)
+    init = cfg.init_for(expert_id, objective)
+    meta["init"] = init
+    if init != "random":  # a convert-dit output or a diffusers PixArt transformer folder
+        state, notes = load_init(init, model_config)
         net.transformer.load_state_dict(state)
-        init_meta = Path(cfg.expert.init) / "hddm_init.json"
+        init_meta = Path(init) / "hddm_init.json"
         if init_meta.exists() and json.loads(init_meta.read_text())["objective"] != objective:
             notes.append(f"converted for {json.loads(init_meta.read_text())['objective']}, trained as {objective}")
         meta["init_notes"] = notes
@@ -75,7 +81,7 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
     dataset_meta = read_meta(dataset_dir)
     data = load_split(dataset_dir, [expert_id], "train")
     torch.manual_seed(cfg.expert.seed + expert_id)  # weight init
-    expert, model_config, meta = build_expert(cfg, dataset_meta, objective)
+    expert, model_config, meta = build_expert(cfg, dataset_meta, objective, expert_id=expert_id)
     e = cfg.expert
     stats = train_expert(expert, data, load_uncond(dataset_dir), steps=e.steps, batch_size=e.batch_size, lr=e.lr,
                          weight_decay=e.weight_decay, warmup_steps=e.warmup_steps, grad_clip=e.grad_clip,
@@ -86,7 +92,7 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
                          name=f"expert {expert_id} [{objective}]", device=device, progress=progress)
     meta |= {
         "expert_id": expert_id, "cluster_id": expert_id, "ema": stats.ema, "ema_decay": e.ema_decay,
-        "mixed_precision": e.mixed_precision, "grad_accumulation": e.grad_accumulation, "init": e.init,
+        "mixed_precision": e.mixed_precision, "grad_accumulation": e.grad_accumulation,
         "dataset": f"{dataset_meta['name']} v{dataset_meta['version']} ({dataset_dir.name})",
         "cluster_size": len(data), "steps": stats.steps, "images_seen": stats.images_seen,
         "device_seconds": round(stats.device_seconds, 3), "device": str(device),

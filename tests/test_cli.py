@@ -55,3 +55,12 @@ def test_missing_files_exit_nonzero_in_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hddm_flower.cli", "assemble", "--run-dir", str(tmp_path)],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "no expert folders" in proc.stderr
+
+
+def test_paper_config_data_is_refused_clearly(tmp_path, capsys):
+    from pathlib import Path
+
+    paper = Path(__file__).parent.parent / "configs" / "paper-2ddpm-6fm.yaml"
+    assert main(["prepare", "--config", str(paper), "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "name='webdataset'" in err and not any(tmp_path.iterdir())

@@ -97,3 +97,20 @@ def test_base_files_are_deep_merged(tmp_path):
     (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
     with pytest.raises(ConfigError, match="includes itself"):
         load_config(tmp_path / "loop.yaml")
+
+
+def test_init_per_objective_and_expert(tmp_path):
+    cfg = load_config(_write(tmp_path, "expert:\n  init: {fm: /a, ddpm: /b, 3: random}\n"))
+    assert [cfg.init_for(k, o) for k, o in [(0, "fm"), (1, "ddpm"), (3, "ddpm")]] == ["/a", "/b", "random"]
+    assert load_config(_write(tmp_path, "expert: {init: /c}\n")).init_for(5, "fm") == "/c"
+    with pytest.raises(ConfigError, match=r"expert\.init: entry 'sde'"):
+        load_config(_write(tmp_path, "expert:\n  init: {sde: /a}\n"))
+
+
+def test_paper_configs_state_the_paper_setup():
+    paper = load_config(Path(__file__).parent.parent / "configs" / "paper-2ddpm-6fm.yaml")
+    assert (paper.expert.preset, paper.router.preset, paper.num_experts) == ("XL/2", "B/2", 8)
+    assert (paper.sampling.top_k, paper.sampling.cfg_scale, paper.sampling.num_steps) == (2, 7.5, 50)
+    assert paper.data.max_caption_tokens == 77 and paper.expert.mixed_precision == "bf16"
+    fm8 = load_config(Path(__file__).parent.parent / "configs" / "paper-8fm.yaml")
+    assert fm8.objective_of() == ["fm"] * 8 and fm8.expert == paper.expert

@@ -1,0 +1,61 @@
+"""Encoders from local directories, tested with tiny random models saved to disk and loaded by the same code
+that loads sd-vae-ft-mse and CLIP ViT-L/14."""
+
+import pytest
+import torch
+
+from hddm_flower.data import TextEncoder
+from hddm_flower.encoders import LatentCodec
+
+
+@pytest.fixture(scope="module")
+def tiny_vae(tmp_path_factory):
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16),
+                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                        norm_num_groups=8, sample_size=16, scaling_factor=0.18215)
+    path = tmp_path_factory.mktemp("vae")
+    vae.save_pretrained(path)
+    return path, vae.eval()
+
+
+def test_latent_codec_round_trip_shapes_and_scaling(tiny_vae):
+    path, vae = tiny_vae
+    codec = LatentCodec(path)
+    assert codec.scaling_factor == 0.18215 and codec.downsample == 2
+    x = torch.rand(2, 3, 16, 16) * 2 - 1
+    z = codec.encode(x, sample=False)
+    assert z.shape == (2, 4, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(z, vae.encode(x).latent_dist.mode() * 0.18215)
+        torch.testing.assert_close(codec.decode(z), vae.decode(z / 0.18215).sample.clamp(-1, 1))
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    torch.testing.assert_close(codec.encode(x, generator=g1), codec.encode(x, generator=g2))
+    with pytest.raises(FileNotFoundError, match="does not hold a diffusers AutoencoderKL"):
+        LatentCodec(path / "nope")
+
+
+def test_clip_text_encoder_from_a_local_directory(tmp_path):
+    """A CLIP text model + tokenizer in the ViT-L/14 layout (here tiny and random) loads through TextEncoder."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    words = ["a", "dog", "face", "japan", "flag", "red", "apple"]
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for ch in "abcdefghijklmnopqrstuvwxyz":
+        vocab.setdefault(ch, len(vocab))
+        vocab.setdefault(ch + "</w>", len(vocab))
+    for w in words:
+        vocab.setdefault(w + "</w>", len(vocab))
+    CLIPTokenizer(vocab=vocab, merges=[]).save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    CLIPTextModel(CLIPTextConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, max_position_embeddings=77, eos_token_id=1,
+                                 bos_token_id=0, pad_token_id=1)).save_pretrained(tmp_path)
+    enc = TextEncoder(tmp_path, max_length=77)
+    cond, pooled = enc.encode(["a dog face", "japan flag", ""])
+    assert enc.dim == 32 and enc.name.startswith("clip_text_model")
+    assert cond.states.shape == (3, 77, 32) and pooled.shape == (3, 32)
+    assert cond.mask[2].sum() == 2 and cond.mask[0].sum() > cond.mask[2].sum()  # "" is [BOS][EOS]
+    assert not torch.allclose(cond.states[0], cond.states[1])
