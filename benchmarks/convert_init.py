@@ -72,11 +72,12 @@ def main(argv=None) -> dict:
     p.add_argument("--pretrain-steps", type=int, default=600)
     p.add_argument("--steps", type=int, default=300, help="expert training steps per run")
     p.add_argument("--cluster", type=int, default=0)
+    p.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "convert_init"))
     args = p.parse_args(argv)
 
-    cfg = load_config(ROOT / "configs" / "default.yaml", {"expert.steps": args.steps, "expert.log_every": 10})
+    cfg = load_config(args.config, {"expert.steps": args.steps, "expert.log_every": 10})
     dataset_dir = prepare_data(cfg, args.cache_dir)
     meta = read_meta(dataset_dir)
     arch = EXPERT_PRESETS[cfg.expert.preset]  # the DiT has the expert's architecture, as XL/2 does in the paper
@@ -97,7 +98,7 @@ def main(argv=None) -> dict:
             state, config, report = convert_dit(src, objective=objective, caption_channels=meta["text_dim"])
             init_dir = write_converted(Path(tmp) / f"init-{objective}", state, config, report)
             for init in ("random", str(init_dir)):
-                run_cfg = load_config(ROOT / "configs" / "default.yaml",
+                run_cfg = load_config(args.config,
                                       {"expert.steps": args.steps, "expert.log_every": 10, "expert.init": init})
                 torch.manual_seed(1)
                 expert, _, _ = build_expert(run_cfg, meta, objective, expert_id=args.cluster)

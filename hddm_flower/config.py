@@ -62,7 +62,7 @@ class DDPMConfig:
 @dataclass
 class ExpertConfig:
     preset: str = "tiny"
-    steps: int = 500
+    steps: int = 700
     batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -93,7 +93,7 @@ class RouterConfig:
 @dataclass
 class SamplingConfig:
     num_steps: int = 50
-    cfg_scale: float = 3.0
+    cfg_scale: float = 7.5
     routing: str = "top_k"
     top_k: int = 2
     threshold: float = 0.2
