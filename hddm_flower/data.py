@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 SKIN_TONES = {"1F3FB": "light", "1F3FC": "medium-light", "1F3FD": "medium", "1F3FE": "medium-dark",
               "1F3FF": "dark"}
-DATASET_VERSION = 2
+DATASET_VERSION = 3
 
 
 def default_cache_dir() -> Path:
@@ -143,7 +143,8 @@ def cluster_features(kind: str, images: np.ndarray, captions: list[str], categor
 
         flat = images.reshape(len(images), -1).astype(np.float64) / 255.0
         n = min(32, *flat.shape)
-        return PCA(n, random_state=seed).fit_transform(flat), f"the first {n} principal components of the pixels"
+        pca = PCA(n, svd_solver="full")  # exact and deterministic (the randomized solver stalled under Ray)
+        return pca.fit_transform(flat), f"the first {n} principal components of the pixels"
     raise ValueError(f"unknown cluster features {kind!r}; expected one of {CLUSTER_FEATURES}")
 
 
@@ -172,6 +173,7 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
     import webdataset as wds
     from safetensors.torch import save_file
     from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_limits
 
     if features not in CLUSTER_FEATURES:
         raise ValueError(f"unknown cluster features {features!r}; expected one of {CLUSTER_FEATURES}")
@@ -191,8 +193,10 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
         encoder = TextEncoder(encoder_path, max_caption_tokens)
         cond, _ = encoder.encode(captions)
         uncond, _ = encoder.encode([""])
-        feats, described = cluster_features(features, images, captions, categories, encoder, seed)
-        raw = KMeans(num_clusters, n_init=10, random_state=seed).fit(feats).labels_
+        # one BLAS/OpenMP thread: this may run inside a Flower or Ray process whose threads already fill the CPUs
+        with threadpool_limits(limits=1):
+            feats, described = cluster_features(features, images, captions, categories, encoder, seed)
+            raw = KMeans(num_clusters, n_init=10, random_state=seed).fit(feats).labels_
         order = np.argsort(-np.bincount(raw, minlength=num_clusters), kind="stable")  # id 0 = largest cluster
         labels = np.argsort(order)[raw]
         # held-out split, stratified: every cluster of ≥ 2 images keeps at least one validation image
