@@ -49,8 +49,7 @@ def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:
     return cfg.objective_of([c["detail"] for c in read_meta(dataset_dir)["clusters"]])
 
 
-def build_expert(cfg: Config, dataset_meta: dict, objective: str, conversion: dict | None = None,
-                 expert_id: int = 0):
+def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int = 0):
     """A new expert network (random or ``expert.init``) wrapped in the adapter of ``objective``; returns
     (adapter, model_config, meta)."""
     model_config = expert_config(cfg.expert.preset, sample_size=dataset_meta["image_size"],
@@ -65,10 +64,11 @@ def build_expert(cfg: Config, dataset_meta: dict, objective: str, conversion: di
         state, notes = load_init(init, model_config)
         net.transformer.load_state_dict(state)
         init_meta = Path(init) / "hddm_init.json"
-        if init_meta.exists() and json.loads(init_meta.read_text())["objective"] != objective:
-            notes.append(f"converted for {json.loads(init_meta.read_text())['objective']}, trained as {objective}")
+        converted_for = json.loads(init_meta.read_text())["objective"] if init_meta.exists() else objective
+        if converted_for != objective:
+            notes.append(f"converted for {converted_for}, trained as {objective}")
         meta["init_notes"] = notes
-    return make_expert(net, meta, **(conversion or {})), model_config, meta
+    return make_expert(net, meta), model_config, meta
 
 
 def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: str, *, device: str = "cpu",
@@ -144,8 +144,9 @@ def evaluate(ensemble: Ensemble, data: Split, *, seed: int = 0,
 
     * ``router_top1_accuracy`` / ``router_top2_accuracy`` per t: the router's cluster prediction from ``(x_t, t)``.
     * ``expert_velocity_mse``: each expert on its own cluster's held-out images, ``‖v̂ − (eps − x0)‖²``.
-    * ``ensemble_velocity_mse``: the ensemble with its routing mode vs. oracle routing (true cluster), all
-      held-out images; the gap is what routing errors cost.
+    * ``ensemble_velocity_mse``: the ensemble with its routing mode on all held-out images, and
+      ``oracle_velocity_mse``: oracle routing (the true cluster's expert) on the images whose expert is present;
+      with every expert present the gap is what routing errors cost.
     """
     g = torch.Generator().manual_seed(seed)
     out: dict[str, Any] = {"times": list(times), "num_images": len(data), "router_top1_accuracy": [],
