@@ -7,6 +7,7 @@ the key and the file. Dotted overrides (``expert.steps=50``) go through the same
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -247,6 +248,7 @@ def _build(cls: type, values: dict, source: str, prefix: str = "") -> Any:
     for k in values:
         if k not in names:
             close = [n for n in names if n.replace("_", "") == str(k).replace("_", "").replace("-", "")]
+            close = close or difflib.get_close_matches(str(k), sorted(names), n=1, cutoff=0.7)
             hint = f" (did you mean {prefix}{close[0]}?)" if close else f"; known keys: {', '.join(sorted(names))}"
             raise ConfigError(f"{source}: unknown key {prefix}{k}{hint}")
     return cls(**{k: _coerce(v, hints[k], prefix + k, source) for k, v in values.items()})

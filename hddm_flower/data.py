@@ -177,6 +177,8 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
 
     if features not in CLUSTER_FEATURES:
         raise ValueError(f"unknown cluster features {features!r}; expected one of {CLUSTER_FEATURES}")
+    if encoder_path and not Path(encoder_path).is_dir():  # fail before touching the cache
+        raise FileNotFoundError(f"text encoder directory {encoder_path} does not exist")
     out = embedded_dataset_dir(cache_dir, image_size, num_clusters, seed, skin_tones, limit, features)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:

@@ -114,3 +114,19 @@ def test_paper_configs_state_the_paper_setup():
     assert paper.data.max_caption_tokens == 77 and paper.expert.mixed_precision == "bf16"
     fm8 = load_config(Path(__file__).parent.parent / "configs" / "paper-8fm.yaml")
     assert fm8.objective_of() == ["fm"] * 8 and fm8.expert == paper.expert
+
+
+BAD = sorted((Path(__file__).parent / "bad_configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_bad_config_corpus_gives_its_one_line_message(path, tmp_path, capsys):
+    """Each file in tests/bad_configs states the message it must produce; `hddm prepare` exits 2 with it, in one
+    line, without a traceback, and writes nothing."""
+    from hddm_flower.cli import main
+
+    expected = path.read_text().splitlines()[0].removeprefix("# expect: ")
+    assert main(["prepare", "--config", str(path), "--cache-dir", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
