@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # A real deployment on one machine: a SuperLink with TLS and SuperNode authentication, two authenticated
-# SuperNodes (two "institutions"), and a small 2-expert run submitted with `flwr run`. Everything lives in a
-# temporary directory; all processes are stopped at the end. Usage: scripts/deploy-loopback-tls.sh [PORT]
+# SuperNodes (one per "institution"), and a small run (one expert per node: 1 DDPM, the rest FM) submitted with
+# `flwr run`. Everything lives in a temporary directory; the processes it started are stopped at the end.
+# Usage: scripts/deploy-loopback-tls.sh [NODES] [PORT]
 set -euo pipefail
-port=${1:-19291}
+nodes=${1:-2}
+port=${2:-19291}
 app=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 export FLWR_HOME=$work/flwr FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
@@ -30,7 +32,7 @@ flower-superlink --ssl-ca-certfile ca.crt --ssl-certfile server.pem --ssl-keyfil
     --enable-supernode-auth --host 127.0.0.1 --port "$port" --disable-runtime-dependency-installation \
     > superlink.log 2>&1 & pids+=($!)
 sleep 6
-for k in 0 1; do  # each institution makes a key pair and sends only the public key
+for k in $(seq 0 $((nodes - 1))); do  # each institution makes a key pair and sends only the public key
     ssh-keygen -q -t ecdsa -b 384 -N "" -f "node-$k" -C "node-$k"
     flwr supernode register "node-$k.pub" loopback-tls --name "institution-$k" | tail -n 1
     flower-supernode --root-certificates ca.crt --auth-supernode-private-key "node-$k" \
@@ -39,7 +41,7 @@ for k in 0 1; do  # each institution makes a key pair and sends only the public 
 done
 sleep 6
 cd "$app"
-flwr run . loopback-tls --stream --run-config "run-dir=\"$work/run\" cache-dir=\"$work/cache\" overrides=\"num_experts=2 objectives={ddpm: 1, fm: 1, ddpm_clusters: [1]} expert.steps=30 router.steps=30 sampling.num_steps=10 sampling.samples_per_prompt=2 federation.min_nodes=2 federation.min_experts=2\""
+flwr run . loopback-tls --stream --run-config "run-dir=\"$work/run\" cache-dir=\"$work/cache\" overrides=\"num_experts=$nodes objectives={ddpm: 1, fm: $((nodes - 1)), ddpm_clusters: [0]} expert.steps=30 router.steps=30 sampling.num_steps=10 sampling.samples_per_prompt=2 federation.min_nodes=$nodes federation.min_experts=$nodes\""
 status=$(flwr ls loopback-tls --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["runs"][0]["status"])')
 echo "run status: $status; run directory: $work/run"
 [ "$status" = "finished:completed" ] && [ -f "$work/run/report.json" ]
