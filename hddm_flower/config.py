@@ -18,6 +18,7 @@ import yaml
 
 from .ensemble import ROUTING_MODES
 from .objectives import CONVERSIONS, SCHEDULES
+from .training import OPTIMIZERS, PRECISIONS
 
 OBJECTIVES = ("fm", "ddpm")
 
@@ -168,10 +169,10 @@ class Config:
         if not 1 <= self.federation.min_experts <= self.num_experts:
             fail("federation.min_experts", f"must be in 1..{self.num_experts}")
         e = self.expert
-        if e.mixed_precision not in ("no", "bf16"):
-            fail("expert.mixed_precision", f"unknown precision {e.mixed_precision!r}; expected no or bf16")
-        if e.optimizer not in ("auto", "fused", "foreach", "default"):
-            fail("expert.optimizer", f"unknown AdamW implementation {e.optimizer!r}")
+        if e.mixed_precision not in PRECISIONS:
+            fail("expert.mixed_precision", f"unknown precision {e.mixed_precision!r}; expected one of {PRECISIONS}")
+        if e.optimizer not in OPTIMIZERS:
+            fail("expert.optimizer", f"unknown AdamW implementation {e.optimizer!r}; expected one of {OPTIMIZERS}")
         if not 0 <= e.ema_decay < 1:
             fail("expert.ema_decay", "must be in [0, 1)")
         init = e.init if isinstance(e.init, dict) else {"all": e.init}

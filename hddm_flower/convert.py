@@ -19,10 +19,8 @@ every key; the conversion then consumes every key of that layout and asserts tha
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -285,7 +283,7 @@ def load_init(folder: str | Path, model_config: dict) -> tuple[dict[str, Tensor]
             raise ValueError(f"expert.init: {folder} has {key}={sc[key]}, the expert needs {model_config[key]}")
     state = src.state_dict()
     fresh = PixArtTransformer2DModel.from_config(model_config).state_dict()
-    C, p = model_config["in_channels"], model_config["patch_size"]
+    C = model_config["in_channels"]
     if sc["out_channels"] == 2 * C:
         rows = torch.arange(state["proj_out.weight"].shape[0]) % (2 * C) < C
         state["proj_out.weight"], state["proj_out.bias"] = state["proj_out.weight"][rows], state["proj_out.bias"][rows]

@@ -120,11 +120,11 @@ class TextEncoder:
 # Preparation: encode once, cluster, write shards
 
 
-CLUSTER_FEATURES = ("caption", "pixels")
+CLUSTER_FEATURES = ("caption", "pixels")  # what `prepare_embedded` computes; the config also names "dinov2"
 
 
 def cluster_features(kind: str, images: np.ndarray, captions: list[str], categories: list[str],
-                     encoder: "TextEncoder", seed: int) -> tuple[np.ndarray, str]:
+                     encoder: "TextEncoder") -> tuple[np.ndarray, str]:
     """Features for k-means and a description of them.
 
     ``caption``: MiniLM embedding of "category: caption" (skin tones removed, so variants share their base's
@@ -149,7 +149,7 @@ def cluster_features(kind: str, images: np.ndarray, captions: list[str], categor
 
 
 def embedded_dataset_dir(cache_dir: str | os.PathLike, image_size: int, num_clusters: int, seed: int,
-                         skin_tones: bool, limit: int = 0, features: str = "caption") -> Path:
+                         skin_tones: bool, limit: int = 0, features: str = "pixels") -> Path:
     name = (f"twemoji-v{DATASET_VERSION}-{image_size}px-k{num_clusters}-{features}-seed{seed}"
             + ("-tones" if skin_tones else ""))
     return Path(cache_dir) / (name + (f"-first{limit}" if limit else ""))
@@ -163,8 +163,8 @@ def detail_score(images: np.ndarray) -> float:
 
 
 def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_clusters: int = 8, seed: int = 0,
-                     skin_tones: bool = True, val_fraction: float = 0.05, max_caption_tokens: int = 16,
-                     limit: int = 0, encoder_path: str | None = None, features: str = "caption") -> Path:
+                     skin_tones: bool = False, val_fraction: float = 0.05, max_caption_tokens: int = 16,
+                     limit: int = 0, encoder_path: str | None = None, features: str = "pixels") -> Path:
     """Build (once) the embedded dataset's per-cluster shards; returns the dataset directory.
 
     Safe to call from many processes at once: one builds while the others wait; a crash leaves no partial
@@ -197,7 +197,7 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
         uncond, _ = encoder.encode([""])
         # one BLAS/OpenMP thread: this may run inside a Flower or Ray process whose threads already fill the CPUs
         with threadpool_limits(limits=1):
-            feats, described = cluster_features(features, images, captions, categories, encoder, seed)
+            feats, described = cluster_features(features, images, captions, categories, encoder)
             raw = KMeans(num_clusters, n_init=10, random_state=seed).fit(feats).labels_
         order = np.argsort(-np.bincount(raw, minlength=num_clusters), kind="stable")  # id 0 = largest cluster
         labels = np.argsort(order)[raw]
