@@ -130,8 +130,9 @@ def train_feature_classifier(images: Tensor, labels: Tensor, caption_emb: Tensor
         return F.cross_entropy(logits, labels[idx]) + (1 - F.cosine_similarity(emb, caption_emb[idx])).mean()
 
     net.train()
-    stats, _ = fit(net, loss_fn, steps=steps, lr=lr, warmup_steps=min(50, steps), seed=seed,
-                   log_every=max(1, steps // 5), name="feature classifier", progress=progress)
+    with torch.enable_grad():
+        stats, _ = fit(net, loss_fn, steps=steps, lr=lr, warmup_steps=min(50, steps), seed=seed,
+                       log_every=max(1, steps // 5), name="feature classifier", progress=progress)
     net.eval()
     with torch.no_grad():
         acc = torch.cat([net(images[i: i + 512])[0].argmax(-1) for i in range(0, len(images), 512)])
