@@ -215,7 +215,7 @@ def finish_run(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict
 
 def evaluate_and_report(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict], *,
                         router: Router | None = None, extra: dict | None = None, modes: list[str] | None = None,
-                        progress: bool = False) -> dict:
+                        feature_dir: Path | None = None, progress: bool = False) -> dict:
     """Evaluate the assembled run (diagnostics, every routing mode, per expert), sample the configured prompts and
     write report.json, report.md, the grids and the plots into ``run_dir``."""
     from .evaluate import evaluate_run
@@ -224,7 +224,8 @@ def evaluate_and_report(cfg: Config, run_dir: Path, dataset_dir: Path, missing: 
     s = cfg.sampling
     metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed,
                        times=tuple(cfg.evaluation.times))
-    metrics["evaluation"] = evaluate_run(cfg, ensemble, dataset_dir, run_dir, modes=modes, progress=progress)
+    metrics["evaluation"] = evaluate_run(cfg, ensemble, dataset_dir, run_dir, modes=modes,
+                                         feature_dir=feature_dir, progress=progress)
     encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(dataset_dir)["max_caption_tokens"])
     images = sample_grid(ensemble, encoder, s.prompts, load_uncond(dataset_dir),
                          samples_per_prompt=s.samples_per_prompt, num_steps=s.num_steps, cfg_scale=s.cfg_scale,
