@@ -53,6 +53,7 @@ def reproduced(tmp_path_factory, dataset_dir):
     return cfg, out, reproduce(cfg, out, dataset_dir)
 
 
+@pytest.mark.slow
 def test_reproduce_writes_tables_manifest_and_runs(reproduced):
     cfg, out, manifest = reproduced
     # 4 experts: 4FM and 2DDPM:2FM share the FM experts of the FM clusters → 4 FM + 2 DDPM trained once each
@@ -91,6 +92,7 @@ def test_reproduce_writes_tables_manifest_and_runs(reproduced):
     assert "## Routing modes" in (run / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_reproduce_reuses_experts_and_refuses_a_changed_config(reproduced, dataset_dir):
     cfg, out, manifest = reproduced
     from hddm_flower.reproduce import _train_or_reuse
@@ -102,6 +104,7 @@ def test_reproduce_reuses_experts_and_refuses_a_changed_config(reproduced, datas
         _train_or_reuse(out / "experts" / "cluster-0-fm", "other", lambda: None)
 
 
+@pytest.mark.slow
 def test_cli_evaluate_a_run_and_bad_input(reproduced, cache_dir, capsys):
     cfg, out, _ = reproduced
     run = out / "runs" / "4FM"
