@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import os
+import resource
 import hashlib
 import json
 import logging
@@ -118,7 +119,7 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
 def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, int] | None = None,
               progress: bool = False) -> dict:
     """Train or reuse everything, evaluate every configuration and the monolith, write tables and manifest."""
-    start = time.perf_counter()
+    start, load_start = time.perf_counter(), os.getloadavg()
     configs = configs or default_configs(cfg.num_experts)
     out.mkdir(parents=True, exist_ok=True)
     meta = read_meta(dataset_dir)
@@ -187,6 +188,8 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
         "created_at": _now(), "command": "hddm " + " ".join(sys.argv[1:]), "seconds": round(seconds, 1),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "torch_threads": torch.get_num_threads(), "device": "cpu",
+        "cpu_seconds": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 1),  # user + system, this process
+        "load_average": {"start": [round(x, 2) for x in load_start], "end": [round(x, 2) for x in os.getloadavg()]},
         "config": cfg.to_dict(), "configurations": {n: {"ddpm": configs[n], "objectives": objectives[n]}
                                                    for n in plans},
         "seeds": {"data": cfg.data.seed, "experts": f"expert.seed + expert id ({cfg.expert.seed} + k)",
@@ -229,7 +232,9 @@ def render_tables(manifest: dict, results: dict) -> str:
     mono = results["monolith"]["modes"]["top1"]
     lines = [
         f"Produced by `{manifest['command'] or 'hddm reproduce'}` on {manifest['created_at']} in "
-        f"{manifest['seconds'] / 60:.1f} min ({manifest['device']}, {manifest['torch_threads']} torch threads; "
+        f"{manifest['seconds'] / 60:.1f} min wall, {manifest['cpu_seconds'] / 60:.1f} min CPU ({manifest['device']}, "
+        f"{manifest['torch_threads']} torch threads, load average {manifest['load_average']['start'][0]} at the "
+        f"start; "
         f"experts {manifest['timings_s']['experts']:.0f} s, router {manifest['timings_s']['router']:.0f} s, "
         f"monolith {manifest['timings_s']['monolith']:.0f} s, evaluation {manifest['timings_s']['evaluation']:.0f} s).",
         f"Scale: {cfg['num_experts']} experts `{cfg['expert']['preset']}` × {cfg['expert']['steps']} steps × batch "
