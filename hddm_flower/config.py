@@ -124,6 +124,7 @@ class EvaluationConfig:
     feature_steps: int = 600  # training steps of the feature classifier (offline FID/KID features)
     kid_subset_size: int = 100
     kid_subsets: int = 100
+    reference_images: int = 0  # FID/KID reference: a seeded subset of this many dataset images (0 = all)
     times: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # router accuracy vs t
     seed: int = 0
 
@@ -199,8 +200,9 @@ class Config:
                     "kid_subsets"):
             if getattr(ev, key) < 1:
                 fail(f"evaluation.{key}", "must be ≥ 1")
-        if ev.num_steps < 0 or ev.grid_prompts < 0:
-            fail("evaluation.num_steps" if ev.num_steps < 0 else "evaluation.grid_prompts", "must be ≥ 0")
+        for key in ("num_steps", "grid_prompts", "reference_images"):
+            if getattr(ev, key) < 0:
+                fail(f"evaluation.{key}", "must be ≥ 0")
         if not all(0 < t < 1 for t in ev.times):
             fail("evaluation.times", "every time must be in (0, 1)")
         if not 1 <= self.federation.min_experts <= self.num_experts:

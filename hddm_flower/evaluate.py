@@ -195,6 +195,11 @@ def evaluate_run(cfg: Config, ensemble: Ensemble, dataset_dir: Path, out_dir: Pa
     fx, classifier, desc = feature_network(cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, progress=progress)
     distance = M.lpips_distance(ev.alexnet_weights or None, fallback=classifier, fallback_description=desc)
     ref = all_images(dataset_dir)
+    subset = 0 < ev.reference_images < len(ref)
+    if subset:
+        keep = torch.randperm(len(ref), generator=torch.Generator().manual_seed(ev.seed))[: ev.reference_images]
+        ref = Split(ref.images[keep], TextCond(ref.cond.states[keep], ref.cond.mask[keep]), ref.labels[keep],
+                    [ref.captions[i] for i in keep.tolist()])
     ref_feats = fx(ref.images)
     prompts = choose_prompts(dataset_dir, ev.num_prompts, ev.seed)
     uncond = load_uncond(dataset_dir)
@@ -203,7 +208,8 @@ def evaluate_run(cfg: Config, ensemble: Ensemble, dataset_dir: Path, out_dir: Pa
         "protocol": {"prompts": len(prompts.captions), "samples_per_prompt": ev.samples_per_prompt,
                      "num_steps": steps, "cfg_scale": s.cfg_scale, "threshold": s.threshold, "seed": ev.seed,
                      "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing", "conversion": s.conversion,
-                     "reference": f"all {len(ref)} images of the dataset (train + val)",
+                     "reference": f"{len(ref)} images of the dataset (train + val"
+                                  f"{', seeded subset' if subset else ''})",
                      "prompt_source": "held-out captions first (val split), then training captions"},
         "prompts": prompts.captions, "modes": {},
     }
