@@ -126,7 +126,9 @@ def cmd_reproduce(args) -> None:
 
     cfg = _config(args)
     out = Path(args.out)
-    result = reproduce(cfg, out, _dataset(args, cfg), progress=True)
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be ≥ 1, got {args.jobs}")
+    result = reproduce(cfg, out, _dataset(args, cfg), jobs=args.jobs, progress=True)
     print(f"tables: {out / 'tables.md'}  manifest: {out / 'manifest.json'}  ({result['seconds']:.0f} s)")
 
 
@@ -194,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("reproduce", cmd_reproduce, "train (or reuse) the experts of 8FM, 2DDPM:6FM and 4DDPM:4FM and a "
                                          "monolith of equal compute; write the paper's two tables side by side")
     sp.add_argument("--out", required=True, help="output folder (experts are reused from it on a second run)")
+    sp.add_argument("--jobs", type=int, default=1, help="train the experts and the monolith in this many processes "
+                                                        "(one torch thread each); default 1")
     sp = add("sample", cmd_sample, "sample a prompt grid from an assembled run (RUN/experts + RUN/router)")
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--prompt", action="append", help="a prompt (repeatable; default: the config's prompts)")

@@ -30,7 +30,7 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-from .checkpoints import load_expert, load_router, read_expert_meta, save_expert, sha256_file
+from .checkpoints import WEIGHTS, load_expert, read_expert_meta, save_expert, sha256_file
 from .config import Config, ConfigError, config_from_dict
 from .data import load_split, load_uncond, read_meta
 from .ensemble import Ensemble
@@ -59,6 +59,18 @@ PAPER_ROUTING = {"monolith": (29.64, 12.81), "top1": (30.60, 9.84), "top2": (22.
                  "threshold": (None, 10.46), "oracle": (None, 10.46)}
 
 
+def tensor_sha256(path: str | os.PathLike) -> str:
+    """sha256 over a safetensors file's tensors (names, dtypes, shapes, bytes in name order): equal for equal
+    weights, unlike the file's own sha256, whose header metadata order varies from one save to the next."""
+    from safetensors.torch import load_file
+
+    h = hashlib.sha256()
+    for name, t in sorted(load_file(path).items()):
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 def _fingerprint(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -82,18 +94,42 @@ class _OneExpertRouter(nn.Module):
         return torch.zeros(x_t.shape[0], 1, dtype=x_t.dtype, device=x_t.device)
 
 
+class _Missing(Exception):
+    pass
+
+
+def _train_job(a: tuple) -> None:
+    """Train one expert (``k``) or the monolith (``k is None``) into ``folder`` (a separate process when jobs > 1:
+    one torch thread each, no progress bars)."""
+    cfg_dict, dataset_dir, k, obj, folder, fingerprint, in_worker, progress = a
+    if in_worker:
+        torch.set_num_threads(1)
+    cfg, dataset_dir = config_from_dict(cfg_dict, "reproduce"), Path(dataset_dir)
+    progress = progress and not in_worker
+    if k is None:
+        fn = lambda: train_monolith(cfg, dataset_dir, progress=progress)  # noqa: E731
+    else:
+        fn = lambda: train_one_expert(cfg, dataset_dir, k, obj, progress=progress)  # noqa: E731
+    _train_or_reuse(Path(folder), fingerprint, fn)
+
+
 def _train_or_reuse(folder: Path, fingerprint: str, train) -> dict:
-    """Reuse ``folder`` if it was trained with the same fingerprint; refuse if with another; else train."""
+    """Reuse ``folder`` if it was trained with the same fingerprint; refuse if with another; else train (with
+    ``train=None``: raise :class:`_Missing`)."""
     if (folder / "hddm_expert.json").exists():
         meta = read_expert_meta(folder)
         if meta.get("reproduce_fingerprint") != fingerprint:
             raise ConfigError(f"{folder} was trained with another config (fingerprint "
                               f"{meta.get('reproduce_fingerprint')} ≠ {fingerprint}); use a new --out")
-        return {"sha256": meta["sha256"], "reused": True, "device_seconds": meta["device_seconds"]}
+        return {"sha256": meta["sha256"], "tensor_sha256": tensor_sha256(folder / WEIGHTS), "reused": True,
+                "device_seconds": meta["device_seconds"], "final_loss": meta.get("final_loss")}
+    if train is None:
+        raise _Missing(folder)
     state, model_config, meta = train()
     meta["reproduce_fingerprint"] = fingerprint
     digest = save_expert(folder, state, model_config, meta)
-    return {"sha256": digest, "reused": False, "device_seconds": meta["device_seconds"]}
+    return {"sha256": digest, "tensor_sha256": tensor_sha256(folder / WEIGHTS), "reused": False,
+            "device_seconds": meta["device_seconds"], "final_loss": meta.get("final_loss")}
 
 
 def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) -> tuple[dict, dict, dict]:
@@ -117,8 +153,10 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
 
 
 def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, int] | None = None,
-              progress: bool = False) -> dict:
-    """Train or reuse everything, evaluate every configuration and the monolith, write tables and manifest."""
+              jobs: int = 1, progress: bool = False) -> dict:
+    """Train or reuse everything, evaluate every configuration and the monolith, write tables and manifest.
+
+    ``jobs`` > 1 trains the experts and the monolith in that many processes (one torch thread each)."""
     start, load_start = time.perf_counter(), os.getloadavg()
     configs = configs or default_configs(cfg.num_experts)
     out.mkdir(parents=True, exist_ok=True)
@@ -132,16 +170,43 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
     artefacts: dict[str, Any] = {"experts": {}}
     timings: dict[str, float] = {}
 
-    # 1. unique (cluster, objective) experts
+    # 1. unique (cluster, objective) experts and the monolith, reused or trained (in `jobs` processes)
     t0 = time.perf_counter()
     unique = sorted({(k, o) for objs in objectives.values() for k, o in enumerate(objs)})
-    for k, obj in unique:
-        folder = out / "experts" / f"cluster-{k}-{obj}"
-        artefacts["experts"][folder.name] = _train_or_reuse(
-            folder, fp_expert, lambda: train_one_expert(cfg, dataset_dir, k, obj, progress=progress))
-    timings["experts"] = time.perf_counter() - t0
+    todo = [("monolith", None, "fm")] + [(f"cluster-{k}-{o}", k, o) for k, o in unique]
+    folders = {name: out / ("monolith" if k is None else f"experts/{name}") for name, k, _ in todo}
+    pending = []
+    for name, k, obj in todo:
+        try:
+            _train_or_reuse(folders[name], fp_expert, None)
+        except _Missing:
+            pending.append((name, k, obj))
+    args = [(cfg.to_dict(), str(dataset_dir), k, obj, str(folders[name]), fp_expert, jobs > 1, progress)
+            for name, k, obj in pending]
+    if jobs > 1 and len(pending) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    # 2. router and monolith
+        from tqdm.auto import tqdm
+
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_train_job, a) for a in args]  # the monolith (the longest job) first
+            for f in tqdm(as_completed(futures), total=len(futures), disable=not progress,
+                          desc=f"training {len(pending)} networks in {jobs} processes"):
+                f.result()
+    else:
+        for a in args:
+            _train_job(a)
+    for name, k, obj in todo:
+        info = _train_or_reuse(folders[name], fp_expert, None)
+        info["reused"] = (name, k, obj) not in pending
+        if k is None:
+            artefacts["monolith"] = info
+        else:
+            artefacts["experts"][name] = info
+    timings["training"] = time.perf_counter() - t0
+
+    # 2. the router (it depends only on the clusters)
     t0 = time.perf_counter()
     fp_router = _fingerprint(cfg.router, data_id)
     router_meta = out / "router" / "hddm_router.json"
@@ -149,18 +214,14 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
         fit_router(cfg, dataset_dir, out, progress=progress)
         router_meta.write_text(json.dumps(json.loads(router_meta.read_text()) | {"reproduce_fingerprint": fp_router},
                                           indent=2))
-    artefacts["router"] = {"sha256": sha256_file(out / "router" / "diffusion_pytorch_model.safetensors")}
+    artefacts["router"] = {"tensor_sha256": tensor_sha256(out / "router" / WEIGHTS)}
     timings["router"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    artefacts["monolith"] = _train_or_reuse(out / "monolith", fp_expert,
-                                            lambda: train_monolith(cfg, dataset_dir, progress=progress))
-    timings["monolith"] = time.perf_counter() - t0
 
     # 3. evaluation: the feature network once, then each configuration and the monolith
     t0 = time.perf_counter()
     feature_dir = out / FEATURE_NET
     feature_network(cfg, dataset_dir, feature_dir, progress=progress)
-    artefacts["feature_net"] = {"sha256": sha256_file(feature_dir / "diffusion_pytorch_model.safetensors")}
+    artefacts["feature_net"] = {"tensor_sha256": tensor_sha256(feature_dir / WEIGHTS)}
     results: dict[str, Any] = {}
     for name, c in plans.items():
         run_dir = out / "runs" / name.replace(":", "-")
@@ -187,8 +248,9 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
     manifest = {
         "created_at": _now(), "command": "hddm " + " ".join(sys.argv[1:]), "seconds": round(seconds, 1),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
-        "torch_threads": torch.get_num_threads(), "device": "cpu",
-        "cpu_seconds": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 1),  # user + system, this process
+        "torch_threads": torch.get_num_threads(), "training_processes": jobs, "device": "cpu",
+        "cpu_seconds": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+                             + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]), 1),  # user + system
         "load_average": {"start": [round(x, 2) for x in load_start], "end": [round(x, 2) for x in os.getloadavg()]},
         "config": cfg.to_dict(), "configurations": {n: {"ddpm": configs[n], "objectives": objectives[n]}
                                                    for n in plans},
@@ -234,9 +296,9 @@ def render_tables(manifest: dict, results: dict) -> str:
         f"Produced by `{manifest['command'] or 'hddm reproduce'}` on {manifest['created_at']} in "
         f"{manifest['seconds'] / 60:.1f} min wall, {manifest['cpu_seconds'] / 60:.1f} min CPU ({manifest['device']}, "
         f"{manifest['torch_threads']} torch threads, load average {manifest['load_average']['start'][0]} at the "
-        f"start; "
-        f"experts {manifest['timings_s']['experts']:.0f} s, router {manifest['timings_s']['router']:.0f} s, "
-        f"monolith {manifest['timings_s']['monolith']:.0f} s, evaluation {manifest['timings_s']['evaluation']:.0f} s).",
+        f"start; training {manifest['timings_s']['training']:.0f} s in {manifest['training_processes']} "
+        f"process(es), router {manifest['timings_s']['router']:.0f} s, evaluation "
+        f"{manifest['timings_s']['evaluation']:.0f} s).",
         f"Scale: {cfg['num_experts']} experts `{cfg['expert']['preset']}` × {cfg['expert']['steps']} steps × batch "
         f"{cfg['expert']['batch_size']} on {manifest['dataset']['dataset']}; monolith: the same network, "
         f"{cfg['num_experts'] * cfg['expert']['steps']} steps on all clusters (equal images seen). Router "
