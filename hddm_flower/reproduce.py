@@ -98,6 +98,46 @@ class _Missing(Exception):
     pass
 
 
+def _run_jobs(fn, args: list[tuple], jobs: int, progress: bool, what: str) -> list:
+    """``[fn(a) for a in args]``, in ``jobs`` spawned processes when ``jobs`` > 1 (results in order)."""
+    if jobs <= 1 or len(args) <= 1:
+        return [fn(a) for a in args]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from tqdm.auto import tqdm
+
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(fn, a) for a in args]
+        for f in tqdm(as_completed(futures), total=len(futures), disable=not progress,
+                      desc=f"{what}: {len(args)} jobs in {jobs} processes"):
+            f.result()
+        return [f.result() for f in futures]
+
+
+def _eval_job(a: tuple) -> tuple[str, dict]:
+    """Evaluate one configuration (its run directory) or, with ``objectives`` None, the monolith."""
+    cfg_dict, name, run_dir, dataset_dir, feature_dir, objectives, in_worker, progress = a
+    if in_worker:
+        torch.set_num_threads(1)
+    progress = progress and not in_worker
+    cfg, run_dir, dataset_dir = config_from_dict(cfg_dict, "reproduce"), Path(run_dir), Path(dataset_dir)
+    if objectives is None:
+        meta = read_meta(dataset_dir)
+        mono, _ = load_expert(run_dir.parent.parent / "monolith", conversion=cfg.sampling.conversion,
+                              t_eps=cfg.sampling.t_eps, x0_clamp=cfg.sampling.x0_clamp)
+        ens = Ensemble({0: mono}, _OneExpertRouter(meta["channels"], meta["image_size"]), 1, routing="top_k", k=1)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return name, evaluate_run(cfg, ens, dataset_dir, run_dir, feature_dir=Path(feature_dir), modes=["top1"],
+                                  per_expert=False, progress=progress)
+    report = evaluate_and_report(cfg, run_dir, dataset_dir, [], feature_dir=Path(feature_dir), progress=progress,
+                                 extra={"reproduce": {"config": name, "objectives": objectives}})
+    result = report["metrics"]["evaluation"]
+    result["router_top1_accuracy"] = dict(zip(map(str, report["metrics"]["times"]),
+                                              report["metrics"]["router_top1_accuracy"]))
+    return name, result
+
+
 def _train_job(a: tuple) -> None:
     """Train one expert (``k``) or the monolith (``k is None``) into ``folder`` (a separate process when jobs > 1:
     one torch thread each, no progress bars)."""
@@ -156,7 +196,8 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
               jobs: int = 1, progress: bool = False) -> dict:
     """Train or reuse everything, evaluate every configuration and the monolith, write tables and manifest.
 
-    ``jobs`` > 1 trains the experts and the monolith in that many processes (one torch thread each)."""
+    ``jobs`` > 1 trains the experts and the monolith, then evaluates the configurations and the monolith, in that
+    many processes (one torch thread each)."""
     start, load_start = time.perf_counter(), os.getloadavg()
     configs = configs or default_configs(cfg.num_experts)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,20 +224,7 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
             pending.append((name, k, obj))
     args = [(cfg.to_dict(), str(dataset_dir), k, obj, str(folders[name]), fp_expert, jobs > 1, progress)
             for name, k, obj in pending]
-    if jobs > 1 and len(pending) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        from tqdm.auto import tqdm
-
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = [pool.submit(_train_job, a) for a in args]  # the monolith (the longest job) first
-            for f in tqdm(as_completed(futures), total=len(futures), disable=not progress,
-                          desc=f"training {len(pending)} networks in {jobs} processes"):
-                f.result()
-    else:
-        for a in args:
-            _train_job(a)
+    _run_jobs(_train_job, args, jobs, progress, "training")
     for name, k, obj in todo:
         info = _train_or_reuse(folders[name], fp_expert, None)
         info["reused"] = (name, k, obj) not in pending
@@ -222,7 +250,7 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
     feature_dir = out / FEATURE_NET
     feature_network(cfg, dataset_dir, feature_dir, progress=progress)
     artefacts["feature_net"] = {"tensor_sha256": tensor_sha256(feature_dir / WEIGHTS)}
-    results: dict[str, Any] = {}
+    eval_args = []
     for name, c in plans.items():
         run_dir = out / "runs" / name.replace(":", "-")
         (run_dir / "experts").mkdir(parents=True, exist_ok=True)
@@ -231,17 +259,11 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
         _symlink(run_dir / "router", out / "router")
         (run_dir / "config.yaml").write_text(f"# hddm reproduce: {name}\n" + yaml.safe_dump(c.to_dict(),
                                                                                            sort_keys=False))
-        report = evaluate_and_report(c, run_dir, dataset_dir, [], feature_dir=feature_dir, progress=progress,
-                                     extra={"reproduce": {"config": name, "objectives": objectives[name]}})
-        results[name] = report["metrics"]["evaluation"]
-        results[name]["router_top1_accuracy"] = dict(zip(map(str, report["metrics"]["times"]),
-                                                         report["metrics"]["router_top1_accuracy"]))
-    mono, mono_meta = load_expert(out / "monolith", conversion=cfg.sampling.conversion, t_eps=cfg.sampling.t_eps,
-                                  x0_clamp=cfg.sampling.x0_clamp)
-    ens = Ensemble({0: mono}, _OneExpertRouter(meta["channels"], meta["image_size"]), 1, routing="top_k", k=1)
-    (out / "runs" / "monolith").mkdir(parents=True, exist_ok=True)
-    results["monolith"] = evaluate_run(cfg, ens, dataset_dir, out / "runs" / "monolith", feature_dir=feature_dir,
-                                       modes=["top1"], per_expert=False, progress=progress)
+        eval_args.append((c.to_dict(), name, str(run_dir), str(dataset_dir), str(feature_dir), objectives[name],
+                          jobs > 1, progress))
+    eval_args.append((cfg.to_dict(), "monolith", str(out / "runs" / "monolith"), str(dataset_dir), str(feature_dir),
+                      None, jobs > 1, progress))
+    results = dict(_run_jobs(_eval_job, eval_args, jobs, progress, "evaluating"))
     timings["evaluation"] = time.perf_counter() - t0
     seconds = time.perf_counter() - start
 
