@@ -293,17 +293,30 @@ def intra_prompt_diversity(images: Tensor, distance: Distance) -> dict:
 # Text alignment
 
 
-def clip_score(images: Tensor, prompts: list[str], clip_path: str | os.PathLike) -> dict:
-    """CLIP score (torchmetrics: 100 · cosine of image and text embeddings, floored at 0) with a local
-    transformers CLIP folder."""
-    from torchmetrics.multimodal.clip_score import CLIPScore
+def _embedding(out) -> Tensor:
+    """transformers ≥ 5 returns the projected embedding as ``pooler_output`` of an output object; older, a tensor."""
+    return out if isinstance(out, Tensor) else out.pooler_output
+
+
+@torch.no_grad()
+def clip_score(images: Tensor, prompts: list[str], clip_path: str | os.PathLike, batch_size: int = 64) -> dict:
+    """CLIP score with a local transformers CLIP folder: ``100 · max(cos(image, text), 0)`` averaged over the
+    images (torchmetrics' definition; its own ``CLIPScore`` accepts only hub names and predates transformers 5)."""
+    from transformers import CLIPModel, CLIPProcessor
 
     path = Path(clip_path)
     if not path.is_dir():
         raise FileNotFoundError(f"CLIP folder {path} does not exist")
-    metric = CLIPScore(model_name_or_path=str(path))
+    if len(prompts) != len(images):
+        raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
+    model, processor = CLIPModel.from_pretrained(path).eval(), CLIPProcessor.from_pretrained(path)
     x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    with torch.no_grad():
-        metric.update(x, prompts)
-        value = float(metric.compute())
-    return {"value": value, "model": str(path), "num_images": len(images)}
+    scores = []
+    for i in range(0, len(x), batch_size):
+        pix = processor(images=list(x[i: i + batch_size]), return_tensors="pt")["pixel_values"]
+        txt = processor(text=prompts[i: i + batch_size], return_tensors="pt", padding=True, truncation=True)
+        img_emb = F.normalize(_embedding(model.get_image_features(pixel_values=pix)), dim=-1)
+        txt_emb = F.normalize(_embedding(model.get_text_features(input_ids=txt["input_ids"],
+                                                                 attention_mask=txt["attention_mask"])), dim=-1)
+        scores.append((100 * (img_emb * txt_emb).sum(-1)).clamp(min=0))
+    return {"value": torch.cat(scores).mean().item(), "model": str(path), "num_images": len(images)}

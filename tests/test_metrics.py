@@ -144,3 +144,34 @@ def test_train_feature_classifier_learns_separable_clusters():
     emb = torch.nn.functional.normalize(torch.randn(80, 6, generator=g), dim=-1)
     net, stats = M.train_feature_classifier(images, labels, emb, 2, steps=30, batch_size=16)
     assert stats["train_accuracy"] == 1.0 and net.config.num_classes == 2
+
+
+def _tiny_clip(folder):
+    """A random CLIP (text + vision towers of width 32) with a byte-level tokenizer, saved like a hub folder."""
+    import json
+
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars = [chr(b) for b in bs] + [chr(256 + i) for i in range(256 - len(bs))]  # GPT-2's byte → unicode map
+    vocab = {c: i for i, c in enumerate(chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"])}
+    folder.mkdir()
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    tok = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    small = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2)
+    cfg = CLIPConfig(text_config=dict(small, vocab_size=len(vocab), max_position_embeddings=77,
+                                      bos_token_id=vocab["<|startoftext|>"], eos_token_id=vocab["<|endoftext|>"]),
+                     vision_config=dict(small, image_size=32, patch_size=8), projection_dim=16)
+    torch.manual_seed(0)
+    CLIPModel(cfg).save_pretrained(folder)
+    CLIPProcessor(image_processor=images, tokenizer=tok).save_pretrained(folder)
+
+
+def test_clip_score_from_a_local_folder(tmp_path):
+    _tiny_clip(tmp_path / "clip")
+    x = torch.rand(3, 3, 16, 16) * 2 - 1
+    r = M.clip_score(x, ["dog face", "japan flag", "red apple"], tmp_path / "clip")
+    assert r["num_images"] == 3 and 0 <= r["value"] <= 100 and r["model"].endswith("clip")
+    with pytest.raises(FileNotFoundError):
+        M.clip_score(x, ["a"] * 3, tmp_path / "nope")
