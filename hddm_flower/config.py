@@ -18,9 +18,11 @@ import yaml
 
 from .ensemble import ROUTING_MODES
 from .objectives import CONVERSIONS, SCHEDULES
-from .training import OPTIMIZERS, PRECISIONS
 
 OBJECTIVES = ("fm", "ddpm")
+# option values of the training loop (hddm_flower.training imports them from here: the schema stays light)
+OPTIMIZERS = ("auto", "fused", "foreach", "default")
+PRECISIONS = ("no", "bf16")
 
 
 class ConfigError(ValueError):
