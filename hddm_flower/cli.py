@@ -128,7 +128,7 @@ def cmd_reproduce(args) -> None:
     out = Path(args.out)
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be ≥ 1, got {args.jobs}")
-    result = reproduce(cfg, out, _dataset(args, cfg), jobs=args.jobs, progress=True)
+    result = reproduce(cfg, out, _dataset(args, cfg), jobs=args.jobs, command=args.command_line, progress=True)
     print(f"tables: {out / 'tables.md'}  manifest: {out / 'manifest.json'}  ({result['seconds']:.0f} s)")
 
 
@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.command_line = " ".join(["hddm", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         args.fn(args)

@@ -193,7 +193,7 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
 
 
 def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, int] | None = None,
-              jobs: int = 1, progress: bool = False) -> dict:
+              jobs: int = 1, command: str = "", progress: bool = False) -> dict:
     """Train or reuse everything, evaluate every configuration and the monolith, write tables and manifest.
 
     ``jobs`` > 1 trains the experts and the monolith, then evaluates the configurations and the monolith, in that
@@ -268,7 +268,7 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
     seconds = time.perf_counter() - start
 
     manifest = {
-        "created_at": _now(), "command": "hddm " + " ".join(sys.argv[1:]), "seconds": round(seconds, 1),
+        "created_at": _now(), "command": command or "hddm " + " ".join(sys.argv[1:]), "seconds": round(seconds, 1),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "torch_threads": torch.get_num_threads(), "training_processes": jobs, "device": "cpu",
         "cpu_seconds": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
