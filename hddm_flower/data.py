@@ -340,20 +340,25 @@ def stream_batches(dataset_dir: str | os.PathLike, cluster: int, *, batch_size: 
     meta = read_meta(dataset_dir)
     urls = cluster_shards(dataset_dir, cluster, meta)
     L, dim = meta["max_caption_tokens"], meta["text_dim"]
-    ds = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=None, empty_check=False, seed=seed,
-                         repeat=True)
+    ds = (wds.WebDataset(urls, shardshuffle=len(urls), detshuffle=True, nodesplitter=None, empty_check=False,
+                         seed=seed)
           .decode("rgb8").select(lambda s: s["json"]["split"] == split)
           .shuffle(shuffle_buffer, rng=random.Random(seed)))
     xs, sts, ms = [], [], []
-    for s in ds:
-        x, pad, mask = _decode_sample(s, L, dim)
-        xs.append(x)
-        sts.append(pad)
-        ms.append(mask)
-        if len(xs) == batch_size:
-            yield (torch.from_numpy(np.stack(xs)),
-                   TextCond(torch.from_numpy(np.stack(sts)), torch.from_numpy(np.stack(ms)).float()))
-            xs, sts, ms = [], [], []
+    while True:  # epochs: each pass reshuffles the shard order (deterministically, from seed and epoch)
+        n = 0
+        for s in ds:
+            x, pad, mask = _decode_sample(s, L, dim)
+            xs.append(x)
+            sts.append(pad)
+            ms.append(mask)
+            n += 1
+            if len(xs) == batch_size:
+                yield (torch.from_numpy(np.stack(xs)),
+                       TextCond(torch.from_numpy(np.stack(sts)), torch.from_numpy(np.stack(ms)).float()))
+                xs, sts, ms = [], [], []
+        if n == 0:
+            raise ValueError(f"no {split!r} samples in cluster {cluster} of {dataset_dir}")
 
 
 def check_clusters(meta: dict, num_experts: int, source: str = "") -> None:

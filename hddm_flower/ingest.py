@@ -452,10 +452,14 @@ def units_for(data, pixel_size: int, repeat: int = 1) -> tuple[list[Unit], dict]
 def prepare_from_config(data, out: str | os.PathLike, *, repeat: int = 1, progress: bool = False,
                         stop_after_units: int | None = None) -> dict:
     """`hddm prepare` for a data config: load the encoders, list the input, encode (resuming) into ``out``."""
+    if data.vae and not (Path(data.vae) / "config.json").exists():
+        raise FileNotFoundError(f"data.vae: {data.vae} does not hold a diffusers AutoencoderKL (no config.json)")
+    downsample = 2 ** (len(json.loads((Path(data.vae) / "config.json").read_text())["block_out_channels"]) - 1) \
+        if data.vae else 1
+    pixel_size = data.image_size * downsample
+    units, source = units_for(data, pixel_size, repeat)  # a missing shard fails here, before loading models
     encoders = Encoders(text_encoder=data.text_encoder or None, max_caption_tokens=data.max_caption_tokens,
                         vae=data.vae or None, device=default_device(data.device))
-    pixel_size = data.image_size * (encoders.codec.downsample if encoders.codec is not None else 1)
-    units, source = units_for(data, pixel_size, repeat)
     return prepare_shards(units, out, pixel_size=pixel_size, encoders=encoders, source=source,
                           batch_size=data.encode_batch_size, skip_bad_shards=data.skip_bad_shards,
                           progress=progress, stop_after_units=stop_after_units)

@@ -1,0 +1,284 @@
+"""Data at scale: webdataset ingestion with broken samples, resumption, latents + CLIP + DINOv2 from local folders,
+hierarchical k-means, per-cluster shard sets, and what clients read from them."""
+
+import csv
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hddm_flower.cluster import cluster_encoded, fit_hierarchical
+from hddm_flower.config import config_from_dict
+from hddm_flower.data import check_clusters, cluster_shards, load_split, load_uncond, read_meta, stream_batches
+from hddm_flower.ingest import SKIP_REASONS, Encoders, ShardError, prepare_from_config, prepare_shards, tar_units
+
+from .tiny_models import save_tiny_clip_text, save_tiny_dinov2, save_tiny_vae
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (30, 60, 220)}
+
+
+def _image(colour: str, i: int, size: int = 40, fmt: str = "jpeg") -> bytes:
+    """A coloured square with a stripe pattern whose frequency depends on i (detail varies)."""
+    rng = np.random.default_rng(i)
+    x = np.ones((size, size + 8, 3), np.float32) * np.array(COLOURS[colour], np.float32)
+    if i % 2:
+        x[:, ::2] *= 0.5  # fine stripes: high Laplacian energy
+    x += rng.normal(0, 4, x.shape)
+    buf = io.BytesIO()
+    Image.fromarray(x.clip(0, 255).astype(np.uint8)).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _write_shard(path: Path, samples: list[dict]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for s in samples:
+            for ext, data in s.items():
+                if ext != "key":
+                    _add(tar, f"{s['key']}.{ext}", data)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Three img2dataset-style shards (18 good samples) with every kind of broken sample, plus their counts."""
+    root = tmp_path_factory.mktemp("laion")
+    good, n = [], 0
+    for shard in range(3):
+        samples = []
+        for j in range(6):
+            colour = list(COLOURS)[(shard * 6 + j) % 3]
+            key = f"{shard:05d}{j:04d}"
+            fmt, ext = [("jpeg", "jpg"), ("png", "png"), ("webp", "webp")][j % 3]
+            s = {"key": key, ext: _image(colour, shard * 6 + j, fmt=fmt)}
+            if j == 4:  # caption only in the json, as img2dataset can write it
+                s["json"] = json.dumps({"caption": f"a {colour} square", "url": "http://x"}).encode()
+            else:
+                s["txt"] = f"a photo of a {colour} square".encode()
+                s["json"] = json.dumps({"url": "http://x"}).encode()
+            samples.append(s)
+            good.append(key)
+            n += 1
+        _write_shard(root / f"{shard:05d}.tar", samples)
+    # broken samples in a fourth shard, then truncated
+    broken = [
+        {"key": "0000300000", "jpg": b"\xff\xd8 this is not a jpeg", "txt": b"a red square"},  # corrupt_image
+        {"key": "0000300001", "jpg": _image("red", 1), "json": b'{"url": "x"}'},  # missing_caption
+        {"key": "0000300002", "png": _image("blue", 2, fmt="png"), "txt": b"   \n"},  # empty_caption
+        {"key": "0000300003", "txt": b"a caption without an image"},  # missing_image
+        {"key": "0000300004", "jpg": _image("green", 3), "txt": b"a green square"},  # good
+        {"key": "0000300005", "jpg": _image("green", 5, size=200), "txt": b"a green square"},  # cut off below
+    ]
+    path = root / "00003.tar"
+    _write_shard(path, broken)
+    data = path.read_bytes()
+    # cut inside the last image member: find its header, keep 700 bytes of its data
+    start = data.index(b"0000300005.jpg")
+    path.write_bytes(data[: start + 512 + 700])
+    good.append("0000300004")
+    counts = {"num_samples": n + 1, "skipped": {"corrupt_image": 1, "missing_image": 1, "missing_caption": 1,
+                                                "empty_caption": 1, "truncated_member": 1}}
+    return root, counts, good
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {"vae": save_tiny_vae(root / "vae"), "clip": save_tiny_clip_text(root / "clip"),
+            "dinov2": save_tiny_dinov2(root / "dinov2")}
+
+
+def _data(shards_root: Path, **kw):
+    d = {"name": "webdataset", "shards": str(shards_root / "{00000..00003}.tar"), "image_size": 16,
+         "max_caption_tokens": 8, "encode_batch_size": 4, "fine_clusters": 6, "shard_size": 4, "device": "cpu"}
+    return config_from_dict({"num_experts": 3, "objectives": {"ddpm": 1, "fm": 2},
+                             "federation": {"min_experts": 1}, "data": d | kw}).data
+
+
+def _keys(encoded: Path) -> list[str]:
+    import webdataset as wds
+
+    m = json.loads((encoded / "manifest.json").read_text())
+    urls = [str(encoded / s["name"]) for s in m["shards"]]
+    return [json.loads(s["json"])["source_key"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
+
+
+def test_manifest_counts_are_exact(shards, tmp_path):
+    root, counts, good = shards
+    m = prepare_from_config(_data(root), tmp_path / "enc")
+    assert m["num_samples"] == counts["num_samples"] and m["skipped"] == counts["skipped"]
+    assert set(m["skipped"]) == set(SKIP_REASONS) and m["skipped_shards"] == []
+    assert [s["count"] for s in m["shards"]] == [6, 6, 6, 1]
+    assert m["pixel_size"] == 16 and m["channels"] == 3 and m["latent"] is None
+    assert m["text_encoder"]["name"].startswith("bert") and m["versions"]["webdataset"]
+    assert sorted(_keys(tmp_path / "enc")) == sorted(good)
+    json_only = [k for k in good if k.endswith("0004")]
+    assert json_only  # captions from the json field were kept
+
+
+def test_missing_shard_is_a_one_line_error_or_skipped_with_the_flag(shards, tmp_path):
+    root, counts, _ = shards
+    pattern = str(root / "{00000..00004}.tar")  # 00004.tar does not exist
+    with pytest.raises(ShardError, match=r"shard .*00004\.tar does not exist") as e:
+        prepare_from_config(_data(root, shards=pattern), tmp_path / "a")
+    assert "\n" not in str(e.value)
+    (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 10)
+    m = prepare_from_config(_data(root, shards=f"{pattern} {tmp_path / 'junk.tar'}", skip_bad_shards=True),
+                            tmp_path / "b")
+    assert m["num_samples"] == counts["num_samples"]
+    assert [s["shard"].split("/")[-1] for s in m["skipped_shards"]] == ["00004.tar", "junk.tar"]
+    assert "not a readable tar" in m["skipped_shards"][1]["error"]
+
+
+def test_resume_after_an_interruption_writes_no_duplicates(shards, tmp_path):
+    root, counts, good = shards
+    data = _data(root)
+    out = tmp_path / "enc"
+    part = prepare_from_config(data, out, stop_after_units=2)
+    assert part["complete"] is False and not (out / "manifest.json").exists()
+    # an interruption in the middle of the third shard leaves a partial file behind
+    (out / "shard-000002.tar.partial").write_bytes(b"half a shard")
+    m = prepare_from_config(data, out)
+    keys = _keys(out)
+    assert len(keys) == len(set(keys)) == m["num_samples"] == counts["num_samples"]
+    assert sorted(keys) == sorted(good) and m["skipped"] == counts["skipped"]
+    assert not list(out.glob("*.partial"))
+    lines = (out / "progress.jsonl").read_text().splitlines()
+    assert len(lines) == 4  # each unit recorded once
+    with pytest.raises(ValueError, match="other settings"):
+        prepare_from_config(_data(root, max_caption_tokens=6), out)
+
+
+def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
+    """img2dataset shards → VAE latents + CLIP states → DINOv2 hierarchical k-means → shard sets → an expert
+    trained on latents → samples decoded by the VAE."""
+    from hddm_flower.encoders import LatentCodec
+    from hddm_flower.pipeline import build_expert, prepare_data, to_pixels, train_one_expert
+
+    root, counts, good = shards
+    cfg = config_from_dict({
+        "num_experts": 3, "objectives": {"ddpm": 1, "fm": 2, "ddpm_clusters": "auto"},
+        "federation": {"min_experts": 1, "min_nodes": 1},
+        "expert": {"preset": "test", "steps": 2, "batch_size": 2, "warmup_steps": 1, "log_every": 1},
+        "data": {"name": "webdataset", "shards": str(root / "{00000..00003}.tar"), "image_size": 8,
+                 "vae": str(models["vae"]), "text_encoder": str(models["clip"]), "max_caption_tokens": 77,
+                 "cluster_features": "dinov2", "dinov2": str(models["dinov2"]), "fine_clusters": 6,
+                 "encode_batch_size": 4, "shard_size": 3, "device": "cpu"}})
+    d = prepare_data(cfg, tmp_path / "cache")
+    meta = read_meta(d)
+    assert meta["channels"] == 4 and meta["image_size"] == 8 and meta["pixel_size"] == 16
+    assert meta["latent"]["scaling_factor"] == 0.18215 and meta["text_dim"] == 32
+    assert meta["feature_model"].startswith("dinov2:") and "6 fine → 3 coarse" in meta["cluster_features"]
+    assert sum(c["size"] for c in meta["clusters"]) == counts["num_samples"]
+    # the stored latents are the VAE's scaled posterior means of the centre-cropped image
+    split = load_split(d, None, "train")
+    assert split.images.shape[1:] == (4, 8, 8) and split.cond.states.shape[1:] == (77, 32)
+    assert load_uncond(d).mask.sum() == 2  # CLIP: <|startoftext|> <|endoftext|>
+    assert prepare_data(cfg, tmp_path / "cache") == d  # cached
+    state, model_config, emeta = train_one_expert(cfg, d, 0, "fm")
+    assert model_config["in_channels"] == 4 and model_config["sample_size"] == 8 and emeta["steps"] == 2
+    x = torch.randn(2, 4, 8, 8)
+    img = to_pixels(cfg, d, x)
+    assert img.shape == (2, 3, 16, 16) and img.abs().max() <= 1
+    torch.testing.assert_close(img, LatentCodec(models["vae"]).decode(x))
+    # an institution's folder alone is enough to train
+    state2, _, _ = train_one_expert(cfg, d / "cluster-0", 0, "fm")
+    for k in state:
+        torch.testing.assert_close(state[k], state2[k])
+
+
+def test_clustering_is_deterministic_and_each_sample_lands_in_one_shard_set(tmp_path):
+    """The embedded dataset through the same path (ingest + cluster), pixel features, twice with one seed."""
+    import webdataset as wds
+
+    data = config_from_dict({"num_experts": 4, "objectives": {"ddpm": 0, "fm": 4}, "federation": {"min_experts": 1},
+                             "data": {"limit": 120, "max_caption_tokens": 8, "fine_clusters": 16, "shard_size": 10,
+                                      "encode_batch_size": 32, "device": "cpu"}}).data
+    enc = tmp_path / "enc"
+    m = prepare_from_config(data, enc)
+    assert m["num_samples"] == 120 and m["source"]["kind"] == "twemoji"
+    outs = [cluster_encoded(enc, tmp_path / f"c{i}", num_clusters=4, features="pixels", fine_clusters=16, seed=3,
+                            shard_size=10) for i in range(2)]
+    rows = [list(csv.reader((o / "assignments.csv").open()))[1:] for o in outs]
+    assert rows[0] == rows[1]
+    assert cluster_encoded(enc, tmp_path / "c2", num_clusters=4, features="pixels", fine_clusters=16,
+                           seed=4, shard_size=10).exists()
+    meta = read_meta(outs[0])
+    keys = []
+    for k in range(4):
+        urls = cluster_shards(outs[0], k)
+        ks = [s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
+        assert len(ks) == meta["clusters"][k]["size"] > 0
+        assert all(json.loads(s["json"])["cluster"] == k
+                   for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False))
+        keys += ks
+    assert len(keys) == len(set(keys)) == 120 and sorted(keys) == sorted(r[0] for r in rows[0])
+    sizes = [c["size"] for c in meta["clusters"]]
+    assert sizes == sorted(sizes, reverse=True)
+    assert (outs[0] / "clusters.png").exists() and "detail rank" in (outs[0] / "report.md").read_text()
+    assert all(c["categories"] and c["detail"] > 0 for c in meta["clusters"])
+    # each cluster folder stands alone
+    own = read_meta(outs[0] / "cluster-2")
+    assert own["cluster_set"] == 2 and (outs[0] / "cluster-2" / "uncond.safetensors").exists()
+    assert len(load_split(outs[0] / "cluster-2", None, "train")) + len(load_split(outs[0] / "cluster-2", [2], "val")) \
+        == sizes[2]
+    with pytest.raises(ValueError, match="shard set of cluster 2, not of cluster 1"):
+        load_split(outs[0] / "cluster-2", [1])
+    with pytest.raises(FileExistsError, match="already holds"):
+        cluster_encoded(enc, outs[0], num_clusters=4, features="pixels", fine_clusters=16)
+    # streaming: explicit shard shuffle, whole shard set, batches of the right shape
+    batches = stream_batches(outs[0], 0, batch_size=5, seed=0)
+    x, cond = next(batches)
+    assert x.shape == (5, 3, 16, 16) and cond.states.shape == (5, 8, 384)
+    seen = torch.cat([next(batches)[0] for _ in range(20)])
+    assert len(seen) == 100  # repeats endlessly over a cluster smaller than that
+
+
+def test_caption_features_and_empty_clusters(tmp_path):
+    feats = np.zeros((20, 4), np.float32)
+    feats[:, 0] = 1  # all identical
+    with pytest.raises(ValueError, match="only 1 distinct fine clusters, fewer than the 3"):
+        fit_hierarchical(feats, num_clusters=3, fine_clusters=8, seed=0)
+    with pytest.raises(ValueError, match="2 samples cannot make 3 clusters"):
+        fit_hierarchical(feats[:2], num_clusters=3, fine_clusters=8, seed=0)
+    meta = {"num_clusters": 3, "clusters": [{"id": 0, "size": 5, "val": 1}, {"id": 1, "size": 1, "val": 1},
+                                            {"id": 2, "size": 4, "val": 0}]}
+    with pytest.raises(ValueError, match=r"cluster\(s\) \[1\] in /x have no training samples"):
+        check_clusters(meta, 3, "/x")
+    with pytest.raises(ValueError, match="has 3 clusters but num_experts is 8"):
+        check_clusters(meta, 8)
+    # well separated groups are found exactly, whatever the fine/coarse split
+    rng = np.random.default_rng(0)
+    centres = np.eye(3, 8) * 5
+    x = np.concatenate([c + rng.normal(0, 0.1, (30 + 10 * i, 8)) for i, c in enumerate(centres)])
+    labels, fine, info = fit_hierarchical(x.astype(np.float16), num_clusters=3, fine_clusters=12, seed=0)
+    assert [len(set(labels[s:e])) for s, e in [(0, 30), (30, 70), (70, 120)]] == [1, 1, 1]
+    assert labels[0] == 2 and labels[-1] == 0  # ordered by size
+    assert info["fine_clusters"] == 12 and fine.max() < 12
+
+
+def test_cli_prepare_and_cluster(shards, tmp_path, capsys):
+    from hddm_flower.cli import main
+
+    root, counts, _ = shards
+    base = ["--set", "data.name=webdataset", "--set", f"data.shards={root}/{{00000..00003}}.tar",
+            "--set", "num_experts=2", "--set", "objectives.ddpm=0", "--set", "objectives.fm=2",
+            "--set", "federation.min_experts=1", "--set", "data.fine_clusters=4", "--set", "data.max_caption_tokens=8"]
+    assert main(["prepare", *base, "--out", str(tmp_path / "enc")]) == 0
+    out = capsys.readouterr().out
+    assert f"{counts['num_samples']} samples in 4 shards" in out and "corrupt_image 1" in out
+    assert main(["cluster", *base, "--encoded", str(tmp_path / "enc"), "--out", str(tmp_path / "clu")]) == 0
+    assert "cluster 1:" in capsys.readouterr().out and (tmp_path / "clu" / "cluster-1" / "meta.json").exists()
+    bad = base[:2] + ["--set", f"data.shards={root}/{{00000..00009}}.tar"] + base[4:]
+    assert main(["prepare", *bad, "--out", str(tmp_path / "enc2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hddm prepare: error: shard") and "00004.tar does not exist" in err and "\n" not in err
