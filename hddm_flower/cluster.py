@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -327,16 +328,20 @@ def cluster_encoded(encoded_dir: str | os.PathLike, out: str | os.PathLike, *, n
     urls = encoded_urls(encoded_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    clock = {"start": time.perf_counter()}
     try:
         feats, detail = compute_features(urls, n, model, tmp / "features.npy", batch_size=batch_size,
                                          progress=progress)
+        clock["features"] = time.perf_counter()
         labels, fine_labels, info = fit_hierarchical(feats, num_clusters=num_clusters, fine_clusters=fine_clusters,
                                                      seed=seed, fit_samples=fit_samples, progress=progress)
         del feats
         (tmp / "features.npy").unlink()
+        clock["kmeans"] = time.perf_counter()
         val = split_of(labels, num_clusters, val_fraction, seed)
         written = write_shard_sets(urls, tmp, labels, fine_labels, val, num_clusters, shard_size=shard_size,
                                    progress=progress)
+        clock["shards"] = time.perf_counter()
         clusters = []
         for k in range(num_clusters):
             rows = labels == k
@@ -356,6 +361,9 @@ def cluster_encoded(encoded_dir: str | os.PathLike, out: str | os.PathLike, *, n
             "feature_model": model.name, "kmeans": info, "license": manifest["source"].get("license", "see source"),
             "encoded_from": str(encoded_dir), "source": manifest["source"], "skipped": manifest["skipped"],
             "clusters": clusters,
+            "seconds": {"features": round(clock["features"] - clock["start"], 3),
+                        "kmeans": round(clock["kmeans"] - clock["features"], 3),
+                        "shard_sets": round(clock["shards"] - clock["kmeans"], 3)},
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         shutil.copy(encoded_dir / "uncond.safetensors", tmp / "uncond.safetensors")

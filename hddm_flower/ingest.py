@@ -267,7 +267,7 @@ class Encoders:
 
     @torch.no_grad()
     def encode_text(self, captions: list[str]) -> list[np.ndarray]:
-        tok = self.text.tokenizer(captions, padding="max_length", truncation=True, max_length=self.text.max_length,
+        tok = self.text.tokenizer(captions, padding="longest", truncation=True, max_length=self.text.max_length,
                                   return_tensors="pt").to(self.device)
         h = self.text.model(**tok).last_hidden_state.float().cpu()
         lengths = tok["attention_mask"].sum(1).tolist()

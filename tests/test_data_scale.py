@@ -282,3 +282,19 @@ def test_cli_prepare_and_cluster(shards, tmp_path, capsys):
     assert main(["prepare", *bad, "--out", str(tmp_path / "enc2")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hddm prepare: error: shard") and "00004.tar does not exist" in err and "\n" not in err
+
+
+def test_throughput_benchmark_smoke(tmp_path):
+    """benchmarks/data_throughput.py runs (tiny settings) and writes its JSON and Markdown."""
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "benchmarks" / "data_throughput.py"
+    spec = importlib.util.spec_from_file_location("data_throughput", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    r = module.main(["--repeat", "2", "--small-repeat", "1", "--limit", "40", "--fine-clusters", "8",
+                     "--num-clusters", "2", "--out", str(tmp_path / "bench")])
+    assert [run["prepare"]["samples"] for run in r["runs"]] == [40, 80]
+    assert r["runs"][1]["cluster"]["samples"] == 80 and sum(r["runs"][1]["cluster"]["cluster_sizes"]) == 80
+    assert r["extrapolation"]["prepare_samples_per_s"] > 0
+    assert (tmp_path / "bench.md").read_text().startswith("# Data path throughput")
