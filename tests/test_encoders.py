@@ -59,3 +59,30 @@ def test_clip_text_encoder_from_a_local_directory(tmp_path):
     assert cond.states.shape == (3, 77, 32) and pooled.shape == (3, 32)
     assert cond.mask[2].sum() == 2 and cond.mask[0].sum() > cond.mask[2].sum()  # "" is [BOS][EOS]
     assert not torch.allclose(cond.states[0], cond.states[1])
+
+
+def test_full_clip_folder_loads_its_text_tower(tmp_path):
+    """openai/clip-vit-large-patch14 is a full CLIPModel folder: TextEncoder takes its text model only."""
+    from transformers import CLIPConfig, CLIPModel, CLIPTextModel
+
+    from .tiny_models import save_tiny_clip_text
+
+    save_tiny_clip_text(tmp_path / "text")
+    text_config = CLIPTextModel.from_pretrained(tmp_path / "text").config.to_dict()
+    torch.manual_seed(0)
+    full = CLIPModel(CLIPConfig(text_config=text_config,
+                                vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                               "num_attention_heads": 2, "image_size": 32, "patch_size": 16},
+                                projection_dim=16))
+    full.save_pretrained(tmp_path / "full")
+    for f in (tmp_path / "text").glob("*"):
+        if "token" in f.name or f.name in ("vocab.json", "merges.txt"):
+            (tmp_path / "full" / f.name).write_bytes(f.read_bytes())
+    enc = TextEncoder(tmp_path / "full", max_length=77)
+    assert type(enc.model).__name__ == "CLIPTextModel" and enc.dim == 32
+    cond, _ = enc.encode(["a red dog"])
+    tok = enc.tokenizer(["a red dog"], padding="max_length", max_length=77, return_tensors="pt")
+    with torch.no_grad():
+        ref = full.text_model(**tok).last_hidden_state
+    n = int(tok["attention_mask"].sum())
+    torch.testing.assert_close(cond.states[0, :n], ref[0, :n])
