@@ -340,11 +340,8 @@ def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int
             except ShardError as e:
                 if not skip_bad_shards:
                     raise
-                log.warning("skipping %s", e)
-                rec = {"unit": unit.name, "output": None, "count": 0, "skipped": {}, "error": str(e)}
-                progress_file.write(json.dumps(rec) + "\n")
-                progress_file.flush()
-                done[unit.name] = rec
+                log.warning("skipping %s", e)  # not recorded in progress.jsonl: a rerun tries the shard again
+                done[unit.name] = {"unit": unit.name, "output": None, "count": 0, "skipped": {}, "error": str(e)}
                 bar.update(1)
                 continue
             with wds.TarWriter(str(out / (name + ".partial"))) as sink:

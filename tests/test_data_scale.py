@@ -137,6 +137,15 @@ def test_missing_shard_is_a_one_line_error_or_skipped_with_the_flag(shards, tmp_
     assert m["num_samples"] == counts["num_samples"]
     assert [s["shard"].split("/")[-1] for s in m["skipped_shards"]] == ["00004.tar", "junk.tar"]
     assert "not a readable tar" in m["skipped_shards"][1]["error"]
+    # the shard appears later: a rerun encodes it and nothing else twice
+    (root / "00004.tar").write_bytes((root / "00000.tar").read_bytes())
+    try:
+        m2 = prepare_from_config(_data(root, shards=f"{pattern} {tmp_path / 'junk.tar'}", skip_bad_shards=True),
+                                 tmp_path / "b")
+    finally:
+        (root / "00004.tar").unlink()
+    assert m2["num_samples"] == counts["num_samples"] + 6 and len(m2["skipped_shards"]) == 1
+    assert len((tmp_path / "b" / "progress.jsonl").read_text().splitlines()) == 5
 
 
 def test_resume_after_an_interruption_writes_no_duplicates(shards, tmp_path):
