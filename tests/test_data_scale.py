@@ -203,6 +203,19 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     state2, _, _ = train_one_expert(cfg, d / "cluster-0", 0, "fm")
     for k in state:
         torch.testing.assert_close(state[k], state2[k])
+    # the whole run on latents: experts, router, evaluation, samples decoded by the VAE into a pixel grid
+    from hddm_flower.checkpoints import save_expert
+    from hddm_flower.pipeline import assign_objectives, finish_run
+
+    run = tmp_path / "run"
+    for k, objective in enumerate(assign_objectives(cfg, d)):
+        save_expert(run / "experts" / f"expert-{k}", *train_one_expert(cfg, d, k, objective))
+    cfg.router.preset, cfg.router.steps, cfg.router.batch_size = "test", 2, 4
+    cfg.sampling.num_steps, cfg.sampling.samples_per_prompt, cfg.sampling.prompts = 2, 2, ["a red square"]
+    report = finish_run(cfg, run, d, [])
+    assert len(report["experts"]) == 3 and report["dataset"]["text_encoder"].startswith("clip_text_model")
+    with Image.open(run / "samples.png") as grid:
+        assert grid.size == (4 * (2 + 2 * (16 + 2)), 4 * (2 + 16 + 2))  # 16×16 pixels per sample, not 8×8 latents
 
 
 def test_clustering_is_deterministic_and_each_sample_lands_in_one_shard_set(tmp_path):
