@@ -86,3 +86,30 @@ def test_full_clip_folder_loads_its_text_tower(tmp_path):
         ref = full.text_model(**tok).last_hidden_state
     n = int(tok["attention_mask"].sum())
     torch.testing.assert_close(cond.states[0, :n], ref[0, :n])
+
+
+def test_dinov2_features_from_a_local_directory(tmp_path):
+    """A DINOv2 folder (model + image processor, the facebook/dinov2-large layout) gives its CLS features."""
+    import numpy as np
+    from transformers import AutoImageProcessor, Dinov2Model
+
+    from hddm_flower.cluster import Dinov2Features, feature_model
+
+    from .tiny_models import save_tiny_dinov2
+
+    save_tiny_dinov2(tmp_path / "dino", image_size=32)
+    f = feature_model("dinov2", dinov2=str(tmp_path / "dino"))
+    assert isinstance(f, Dinov2Features) and f.dim == 32 and f.name.startswith("dinov2:dino")
+    images = np.random.default_rng(0).integers(0, 256, (3, 24, 24, 3), dtype=np.uint8)
+    out = f(images, [])
+    model = Dinov2Model.from_pretrained(tmp_path / "dino").eval()
+    inputs = AutoImageProcessor.from_pretrained(tmp_path / "dino")(images=list(images), return_tensors="pt")
+    assert inputs["pixel_values"].shape == (3, 3, 32, 32)  # resized + centre-cropped by the processor
+    with torch.no_grad():
+        ref = model(**inputs).pooler_output  # the CLS token after the final layer norm
+        torch.testing.assert_close(ref, model(**inputs).last_hidden_state[:, 0])
+    np.testing.assert_allclose(out, ref.numpy(), atol=1e-5)
+    with pytest.raises(FileNotFoundError, match="does not hold a transformers model"):
+        feature_model("dinov2", dinov2=str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="need data.dinov2"):
+        feature_model("dinov2")
