@@ -34,7 +34,14 @@ def _du(path: Path) -> int:
 
 
 def _rss_mib() -> float:
+    """Peak resident memory of this process so far, MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _vmrss_mib() -> float:
+    """Resident memory now, MiB (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
 def child(stage: str, spec: dict) -> dict:
@@ -44,19 +51,29 @@ def child(stage: str, spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     from hddm_flower.cluster import cluster_encoded, feature_model
     from hddm_flower.config import config_from_dict
-    from hddm_flower.ingest import Encoders, prepare_from_config
+    from hddm_flower.ingest import Encoders, prepare_shards, units_for
 
     cfg = config_from_dict(spec["config"], "benchmark")
     d = cfg.data
     if stage == "prepare":
-        Encoders(text_encoder=d.text_encoder or None, max_caption_tokens=d.max_caption_tokens, vae=d.vae or None,
-                 device=d.device or "cpu")  # what loading the models alone costs, for the baseline
+        encoders = Encoders(text_encoder=d.text_encoder or None, max_caption_tokens=d.max_caption_tokens,
+                            vae=d.vae or None, device=d.device or "cpu")
+        pixel_size = d.image_size * (encoders.codec.downsample if encoders.codec is not None else 1)
+        units, source = units_for(d, pixel_size, spec["repeat"])
         base = _rss_mib()
+        # in ten steps (a resumed run each time, as after an interruption), recording the resident memory
+        trace, step = [], max(1, len(units) // 10)
         t0 = time.perf_counter()
-        m = prepare_from_config(d, spec["encoded"], repeat=spec["repeat"])
+        while True:
+            m = prepare_shards(units, spec["encoded"], pixel_size=pixel_size, encoders=encoders, source=source,
+                               batch_size=d.encode_batch_size, stop_after_units=step)
+            done = sum(json.loads(line)["count"] for line in open(Path(spec["encoded"]) / "progress.jsonl"))
+            trace.append([done, _vmrss_mib()])
+            if m.get("complete", True):
+                break
         seconds = time.perf_counter() - t0
         return {"seconds": seconds, "samples": m["num_samples"], "peak_rss_mib": _rss_mib(),
-                "rss_after_model_load_mib": base, "disk_bytes": _du(Path(spec["encoded"])),
+                "rss_after_model_load_mib": base, "disk_bytes": _du(Path(spec["encoded"])), "rss_trace": trace,
                 "skipped": m["skipped"], "text_encoder": m["text_encoder"]["name"],
                 "latent": m["latent"]["name"] if m["latent"] else "pixels"}
     feature_model(d.cluster_features, dinov2=d.dinov2, text_dim=384, device=d.device or "cpu")
@@ -147,23 +164,43 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+CHUNK = 65536  # rows per assignment chunk in hddm_flower.cluster.fit_hierarchical
+PER_SAMPLE = 2 + 4 + 4 + 1  # bytes held in RAM per sample by `hddm cluster`: cluster int16, fine int32, detail, split
+
+
+def cluster_memory_model(n: int, dim: int, fit_samples: int) -> dict:
+    """RAM of `hddm cluster` beyond the models, from the code's plan (README "Data at scale"), in bytes."""
+    fit = min(n, fit_samples) * dim * 4  # the fine k-means fit sample, float32
+    return {"fit_sample": fit, "assignment_chunk": min(n, CHUNK) * dim * 4, "per_sample_arrays": PER_SAMPLE * n,
+            "features_memmap_on_disk": n * dim * 2}
+
+
 def extrapolate(runs: list[dict], args) -> dict:
-    """Linear in N for time and disk (every pass streams); memory: the growth between the two scales per sample."""
+    """Time and disk: linear in N (every pass streams). Memory: not a linear fit — the plan's model, checked
+    against the growth measured between the two scales, then evaluated at 11M × 1024."""
     big = runs[-1]
     n = big["prepare"]["samples"]
     ex = {"target_samples": TARGET}
     for stage in ("prepare", "cluster"):
         r = big[stage]
         ex[f"{stage}_samples_per_s"] = n / r["seconds"]
-        ex[f"{stage}_hours_at_target_1_process"] = TARGET / (n / r["seconds"]) / 3600
-        if len(runs) > 1:
-            small = runs[0][stage]
-            dn = n - small["samples"]
-            per = (r["peak_rss_mib"] - small["peak_rss_mib"]) / dn if dn else 0.0
-            ex[f"{stage}_rss_growth_bytes_per_sample"] = per * 2**20
-            ex[f"{stage}_peak_rss_mib_at_target"] = r["peak_rss_mib"] + per * (TARGET - n)
+        ex[f"{stage}_hours_at_target_this_setting"] = TARGET / (n / r["seconds"]) / 3600
         ex[f"{stage}_disk_bytes_per_sample"] = r["disk_bytes"] / n
-    ex["cluster_o_n_arrays_bytes_per_sample"] = 2 + 4 + 4 + 1  # labels int16, fine int32, detail float32, val
+    if len(runs) > 1:
+        small = runs[0]
+        n0 = small["prepare"]["samples"]
+        dim = {"pixels": 192}.get(big["cluster"]["feature_model"].split(":")[0], None)
+        for stage in ("prepare", "cluster"):
+            ex[f"{stage}_peak_rss_growth_mib_measured"] = big[stage]["peak_rss_mib"] - small[stage]["peak_rss_mib"]
+        if dim:
+            m1, m0 = cluster_memory_model(n, dim, args.fit_samples), cluster_memory_model(n0, dim, args.fit_samples)
+            # anonymous memory the plan predicts + the memmap pages resident after writing them (file-backed)
+            grow = sum(m1[k] - m0[k] for k in m1)
+            ex["cluster_peak_rss_growth_mib_predicted"] = grow / 2**20
+    paper = cluster_memory_model(TARGET, 1024, 262144)
+    ex["cluster_ram_beyond_models_gib_at_11M_x_1024"] = sum(v for k, v in paper.items() if k != "features_memmap_on_disk") / 2**30
+    ex["cluster_scratch_disk_gib_at_11M_x_1024"] = paper["features_memmap_on_disk"] / 2**30
+    ex["prepare_ram"] = "independent of N: one encoder batch, one input and one output shard's tar index"
     return ex
 
 
@@ -184,9 +221,15 @@ def render(r: dict) -> str:
             lines.append(f"| {s['samples']} | {stage} | {s['seconds']:.1f} | {s['samples'] / s['seconds']:.0f} | "
                          f"{s['peak_rss_mib']:.0f} | {s['rss_after_model_load_mib']:.0f} | "
                          f"{s['disk_bytes'] / 2**20:.1f} | {passes} |")
+    for run in r["runs"]:
+        trace = run["prepare"].get("rss_trace", [])
+        if trace:
+            lines += ["", f"Prepare, {run['prepare']['samples']} samples: resident MiB after each resumed step "
+                      "(samples done → VmRSS): " + ", ".join(f"{n} → {v:.0f}" for n, v in trace)]
     lines += ["", "Extrapolation to 11M samples (linear in N: every pass streams; see README \"Data at scale\"):", ""]
     for k, v in ex.items():
-        lines.append(f"- {k}: {v:,.3f}" if isinstance(v, float) else f"- {k}: {v:,}")
+        lines.append(f"- {k}: {v:,.3f}" if isinstance(v, float) else f"- {k}: {v:,}" if isinstance(v, int)
+                     else f"- {k}: {v}")
     lines.append("")
     return "\n".join(lines)
 

@@ -314,9 +314,10 @@ def test_throughput_benchmark_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("data_throughput", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    r = module.main(["--repeat", "2", "--small-repeat", "1", "--limit", "40", "--fine-clusters", "8",
-                     "--num-clusters", "2", "--out", str(tmp_path / "bench")])
-    assert [run["prepare"]["samples"] for run in r["runs"]] == [40, 80]
-    assert r["runs"][1]["cluster"]["samples"] == 80 and sum(r["runs"][1]["cluster"]["cluster_sizes"]) == 80
+    r = module.main(["--repeat", "2", "--small-repeat", "2", "--limit", "30", "--fine-clusters", "8",
+                     "--num-clusters", "2", "--out", str(tmp_path / "bench")])  # one scale: two processes
+    assert [run["prepare"]["samples"] for run in r["runs"]] == [60]
+    assert r["runs"][0]["cluster"]["samples"] == 60 and sum(r["runs"][0]["cluster"]["cluster_sizes"]) == 60
+    assert r["runs"][0]["prepare"]["rss_trace"][-1][0] == 60
     assert r["extrapolation"]["prepare_samples_per_s"] > 0
     assert (tmp_path / "bench.md").read_text().startswith("# Data path throughput")
