@@ -1,9 +1,11 @@
-"""Data: the embedded Twemoji dataset, the MiniLM text encoder, clustering, and per-cluster webdataset shards.
+"""Data: the embedded Twemoji dataset, the text encoder, and reading per-cluster webdataset shards.
 
 ``prepare_embedded`` runs once per cache directory (other processes wait on a file lock): it renders the emoji,
-encodes the captions into per-token MiniLM states, splits the images into K clusters by k-means on the caption
-embeddings, and writes one shard set per cluster plus ``meta.json``. ``load_split`` reads one cluster (or all)
-back into memory as tensors.
+encodes the captions into per-token MiniLM states, splits the images into K clusters by k-means on pixel or
+caption features, and writes one shard set per cluster plus ``meta.json``. Data at scale (webdataset or folder
+input, VAE latents, DINOv2 hierarchical k-means) is written by :mod:`hddm_flower.ingest` and
+:mod:`hddm_flower.cluster` in the same layout. ``load_split`` reads one cluster (or all, or one institution's
+``cluster-k`` folder) back into memory as tensors; ``stream_batches`` streams one cluster for data larger than RAM.
 """
 
 from __future__ import annotations

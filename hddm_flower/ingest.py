@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -60,7 +60,7 @@ class Unit:
     """A resumable piece of input: a name (unique and stable across runs) and a way to read its samples."""
 
     name: str
-    read: "callable"
+    read: Callable[[], Iterator[RawSample]]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from PIL import Image
 from hddm_flower.cluster import cluster_encoded, fit_hierarchical
 from hddm_flower.config import config_from_dict
 from hddm_flower.data import check_clusters, cluster_shards, load_split, load_uncond, read_meta, stream_batches
-from hddm_flower.ingest import SKIP_REASONS, Encoders, ShardError, prepare_from_config, prepare_shards, tar_units
+from hddm_flower.ingest import SKIP_REASONS, ShardError, prepare_from_config
 
 from .tiny_models import save_tiny_clip_text, save_tiny_dinov2, save_tiny_vae
 
@@ -171,7 +171,7 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     """img2dataset shards → VAE latents + CLIP states → DINOv2 hierarchical k-means → shard sets → an expert
     trained on latents → samples decoded by the VAE."""
     from hddm_flower.encoders import LatentCodec
-    from hddm_flower.pipeline import build_expert, prepare_data, to_pixels, train_one_expert
+    from hddm_flower.pipeline import prepare_data, to_pixels, train_one_expert
 
     root, counts, good = shards
     cfg = config_from_dict({
