@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 SKIN_TONES = {"1F3FB": "light", "1F3FC": "medium-light", "1F3FD": "medium", "1F3FE": "medium-dark",
               "1F3FF": "dark"}
-DATASET_VERSION = 3
+DATASET_VERSION = 4  # 4: each cluster-k folder carries meta.json and uncond.safetensors
 
 
 def default_cache_dir() -> Path:
@@ -245,6 +245,9 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
                     "license": "Twemoji graphics (c) Twitter, Inc. and other contributors, CC-BY 4.0",
                     "clusters": clusters}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            for k in range(num_clusters):  # each cluster folder stands alone: an institution needs only its own
+                (tmp / f"cluster-{k}" / "meta.json").write_text(json.dumps(meta | {"cluster_set": k}, indent=2))
+                shutil.copy(tmp / "uncond.safetensors", tmp / f"cluster-{k}" / "uncond.safetensors")
             tmp.rename(out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -321,3 +321,33 @@ def test_throughput_benchmark_smoke(tmp_path):
     assert r["runs"][0]["prepare"]["rss_trace"][-1][0] == 60
     assert r["extrapolation"]["prepare_samples_per_s"] > 0
     assert (tmp_path / "bench.md").read_text().startswith("# Data path throughput")
+
+
+def test_nodes_train_from_their_own_shard_set_only(tiny_config, dataset_dir, tmp_path):
+    """The real ClientApp over a fake Grid: each node's config names only its cluster folder (a copy elsewhere,
+    as an institution would hold it); a node holding another cluster's set fails with a message saying so."""
+    import shutil
+
+    from clients.client_app import app as client_app
+    from strategies.one_shot import OneShotExperts
+
+    from .fake_grid import FakeGrid
+
+    cfg = tiny_config
+    sites = {}
+    for k in range(cfg.num_experts):
+        sites[k] = tmp_path / f"site-{k}" / "cluster"
+        shutil.copytree(dataset_dir / f"cluster-{k}", sites[k])
+    nodes = {200 + k: {"partition-id": k, "num-partitions": 4, "shard-set": str(sites[k])} for k in range(3)}
+    nodes[203] = {"partition-id": 3, "num-partitions": 4, "shard-set": str(sites[1])}  # the wrong folder
+    strategy = OneShotExperts(tmp_path / "run", cfg.to_dict(), cfg.objective_of(), min_nodes=4,
+                              min_experts=cfg.federation.min_experts, node_wait_timeout=1.0,
+                              cache_dir=str(tmp_path / "no-cache"), poll_interval=0.05)
+    strategy.start(FakeGrid(client_app, nodes), timeout=30.0, ensemble_fn=lambda received, missing: {})
+    assert sorted(strategy.received) == [0, 1, 2]
+    assert "shard set of cluster 1, not of cluster 3" in strategy.missing[3]
+    assert not (tmp_path / "no-cache").exists()  # nothing was prepared: the nodes read their own folders
+    sizes = {c["id"]: c["size"] - c["val"] for c in read_meta(dataset_dir)["clusters"]}
+    for k in range(3):
+        meta = json.loads((tmp_path / "run" / "experts" / f"expert-{k}" / "hddm_expert.json").read_text())
+        assert meta["cluster_size"] == sizes[k] and meta["cluster_id"] == k
