@@ -43,6 +43,7 @@ class DataConfig:
     shard_size: int = 1000  # samples per shard in the per-cluster shard sets (and per chunk of a folder)
     skip_bad_shards: bool = False  # a missing or unreadable input shard: skip it (listed in the manifest)
     device: str = ""  # encoders' device in prepare/cluster ("" = cuda if available, else cpu)
+    stream: bool = False  # experts stream their cluster's shards (webdataset) instead of loading it into RAM
     skin_tones: bool = False  # add the 1,875 skin-tone variants (mostly "People & Body")
     val_fraction: float = 0.05
     max_caption_tokens: int = 16

@@ -372,6 +372,34 @@ def stream_batches(dataset_dir: str | os.PathLike, cluster: int, *, batch_size: 
             raise ValueError(f"no {split!r} samples in cluster {cluster} of {dataset_dir}")
 
 
+class StreamingSplit:
+    """One cluster's training data read as a stream (:func:`stream_batches`), for clusters larger than RAM.
+
+    It stands in for :class:`Split` in expert training: ``batch(idx)`` returns the next ``len(idx)`` samples of the
+    shuffled stream (the indices themselves are not used) and ``len()`` is the cluster's training-set size from
+    ``meta.json``. Sample order comes from ``seed`` (shard shuffle per epoch + shuffle buffer), so a training resumed
+    from a checkpoint sees a freshly shuffled stream rather than the exact continuation.
+    """
+
+    def __init__(self, dataset_dir: str | os.PathLike, cluster: int, *, seed: int = 0, shuffle_buffer: int = 1000):
+        meta = read_meta(dataset_dir)
+        info = next(c for c in meta["clusters"] if c["id"] == cluster)
+        self.size = info["size"] - info.get("val", 0)
+        self.dataset_dir, self.cluster, self.seed, self.shuffle_buffer = dataset_dir, cluster, seed, shuffle_buffer
+        self._stream, self._batch_size = None, None
+        self.labels = torch.full((self.size,), cluster)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
+        if self._stream is None or self._batch_size != len(idx):
+            self._batch_size = len(idx)
+            self._stream = stream_batches(self.dataset_dir, self.cluster, batch_size=len(idx), seed=self.seed,
+                                          shuffle_buffer=self.shuffle_buffer)
+        return next(self._stream)
+
+
 def check_clusters(meta: dict, num_experts: int, source: str = "") -> None:
     """Before any training: the dataset has one non-empty cluster per expert."""
     where = f" in {source}" if source else ""

@@ -24,7 +24,7 @@ from .checkpoints import TIME_CONVENTION, load_expert, load_router, make_expert,
 from .config import Config
 from .convert import load_init
 from .cluster import cluster_encoded
-from .data import (Split, TextEncoder, check_clusters, default_cache_dir, load_split, load_uncond,
+from .data import (Split, StreamingSplit, TextEncoder, check_clusters, default_cache_dir, load_split, load_uncond,
                    prepare_embedded, read_meta)
 from .encoders import LatentCodec
 from .ingest import default_device, prepare_from_config
@@ -131,7 +131,8 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
     Returns the transformer's state dict, its diffusers config and the checkpoint metadata (DESIGN.md §2).
     """
     dataset_meta = read_meta(dataset_dir)
-    data = load_split(dataset_dir, [expert_id], "train")
+    data = (StreamingSplit(dataset_dir, expert_id, seed=cfg.expert.seed + expert_id) if cfg.data.stream
+            else load_split(dataset_dir, [expert_id], "train"))
     torch.manual_seed(cfg.expert.seed + expert_id)  # weight init
     expert, model_config, meta = build_expert(cfg, dataset_meta, objective, expert_id=expert_id)
     e = cfg.expert

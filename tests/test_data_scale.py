@@ -351,3 +351,24 @@ def test_nodes_train_from_their_own_shard_set_only(tiny_config, dataset_dir, tmp
     for k in range(3):
         meta = json.loads((tmp_path / "run" / "experts" / f"expert-{k}" / "hddm_expert.json").read_text())
         assert meta["cluster_size"] == sizes[k] and meta["cluster_id"] == k
+
+
+def test_streamed_training_reads_the_shards_as_a_stream(tiny_config, dataset_dir):
+    """data.stream: the expert trains from StreamingSplit (webdataset, shard shuffle) instead of RAM."""
+    import copy
+
+    from hddm_flower.data import StreamingSplit
+    from hddm_flower.pipeline import train_one_expert
+
+    in_ram = load_split(dataset_dir, [1], "train")
+    stream = StreamingSplit(dataset_dir, 1, seed=0)
+    assert len(stream) == len(in_ram)
+    xs = torch.cat([stream.batch(torch.zeros(7, dtype=torch.long))[0] for _ in range(len(in_ram) // 7 * 3)])
+    # over three epochs every training image comes round, each as often as the others (± the buffer's edges)
+    ref = {tuple(x.flatten()[:24].tolist()) for x in in_ram.images}
+    seen = [tuple(x.flatten()[:24].tolist()) for x in xs]
+    assert set(seen) <= ref and len(set(seen)) == len(ref)
+    cfg = copy.deepcopy(tiny_config)
+    cfg.data.stream = True
+    _, _, meta = train_one_expert(cfg, dataset_dir, 1, "fm")
+    assert meta["cluster_size"] == len(in_ram) and meta["steps"] == cfg.expert.steps
