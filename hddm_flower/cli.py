@@ -87,7 +87,7 @@ def cmd_cluster(args) -> None:
     cfg = _config(args)
     d = cfg.data
     if args.encoded:
-        encoded = Path(args.encoded)
+        encoded = [Path(e) for e in args.encoded]
     else:
         encoded = _encoded_dir(args, cfg)
         if not (encoded / "manifest.json").exists():
@@ -196,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--skip-bad-shards", action="store_true",
                     help="skip a missing or unreadable input shard (listed in the manifest) instead of stopping")
     sp = add("cluster", cmd_cluster, "features + hierarchical k-means → one shard set per cluster/institution")
-    sp.add_argument("--encoded", default=None, help="`hddm prepare` output (default: prepared in the cache)")
+    sp.add_argument("--encoded", action="append", default=None,
+                    help="`hddm prepare` output (default: prepared in the cache); repeat it to cluster the outputs "
+                         "of several machines together")
     sp.add_argument("--out", default=None, help="clustered dataset folder to write (default: in the cache)")
     sp = add("train-expert", cmd_train_expert, "train one expert on its cluster, in isolation")
     sp.add_argument("--expert-id", type=int, required=True, help="expert = cluster id")

@@ -123,6 +123,30 @@ def encoded_urls(encoded_dir: str | os.PathLike) -> list[str]:
     return [str(Path(encoded_dir) / s["name"]) for s in m["shards"]]
 
 
+SAME = ("pixel_size", "image_size", "channels", "latent", "text_encoder")
+
+
+def merge_manifests(encoded_dirs: list[Path]) -> dict:
+    """One manifest for several `hddm prepare` outputs (e.g. one per machine, each over its own shard range): they
+    must agree on resolution, VAE and text encoder; counts add up."""
+    manifests = [read_manifest(d) for d in encoded_dirs]
+    first = manifests[0]
+    for d, m in zip(encoded_dirs[1:], manifests[1:]):
+        for key in SAME:
+            a = {k: v for k, v in (m[key] or {}).items() if k != "path"} if isinstance(m[key], dict) else m[key]
+            b = ({k: v for k, v in (first[key] or {}).items() if k != "path"} if isinstance(first[key], dict)
+                 else first[key])
+            if a != b:
+                raise ValueError(f"{d} was prepared with another {key} than {encoded_dirs[0]}; "
+                                 "cluster only outputs of the same settings together")
+    skipped = Counter()
+    for m in manifests:
+        skipped.update(m["skipped"])
+    return first | {"num_samples": sum(m["num_samples"] for m in manifests), "skipped": dict(skipped),
+                    "skipped_shards": [x for m in manifests for x in m["skipped_shards"]],
+                    "sources": [m["source"] for m in manifests]}
+
+
 def iter_raw(urls: list[str]) -> Iterator[dict]:
     """Encoded samples as raw bytes per field, in shard order (webdataset, no shuffling, no node splitting)."""
     import webdataset as wds
@@ -265,7 +289,7 @@ def _words(caption: str) -> list[str]:
 
 
 def write_shard_sets(urls: list[str], tmp: Path, labels: np.ndarray, fine_labels: np.ndarray, val: np.ndarray,
-                     num_clusters: int, *, shard_size: int, grid_per_cluster: int = 8,
+                     num_clusters: int, *, shard_size: int, grid_per_cluster: int = 8, key_prefix: dict | None = None,
                      progress: bool = False) -> dict:
     """Pass 4: copy each sample into its cluster's shard set; assignments.csv; examples for the grid."""
     import webdataset as wds
@@ -290,9 +314,11 @@ def write_shard_sets(urls: list[str], tmp: Path, labels: np.ndarray, fine_labels
                 info = json.loads(s["json"])
                 info |= {"cluster": k, "fine": int(fine_labels[i]), "split": "val" if val[i] else "train"}
                 rec = {key: value for key, value in s.items() if not key.startswith("__") or key == "__key__"}
+                if key_prefix:  # several prepare outputs: keys are unique within each, made unique across them
+                    rec["__key__"] = key_prefix[s["__url__"]] + s["__key__"]
                 rec["json"] = json.dumps(info).encode()
                 writers[k].write(rec)
-                out.writerow([s["__key__"], info.get("source_key", ""), k, int(fine_labels[i]), info["split"]])
+                out.writerow([rec["__key__"], info.get("source_key", ""), k, int(fine_labels[i]), info["split"]])
                 caption = s["txt"].decode("utf-8", errors="replace")
                 if len(grid[k]) < grid_per_cluster:
                     grid[k].append(sample_image(s))
@@ -310,22 +336,24 @@ def write_shard_sets(urls: list[str], tmp: Path, labels: np.ndarray, fine_labels
                            {f"'{w}'": n for w, n in words[k].most_common(5)} for k in range(num_clusters)]}
 
 
-def cluster_encoded(encoded_dir: str | os.PathLike, out: str | os.PathLike, *, num_clusters: int,
+def cluster_encoded(encoded_dir: str | os.PathLike | list, out: str | os.PathLike, *, num_clusters: int,
                     features: str = "dinov2", dinov2: str = "", fine_clusters: int = 1024, seed: int = 0,
                     val_fraction: float = 0.05, shard_size: int = 1000, batch_size: int = 64,
                     fit_samples: int = 262144, device: str = "cpu", progress: bool = False) -> Path:
-    """Cluster the output of `hddm prepare` in ``encoded_dir`` into ``out`` (a dataset directory that
-    :func:`hddm_flower.data.load_split` reads). Written to a temporary folder beside ``out`` and renamed when
-    complete; an existing finished ``out`` is an error."""
-    encoded_dir, out = Path(encoded_dir), Path(out)
-    manifest = read_manifest(encoded_dir)
+    """Cluster the output of `hddm prepare` in ``encoded_dir`` (or a list of such folders, e.g. one per machine)
+    into ``out`` (a dataset directory that :func:`hddm_flower.data.load_split` reads). Written to a temporary
+    folder beside ``out`` and renamed when complete; an existing finished ``out`` is an error."""
+    dirs = [Path(d) for d in encoded_dir] if isinstance(encoded_dir, (list, tuple)) else [Path(encoded_dir)]
+    encoded_dir, out = dirs[0], Path(out)
+    manifest = merge_manifests(dirs)
     if (out / "meta.json").exists():
         raise FileExistsError(f"{out} already holds a clustered dataset")
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty")
     n = manifest["num_samples"]
     model = feature_model(features, dinov2=dinov2, text_dim=manifest["text_encoder"]["dim"], device=device)
-    urls = encoded_urls(encoded_dir)
+    urls = [u for d in dirs for u in encoded_urls(d)]
+    key_prefix = {u: f"{i:03d}-" for i, d in enumerate(dirs) for u in encoded_urls(d)} if len(dirs) > 1 else None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     clock = {"start": time.perf_counter()}
@@ -340,7 +368,7 @@ def cluster_encoded(encoded_dir: str | os.PathLike, out: str | os.PathLike, *, n
         clock["kmeans"] = time.perf_counter()
         val = split_of(labels, num_clusters, val_fraction, seed)
         written = write_shard_sets(urls, tmp, labels, fine_labels, val, num_clusters, shard_size=shard_size,
-                                   progress=progress)
+                                   key_prefix=key_prefix, progress=progress)
         clock["shards"] = time.perf_counter()
         clusters = []
         for k in range(num_clusters):
@@ -359,7 +387,8 @@ def cluster_encoded(encoded_dir: str | os.PathLike, out: str | os.PathLike, *, n
             "cluster_features": (f"hierarchical k-means ({info['fine_clusters']} fine → {num_clusters} coarse) on "
                                  f"L2-normalised {model.name}"),
             "feature_model": model.name, "kmeans": info, "license": manifest["source"].get("license", "see source"),
-            "encoded_from": str(encoded_dir), "source": manifest["source"], "skipped": manifest["skipped"],
+            "encoded_from": [str(d) for d in dirs] if len(dirs) > 1 else str(encoded_dir),
+            "source": manifest["sources"] if len(dirs) > 1 else manifest["source"], "skipped": manifest["skipped"],
             "clusters": clusters,
             "seconds": {"features": round(clock["features"] - clock["start"], 3),
                         "kmeans": round(clock["kmeans"] - clock["features"], 3),
@@ -383,7 +412,8 @@ def cluster_encoded(encoded_dir: str | os.PathLike, out: str | os.PathLike, *, n
 
 def render_report(meta: dict) -> str:
     ranked = sorted(meta["clusters"], key=lambda c: -c["detail"])
-    lines = [f"# Clusters of {meta['encoded_from']}", "",
+    source = meta["encoded_from"]
+    lines = [f"# Clusters of {', '.join(source) if isinstance(source, list) else source}", "",
              f"{meta['num_images']} samples, {meta['num_clusters']} clusters: {meta['cluster_features']}.", "",
              "Detail = mean squared Laplacian of the grey images (higher = more fine detail); the paper gave its "
              "DDPM experts to the most detail-heavy clusters (`objectives.ddpm_clusters: auto` does the same).", "",

@@ -372,3 +372,28 @@ def test_streamed_training_reads_the_shards_as_a_stream(tiny_config, dataset_dir
     cfg.data.stream = True
     _, _, meta = train_one_expert(cfg, dataset_dir, 1, "fm")
     assert meta["cluster_size"] == len(in_ram) and meta["steps"] == cfg.expert.steps
+
+
+def test_outputs_of_several_machines_cluster_together(shards, tmp_path):
+    """`hddm prepare` on disjoint shard ranges (one per machine), then one `hddm cluster` over all of them."""
+    import webdataset as wds
+
+    root, counts, good = shards
+    a = prepare_from_config(_data(root, shards=str(root / "{00000..00001}.tar")), tmp_path / "a")
+    b = prepare_from_config(_data(root, shards=str(root / "{00002..00003}.tar")), tmp_path / "b")
+    assert a["num_samples"] + b["num_samples"] == counts["num_samples"]
+    out = cluster_encoded([tmp_path / "a", tmp_path / "b"], tmp_path / "c", num_clusters=3, features="pixels",
+                          fine_clusters=6, shard_size=4)
+    meta = read_meta(out)
+    assert meta["num_images"] == counts["num_samples"] and meta["skipped"] == counts["skipped"]
+    keys, sources = [], []
+    for k in range(3):
+        for s in wds.WebDataset(cluster_shards(out, k), shardshuffle=False, empty_check=False):
+            keys.append(s["__key__"])
+            sources.append(json.loads(s["json"])["source_key"])
+    assert len(set(keys)) == len(keys) == counts["num_samples"] and sorted(sources) == sorted(good)
+    assert {k[:4] for k in keys} == {"000-", "001-"}
+    prepare_from_config(_data(root, shards=str(root / "00003.tar"), max_caption_tokens=6), tmp_path / "d")
+    with pytest.raises(ValueError, match="prepared with another text_encoder"):
+        cluster_encoded([tmp_path / "a", tmp_path / "d"], tmp_path / "e", num_clusters=3, features="pixels",
+                        fine_clusters=6)
