@@ -18,10 +18,12 @@ import yaml
 
 from .ensemble import ROUTING_MODES
 from .objectives import CONVERSIONS, SCHEDULES
-from .training import OPTIMIZERS, PRECISIONS
 
 OBJECTIVES = ("fm", "ddpm")
 DATASETS = ("twemoji", "webdataset", "folder")
+# option values of the training loop (hddm_flower.training imports them from here: the schema stays light)
+OPTIMIZERS = ("auto", "fused", "foreach", "default")
+PRECISIONS = ("no", "bf16")
 
 
 class ConfigError(ValueError):
@@ -84,7 +86,7 @@ class ExpertConfig:
     ema_decay: float = 0.0  # > 0: keep an EMA of the weights and export it (the metadata says so)
     mixed_precision: str = "no"  # or "bf16" (autocast)
     gradient_checkpointing: bool = False
-    optimizer: str = "auto"  # AdamW implementation: auto (fused on CUDA, foreach elsewhere), fused, foreach, default
+    optimizer: str = "auto"  # AdamW implementation: auto (fused where torch has it: CPU, CUDA), fused, foreach, default
     checkpoint_every: int = 0  # save the training state every N steps (0 = never); a restart resumes from it
     init: Any = "random"  # "random", a folder (`hddm convert-dit` output or a diffusers PixArt transformer), or a
     # mapping by objective and/or expert id, e.g. {fm: /inits/fm, ddpm: /inits/ddpm, 3: random}
