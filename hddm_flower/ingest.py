@@ -408,7 +408,8 @@ def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int
         **enc_desc, "versions": _versions(),
         "shards": [{"name": r["output"], "count": r["count"], "unit": r["unit"]} for r in records if r["output"]],
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    (out / "manifest.json.partial").write_text(json.dumps(manifest, indent=2))
+    os.replace(out / "manifest.json.partial", out / "manifest.json")  # its presence means: complete
     return manifest
 
 
