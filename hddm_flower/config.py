@@ -46,6 +46,7 @@ class DataConfig:
     skip_bad_shards: bool = False  # a missing or unreadable input shard: skip it (listed in the manifest)
     device: str = ""  # encoders' device in prepare/cluster ("" = cuda if available, else cpu)
     stream: bool = False  # experts stream their cluster's shards (webdataset) instead of loading it into RAM
+    prepared: str = ""  # an `hddm cluster --out` folder to use as is (nothing is prepared); "" = build in the cache
     skin_tones: bool = False  # add the 1,875 skin-tone variants (mostly "People & Body")
     val_fraction: float = 0.05
     max_caption_tokens: int = 16

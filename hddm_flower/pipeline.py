@@ -48,7 +48,11 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: 
     """
     d = cfg.data
     cache = Path(cache_dir or d.cache_dir or default_cache_dir())
-    if d.name == "twemoji" and not d.vae and d.cluster_features != "dinov2":
+    if d.prepared:  # made beforehand by `hddm prepare` + `hddm cluster --out`
+        out = Path(d.prepared)
+        if not (out / "meta.json").exists():
+            raise FileNotFoundError(f"data.prepared: {out} is not a clustered dataset (no meta.json)")
+    elif d.name == "twemoji" and not d.vae and d.cluster_features != "dinov2":
         out = prepare_embedded(cache, image_size=d.image_size, num_clusters=cfg.num_experts, seed=d.seed,
                                skin_tones=d.skin_tones, val_fraction=d.val_fraction,
                                max_caption_tokens=d.max_caption_tokens, limit=d.limit,

@@ -300,6 +300,15 @@ def test_cli_prepare_and_cluster(shards, tmp_path, capsys):
     assert f"{counts['num_samples']} samples in 4 shards" in out and "corrupt_image 1" in out
     assert main(["cluster", *base, "--encoded", str(tmp_path / "enc"), "--out", str(tmp_path / "clu")]) == 0
     assert "cluster 1:" in capsys.readouterr().out and (tmp_path / "clu" / "cluster-1" / "meta.json").exists()
+    # the later stages use that folder as is
+    train = ["--set", f"data.prepared={tmp_path / 'clu'}", "--set", "expert.preset=test", "--set", "expert.steps=1",
+             "--set", "expert.batch_size=2", "--cache-dir", str(tmp_path / "unused")]
+    assert main(["train-expert", *base, *train, "--expert-id", "1", "--out", str(tmp_path / "e1")]) == 0
+    assert (tmp_path / "e1" / "hddm_expert.json").exists() and not (tmp_path / "unused").exists()
+    capsys.readouterr()
+    assert main(["train-expert", *base, "--set", f"data.prepared={tmp_path}", *train[2:],
+                 "--expert-id", "1", "--out", str(tmp_path / "e2")]) == 2
+    assert "is not a clustered dataset" in capsys.readouterr().err
     bad = base[:2] + ["--set", f"data.shards={root}/{{00000..00009}}.tar"] + base[4:]
     assert main(["prepare", *bad, "--out", str(tmp_path / "enc2")]) == 2
     err = capsys.readouterr().err.strip()
