@@ -111,7 +111,10 @@ def read_tar_shard(path: str) -> Iterator[RawSample]:
     """Samples of one webdataset tar, streamed (members grouped by key, webdataset's naming rule).
 
     A member cut off by the end of the file ends the shard: the samples before it are yielded, the cut one is
-    yielded as ``truncated_member``. A file that is missing or not a tar raises :class:`ShardError`.
+    yielded as ``truncated_member``. A cut inside a member's header (which ``tarfile`` reads as the end) is found
+    from the non-zero bytes after the last member; the cut member is then counted as one truncated sample (when
+    the sample before it is complete, the cut member is taken to begin the next one). A file that is missing or
+    not a tar raises :class:`ShardError`.
     """
     from webdataset.tariterators import base_plus_ext
 
@@ -139,8 +142,29 @@ def read_tar_shard(path: str) -> Iterator[RawSample]:
             if key is not None:
                 yield _group(key, parts, truncated=True)
             return
-    if key is not None:
-        yield _group(key, parts)
+        end = tf.offset
+    if key is None:
+        return
+    last = _group(key, parts)
+    if not _cut_after(path, end):
+        yield last
+    elif last.skip is None:  # a header cut off after a complete sample: the cut member began the next one
+        yield last
+        yield RawSample(f"{key}+next", None, None, "truncated_member")
+    else:  # the last sample lost the member that was cut off
+        yield _group(key, parts, truncated=True)
+
+
+def _cut_after(path: str, offset: int) -> bool:
+    """Whether an uncompressed tar holds non-zero bytes after its last member (a header cut off mid-way)."""
+    with open(path, "rb") as f:
+        if f.read(6)[:2] in (b"\x1f\x8b", b"BZ", b"\xfd7"):  # compressed: offsets are not file positions
+            return False
+        f.seek(offset)
+        while block := f.read(1 << 16):
+            if block.count(0) != len(block):
+                return True
+    return False
 
 
 def tar_units(patterns: str, skip_bad_shards: bool = False) -> list[Unit]:

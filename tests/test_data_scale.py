@@ -406,3 +406,22 @@ def test_outputs_of_several_machines_cluster_together(shards, tmp_path):
     with pytest.raises(ValueError, match="prepared with another text_encoder"):
         cluster_encoded([tmp_path / "a", tmp_path / "d"], tmp_path / "e", num_clusters=3, features="pixels",
                         fine_clusters=6)
+
+
+@pytest.mark.parametrize("where, expected", [
+    ("inside the next sample's first header", [("a", None), ("a+next", "truncated_member")]),
+    ("inside an image", [("a", None), ("b", "truncated_member")]),
+    ("inside the caption's header", [("a", None), ("b", "truncated_member")]),
+    ("in the end-of-archive padding", [("a", None), ("b", None)]),
+])
+def test_truncated_tar_members_are_counted_once(tmp_path, where, expected):
+    from hddm_flower.ingest import read_tar_shard
+
+    path = tmp_path / "t.tar"
+    _write_shard(path, [{"key": k, "jpg": b"x" * 3000, "txt": b"a caption"} for k in "ab"])
+    data = path.read_bytes()
+    b = data.index(b"b.jpg")
+    cut = {"inside the next sample's first header": b + 100, "inside an image": b + 512 + 10,
+           "inside the caption's header": b + 512 + 3072 + 100, "in the end-of-archive padding": len(data) - 100}
+    path.write_bytes(data[: cut[where]])
+    assert [(s.key, s.skip) for s in read_tar_shard(str(path))] == expected
