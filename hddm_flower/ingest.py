@@ -409,6 +409,8 @@ def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int
             progress_file.flush()
             done[unit.name] = rec
             written += 1
+            bar.set_postfix(samples=sum(r["count"] for r in done.values()),
+                            skipped=sum(sum(r["skipped"].values()) for r in done.values()), refresh=False)
             bar.update(1)
     bar.close()
     if len(done) < len(units):

@@ -425,3 +425,24 @@ def test_truncated_tar_members_are_counted_once(tmp_path, where, expected):
            "inside the caption's header": b + 512 + 3072 + 100, "in the end-of-archive padding": len(data) - 100}
     path.write_bytes(data[: cut[where]])
     assert [(s.key, s.skip) for s in read_tar_shard(str(path))] == expected
+
+
+def test_a_folder_of_images_with_captions_beside_them(tmp_path):
+    folder = tmp_path / "photos"
+    (folder / "sub").mkdir(parents=True)
+    for i, colour in enumerate(COLOURS):
+        (folder / f"{colour}.png").write_bytes(_image(colour, i, fmt="png"))
+        (folder / f"{colour}.txt").write_text(f"a {colour} square\n")
+    (folder / "sub" / "nocaption.jpg").write_bytes(_image("red", 9))
+    (folder / "sub" / "broken.webp").write_bytes(b"RIFF....WEBPVP8 nope")
+    (folder / "sub" / "broken.txt").write_text("a broken square")
+    (folder / "notes.md").write_text("not an image")
+    data = config_from_dict({"num_experts": 2, "objectives": {"ddpm": 0, "fm": 2}, "federation": {"min_experts": 1},
+                             "data": {"name": "folder", "folder": str(folder), "max_caption_tokens": 8,
+                                      "shard_size": 2, "fine_clusters": 2, "device": "cpu"}}).data
+    m = prepare_from_config(data, tmp_path / "enc")
+    assert m["num_samples"] == 3 and m["skipped"]["missing_caption"] == 1 and m["skipped"]["corrupt_image"] == 1
+    assert len(m["shards"]) == 3 and sorted(_keys(tmp_path / "enc")) == ["blue", "green", "red"]
+    with pytest.raises(ShardError, match="image folder .*nowhere does not exist"):
+        prepare_from_config(config_from_dict({"data": {"name": "folder", "folder": str(tmp_path / "nowhere")}}).data,
+                            tmp_path / "x")
