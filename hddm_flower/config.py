@@ -42,6 +42,7 @@ class DataConfig:
     fine_clusters: int = 1024  # hierarchical k-means: fine centroids, then num_experts coarse clusters
     kmeans_fit_samples: int = 262144  # rows (a random subsample) the fine k-means is fitted on, held in RAM
     encode_batch_size: int = 64  # images / captions per encoder call in `hddm prepare` and `hddm cluster`
+    decode_threads: int = 4  # threads decoding and resizing images in `hddm prepare`
     shard_size: int = 1000  # samples per shard in the per-cluster shard sets (and per chunk of a folder)
     skip_bad_shards: bool = False  # a missing or unreadable input shard: skip it (listed in the manifest)
     device: str = ""  # encoders' device in prepare/cluster ("" = cuda if available, else cpu)
@@ -172,7 +173,7 @@ class Config:
         if d.cluster_features == "dinov2" and not d.dinov2:
             fail("data.dinov2", "cluster_features: dinov2 needs a local DINOv2 folder")
         for key in ("image_size", "fine_clusters", "kmeans_fit_samples", "encode_batch_size", "shard_size",
-                    "max_caption_tokens"):
+                    "max_caption_tokens", "decode_threads"):
             if getattr(d, key) < 1:
                 fail(f"data.{key}", "must be ≥ 1")
         if d.fine_clusters < self.num_experts:

@@ -24,6 +24,7 @@ import logging
 import os
 import tarfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -250,6 +251,22 @@ def load_rgb(image: bytes | np.ndarray, size: int) -> np.ndarray:
     return np.asarray(im, dtype=np.uint8)
 
 
+def _try_load(image: bytes | np.ndarray, size: int) -> np.ndarray | None:
+    try:
+        return load_rgb(image, size)
+    except ValueError:
+        return None
+
+
+def _jpeg(image: np.ndarray, quality: int = 95) -> bytes:
+    """The preview stored beside a latent (for cluster features and grids): JPEG at high quality."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Encoding and writing
 
@@ -328,7 +345,7 @@ def _settings_check(out: Path, settings: dict) -> None:
 
 
 def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int, encoders: Encoders,
-                   source: dict, batch_size: int = 64, skip_bad_shards: bool = False,
+                   source: dict, batch_size: int = 64, skip_bad_shards: bool = False, decode_threads: int = 4,
                    progress: bool = False, stop_after_units: int | None = None) -> dict:
     """Encode ``units`` into ``out``: one ``shard-NNNNNN.tar`` per unit, ``progress.jsonl``, ``uncond.safetensors``
     and, when every unit is done, ``manifest.json`` (returned).
@@ -350,7 +367,8 @@ def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int
     latent = encoders.codec is not None
     written = 0
     bar = tqdm(total=len(units), desc="prepare", unit="shard", disable=not progress, initial=len(done))
-    with open(out / "progress.jsonl", "a") as progress_file:
+    # image decoding in threads (PIL releases the GIL), so the encoders on a GPU are not waiting for one core
+    with open(out / "progress.jsonl", "a") as progress_file, ThreadPoolExecutor(max(1, decode_threads)) as pool:
         for index, unit in enumerate(units):
             if unit.name in done:
                 continue
@@ -369,10 +387,18 @@ def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int
                 bar.update(1)
                 continue
             with wds.TarWriter(str(out / (name + ".partial"))) as sink:
-                batch: list[tuple[RawSample, np.ndarray]] = []
+                pending: list[RawSample] = []
 
                 def flush():
                     nonlocal count
+                    decoded = list(pool.map(lambda s: _try_load(s.image, pixel_size), pending))
+                    batch = []
+                    for s, img in zip(pending, decoded):
+                        if img is None:
+                            skipped["corrupt_image"] += 1
+                        else:
+                            batch.append((s, img))
+                    pending.clear()
                     if not batch:
                         return
                     images = np.stack([img for _, img in batch])
@@ -383,24 +409,18 @@ def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int
                                "json": {"source_key": s.key, "unit": unit.name, **(s.extra or {})}}
                         if latent:
                             rec["latent.npy"] = latents[i]
-                            rec["jpg"] = img
+                            rec["jpg"] = _jpeg(img)
                         else:
                             rec["png"] = img
                         sink.write(rec)
                         count += 1
-                    batch.clear()
 
                 for s in (_chain(first, samples) if first is not None else ()):
-                    if s.skip is None:
-                        try:
-                            img = load_rgb(s.image, pixel_size)
-                        except ValueError:
-                            s.skip = "corrupt_image"
                     if s.skip is not None:
                         skipped[s.skip] += 1
                         continue
-                    batch.append((s, img))
-                    if len(batch) >= batch_size:
+                    pending.append(s)
+                    if len(pending) >= batch_size:
                         flush()
                 flush()
             os.replace(out / (name + ".partial"), out / name)
@@ -486,4 +506,4 @@ def prepare_from_config(data, out: str | os.PathLike, *, repeat: int = 1, progre
                         vae=data.vae or None, device=default_device(data.device))
     return prepare_shards(units, out, pixel_size=pixel_size, encoders=encoders, source=source,
                           batch_size=data.encode_batch_size, skip_bad_shards=data.skip_bad_shards,
-                          progress=progress, stop_after_units=stop_after_units)
+                          decode_threads=data.decode_threads, progress=progress, stop_after_units=stop_after_units)
