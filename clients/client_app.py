@@ -9,7 +9,8 @@ Messages it answers:
   (``expert``), the checkpoint metadata and the model config (``meta``), and compute metrics (``metrics``).
 
 Node config keys understood (all optional): ``partition-id`` / ``expert-id``, ``objective`` (fm|ddpm),
-``data-dir`` (a prepared dataset directory), ``cache-dir``, ``work-dir`` (training-state checkpoints when
+``data-dir`` (a prepared dataset directory), ``shard-set`` (one cluster's folder ``cluster-k`` of `hddm cluster`
+output, all this node needs; it must be the shard set of the expert id the server assigns), ``cache-dir``, ``work-dir`` (training-state checkpoints when
 ``expert.checkpoint_every`` > 0), ``device`` (e.g. cuda:0), ``num-threads``.
 """
 
@@ -26,7 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from hddm_flower.config import OBJECTIVES, config_from_dict
-from hddm_flower.data import default_cache_dir, read_meta
+from hddm_flower.data import cluster_shards, default_cache_dir
 from hddm_flower.pipeline import prepare_data, train_one_expert
 
 app = ClientApp()
@@ -61,9 +62,12 @@ def train(msg: Message, context: Context) -> Message:
     _set_threads(node)
     device = str(node.get("device", "cuda" if torch.cuda.is_available() else "cpu"))
 
-    if node.get("data-dir"):
+    if node.get("shard-set"):  # this institution's own cluster folder (`hddm cluster` output: cluster-k/)
+        dataset_dir = Path(str(node["shard-set"]))
+        cluster_shards(dataset_dir, expert_id)  # fail early: a wrong path, another cluster's set, or no shards
+    elif node.get("data-dir"):
         dataset_dir = Path(str(node["data-dir"]))
-        read_meta(dataset_dir)  # fail early and clearly on a wrong path
+        cluster_shards(dataset_dir, expert_id)  # fail early and clearly on a wrong path or an empty cluster
     else:  # the embedded dataset, prepared locally (once per cache directory)
         dataset_dir = prepare_data(cfg, str(node.get("cache-dir", "")) or str(task["cache-dir"]) or None)
 

@@ -7,6 +7,8 @@ sample → write the run directory (DESIGN.md §4).
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
+import hashlib
 import json
 import logging
 import platform
@@ -21,7 +23,11 @@ from PIL import Image
 from .checkpoints import TIME_CONVENTION, load_expert, load_router, make_expert, save_router
 from .config import Config
 from .convert import load_init
-from .data import Split, TextEncoder, default_cache_dir, load_split, load_uncond, prepare_embedded, read_meta
+from .cluster import cluster_encoded
+from .data import (Split, StreamingSplit, TextEncoder, check_clusters, default_cache_dir, load_split, load_uncond,
+                   prepare_embedded, read_meta)
+from .encoders import LatentCodec
+from .ingest import default_device, prepare_from_config
 from .ensemble import Ensemble, sample_ensemble
 from .experts import map_cond
 from .models import ExpertNet, Router, TextCond, expert_config, router_config
@@ -31,17 +37,67 @@ from .training import train_expert, train_router
 log = logging.getLogger(__name__)
 
 
-def prepare_data(cfg: Config, cache_dir: str | Path | None = None) -> Path:
-    """The prepared dataset directory for this config (built on first use)."""
+def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: bool = False) -> Path:
+    """The prepared (clustered) dataset directory for this config, built on first use and cached.
+
+    The embedded Twemoji dataset in pixel space with pixel or caption clusters is built by
+    :func:`~hddm_flower.data.prepare_embedded`; everything else (webdataset shards, an image folder, VAE latents,
+    DINOv2 clusters) goes through `hddm prepare` (:mod:`~hddm_flower.ingest`) then `hddm cluster`
+    (:mod:`~hddm_flower.cluster`) into ``cache/encoded-<hash>`` and ``cache/clusters-<hash>``. Either way every
+    cluster is checked to hold training samples before anything trains.
+    """
     d = cfg.data
-    if d.name != "twemoji" or d.vae or d.cluster_features == "dinov2":
-        raise ValueError(f"data: only the embedded Twemoji dataset in pixel space with caption or pixel clusters "
-                         f"can be prepared in this version (got name={d.name!r}, vae={d.vae!r}, "
-                         f"cluster_features={d.cluster_features!r}); prepared shards can be passed as data-dir")
-    return prepare_embedded(cache_dir or d.cache_dir or default_cache_dir(), image_size=d.image_size,
-                            num_clusters=cfg.num_experts, seed=d.seed, skin_tones=d.skin_tones,
-                            val_fraction=d.val_fraction, max_caption_tokens=d.max_caption_tokens, limit=d.limit,
-                            encoder_path=d.text_encoder or None, features=d.cluster_features)
+    cache = Path(cache_dir or d.cache_dir or default_cache_dir())
+    if d.prepared:  # made beforehand by `hddm prepare` + `hddm cluster --out`
+        out = Path(d.prepared)
+        if not (out / "meta.json").exists():
+            raise FileNotFoundError(f"data.prepared: {out} is not a clustered dataset (no meta.json)")
+    elif d.name == "twemoji" and not d.vae and d.cluster_features != "dinov2":
+        out = prepare_embedded(cache, image_size=d.image_size, num_clusters=cfg.num_experts, seed=d.seed,
+                               skin_tones=d.skin_tones, val_fraction=d.val_fraction,
+                               max_caption_tokens=d.max_caption_tokens, limit=d.limit,
+                               encoder_path=d.text_encoder or None, features=d.cluster_features)
+    else:
+        encoded, out = scaled_data_dirs(cfg, cache)
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / f".{out.name}.lock", "w") as lock:  # simulated nodes share the cache: one builds
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (out / "meta.json").exists():
+                if not (encoded / "manifest.json").exists():
+                    manifest = prepare_from_config(d, encoded, progress=progress)
+                    if not manifest.get("num_samples"):
+                        raise ValueError(f"no usable samples in the input of data.{d.name} "
+                                         f"(skipped: {manifest.get('skipped')})")
+                cluster_encoded(encoded, out, num_clusters=cfg.num_experts, features=d.cluster_features,
+                                dinov2=d.dinov2, fine_clusters=d.fine_clusters, seed=d.seed,
+                                val_fraction=d.val_fraction, shard_size=d.shard_size,
+                                batch_size=d.encode_batch_size, fit_samples=d.kmeans_fit_samples,
+                                device=default_device(d.device), progress=progress)
+    check_clusters(read_meta(out), cfg.num_experts, str(out))
+    return out
+
+
+def scaled_data_dirs(cfg: Config, cache: Path) -> tuple[Path, Path]:
+    """Where `prepare_data` keeps the encoded shards and the clustered dataset of a non-embedded config: names
+    derived from the settings that change their content."""
+    d = cfg.data
+    enc = {k: getattr(d, k) for k in ("name", "shards", "folder", "vae", "text_encoder", "max_caption_tokens",
+                                       "image_size", "limit", "skin_tones", "skip_bad_shards", "shard_size")}
+    clu = enc | {k: getattr(d, k) for k in ("cluster_features", "dinov2", "fine_clusters", "kmeans_fit_samples",
+                                             "seed", "val_fraction")} | {"num_experts": cfg.num_experts}
+
+    def digest(x: dict) -> str:
+        return hashlib.sha256(json.dumps(x, sort_keys=True).encode()).hexdigest()[:12]
+
+    return cache / f"encoded-{d.name}-{digest(enc)}", cache / f"clusters-{d.name}-k{cfg.num_experts}-{digest(clu)}"
+
+
+def to_pixels(cfg: Config, dataset_dir: Path, x: torch.Tensor) -> torch.Tensor:
+    """Samples in the experts' space → images in [−1, 1]: decoded by the dataset's VAE when it has latents."""
+    latent = read_meta(dataset_dir).get("latent")
+    if not latent:
+        return x
+    return LatentCodec(cfg.data.vae or latent["path"]).decode(x)
 
 
 def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:
@@ -79,7 +135,8 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
     Returns the transformer's state dict, its diffusers config and the checkpoint metadata (DESIGN.md §2).
     """
     dataset_meta = read_meta(dataset_dir)
-    data = load_split(dataset_dir, [expert_id], "train")
+    data = (StreamingSplit(dataset_dir, expert_id, seed=cfg.expert.seed + expert_id) if cfg.data.stream
+            else load_split(dataset_dir, [expert_id], "train"))
     torch.manual_seed(cfg.expert.seed + expert_id)  # weight init
     expert, model_config, meta = build_expert(cfg, dataset_meta, objective, expert_id=expert_id)
     e = cfg.expert
@@ -217,7 +274,7 @@ def finish_run(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict
     images = sample_grid(ensemble, encoder, s.prompts, load_uncond(dataset_dir),
                          samples_per_prompt=s.samples_per_prompt, num_steps=s.num_steps, cfg_scale=s.cfg_scale,
                          seed=s.seed)
-    save_grid(images, len(s.prompts), run_dir / "samples.png")
+    save_grid(to_pixels(cfg, dataset_dir, images), len(s.prompts), run_dir / "samples.png")
     metrics["sampling"] = {"grid": "samples.png", "prompts": s.prompts, "samples_per_prompt": s.samples_per_prompt,
                            "num_steps": s.num_steps, "cfg_scale": s.cfg_scale, "routing": s.routing,
                            "top_k": s.top_k, "conversion": s.conversion, "t_eps": s.t_eps, "x0_clamp": s.x0_clamp,
