@@ -121,6 +121,28 @@ class SamplingConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    """What ``hddm evaluate`` (and the end of a run) measures; see hddm_flower/evaluate.py."""
+
+    routing_modes: list[str] = field(default_factory=lambda: ["top1", "top2", "full", "threshold", "oracle"])
+    num_prompts: int = 32  # held-out captions sampled for FID/KID/LPIPS (aligned: same prompts and noise per mode)
+    samples_per_prompt: int = 4  # ≥ 2: intra-prompt diversity is the mean pairwise distance between them
+    num_steps: int = 0  # Euler steps; 0 = sampling.num_steps
+    per_expert_samples: int = 32  # each expert alone on captions of its own cluster
+    grid_prompts: int = 8  # one PNG per prompt (rows: routing modes) for the first this many prompts
+    batch_size: int = 256  # rows per sampling call
+    inception_weights: str = ""  # local torch-fidelity Inception file → standard FID; "" = the run's own classifier
+    alexnet_weights: str = ""  # local torchvision AlexNet file for LPIPS; "" = TORCH_HOME cache, else the fallback
+    clip: str = ""  # local transformers CLIP folder → CLIP score; "" = none
+    feature_steps: int = 600  # training steps of the feature classifier (offline FID/KID features)
+    kid_subset_size: int = 100
+    kid_subsets: int = 100
+    reference_images: int = 0  # FID/KID reference: a seeded subset of this many dataset images (0 = all)
+    times: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # router accuracy vs t
+    seed: int = 0
+
+
+@dataclass
 class FederationConfig:
     min_nodes: int = 8  # wait for this many SuperNodes before assigning experts …
     node_wait_timeout: float = 120.0  # … or this many seconds, then go on with those connected
@@ -138,6 +160,7 @@ class Config:
     expert: ExpertConfig = field(default_factory=ExpertConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
 
     def validate(self, source: str = "<config>") -> "Config":
@@ -194,6 +217,22 @@ class Config:
             fail("sampling.t_eps", "must be in (0, 1)")
         if s.x0_clamp <= 0:
             fail("sampling.x0_clamp", "must be > 0")
+        ev = self.evaluation
+        for i, mode in enumerate(ev.routing_modes):
+            if not _routing_mode_ok(mode):
+                fail(f"evaluation.routing_modes[{i}]", f"unknown mode {mode!r}; expected top1, top2, …, full, "
+                                                       "threshold, sample or oracle")
+        if ev.samples_per_prompt < 2:
+            fail("evaluation.samples_per_prompt", "must be ≥ 2 (diversity is measured between samples of a prompt)")
+        for key in ("num_prompts", "per_expert_samples", "batch_size", "feature_steps", "kid_subset_size",
+                    "kid_subsets"):
+            if getattr(ev, key) < 1:
+                fail(f"evaluation.{key}", "must be ≥ 1")
+        for key in ("num_steps", "grid_prompts", "reference_images"):
+            if getattr(ev, key) < 0:
+                fail(f"evaluation.{key}", "must be ≥ 0")
+        if not all(0 < t < 1 for t in ev.times):
+            fail("evaluation.times", "every time must be in (0, 1)")
         if not 1 <= self.federation.min_experts <= self.num_experts:
             fail("federation.min_experts", f"must be in 1..{self.num_experts}")
         e = self.expert
@@ -239,6 +278,13 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _routing_mode_ok(mode: str) -> bool:
+    """``top<k>`` (k ≥ 1) or a routing mode other than ``top_k``."""
+    if mode.startswith("top") and mode[3:].isdigit():
+        return int(mode[3:]) >= 1
+    return mode in ROUTING_MODES and mode != "top_k"
 
 
 # ----------------------------------------------------------------------------------------------------------------

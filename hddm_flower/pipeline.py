@@ -265,11 +265,24 @@ def save_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 4) -> No
 
 def finish_run(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict], *,
                extra: dict | None = None, progress: bool = False) -> dict:
-    """After the experts arrived in ``run_dir/experts``: router, ensemble, evaluation, samples, report."""
+    """After the experts arrived in ``run_dir/experts``: router, then :func:`evaluate_and_report`."""
     router = fit_router(cfg, dataset_dir, run_dir, progress=progress)
+    return evaluate_and_report(cfg, run_dir, dataset_dir, missing, router=router, extra=extra, progress=progress)
+
+
+def evaluate_and_report(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict], *,
+                        router: Router | None = None, extra: dict | None = None, modes: list[str] | None = None,
+                        feature_dir: Path | None = None, progress: bool = False) -> dict:
+    """Evaluate the assembled run (diagnostics, every routing mode, per expert), sample the configured prompts and
+    write report.json, report.md, the grids and the plots into ``run_dir``."""
+    from .evaluate import evaluate_run
+
     ensemble, metas = load_ensemble(cfg, run_dir, router)
     s = cfg.sampling
-    metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed)
+    metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed,
+                       times=tuple(cfg.evaluation.times))
+    metrics["evaluation"] = evaluate_run(cfg, ensemble, dataset_dir, run_dir, modes=modes,
+                                         feature_dir=feature_dir, progress=progress)
     encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(dataset_dir)["max_caption_tokens"])
     images = sample_grid(ensemble, encoder, s.prompts, load_uncond(dataset_dir),
                          samples_per_prompt=s.samples_per_prompt, num_steps=s.num_steps, cfg_scale=s.cfg_scale,
@@ -279,9 +292,8 @@ def finish_run(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict
                            "num_steps": s.num_steps, "cfg_scale": s.cfg_scale, "routing": s.routing,
                            "top_k": s.top_k, "conversion": s.conversion, "t_eps": s.t_eps, "x0_clamp": s.x0_clamp,
                            "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing"}
-    metrics["feature_network"] = "none: velocity-space and router diagnostics only (no FID/KID yet)"
-    report = write_report(cfg, run_dir, dataset_dir, metas, missing, metrics, extra or {})
-    return report
+    metrics["feature_network"] = metrics["evaluation"]["feature_network"]
+    return write_report(cfg, run_dir, dataset_dir, metas, missing, metrics, extra or {})
 
 
 def write_report(cfg: Config, run_dir: Path, dataset_dir: Path, metas: list[dict], missing: list[dict],
@@ -298,31 +310,68 @@ def write_report(cfg: Config, run_dir: Path, dataset_dir: Path, metas: list[dict
                                                  "cluster_features", "license")}
                    | {"clusters": [{k: c[k] for k in ("id", "size", "detail", "categories")}
                                    for c in dataset_meta["clusters"]]},
-        "versions": versions(), **extra,
+        "config": cfg.to_dict(), "versions": versions(), **extra,
     }
-    (run_dir / "report.json").write_text(json.dumps(report, indent=2))
-    (run_dir / "report.md").write_text(render_report_md(report))
+    _write_atomic(run_dir / "report.json", json.dumps(report, indent=2))
+    _write_atomic(run_dir / "report.md", render_report_md(report))
     return report
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "–" if x is None else format(x, spec)
 
 
 def render_report_md(r: dict) -> str:
     m = r["metrics"]
+    ev = m.get("evaluation")
     lines = [f"# hddm-flower run — {r['created_at']}", "",
              f"{len(r['experts'])} of {r['num_experts']} experts; run directory `{r['run_dir']}`.", "",
-             "| expert | cluster | objective | top categories | steps | images seen | device s | velocity MSE |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| expert | cluster | objective | top categories | steps | images seen | device s | velocity MSE "
+             "| FID (own cluster) | KID (own cluster) | x̂0 clamps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     clusters = {c["id"]: c for c in r["dataset"]["clusters"]}
+    per_expert = (ev or {}).get("per_expert", {})
     for e in r["experts"]:
         cats = ", ".join(list(clusters[e["cluster_id"]]["categories"])[:2])
         obj = e["objective"] + (f" ({e['schedule']})" if e["objective"] == "ddpm" else "")
         mse = m["expert_velocity_mse"].get(str(e["expert_id"]))
+        pe = per_expert.get(str(e["expert_id"]), {})
+        c = pe.get("clamps") or {}
+        clamps = f"{c['x0_clamp_elements'] / c['elements']:.2%}" if c.get("elements") else "–"
         lines.append(f"| {e['expert_id']} | {e['cluster_id']} | {obj} | {cats} | {e['steps']} | {e['images_seen']} "
-                     f"| {e['device_seconds']:.0f} | {mse:.4f} |")
+                     f"| {e['device_seconds']:.0f} | {_fmt(mse, '.4f')} | {_fmt(pe.get('fid'), '.2f')} "
+                     f"| {_fmt(pe.get('kid'), '.4f')} | {clamps} |")
     if r["missing"]:
         lines += ["", "Missing experts:", ""] + [f"- expert {x['expert_id']}: {x['reason']}" for x in r["missing"]]
+    if ev:
+        p = ev["protocol"]
+        lines += ["", f"## Routing modes (aligned inference: {p['prompts']} prompts × {p['samples_per_prompt']} "
+                      f"samples, same noise, {p['num_steps']} steps, CFG {p['cfg_scale']}, seed {p['seed']})", "",
+                  f"- FID/KID features: **{ev['feature_network']}**; reference: {p['reference']}",
+                  f"- diversity: {ev['diversity_distance']}", "",
+                  "| routing | FID ↓ | KID ↓ | intra-prompt diversity ↑ | CLIP ↑ | experts per step | x̂0 clamps "
+                  "| 1−t<t_eps rows | s |", "|---|---|---|---|---|---|---|---|---|"]
+        for mode, x in ev["modes"].items():
+            c = x["clamps"]
+            clamps = f"{c['x0_clamp_elements'] / c['elements']:.2%}" if c.get("elements") else "–"
+            eps_rows = f"{c['t_eps_rows']}/{c['rows']}" if c.get("rows") else "–"
+            clip = _fmt(x["clip_score"]["value"], ".2f") if "clip_score" in x else "–"
+            lines.append(f"| {mode} | {x['fid']:.2f} | {x['kid']:.4f} ± {x['kid_std']:.4f} | {x['lpips']['mean']:.3f}"
+                         f" ± {x['lpips']['std']:.3f} | {clip} | {sum(x['usage']):.2f} | {clamps} | {eps_rows} "
+                         f"| {x['seconds']:.0f} |")
+        lines += ["", f"![router weights over t]({ev['plots']['router_weights']}) "
+                      f"![expert usage]({ev['plots']['expert_usage']})", "",
+                  "Grids per prompt (rows: routing modes): " + ", ".join(f"[{g['prompt']}]({g['file']})"
+                                                                          for g in ev["grids"])]
     t = m["times"]
-    lines += ["", "Held-out diagnostics (no feature network):", "", "| t | " + " | ".join(f"{x:g}" for x in t) + " |",
-              "|---" * (len(t) + 1) + "|"]
+    lines += ["", "## Held-out diagnostics (velocity space, no feature network)", "",
+              "| t | " + " | ".join(f"{x:g}" for x in t) + " |", "|---" * (len(t) + 1) + "|"]
     for key in ("router_top1_accuracy", "router_top2_accuracy", "ensemble_velocity_mse", "oracle_velocity_mse"):
         lines.append(f"| {key} | " + " | ".join(f"{x:.3f}" for x in m[key]) + " |")
     s = m["sampling"]
@@ -334,7 +383,8 @@ def render_report_md(r: dict) -> str:
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for pkg in ("hddm-flower", "torch", "diffusers", "transformers", "flwr", "webdataset", "safetensors"):
+    for pkg in ("hddm-flower", "torch", "diffusers", "transformers", "flwr", "webdataset", "safetensors",
+                "torchmetrics", "torch-fidelity", "lpips", "torchvision"):
         out[pkg] = _version(pkg)
     return out
 
