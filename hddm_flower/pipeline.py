@@ -49,6 +49,22 @@ def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:
     return cfg.objective_of([c["detail"] for c in read_meta(dataset_dir)["clusters"]])
 
 
+def expected_model_config(cfg: Config, dataset_dir: Path) -> dict:
+    """The expert model config every checkpoint of this run must have: the preset at the dataset's shapes."""
+    m = read_meta(dataset_dir)
+    return expert_config(cfg.expert.preset, sample_size=m["image_size"], in_channels=m["channels"],
+                         caption_channels=m["text_dim"])
+
+
+def checkpoint_limit(cfg: Config, model_config: dict) -> int:
+    """The upload size limit in bytes: ``federation.max_checkpoint_mb``, or the preset's float32 size + 5 %."""
+    if cfg.federation.max_checkpoint_mb:
+        return int(cfg.federation.max_checkpoint_mb * 2**20)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in ExpertNet.from_config(model_config).parameters())
+    return int(n * 4 * 1.05) + 2**20
+
+
 def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int = 0):
     """A new expert network (random or ``expert.init``) wrapped in the adapter of ``objective``; returns
     (adapter, model_config, meta)."""
@@ -94,7 +110,8 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
         "expert_id": expert_id, "cluster_id": expert_id, "ema": stats.ema, "ema_decay": e.ema_decay,
         "mixed_precision": e.mixed_precision, "grad_accumulation": e.grad_accumulation,
         "dataset": f"{dataset_meta['name']} v{dataset_meta['version']} ({dataset_dir.name})",
-        "cluster_size": len(data), "steps": stats.steps, "images_seen": stats.images_seen,
+        "cluster_size": len(data), "steps": stats.steps, "resumed_steps": stats.resumed_steps,
+        "images_seen": stats.images_seen,
         "device_seconds": round(stats.device_seconds, 3), "device": str(device),
         "peak_memory_bytes": stats.peak_memory_bytes, "final_loss": stats.final_loss,
         "loss_curve": stats.loss_curve, "batch_size": e.batch_size, "lr": e.lr,

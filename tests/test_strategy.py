@@ -11,7 +11,7 @@ from hddm_flower.checkpoints import load_expert
 from hddm_flower.pipeline import finish_run
 from strategies.one_shot import OneShotExperts
 
-from .fake_grid import FakeGrid
+from .fake_grid import FakeGrid, rewrite_weights
 
 
 def _strategy(cfg, run_dir, cache_dir, **kw):
@@ -80,19 +80,13 @@ def test_node_override_and_tampered_checkpoint(tiny_config, dataset_dir, cache_d
 
     def tamper(node, reply):
         if node == 202 and not reply.has_error() and "expert" in reply.content.array_records:
-            arrays = reply.content.array_records["expert"]
-            key = next(iter(arrays))
-            state = arrays.to_torch_state_dict()
-            state[key] = torch.full_like(state[key], float("nan"))
-            from flwr.app import ArrayRecord
-
-            reply.content["expert"] = ArrayRecord(state)
+            rewrite_weights(reply, lambda state: {k: torch.full_like(v, float("nan")) for k, v in state.items()})
         return reply
 
     strategy = _strategy(tiny_config, tmp_path, cache_dir, min_nodes=2, min_experts=1)
     strategy.start(FakeGrid(client_app, nodes, tamper=tamper), timeout=30.0)
     assert strategy.received[0]["objective"] == "ddpm" and strategy.received[0]["objective_assigned"] == "fm"
-    assert "invalid checkpoint" in strategy.missing[1] and "non-finite" in strategy.missing[1]
+    assert "rejected checkpoint" in strategy.missing[1] and "non-finite" in strategy.missing[1]
     assert "no node" in strategy.missing[2] and "no node" in strategy.missing[3]
     assert not (tmp_path / "experts" / "expert-1").exists()
 

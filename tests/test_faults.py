@@ -1,0 +1,252 @@
+"""Lost experts, bad checkpoints and resumed clients, over the fake Grid with the real ClientApp (no Ray).
+
+Every fault ends in ``missing`` with its reason, is never written under ``run_dir/experts``, and the run goes on
+with the experts it has."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import Context, Message, MessageType, RecordDict
+
+from clients.client_app import app as client_app
+from hddm_flower.checkpoints import CheckpointRejected, load_expert, validate_weights_file, weights_bytes
+from hddm_flower.config import load_config
+from hddm_flower.pipeline import checkpoint_limit, expected_model_config
+from strategies.one_shot import OneShotExperts
+
+from .fake_grid import FakeGrid, reply_weights, rewrite_weights, set_reply_weights
+
+
+def _strategy(cfg, run_dir, cache_dir, dataset_dir, **kw):
+    model_config = expected_model_config(cfg, dataset_dir)
+    args = dict(min_nodes=1, min_experts=1, node_wait_timeout=0.5, cache_dir=str(cache_dir), poll_interval=0.05,
+                model_config=model_config, max_checkpoint_bytes=checkpoint_limit(cfg, model_config))
+    return OneShotExperts(run_dir, cfg.to_dict(), cfg.objective_of(), **(args | kw))
+
+
+def _pickled(reply):
+    from safetensors.torch import load
+
+    buf = io.BytesIO()
+    torch.save(load(reply_weights(reply)), buf)  # a pickle: what torch.save / .pt / .bin files are
+    return set_reply_weights(reply, buf.getvalue())
+
+
+def _flip_byte(reply):
+    blob = bytearray(reply_weights(reply))
+    blob[-3] ^= 0xFF  # corrupted in transit or altered: the declared sha256 no longer matches
+    return set_reply_weights(reply, bytes(blob), rehash=False)
+
+
+def _nan(reply):
+    return rewrite_weights(reply, lambda s: {k: v.clone().fill_(float("nan")) if "proj_out" in k else v
+                                             for k, v in s.items()})
+
+
+def _wrong_shape(reply):
+    return rewrite_weights(reply, lambda s: {k: v[..., :1].contiguous() if k == "proj_out.weight" else v
+                                             for k, v in s.items()})
+
+
+def _renamed(reply):
+    return rewrite_weights(reply, lambda s: {k.replace("proj_out.weight", "evil.weight"): v for k, v in s.items()})
+
+
+def _mixed_dtype(reply):
+    return rewrite_weights(reply, lambda s: {k: v.to(torch.bfloat16) if k == "proj_out.weight" else v
+                                             for k, v in s.items()})
+
+
+def _no_hash(reply):
+    meta = json.loads(str(reply.content["meta"]["meta"]))
+    del meta["sha256"]
+    reply.content["meta"]["meta"] = json.dumps(meta)
+    return reply
+
+
+def _huge(reply):
+    return set_reply_weights(reply, reply_weights(reply) + b"\0" * (4 << 20))
+
+
+def _other_preset(reply):
+    config = json.loads(str(reply.content["meta"]["model-config"]))
+    reply.content["meta"]["model-config"] = json.dumps(config | {"num_layers": 2})
+    return reply
+
+
+BAD = {
+    "pickle file": (_pickled, "not a valid safetensors file"),
+    "hash mismatch": (_flip_byte, "sha256 mismatch"),
+    "NaN": (_nan, "non-finite values"),
+    "wrong shape": (_wrong_shape, "proj_out.weight has shape"),
+    "wrong names": (_renamed, "unexpected ['evil.weight']"),
+    "mixed dtypes": (_mixed_dtype, "dtypes ['bfloat16', 'float32'] do not match"),
+    "no hash": (_no_hash, "metadata lacks ['sha256']"),
+    "too large": (_huge, "exceeds the limit"),
+    "other preset": (_other_preset, "model config differs from the run's preset 'test' in ['num_layers']"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+def test_bad_checkpoint_is_rejected_with_its_reason(kind, tiny_config, dataset_dir, cache_dir, tmp_path):
+    tamper_fn, reason = BAD[kind]
+    nodes = {1: {"partition-id": 0}, 2: {"partition-id": 3}}
+
+    def tamper(node, reply):
+        return tamper_fn(reply) if node == 2 and reply.metadata.message_type == "train" else reply
+
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, experts=[0, 3])
+    strategy.start(FakeGrid(client_app, nodes, tamper=tamper), timeout=30.0)
+    assert sorted(strategy.received) == [0]
+    assert strategy.missing[3].startswith("rejected checkpoint") and reason in strategy.missing[3], strategy.missing
+    assert sorted(p.name for p in (tmp_path / "experts").iterdir()) == ["expert-0"]  # nothing half-written kept
+    load_expert(tmp_path / "experts" / "expert-0")
+
+
+def test_lost_experts_each_with_its_reason_and_the_ensemble_built_from_the_rest(tiny_config, dataset_dir,
+                                                                                cache_dir, tmp_path):
+    """A client that raises, a message whose TTL expired, a SuperNode that vanished, one that never replies and
+    an expert no node ever claimed: all five reasons are kept, the router is restricted to the one that came."""
+    from hddm_flower.config import config_from_dict
+    from hddm_flower.pipeline import finish_run
+
+    cfg = config_from_dict(tiny_config.to_dict() | {"num_experts": 6, "objectives": {"ddpm": 1, "fm": 5,
+                                                                                     "ddpm_clusters": [1]}})
+    nodes = {10: {"partition-id": 0}, 11: {"partition-id": 1, "objective": "edm"}, 12: {"partition-id": 2},
+             13: {"partition-id": 3}, 14: {"partition-id": 4}}
+    grid = FakeGrid(client_app, nodes, silent=[14], link_errors={
+        12: (3, "Message has expired (TTL)."),
+        13: (5, "Node 13 failed to report a heartbeat within 2 × its expected interval."),
+    })
+    strategy = _strategy(cfg, tmp_path, cache_dir, dataset_dir, min_nodes=6)
+    reports = []
+    strategy.start(grid, timeout=1.5, ensemble_fn=lambda received, missing: reports.append(finish_run(
+        tiny_config, tmp_path, dataset_dir, [{"expert_id": k, "reason": r} for k, r in missing.items()])))
+    m = strategy.missing
+    assert sorted(strategy.received) == [0] and sorted(m) == [1, 2, 3, 4, 5]
+    assert "error reply (code 2)" in m[1] and "edm" in m[1]
+    assert "error reply (code 3)" in m[2] and "expired" in m[2]
+    assert "error reply (code 5)" in m[3] and "heartbeat" in m[3]
+    assert "no reply within 2 s" in m[4]
+    assert "no node was assigned" in m[5]
+    report = reports[0]
+    assert [e["expert_id"] for e in report["experts"]] == [0]
+    assert [(x["expert_id"], set(x)) for x in report["missing"]][:1] == [(1, {"expert_id", "reason"})]
+
+
+def test_only_the_targeted_experts_are_trained(tiny_config, dataset_dir, cache_dir, tmp_path):
+    nodes = {n: {"partition-id": n} for n in range(4)}
+    grid = FakeGrid(client_app, nodes)
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, experts=[2], present=[0, 1], min_experts=3)
+    strategy.start(grid, timeout=30.0)
+    assert [m.content["config"]["expert-id"] for m in grid.sent if m.metadata.message_type == "train"] == [2]
+    assert sorted(strategy.received) == [2] and strategy.missing == {}
+    with pytest.raises(ValueError, match=r"experts \[1\] are already present"):
+        _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, experts=[1], present=[1])
+
+
+def test_bf16_weights_travel_and_rest_as_bf16(tiny_config, dataset_dir, cache_dir, tmp_path):
+    from hddm_flower.config import config_from_dict
+
+    cfg = config_from_dict(tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"]
+                                                    | {"weights_dtype": "bfloat16"}})
+    sizes = {}
+
+    def measure(node, reply):
+        if reply.metadata.message_type == "train":
+            sizes["sent"] = reply.content.array_records["expert"].count_bytes()
+        return reply
+
+    strategy = _strategy(cfg, tmp_path, cache_dir, dataset_dir, experts=[0])
+    strategy.start(FakeGrid(client_app, {1: {"partition-id": 0}}, tamper=measure), timeout=30.0)
+    weights = tmp_path / "experts" / "expert-0" / "diffusion_pytorch_model.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(weights, "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    n = sum(p.numel() for p in load_expert(weights.parent)[0].parameters())
+    assert weights.stat().st_size < 2 * n + 20_000  # two bytes a parameter plus the header
+    assert abs(sizes["sent"] - weights.stat().st_size) < 1_000  # what was sent is the file, not fp32-doubled
+    assert strategy.received[0]["weights_dtype"] == "bfloat16"
+
+
+def test_validate_weights_file_checks_everything_without_unpickling(tmp_path):
+    from hddm_flower.models import ExpertNet, expert_config
+
+    config = expert_config("test", sample_size=8, in_channels=3, caption_channels=8)
+    state = ExpertNet.from_config(config).transformer.state_dict()
+    good = tmp_path / "good.safetensors"
+    good.write_bytes(weights_bytes(state))
+    digest = validate_weights_file(good, config, dtype="float32")
+    assert validate_weights_file(good, config, sha256=digest, max_bytes=good.stat().st_size) == digest
+    with pytest.raises(CheckpointRejected, match="exceeds the limit"):
+        validate_weights_file(good, config, max_bytes=100)
+    with pytest.raises(CheckpointRejected, match=r"dtypes \['float32'\] do not match the declared bfloat16"):
+        validate_weights_file(good, config, dtype="bfloat16")
+    evil = tmp_path / "evil.safetensors"  # a pickle whose loading would run code: refused before any parsing
+    evil.write_bytes(b"\x80\x04cos\nsystem\n(S'touch " + str(tmp_path / "pwned").encode() + b"'\ntR.")
+    with pytest.raises(CheckpointRejected, match="not a valid safetensors file"):
+        validate_weights_file(evil, config)
+    assert not (tmp_path / "pwned").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A killed and restarted client resumes
+
+_CHILD = """
+import json, sys
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+from clients.client_app import app
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 7, 1
+experiment, node = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+task = ConfigRecord({"expert-id": 0, "cluster-id": 0, "objective": "fm", "experiment": json.dumps(experiment),
+                     "cache-dir": node["cache-dir"]})
+msg = Message(RecordDict({"config": task}), dst_node_id=7, message_type=MessageType.TRAIN)
+app(msg, Context(run_id=1, node_id=7, node_config=node, state=RecordDict(), run_config={}))
+"""
+
+
+def test_killed_client_resumes_from_its_last_checkpoint(tiny_config, dataset_dir, cache_dir, tmp_path):
+    """SIGKILL a ClientApp process mid-training; the same node, given the same expert again, resumes from its last
+    local checkpoint, and the checkpoint that arrives says how many steps were resumed."""
+    from hddm_flower.config import config_from_dict
+
+    values = tiny_config.to_dict()
+    values["expert"] = values["expert"] | {"steps": 400, "checkpoint_every": 10, "log_every": 50}
+    cfg = config_from_dict(values)
+    node = {"partition-id": 0, "work-dir": str(tmp_path / "work"), "cache-dir": str(cache_dir), "num-threads": 1}
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(cfg.to_dict()), json.dumps(node)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "work").glob("expert-0-*.pt")) and time.monotonic() < deadline:
+        assert child.poll() is None, child.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)  # the node dies mid-training, with no chance to clean up
+    child.wait()
+    assert child.returncode == -signal.SIGKILL
+    state = torch.load(next((tmp_path / "work").glob("expert-0-*.pt")), weights_only=True)
+    assert 0 < state["step"] < 400 and state["step"] % 10 == 0
+
+    strategy = _strategy(cfg, tmp_path / "run", cache_dir, dataset_dir, experts=[0])
+    strategy.start(FakeGrid(client_app, {7: node}), timeout=120.0)
+    meta = strategy.received[0]
+    assert meta["steps"] == 400 and meta["resumed_steps"] >= state["step"] > 0
+    assert json.loads((tmp_path / "run" / "experts" / "expert-0" / "hddm_expert.json").read_text())[
+        "resumed_steps"] == meta["resumed_steps"]
+    assert not list((tmp_path / "work").glob("*.pt"))  # the training state is gone, the final weights are kept
+
+    # the reply got lost (e.g. the server stopped waiting): asked again, the node sends what it kept, no training
+    again = _strategy(cfg, tmp_path / "run2", cache_dir, dataset_dir, experts=[0])
+    started = time.monotonic()
+    again.start(FakeGrid(client_app, {7: node}), timeout=60.0)
+    assert again.received[0]["sha256"] == meta["sha256"] and time.monotonic() - started < 30
