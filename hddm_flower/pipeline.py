@@ -10,6 +10,7 @@ import datetime as _dt
 import json
 import logging
 import platform
+import shutil
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .checkpoints import TIME_CONVENTION, load_expert, load_router, make_expert, save_router
-from .config import Config
+from .checkpoints import (META, REQUIRED_META, TIME_CONVENTION, WEIGHTS, CheckpointRejected, install_expert,
+                          load_expert, load_router, make_expert, read_expert_meta, save_router, validate_weights_file)
+from .config import OBJECTIVES, Config, load_config
 from .convert import load_init
 from .data import Split, TextEncoder, default_cache_dir, load_split, load_uncond, prepare_embedded, read_meta
 from .ensemble import Ensemble, sample_ensemble
@@ -152,6 +154,64 @@ def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> t
         metas.append(meta)
     router = router if router is not None else load_router(run_dir / "router")
     return Ensemble(experts, router, cfg.num_experts, routing=s.routing, k=s.top_k, threshold=s.threshold), metas
+
+
+def add_expert(run_dir: Path, checkpoint: Path, *, cfg: Config | None = None, cache_dir: str | Path | None = None,
+               replace: bool = False, progress: bool = False) -> dict:
+    """Add a late expert to an assembled run: validate it, install it, retrain the router, re-evaluate.
+
+    ``checkpoint`` is an expert folder (``hddm train-expert --out``: safetensors weights + ``hddm_expert.json``),
+    e.g. from an institution that trained later or a replacement for a lost expert. It goes through the same
+    checks as an expert received over Flower (:func:`validate_weights_file` against the run's preset, with the
+    sha256 its metadata declares); no other expert is touched or retrained. ``cfg`` defaults to the run's
+    ``config.yaml``. Returns the new report.
+    """
+    run_dir, checkpoint = Path(run_dir), Path(checkpoint)
+    cfg = cfg or load_config(run_dir / "config.yaml")
+    meta = read_expert_meta(checkpoint)
+    lacks = [k for k in (*REQUIRED_META, "sha256") if k not in meta]
+    if lacks:
+        raise CheckpointRejected(f"{checkpoint / META} lacks {lacks}")
+    expert_id = int(meta["expert_id"])
+    if not 0 <= expert_id < cfg.num_experts:
+        raise CheckpointRejected(f"{checkpoint}: expert id {expert_id} is outside this run's 0..{cfg.num_experts - 1}"
+                                 f" (the router and the clusters are fixed by num_experts)")
+    if meta["objective"] not in OBJECTIVES:
+        raise CheckpointRejected(f"{checkpoint}: unknown objective {meta['objective']!r}")
+    folder = run_dir / "experts" / f"expert-{expert_id}"
+    existed = folder.exists()
+    if existed and not replace:
+        raise FileExistsError(f"{folder} already exists; pass --replace to replace that expert")
+    dataset_dir = prepare_data(cfg, cache_dir)
+    model_config = expected_model_config(cfg, dataset_dir)
+    declared = {k: v for k, v in json.loads((checkpoint / "config.json").read_text()).items()
+                if not k.startswith("_")}
+    if declared != model_config:
+        diff = sorted(k for k in set(declared) | set(model_config) if declared.get(k) != model_config.get(k))
+        raise CheckpointRejected(f"{checkpoint}: model config differs from the run's preset "
+                                 f"{cfg.expert.preset!r} in {diff[:4]}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".incoming-expert-{expert_id}.safetensors"
+    try:
+        shutil.copyfile(checkpoint / WEIGHTS, tmp)
+        validate_weights_file(tmp, model_config, sha256=str(meta["sha256"]), dtype=meta.get("weights_dtype"),
+                              max_bytes=checkpoint_limit(cfg, model_config))
+        install_expert(folder, tmp, model_config, meta | {"added_at": _now()})
+    finally:
+        tmp.unlink(missing_ok=True)
+    before = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").exists() else {}
+    reasons = {m["expert_id"]: m["reason"] for m in before.get("missing", [])}
+    present = {int(read_expert_meta(f)["expert_id"]) for f in (run_dir / "experts").glob("expert-*")}
+    missing = [{"expert_id": k, "reason": reasons.get(k, "no expert folder")} for k in range(cfg.num_experts)
+               if k not in present]
+    added = before.get("added_experts", []) + [{"expert_id": expert_id, "objective": meta["objective"],
+                                               "sha256": meta["sha256"], "source": str(checkpoint),
+                                               "replaced": existed,
+                                               "added_at": _now()}]
+    extra = {k: before[k] for k in ("flower",) if k in before} | {"added_experts": added}
+    log.info("expert %d (%s) added to %s; retraining the router and re-evaluating", expert_id, meta["objective"],
+             run_dir)
+    return finish_run(cfg, run_dir, dataset_dir, missing, extra=extra, progress=progress)
 
 
 @torch.no_grad()
