@@ -10,7 +10,8 @@ Messages it answers:
 
 Node config keys understood (all optional): ``partition-id`` / ``expert-id``, ``objective`` (fm|ddpm),
 ``data-dir`` (a prepared dataset directory), ``cache-dir``, ``work-dir`` (training-state checkpoints when
-``expert.checkpoint_every`` > 0), ``device`` (e.g. cuda:0), ``num-threads``.
+``expert.checkpoint_every`` > 0), ``device`` (e.g. cuda:0), ``num-threads``, ``isolate-training`` (train in a
+child process, so that a hard crash fails only this expert; the default inside a Ray actor, i.e. in simulation).
 
 Restarts: with ``expert.checkpoint_every`` > 0 the training state is saved in ``work-dir`` every N steps under a
 name made of the expert id and a hash of the experiment and objective. A restarted node that gets the same expert
@@ -25,6 +26,10 @@ import hashlib
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -88,11 +93,15 @@ def train(msg: Message, context: Context) -> Message:
         blob, model_config, meta = done
         log.info("expert %d: already trained (%s); sending the kept checkpoint", expert_id, work)
     else:
-        state, model_config, meta = train_one_expert(cfg, dataset_dir, expert_id, objective, device=device,
-                                                     checkpoint=work.with_suffix(".pt") if work else None)
+        checkpoint = work.with_suffix(".pt") if work else None
         dtype = cfg.expert.weights_dtype
-        blob = weights_bytes(state, dtype)
-        del state
+        if _isolated(node):
+            blob, model_config, meta = _train_in_child(cfg, dataset_dir, expert_id, objective, device, checkpoint)
+        else:
+            state, model_config, meta = train_one_expert(cfg, dataset_dir, expert_id, objective, device=device,
+                                                         checkpoint=checkpoint)
+            blob = weights_bytes(state, dtype)
+            del state
         meta |= {"objective_assigned": assigned, "node_id": context.node_id, "weights_dtype": dtype,
                  "sha256": hashlib.sha256(blob).hexdigest()}
         if work is not None:  # keep the result until a later message (or the operator) no longer needs it
@@ -109,6 +118,39 @@ def train(msg: Message, context: Context) -> Message:
         "metrics": metrics,
     })
     return Message(content, reply_to=msg)
+
+
+def _isolated(node) -> bool:
+    """Train in a child process? The node config's ``isolate-training`` says; by default yes inside a Ray actor
+    (simulation), where a hard crash would take the actor and other nodes' experts down with it."""
+    if "isolate-training" in node:
+        return bool(node["isolate-training"])
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id())
+
+
+def _train_in_child(cfg, dataset_dir: Path, expert_id: int, objective: str, device: str,
+                    checkpoint: Path | None) -> tuple[bytes, dict, dict]:
+    """Run :mod:`clients.train_worker` and read back its weights; a crash of the child becomes an exception."""
+    with tempfile.TemporaryDirectory(prefix=f"hddm-expert-{expert_id}-") as tmp:
+        out = Path(tmp)
+        spec = {"experiment": cfg.to_dict(), "dataset_dir": str(dataset_dir), "expert_id": expert_id,
+                "objective": objective, "device": device, "checkpoint": str(checkpoint) if checkpoint else None,
+                "out": tmp, "threads": torch.get_num_threads()}
+        (out / "spec.json").write_text(json.dumps(spec))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        with open(out / "stderr.log", "wb") as err:
+            rc = subprocess.run([sys.executable, "-m", "clients.train_worker", str(out / "spec.json")], env=env,
+                                stderr=err, cwd=Path(__file__).resolve().parent.parent).returncode
+        if rc:
+            if rc < 0:
+                why = f"was killed by {signal.Signals(-rc).name} (out of memory?)"
+            else:
+                lines = [ln for ln in (out / "stderr.log").read_text(errors="replace").splitlines() if ln.strip()]
+                why = f"failed with exit code {rc}: {lines[-1] if lines else 'no message'}"
+            raise RuntimeError(f"the training process of expert {expert_id} {why}")
+        result = json.loads((out / "result.json").read_text())
+        return (out / "weights.safetensors").read_bytes(), result["model_config"], result["meta"]
 
 
 def _keep(work: Path, blob: bytes, model_config: dict, meta: dict) -> None:
