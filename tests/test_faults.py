@@ -348,3 +348,46 @@ def test_a_killed_training_process_fails_only_its_expert(tiny_config, dataset_di
     assert killed, "the training worker of expert 1 was never seen"
     assert sorted(strategy.received) == [2]  # the process that ran expert 1's ClientApp went on with expert 2
     assert "error reply (code 2)" in strategy.missing[1] and "killed by SIGKILL" in strategy.missing[1]
+
+
+@pytest.mark.simulation
+def test_in_simulation_a_crashed_client_loses_only_its_expert(tiny_config_path, cache_dir, tmp_path, monkeypatch):
+    """A real Ray simulation (2 SuperNodes, 1 CPU each): expert 1's training is SIGKILLed mid-way; expert 0
+    arrives, the ensemble is built from it and report.json says why expert 1 is missing."""
+    import threading
+
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from strategies.server_app import main as server_main
+
+    monkeypatch.setenv("HDDM_CACHE", str(tmp_path / "home-cache"))  # the nodes' default work-dir lives here
+    work = tmp_path / "home-cache" / "work"
+    run_dir = tmp_path / "run"
+    run_config = {"config": str(tiny_config_path), "run-dir": str(run_dir), "cache-dir": str(cache_dir),
+                  "overrides": "num_experts=2 objectives={ddpm: 1, fm: 1, ddpm_clusters: [1]} federation.min_nodes=2 "
+                               "federation.min_experts=1 expert.steps=300 expert.checkpoint_every=10"}
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        context.run_config.update(run_config)
+        server_main(grid, context)
+
+    stop, killed = threading.Event(), []
+    watcher = threading.Thread(target=_kill_worker_when, daemon=True, args=(
+        lambda spec: spec["expert_id"] == 1 and str(work) in str(spec["checkpoint"])
+        and Path(spec["checkpoint"]).exists(), stop, killed))
+    watcher.start()
+    try:
+        run_simulation(server_app=server, client_app=client_app, num_supernodes=2,
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                       "init_args": {"num_cpus": 2, "logging_level": "ERROR",
+                                                     "log_to_driver": False}})
+    finally:
+        stop.set()
+    assert killed
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [e["expert_id"] for e in report["experts"]] == [0]
+    (lost,) = report["missing"]
+    assert lost["expert_id"] == 1 and "killed by SIGKILL" in lost["reason"], lost
