@@ -63,7 +63,7 @@ def main(argv=None) -> dict:
     def step() -> float:
         opt.zero_grad(set_to_none=True)
         with autocast:
-            loss = expert.training_loss(x0, cond)
+            loss = expert.training_loss(x0, cond, generator=g)  # a CPU generator, as in training.fit
         loss.backward()
         torch.nn.utils.clip_grad_norm_(expert.parameters(), 1.0)
         opt.step()

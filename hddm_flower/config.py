@@ -18,10 +18,12 @@ import yaml
 
 from .ensemble import ROUTING_MODES
 from .objectives import CONVERSIONS, SCHEDULES
-from .training import OPTIMIZERS, PRECISIONS
 
 OBJECTIVES = ("fm", "ddpm")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # also hddm_flower.checkpoints.WIRE_DTYPES
+# option values of the training loop (hddm_flower.training imports them from here: the schema stays light)
+OPTIMIZERS = ("auto", "fused", "foreach", "default")
+PRECISIONS = ("no", "bf16")
 
 
 class ConfigError(ValueError):
@@ -76,7 +78,7 @@ class ExpertConfig:
     ema_decay: float = 0.0  # > 0: keep an EMA of the weights and export it (the metadata says so)
     mixed_precision: str = "no"  # or "bf16" (autocast)
     gradient_checkpointing: bool = False
-    optimizer: str = "auto"  # AdamW implementation: auto (fused on CUDA, foreach elsewhere), fused, foreach, default
+    optimizer: str = "auto"  # AdamW implementation: auto (fused where torch has it: CPU, CUDA), fused, foreach, default
     checkpoint_every: int = 0  # save the training state every N steps (0 = never); a restart resumes from it
     weights_dtype: str = "float32"  # dtype the final weights are sent and stored in: float32, bfloat16 or float16
     init: Any = "random"  # "random", a folder (`hddm convert-dit` output or a diffusers PixArt transformer), or a

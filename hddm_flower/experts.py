@@ -48,6 +48,13 @@ def cat_cond(a: Any, b: Any) -> Any:
     return map_cond(lambda x, y: torch.cat([x, y]), a, b)
 
 
+def _draw(fn: Callable[..., Tensor], shape, generator: torch.Generator | None, like: Tensor) -> Tensor:
+    """``fn`` (torch.rand / torch.randn) drawn from ``generator`` on its own device, returned on ``like``'s device
+    and dtype: a seeded CPU generator then drives training on any device."""
+    device = generator.device if generator is not None else like.device
+    return fn(shape, generator=generator, device=device, dtype=like.dtype).to(like.device)
+
+
 class Expert(nn.Module):
     """Base adapter: a network plus the maps between FM time/space and the network's own.
 
@@ -95,8 +102,8 @@ class FlowMatchingExpert(Expert):
         return out
 
     def training_loss(self, x0, cond, generator=None):
-        t = torch.rand(x0.shape[0], generator=generator, device=x0.device, dtype=x0.dtype)
-        eps = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        t = _draw(torch.rand, (x0.shape[0],), generator, x0)
+        eps = _draw(torch.randn, x0.shape, generator, x0)
         x_t = fm_interpolate(x0, eps, t)
         return fm_loss(self.net(x_t, FM_TIME_SCALE * t, cond), x0, eps)
 
@@ -134,7 +141,9 @@ class DDPMExpert(Expert):
         return ddpm_eps_to_velocity(x_t, t, out, t_eps=self.t_eps, x0_clamp=self.x0_clamp)
 
     def training_loss(self, x0, cond, generator=None):
-        tau = torch.randint(0, self.num_train_timesteps, (x0.shape[0],), generator=generator, device=x0.device)
-        eps = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        device = generator.device if generator is not None else x0.device
+        tau = torch.randint(0, self.num_train_timesteps, (x0.shape[0],), generator=generator,
+                            device=device).to(x0.device)
+        eps = _draw(torch.randn, x0.shape, generator, x0)
         z = ddpm_noise(x0, eps, tau, self.alpha_bar.to(x0.dtype))
         return ddpm_loss(self.net(z, tau.to(x0.dtype), cond), eps)

@@ -1,0 +1,139 @@
+"""All the performance figures in one command, written as JSON and as the Markdown table README shows.
+
+    python benchmarks/bench.py                 # CPU figures (≈ 25 min on 2 cores, most of it the federation runs)
+    python benchmarks/bench.py --quick         # fewer steps and repetitions (≈ 3 min): a smoke run, not for README
+    python benchmarks/bench.py --skip federation
+
+Parts (each a script of its own in ``benchmarks/``, runnable alone):
+
+* ``train_step``: expert training samples/s, ours vs the diffusers-examples loop, FM and DDPM (goal ≥ 1.0×);
+* ``sampling``: grouped top-2 vs the per-sample routing loop (goal ≥ 3× at batch 64) and vs one expert
+  (goal ≤ 2.2×);
+* ``federation``: ``flwr run .`` vs the same stages through the CLI (goal ≤ 1.10×), with the peak memory of the
+  ServerApp and ClientApp processes;
+* ``gpu``: when CUDA is available, ``benchmarks/gpu.py`` (XL/2 and B/2 training, 256² sampling).
+
+Every figure is a median over ≥ 5 repetitions (3 for the federation, whose repetitions take minutes), with the
+peer measured alternately in the same run. Writes ``benchmarks/results/bench.json`` and ``bench.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PARTS = ("train_step", "sampling", "federation", "gpu")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return f"{model}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM{gpu}"
+
+
+def _fmt(x, digits=2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def table(r: dict) -> str:
+    rows = ["| figure | ours | peer | ratio | goal | met | reps | how |", "|---|---|---|---|---|---|---|---|"]
+
+    def row(name, ours, peer, ratio, goal, ok, reps, how):
+        rows.append(f"| {name} | {ours} | {peer} | {_fmt(ratio)}× | {goal} | {'yes' if ok else '**no**'} | {reps} | "
+                    f"`{how}` |")
+
+    for obj, t in r.get("train_step", {}).items():
+        row(f"training samples/s, {t['preset']} {obj}, batch {t['batch_size']}, {t['threads']} thread",
+            _fmt(t["samples_per_s"]["ours"], 1), f"{_fmt(t['samples_per_s']['plain'], 1)} (diffusers loop)",
+            t["ratio_ours_over_plain"], "≥ 1.0×", t["ratio_ours_over_plain"] >= 1.0, t["reps"], t["command"])
+    if s := r.get("sampling"):
+        sec = s["seconds_median"]
+        how = f"{s['command']} ({s['steps']} steps, batch {s['batch_size']}, CFG {s['cfg_scale']})"
+        row("sampling: grouped top-2 vs per-sample routing loop (s per batch)", _fmt(sec["grouped"]),
+            _fmt(sec["per_sample"]), s["grouped_speedup_over_per_sample"], "≥ 3× faster",
+            s["grouped_speedup_over_per_sample"] >= 3, s["reps"], how)
+        row("sampling: grouped top-2 vs one expert (s per batch)", _fmt(sec["grouped"]), _fmt(sec["one_expert"]),
+            s["grouped_cost_over_one_expert"], "≤ 2.2× the cost", s["grouped_cost_over_one_expert"] <= 2.2,
+            s["reps"], how)
+    if f := r.get("federation"):
+        w = f["wall_seconds_median"]
+        row(f"federation: wall time of {f['experts']} experts + router + evaluation ({f['overrides']})",
+            f"{_fmt(w['flwr'], 0)} s (flwr run)", f"{_fmt(w['cli'], 0)} s (hddm CLI)", f["ratio_flwr_over_cli"],
+            "≤ 1.10×", f["ratio_flwr_over_cli"] <= 1.10, f["reps"], f["command"])
+        m = f["peak_rss_mib"]
+        rows.append(f"| peak RSS: ServerApp {_fmt(m['flwr_server'], 0)} MiB, ClientApp {_fmt(m['flwr_client'], 0)} MiB "
+                    f"(CLI: assemble {_fmt(m['cli_assemble'], 0)}, train-expert {_fmt(m['cli_train_expert'], 0)}) "
+                    f"| | | | | | {f['reps']} | `{f['command']}` |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="short smoke run (figures not comparable)")
+    p.add_argument("--skip", action="append", default=[], choices=PARTS)
+    p.add_argument("--config", default=None, help="experiment YAML (default configs/default.yaml)")
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--out-dir", default=str(RESULTS))
+    args = p.parse_args(argv)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    q = args.quick
+    common = [*(["--config", args.config] if args.config else [])]
+    t0 = time.perf_counter()
+    r: dict = {"command": " ".join(["python benchmarks/bench.py", *(sys.argv[1:] if argv is None else argv)]),
+               "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    if "train_step" not in args.skip:
+        r["train_step"] = {
+            obj: _load("train_step").main([*common, *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
+                                           "--objective", obj, *(["--steps", "3", "--reps", "1"] if q else []),
+                                           "--out", str(out / f"train_step_{obj}.json")])
+            for obj in ("fm", "ddpm")}
+    if "sampling" not in args.skip:
+        r["sampling"] = _load("sampling").main([*common, *(["--steps", "2", "--reps", "1", "--batch-size", "8"]
+                                                           if q else []), "--out", str(out / "sampling.json")])
+    if "federation" not in args.skip:
+        r["federation"] = _load("federation").main(
+            [*common, *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
+             *(["--reps", "1", "--set", "expert.steps=5", "--set", "router.steps=5", "--set", "sampling.num_steps=5"]
+               if q else []), "--out", str(out / "federation.json")])
+    if "gpu" not in args.skip and torch.cuda.is_available():
+        r["gpu"] = _load("gpu").main(["--out-dir", str(out)])
+    r["seconds"] = round(time.perf_counter() - t0, 1)
+    r["versions"] = _load("train_step").versions()
+    (out / "bench.json").write_text(json.dumps(r, indent=2))
+    md = (f"Benchmarks ({r['date']}, {r['machine']}; torch {r['versions'].get('torch')}, "
+          f"flwr {r['versions'].get('flwr')}, diffusers {r['versions'].get('diffusers')}). "
+          f"Produced by `{r['command']}` in {r['seconds'] / 60:.1f} min.\n\n{table(r)}\n")
+    (out / "bench.md").write_text(md)
+    print(md)
+    return r
+
+
+if __name__ == "__main__":
+    main()

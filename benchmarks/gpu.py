@@ -1,0 +1,73 @@
+"""The GPU benchmark, prepared to run in one call when a CUDA machine is lent (about 3 minutes on an H100/H200).
+
+1. Expert training steps at the paper's shapes (4×32×32 latents, 77×768 CLIP states), bf16 autocast, fused AdamW,
+   gradient checkpointing, batch 32: samples/s, MFU and peak memory of XL/2 and B/2 (``gpu_xl_step.py``).
+2. Ensemble sampling at 256² (32² latents) with the paper's config (8 XL/2 experts, 2 DDPM through the conversion,
+   a B/2 router, CFG 7.5, top-2, bf16 autocast, random weights): images/s at 50 steps, grouped top-2 against one
+   expert; and grouped against the per-sample routing loop at 5 steps (``sampling.py``).
+
+    python benchmarks/gpu.py                       # on the GPU machine
+    python benchmarks/gpu.py --dry-run             # CPU, test presets: checks the script end to end
+
+Writes ``benchmarks/results/gpu.json`` (and the parts' own JSON next to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER = str(ROOT / "configs" / "paper-2ddpm-6fm.yaml")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true", help="CPU, test presets, 1–2 steps")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM: 989)")
+    p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    args = p.parse_args(argv)
+    out = Path(args.out_dir)
+    step, sampling = _load("gpu_xl_step"), _load("sampling")
+    dry = args.dry_run
+    dev = ["--device", "cpu"] if dry else ["--device", "cuda"]
+    t0 = time.perf_counter()
+    result: dict = {"command": " ".join(["python benchmarks/gpu.py", *(sys.argv[1:] if argv is None else argv)]),
+                    "training": {}, "sampling": {}}
+    for preset in (["test"] if dry else ["XL/2", "B/2"]):
+        result["training"][preset] = step.main([*dev, "--preset", preset, "--peak-tflops", str(args.peak_tflops),
+                                                *(["--batch-size", "2", "--steps", "1"] if dry else []),
+                                                "--out", str(out / f"gpu_step_{preset.replace('/', '')}.json")])
+    shapes = ["--config", PAPER, "--set", "expert.init=random", *dev, "--size", "32", "--channels", "4",
+              "--text-dim", "768", "--text-len", "77"]
+    if dry:
+        shapes = [*shapes, "--set", "expert.preset=test", "--set", "router.preset=test", "--size", "8"]
+    else:
+        shapes.append("--bf16")
+    result["sampling"]["images_per_s_50_steps"] = sampling.main(
+        [*shapes, "--batch-size", "4" if dry else "64", "--steps", "2" if dry else "50", "--reps", "1" if dry else "3",
+         "--samplers", "grouped,one_expert", "--out", str(out / "gpu_sampling_50.json")])
+    result["sampling"]["grouped_vs_per_sample"] = sampling.main(
+        [*shapes, "--batch-size", "4" if dry else "64", "--steps", "1" if dry else "5", "--reps", "1" if dry else "3",
+         "--samplers", "grouped,per_sample", "--out", str(out / "gpu_sampling_loop.json")])
+    result["seconds"] = time.perf_counter() - t0
+    path = out / ("gpu-dry-run.json" if dry else "gpu.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path} in {result['seconds']:.0f} s")
+    return result
+
+
+if __name__ == "__main__":
+    main()
