@@ -13,11 +13,14 @@ What it does, in order (each step is a method of :class:`Deployment`, which the 
    ``cache-dir``, ``work-dir``; optionally ``data-dir`` and ``objective``);
 4. submits the app with ``flwr run`` and waits for the run to finish (``flwr ls --run-id``: the exit code of
    ``flwr run`` does not say whether the run failed);
-5. stops everything it started: each process was started in its own process group and is stopped by its PID.
+5. with ``--drill``, rehearses failures on the running deployment (:func:`fault_drill`): a SuperNode with an
+   unregistered key is refused; the last node's SuperNode is SIGKILLed mid-training and the run completes without
+   its expert, saying why; restarted, a run that targets only that expert resumes from its local checkpoint;
+6. stops everything it started: each process was started in its own process group and is stopped by its PID.
 
 Usage (the run directory, logs and keys stay in the work directory it prints)::
 
-    python scripts/deploy_loopback.py --nodes 2 --port 19400
+    python scripts/deploy_loopback.py --nodes 2 --port 19400 [--drill]
     python scripts/deploy_loopback.py --nodes 3 --config configs/default.yaml --overrides "expert.steps=30"
 """
 
@@ -214,21 +217,98 @@ class Deployment:
 
 
 def deploy(nodes: int, port: int, work: Path, *, config: str, overrides: str, cache_dir: Path,
-           timeout: float = 900.0) -> tuple[str, Path]:
-    """The whole story for ``nodes`` institutions (expert k on node k); returns the run status and directory."""
+           timeout: float = 900.0, drill: bool = False) -> dict:
+    """The whole story for ``nodes`` institutions (expert k on node k), then optionally the fault drill; returns
+    what happened (also written to ``work/deploy.json``)."""
+    out: dict = {"nodes": nodes, "port": port, "work": str(work)}
     with Deployment(work, port) as d:
         d.certificates()
         d.start_superlink()
-        for k in range(nodes):
-            key = d.node_key(f"node-{k}")
+        keys = [d.node_key(f"node-{k}") for k in range(nodes)]
+        for key in keys:
             d.register(key)
-            d.start_supernode(f"supernode-{k}", key, {"expert-id": k, "num-threads": 1, "cache-dir": str(cache_dir),
-                                                      "work-dir": str(work / f"work-{k}")}, port + 3 + k)
+
+        def node(k: int) -> None:
+            d.start_supernode(f"supernode-{k}", keys[k], {"expert-id": k, "num-threads": 1,
+                                                          "cache-dir": str(cache_dir),
+                                                          "work-dir": str(work / f"work-{k}")}, port + 3 + k)
+
+        for k in range(nodes):
+            node(k)
         d.wait_nodes(nodes)
-        run_dir = work / "run"
-        run_id = d.submit({"config": config, "run-dir": str(run_dir), "cache-dir": str(cache_dir),
-                           "overrides": f"federation.min_nodes={nodes} {overrides}".strip()})
-        return d.wait_run(run_id, timeout), run_dir
+        run_config = {"config": config, "cache-dir": str(cache_dir)}
+        run_id = d.submit(run_config | {"run-dir": str(work / "run"),
+                                        "overrides": f"federation.min_nodes={nodes} {overrides}".strip()})
+        out["run"] = {"status": d.wait_run(run_id, timeout), "run_dir": str(work / "run")}
+        if drill:
+            out["drill"] = fault_drill(d, nodes, node, run_config, overrides, work, timeout)
+    (work / "deploy.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
+def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: str, work: Path,
+                timeout: float) -> dict:
+    """On the running deployment: (1) a SuperNode with an unregistered key must be refused; (2) the last node's
+    SuperNode is SIGKILLed (with its ClientApp) at its first local checkpoint: the run must complete without its
+    expert and say why; (3) restarted with the same key and work-dir, a run that targets only that expert must
+    resume its training and complete the ensemble."""
+    result: dict = {}
+    intruder = d.start_supernode("intruder", d.node_key("intruder"), {"expert-id": 0}, d.port + 2)
+    try:
+        intruder.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    log = (work / "intruder.log").read_text(errors="replace")
+    result["intruder_refused"] = intruder.poll() not in (None, 0) and "Failed to activate" in log
+    d.stop("intruder")
+
+    lost = nodes - 1
+    run_dir = work / "drill-run"
+    drill = (f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 federation.train_timeout=35 "
+             f"expert.steps=300 expert.checkpoint_every=10 expert.log_every=100")  # (later keys win)
+    run_a = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill})
+    deadline = time.monotonic() + timeout
+    while not list((work / f"work-{lost}").glob(f"expert-{lost}-*.pt")):
+        if time.monotonic() > deadline:
+            raise DeploymentError(f"node {lost} never wrote a training checkpoint")
+        time.sleep(0.2)
+    d.stop(f"supernode-{lost}", signal.SIGKILL)  # the machine is gone: SuperNode, SuperExec and ClientApp
+    result["killed_run"] = {"status": d.wait_run(run_a, timeout),
+                            "report": json.loads((run_dir / "report.json").read_text())}
+    d.wait_offline(nodes - 1)  # until then the SuperLink refuses the same key (exit 305, code 2004)
+    node(lost)  # the institution restarts its SuperNode: same key, same work-dir
+    d.wait_nodes(nodes)
+    run_b = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill, "experts": str(lost)})
+    result["resumed_run"] = {"status": d.wait_run(run_b, timeout),
+                             "report": json.loads((run_dir / "report.json").read_text()),
+                             "expert": json.loads((run_dir / "experts" / f"expert-{lost}" / "hddm_expert.json")
+                                                  .read_text())}
+    return result
+
+
+def check(out: dict) -> list[str]:
+    """What did not go as it should (empty when the deployment, and the drill if run, behaved)."""
+    problems = []
+    nodes = out["nodes"]
+    if out["run"]["status"] != "finished:completed":
+        problems.append(f"run: {out['run']['status']}")
+    elif not (Path(out["run"]["run_dir"]) / "report.json").exists():
+        problems.append("run: no report.json")
+    drill = out.get("drill")
+    if drill is not None:
+        lost = nodes - 1
+        if not drill["intruder_refused"]:
+            problems.append("drill: a SuperNode with an unregistered key was not refused")
+        killed = drill["killed_run"]
+        missing = killed["report"].get("missing", [])
+        if killed["status"] != "finished:completed" or [m["expert_id"] for m in missing] != [lost]:
+            problems.append(f"drill: the run with a killed node ended {killed['status']}, missing {missing}")
+        resumed = drill["resumed_run"]
+        if resumed["status"] != "finished:completed" or resumed["report"]["missing"] \
+                or not resumed["expert"].get("resumed_steps"):
+            problems.append(f"drill: the resumed run ended {resumed['status']}, missing "
+                            f"{resumed['report']['missing']}, resumed_steps {resumed['expert'].get('resumed_steps')}")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,9 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overrides", default=None,
                    help="config overrides; default: a quick run with one DDPM expert and the rest FM")
     p.add_argument("--cache-dir", type=Path, default=None, help="dataset cache shared by all (default: in --work)")
+    p.add_argument("--drill", action="store_true",
+                   help="then the fault drill: an unregistered key, a SuperNode killed mid-training, its restart "
+                        "resuming in a run that targets only its expert (needs ≥ 2 nodes)")
     args = p.parse_args(argv)
-    if args.nodes < 1:
-        p.error("--nodes must be ≥ 1")
+    if args.nodes < 1 or (args.drill and args.nodes < 2):
+        p.error("--nodes must be ≥ 1 (≥ 2 with --drill)")
     for tool in ("openssl", "ssh-keygen"):
         if shutil.which(tool) is None:
             p.error(f"{tool} is not installed")
@@ -253,14 +336,22 @@ def main(argv: list[str] | None = None) -> int:
         f"num_experts={n} objectives={{ddpm: 1, fm: {n - 1}, ddpm_clusters: [0]}} expert.steps=30 router.steps=30 "
         f"sampling.num_steps=10 sampling.samples_per_prompt=2 federation.min_experts={n}")
     try:
-        status, run_dir = deploy(n, args.port, work, config=args.config, overrides=overrides,
-                                 cache_dir=args.cache_dir or work / "cache")
+        out = deploy(n, args.port, work, config=args.config, overrides=overrides,
+                     cache_dir=args.cache_dir or work / "cache", drill=args.drill)
     except DeploymentError as e:
         print(f"deploy: error: {e} (logs in {work})", file=sys.stderr)
         return 1
-    ok = status == "finished:completed" and (run_dir / "report.json").exists()
-    print(f"run status: {status}; run directory: {run_dir}; logs: {work}")
-    return 0 if ok else 1
+    print(f"run status: {out['run']['status']}; run directory: {out['run']['run_dir']}; logs: {work}")
+    if args.drill:
+        d = out["drill"]
+        print(f"drill: unregistered key refused: {d['intruder_refused']}; killed node's expert: "
+              f"{d['killed_run']['report']['missing']}; after restart: resumed "
+              f"{d['resumed_run']['expert'].get('resumed_steps')} of {d['resumed_run']['expert']['steps']} steps, "
+              f"missing {d['resumed_run']['report']['missing']}")
+    problems = check(out)
+    for problem in problems:
+        print(f"deploy: FAILED: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
