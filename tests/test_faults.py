@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.app import Context
 
 from clients.client_app import app as client_app
 from hddm_flower.checkpoints import CheckpointRejected, load_expert, validate_weights_file, weights_bytes
-from hddm_flower.config import load_config
 from hddm_flower.pipeline import checkpoint_limit, expected_model_config
 from strategies.one_shot import OneShotExperts
 

@@ -112,3 +112,23 @@ def test_server_run_config_resolution(tiny_config_path, tmp_path):
         resolve_run({"config": str(tiny_config_path), "run-dir": "relative/out"}, 1)
     with pytest.raises(ConfigError, match="unknown key expert.stpes"):
         resolve_run({"config": str(tiny_config_path), "overrides": "expert.stpes=5"}, 1)
+
+
+def test_server_memory_benchmark_runs_small(tmp_path):
+    """benchmarks/server_memory.py's sender and server, in-process and tiny (the real run measures in two
+    processes): what is sent is the safetensors file plus object headers, and every expert is installed."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("server_memory", Path(__file__).parent.parent / "benchmarks"
+                                                  / "server_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sent = [bench.produce(tmp_path / "store", k, layers=1) for k in range(2)]
+    for s in sent:
+        assert 1 < s["wire_bytes"] / s["safetensors_bytes"] < 1.001 and s["objects"] > 3
+        assert abs(s["safetensors_bytes"] / s["float32_bytes"] - 0.5) < 0.01  # bf16, not fp32-doubled
+        assert s["arrayrecord_numpy_path"].startswith("TypeError")
+    result = bench.serve(tmp_path / "store", 2, 1, False, tmp_path / "run")
+    assert result["peak_rss_mib"] > 0 and sorted(p.name for p in (tmp_path / "run" / "experts").iterdir()) == [
+        "expert-0", "expert-1"]
