@@ -217,7 +217,8 @@ class Deployment:
 
 
 def deploy(nodes: int, port: int, work: Path, *, config: str, overrides: str, cache_dir: Path,
-           timeout: float = 900.0, drill: bool = False) -> dict:
+           timeout: float = 900.0, drill: bool = False, data_dir: str = "",
+           objectives: list[str] | None = None) -> dict:
     """The whole story for ``nodes`` institutions (expert k on node k), then optionally the fault drill; returns
     what happened (also written to ``work/deploy.json``)."""
     out: dict = {"nodes": nodes, "port": port, "work": str(work)}
@@ -229,9 +230,13 @@ def deploy(nodes: int, port: int, work: Path, *, config: str, overrides: str, ca
             d.register(key)
 
         def node(k: int) -> None:
-            d.start_supernode(f"supernode-{k}", keys[k], {"expert-id": k, "num-threads": 1,
-                                                          "cache-dir": str(cache_dir),
-                                                          "work-dir": str(work / f"work-{k}")}, port + 3 + k)
+            config = {"expert-id": k, "num-threads": 1, "cache-dir": str(cache_dir),
+                      "work-dir": str(work / f"work-{k}")}
+            if data_dir:  # the institution's own prepared data
+                config["data-dir"] = data_dir
+            if objectives and objectives[k]:  # the institution insists on its objective
+                config["objective"] = objectives[k]
+            d.start_supernode(f"supernode-{k}", keys[k], config, port + 3 + k)
 
         for k in range(nodes):
             node(k)
@@ -321,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overrides", default=None,
                    help="config overrides; default: a quick run with one DDPM expert and the rest FM")
     p.add_argument("--cache-dir", type=Path, default=None, help="dataset cache shared by all (default: in --work)")
+    p.add_argument("--data-dir", default="", help="a prepared dataset directory every node trains from "
+                                                  "(node config data-dir; default: each prepares the embedded one)")
+    p.add_argument("--objectives", default="", help="per-node objective overrides, e.g. ',ddpm' (node config "
+                                                    "objective; empty = the server's assignment)")
     p.add_argument("--drill", action="store_true",
                    help="then the fault drill: an unregistered key, a SuperNode killed mid-training, its restart "
                         "resuming in a run that targets only its expert (needs ≥ 2 nodes)")
@@ -336,8 +345,12 @@ def main(argv: list[str] | None = None) -> int:
         f"num_experts={n} objectives={{ddpm: 1, fm: {n - 1}, ddpm_clusters: [0]}} expert.steps=30 router.steps=30 "
         f"sampling.num_steps=10 sampling.samples_per_prompt=2 federation.min_experts={n}")
     try:
+        objectives = args.objectives.split(",") if args.objectives else None
+        if objectives is not None and len(objectives) != n:
+            p.error(f"--objectives has {len(objectives)} entries for {n} nodes")
         out = deploy(n, args.port, work, config=args.config, overrides=overrides,
-                     cache_dir=args.cache_dir or work / "cache", drill=args.drill)
+                     cache_dir=args.cache_dir or work / "cache", drill=args.drill, data_dir=args.data_dir,
+                     objectives=objectives)
     except DeploymentError as e:
         print(f"deploy: error: {e} (logs in {work})", file=sys.stderr)
         return 1

@@ -267,8 +267,8 @@ class OneShotExperts(Strategy):
         if self.model_config is not None and model_config != self.model_config:
             diff = sorted(k for k in set(model_config) | set(self.model_config)
                           if model_config.get(k) != self.model_config.get(k))
-            raise CheckpointRejected(f"model config differs from the run's preset {self.experiment['expert']['preset']!r}"
-                                     f" in {diff[:4]}")
+            preset = self.experiment["expert"]["preset"]
+            raise CheckpointRejected(f"model config differs from the run's preset {preset!r} in {diff[:4]}")
         arrays = content.array_records.get("expert")
         if arrays is None or list(arrays) != ["weights"] or arrays["weights"].stype != WIRE_STYPE:
             raise CheckpointRejected(f"the reply's 'expert' record must hold one array 'weights' of stype "

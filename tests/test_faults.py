@@ -263,7 +263,8 @@ def test_add_expert_to_an_assembled_run(tiny_config_path, dataset_dir, cache_dir
     common = ["--config", str(tiny_config_path), "--cache-dir", str(cache_dir)]
     run = tmp_path / "run"
     for k in (0, 1):
-        assert main(["train-expert", *common, "--expert-id", str(k), "--out", str(run / "experts" / f"expert-{k}")]) == 0
+        out = run / "experts" / f"expert-{k}"
+        assert main(["train-expert", *common, "--expert-id", str(k), "--out", str(out)]) == 0
     assert main(["assemble", *common, "--run-dir", str(run)]) == 0
     first = (run / "experts" / "expert-0" / "diffusion_pytorch_model.safetensors").read_bytes()
     assert main(["train-expert", *common, "--expert-id", "2", "--out", str(tmp_path / "late-2")]) == 0
