@@ -132,3 +132,32 @@ def test_server_memory_benchmark_runs_small(tmp_path):
     result = bench.serve(tmp_path / "store", 2, 1, False, tmp_path / "run")
     assert result["peak_rss_mib"] > 0 and sorted(p.name for p in (tmp_path / "run" / "experts").iterdir()) == [
         "expert-0", "expert-1"]
+
+
+def test_server_refuses_mixing_runs_and_parses_target_ids(tiny_config_path, tmp_path):
+    import yaml
+    from flwr.app import Context, RecordDict
+
+    from hddm_flower.config import ConfigError, load_config
+    from strategies.server_app import main, parse_expert_ids
+
+    assert parse_expert_ids("", 4) is None and parse_expert_ids(" 3, 1,3", 4) == [1, 3]
+    with pytest.raises(ConfigError, match=r"ids \[4\] outside 0..3"):
+        parse_expert_ids("4", 4)
+    with pytest.raises(ConfigError, match="expected expert ids separated by commas"):
+        parse_expert_ids("one", 4)
+
+    run = tmp_path / "run"
+    (run / "experts" / "expert-0").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(load_config(tiny_config_path).to_dict()))
+
+    def start(**run_config):
+        main(None, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                           run_config={"config": str(tiny_config_path), "run-dir": str(run)} | run_config))
+
+    with pytest.raises(ConfigError, match="already holds experts from another run"):
+        start()
+    with pytest.raises(ConfigError, match=r"experts \[0\] are already in"):
+        start(experts="0,2")
+    with pytest.raises(ConfigError, match="was trained with another expert configuration"):
+        start(experts="2", overrides="expert.steps=4")
