@@ -8,6 +8,7 @@
     hddm evaluate --run-dir RUN                    metrics for every routing mode, report.md/json, grids, plots
     hddm reproduce --out DIR                       8FM, 2DDPM:6FM, 4:4 and a monolith: the paper's two tables
     hddm sample --run-dir RUN --prompt "dog face"  sample a grid from an assembled run
+    hddm add-expert RUN EXPERT_DIR                 add a late (or replacement) expert to an assembled run
     hddm convert-dit DiT-XL-2-256x256.pt --out DIR convert an ImageNet DiT into an expert initialisation
 """
 
@@ -188,6 +189,20 @@ def cmd_reproduce(args) -> None:
     print(f"tables: {out / 'tables.md'}  manifest: {out / 'manifest.json'}  ({result['seconds']:.0f} s)")
 
 
+def cmd_add_expert(args) -> None:
+    from .pipeline import add_expert
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "experts").is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no experts/ folder)")
+    cfg = load_config(args.config or run_dir / "config.yaml", parse_overrides(" ".join(args.set or [])))
+    report = add_expert(run_dir, Path(args.checkpoint), cfg=cfg, cache_dir=args.cache_dir, replace=args.replace,
+                        progress=True)
+    added = report["added_experts"][-1]
+    print(f"expert {added['expert_id']} ({added['objective']}) added to {run_dir}: {len(report['experts'])} of "
+          f"{report['num_experts']} experts, router retrained, report {run_dir / 'report.md'}")
+
+
 def cmd_sample(args) -> None:
     from .data import TextEncoder, load_uncond, read_meta
     from .pipeline import load_ensemble, sample_grid, save_grid, to_pixels
@@ -223,9 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hddm", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    def add(name: str, fn, help: str) -> argparse.ArgumentParser:
+    def add(name: str, fn, help: str, config_default: str = str(DEFAULT_CONFIG)) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help)
-        sp.add_argument("--config", type=Path, default=None, help=f"experiment YAML (default {DEFAULT_CONFIG})")
+        sp.add_argument("--config", type=Path, default=None, help=f"experiment YAML (default {config_default})")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a config key, e.g. --set expert.steps=100 (repeatable)")
         sp.add_argument("--cache-dir", default=None, help="dataset cache (default $HDDM_CACHE or ~/.cache/hddm-flower)")
@@ -264,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="output folder (experts are reused from it on a second run)")
     sp.add_argument("--jobs", type=int, default=1, help="train the experts and the monolith in this many processes "
                                                         "(one torch thread each); default 1")
+    sp = add("add-expert", cmd_add_expert, "validate a late or replacement expert, add it to an assembled run, "
+                                           "retrain the router and re-evaluate (no other expert is retrained)",
+             config_default="RUN_DIR/config.yaml")
+    sp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (experts/, config.yaml, report.json)")
+    sp.add_argument("checkpoint", metavar="CHECKPOINT", help="an expert folder (hddm train-expert --out)")
+    sp.add_argument("--replace", action="store_true", help="replace the run's expert with the same id")
     sp = add("sample", cmd_sample, "sample a prompt grid from an assembled run (RUN/experts + RUN/router)")
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--prompt", action="append", help="a prompt (repeatable; default: the config's prompts)")

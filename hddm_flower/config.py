@@ -21,6 +21,7 @@ from .objectives import CONVERSIONS, SCHEDULES
 
 OBJECTIVES = ("fm", "ddpm")
 DATASETS = ("twemoji", "webdataset", "folder")
+WIRE_DTYPES = ("float32", "bfloat16", "float16")  # also hddm_flower.checkpoints.WIRE_DTYPES
 # option values of the training loop (hddm_flower.training imports them from here: the schema stays light)
 OPTIMIZERS = ("auto", "fused", "foreach", "default")
 PRECISIONS = ("no", "bf16")
@@ -90,6 +91,7 @@ class ExpertConfig:
     gradient_checkpointing: bool = False
     optimizer: str = "auto"  # AdamW implementation: auto (fused where torch has it: CPU, CUDA), fused, foreach, default
     checkpoint_every: int = 0  # save the training state every N steps (0 = never); a restart resumes from it
+    weights_dtype: str = "float32"  # dtype the final weights are sent and stored in: float32, bfloat16 or float16
     init: Any = "random"  # "random", a folder (`hddm convert-dit` output or a diffusers PixArt transformer), or a
     # mapping by objective and/or expert id, e.g. {fm: /inits/fm, ddpm: /inits/ddpm, 3: random}
     seed: int = 0
@@ -149,6 +151,7 @@ class FederationConfig:
     min_experts: int = 6  # build the ensemble when at least this many experts arrived
     train_timeout: float = 3600.0  # seconds the server waits for expert replies
     message_ttl: float = 0.0  # TTL of train messages in seconds; 0 = Flower's default (12 h)
+    max_checkpoint_mb: float = 0.0  # refuse larger expert uploads; 0 = the preset's float32 size + 5 %
 
 
 @dataclass
@@ -240,6 +243,10 @@ class Config:
             fail("expert.mixed_precision", f"unknown precision {e.mixed_precision!r}; expected one of {PRECISIONS}")
         if e.optimizer not in OPTIMIZERS:
             fail("expert.optimizer", f"unknown AdamW implementation {e.optimizer!r}; expected one of {OPTIMIZERS}")
+        if e.weights_dtype not in WIRE_DTYPES:
+            fail("expert.weights_dtype", f"unknown dtype {e.weights_dtype!r}; expected one of {WIRE_DTYPES}")
+        if self.federation.max_checkpoint_mb < 0:
+            fail("federation.max_checkpoint_mb", "must be ≥ 0 (0 = derived from the preset)")
         if not 0 <= e.ema_decay < 1:
             fail("expert.ema_decay", "must be in [0, 1)")
         init = e.init if isinstance(e.init, dict) else {"all": e.init}
