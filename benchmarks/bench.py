@@ -13,7 +13,7 @@ Parts (each a script of its own in ``benchmarks/``, runnable alone):
   ServerApp and ClientApp processes;
 * ``gpu``: when CUDA is available, ``benchmarks/gpu.py`` (XL/2 and B/2 training, 256² sampling).
 
-Every figure is a median over ≥ 5 repetitions (3 for the federation, whose repetitions take minutes), with the
+Every figure is a median over ≥ 5 repetitions (2 for the federation, whose repetitions take minutes), with the
 peer measured alternately in the same run. Writes ``benchmarks/results/bench.json`` and ``bench.md``.
 """
 
@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,6 +58,14 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM{gpu}"
 
 
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def _fmt(x, digits=2) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
@@ -83,9 +92,13 @@ def table(r: dict) -> str:
             s["reps"], how)
     if f := r.get("federation"):
         w = f["wall_seconds_median"]
+        c = f["cpu_seconds_median"]
         row(f"federation: wall time of {f['experts']} experts + router + evaluation ({f['overrides']})",
             f"{_fmt(w['flwr'], 0)} s (flwr run)", f"{_fmt(w['cli'], 0)} s (hddm CLI)", f["ratio_flwr_over_cli"],
             "≤ 1.10×", f["ratio_flwr_over_cli"] <= 1.10, f["reps"], f["command"])
+        row("federation: CPU seconds of all processes (same runs)", f"{_fmt(c['flwr'], 0)} s", f"{_fmt(c['cli'], 0)} s",
+            f["cpu_ratio_flwr_over_cli"], "(steadier on a busy machine)", f["cpu_ratio_flwr_over_cli"] <= 1.10,
+            f["reps"], f["command"])
         m = f["peak_rss_mib"]
         rows.append(f"| peak RSS: ServerApp {_fmt(m['flwr_server'], 0)} MiB, ClientApp {_fmt(m['flwr_client'], 0)} MiB "
                     f"(CLI: assemble {_fmt(m['cli_assemble'], 0)}, train-expert {_fmt(m['cli_train_expert'], 0)}) "
@@ -107,7 +120,8 @@ def main(argv=None) -> dict:
     common = [*(["--config", args.config] if args.config else [])]
     t0 = time.perf_counter()
     r: dict = {"command": " ".join(["python benchmarks/bench.py", *(sys.argv[1:] if argv is None else argv)]),
-               "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+               "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+               "commit": _commit()}
     if "train_step" not in args.skip:
         r["train_step"] = {
             obj: _load("train_step").main([*common, *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
@@ -127,7 +141,7 @@ def main(argv=None) -> dict:
     r["seconds"] = round(time.perf_counter() - t0, 1)
     r["versions"] = _load("train_step").versions()
     (out / "bench.json").write_text(json.dumps(r, indent=2))
-    md = (f"Benchmarks ({r['date']}, {r['machine']}; torch {r['versions'].get('torch')}, "
+    md = (f"Benchmarks ({r['date']}, commit {r['commit']}, {r['machine']}; torch {r['versions'].get('torch')}, "
           f"flwr {r['versions'].get('flwr')}, diffusers {r['versions'].get('diffusers')}). "
           f"Produced by `{r['command']}` in {r['seconds'] / 60:.1f} min.\n\n{table(r)}\n")
     (out / "bench.md").write_text(md)

@@ -1,12 +1,14 @@
 """The ``hddm`` command line: every stage of a run without Flower.
 
-    hddm prepare                                   build the embedded dataset's cluster shards
+    hddm prepare [--out DIR]                       encode image + caption shards (or the embedded dataset)
+    hddm cluster [--encoded DIR] [--out DIR]       DINOv2 (or offline) features → K per-cluster shard sets
     hddm train-expert --expert-id 3 --out DIR      train one expert on its cluster (objective from the config)
     hddm train-router --run-dir RUN                train the router into RUN/router
     hddm assemble --run-dir RUN                    router + evaluation + samples + report for RUN/experts
     hddm evaluate --run-dir RUN                    metrics for every routing mode, report.md/json, grids, plots
     hddm reproduce --out DIR                       8FM, 2DDPM:6FM, 4:4 and a monolith: the paper's two tables
     hddm sample --run-dir RUN --prompt "dog face"  sample a grid from an assembled run
+    hddm add-expert RUN EXPERT_DIR                 add a late (or replacement) expert to an assembled run
     hddm convert-dit DiT-XL-2-256x256.pt --out DIR convert an ImageNet DiT into an expert initialisation
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -40,16 +43,70 @@ def _dataset(args, cfg: Config) -> Path:
     return prepare_data(cfg, args.cache_dir)
 
 
-def cmd_prepare(args) -> None:
-    from .data import read_meta
-
-    cfg = _config(args)
-    d = _dataset(args, cfg)
-    meta = read_meta(d)
+def _print_clusters(d: Path, meta: dict) -> None:
     print(f"dataset: {d}  ({meta['num_images']} images, {meta['num_clusters']} clusters, {meta['text_encoder']})")
     for c in meta["clusters"]:
-        print(f"  cluster {c['id']}: {c['size']:5d} images, detail {c['detail']:.3f}, "
+        print(f"  cluster {c['id']}: {c['size']:5d} images, detail {c['detail']:.4f}, "
               f"{', '.join(list(c['categories'])[:3])}")
+
+
+def _embedded(cfg: Config) -> bool:
+    d = cfg.data
+    return d.name == "twemoji" and not d.vae and d.cluster_features != "dinov2"
+
+
+def _encoded_dir(args, cfg: Config) -> Path:
+    from .data import default_cache_dir
+    from .pipeline import scaled_data_dirs
+
+    cache = Path(args.cache_dir or cfg.data.cache_dir or default_cache_dir())
+    return scaled_data_dirs(cfg, cache)[0]
+
+
+def cmd_prepare(args) -> None:
+    from .data import read_meta
+    from .ingest import prepare_from_config
+
+    cfg = _config(args)
+    if args.skip_bad_shards:
+        cfg.data.skip_bad_shards = True
+    if _embedded(cfg) and args.out is None and args.repeat == 1:  # the embedded default, clustered in one go
+        d = _dataset(args, cfg)
+        _print_clusters(d, read_meta(d))
+        return
+    out = Path(args.out) if args.out else _encoded_dir(args, cfg)
+    m = prepare_from_config(cfg.data, out, repeat=args.repeat, progress=True)
+    skipped = ", ".join(f"{k} {v}" for k, v in m["skipped"].items() if v) or "none"
+    print(f"encoded: {out}  ({m['num_samples']} samples in {len(m['shards'])} shards; skipped: {skipped}; "
+          f"{len(m['skipped_shards'])} shards skipped)")
+    latent = m["latent"]["name"] if m["latent"] else "pixels"
+    print(f"  {m['pixel_size']}px → {latent} {m['channels']}×{m['image_size']}², text {m['text_encoder']['name']}")
+
+
+def cmd_cluster(args) -> None:
+    from .cluster import cluster_encoded
+    from .data import check_clusters, default_cache_dir, read_meta
+    from .ingest import default_device, prepare_from_config
+    from .pipeline import scaled_data_dirs
+
+    cfg = _config(args)
+    d = cfg.data
+    if args.encoded:
+        encoded = [Path(e) for e in args.encoded]
+    else:
+        encoded = _encoded_dir(args, cfg)
+        if not (encoded / "manifest.json").exists():
+            prepare_from_config(d, encoded, progress=True)
+    cache = Path(args.cache_dir or d.cache_dir or default_cache_dir())
+    out = Path(args.out) if args.out else scaled_data_dirs(cfg, cache)[1]
+    cluster_encoded(encoded, out, num_clusters=cfg.num_experts, features=d.cluster_features, dinov2=d.dinov2,
+                    fine_clusters=d.fine_clusters, seed=d.seed, val_fraction=d.val_fraction,
+                    shard_size=d.shard_size, batch_size=d.encode_batch_size, fit_samples=d.kmeans_fit_samples,
+                    device=default_device(d.device), progress=True)
+    meta = read_meta(out)
+    check_clusters(meta, cfg.num_experts, str(out))
+    _print_clusters(out, meta)
+    print(f"  shard sets: {out}/cluster-*/  assignments: {out / 'assignments.csv'}  report: {out / 'report.md'}")
 
 
 def cmd_train_expert(args) -> None:
@@ -132,9 +189,23 @@ def cmd_reproduce(args) -> None:
     print(f"tables: {out / 'tables.md'}  manifest: {out / 'manifest.json'}  ({result['seconds']:.0f} s)")
 
 
+def cmd_add_expert(args) -> None:
+    from .pipeline import add_expert
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "experts").is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no experts/ folder)")
+    cfg = load_config(args.config or run_dir / "config.yaml", parse_overrides(" ".join(args.set or [])))
+    report = add_expert(run_dir, Path(args.checkpoint), cfg=cfg, cache_dir=args.cache_dir, replace=args.replace,
+                        progress=True)
+    added = report["added_experts"][-1]
+    print(f"expert {added['expert_id']} ({added['objective']}) added to {run_dir}: {len(report['experts'])} of "
+          f"{report['num_experts']} experts, router retrained, report {run_dir / 'report.md'}")
+
+
 def cmd_sample(args) -> None:
     from .data import TextEncoder, load_uncond, read_meta
-    from .pipeline import load_ensemble, sample_grid, save_grid
+    from .pipeline import load_ensemble, sample_grid, save_grid, to_pixels
 
     cfg = _config(args)
     d = _dataset(args, cfg)
@@ -145,7 +216,7 @@ def cmd_sample(args) -> None:
     images = sample_grid(ensemble, encoder, prompts, load_uncond(d), samples_per_prompt=s.samples_per_prompt,
                          num_steps=s.num_steps, cfg_scale=s.cfg_scale, seed=s.seed)
     out = Path(args.out or Path(args.run_dir) / "samples-cli.png")
-    save_grid(images, len(prompts), out)
+    save_grid(to_pixels(cfg, d, images), len(prompts), out)
     print(json.dumps({"grid": str(out), "prompts": prompts, "routing": s.routing, "steps": s.num_steps}))
 
 
@@ -167,16 +238,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hddm", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    def add(name: str, fn, help: str) -> argparse.ArgumentParser:
+    def add(name: str, fn, help: str, config_default: str = str(DEFAULT_CONFIG)) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help)
-        sp.add_argument("--config", type=Path, default=None, help=f"experiment YAML (default {DEFAULT_CONFIG})")
+        sp.add_argument("--config", type=Path, default=None, help=f"experiment YAML (default {config_default})")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a config key, e.g. --set expert.steps=100 (repeatable)")
         sp.add_argument("--cache-dir", default=None, help="dataset cache (default $HDDM_CACHE or ~/.cache/hddm-flower)")
         sp.set_defaults(fn=fn)
         return sp
 
-    add("prepare", cmd_prepare, "build the embedded dataset's per-cluster shards (once per cache)")
+    sp = add("prepare", cmd_prepare, "encode images + captions (webdataset shards, a folder, or the embedded "
+                                      "dataset) into encoded shards; the embedded default is also clustered")
+    sp.add_argument("--out", default=None, help="encoded output folder (default: in the cache); rerun to resume")
+    sp.add_argument("--repeat", type=int, default=1, help="embedded dataset only: repeat it N times (benchmarks)")
+    sp.add_argument("--skip-bad-shards", action="store_true",
+                    help="skip a missing or unreadable input shard (listed in the manifest) instead of stopping")
+    sp = add("cluster", cmd_cluster, "features + hierarchical k-means → one shard set per cluster/institution")
+    sp.add_argument("--encoded", action="append", default=None,
+                    help="`hddm prepare` output (default: prepared in the cache); repeat it to cluster the outputs "
+                         "of several machines together")
+    sp.add_argument("--out", default=None, help="clustered dataset folder to write (default: in the cache)")
     sp = add("train-expert", cmd_train_expert, "train one expert on its cluster, in isolation")
     sp.add_argument("--expert-id", type=int, required=True, help="expert = cluster id")
     sp.add_argument("--objective", choices=OBJECTIVES, help="override the objective the config assigns")
@@ -198,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True, help="output folder (experts are reused from it on a second run)")
     sp.add_argument("--jobs", type=int, default=1, help="train the experts and the monolith in this many processes "
                                                         "(one torch thread each); default 1")
+    sp = add("add-expert", cmd_add_expert, "validate a late or replacement expert, add it to an assembled run, "
+                                           "retrain the router and re-evaluate (no other expert is retrained)",
+             config_default="RUN_DIR/config.yaml")
+    sp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (experts/, config.yaml, report.json)")
+    sp.add_argument("checkpoint", metavar="CHECKPOINT", help="an expert folder (hddm train-expert --out)")
+    sp.add_argument("--replace", action="store_true", help="replace the run's expert with the same id")
     sp = add("sample", cmd_sample, "sample a prompt grid from an assembled run (RUN/experts + RUN/router)")
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--prompt", action="append", help="a prompt (repeatable; default: the config's prompts)")
@@ -221,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.command_line = " ".join(["hddm", *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no "Loading weights" bars from transformers
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
     try:
         args.fn(args)
     except (ConfigError, ValueError, OSError) as e:

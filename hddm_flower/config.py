@@ -20,6 +20,8 @@ from .ensemble import ROUTING_MODES
 from .objectives import CONVERSIONS, SCHEDULES
 
 OBJECTIVES = ("fm", "ddpm")
+DATASETS = ("twemoji", "webdataset", "folder")
+WIRE_DTYPES = ("float32", "bfloat16", "float16")  # also hddm_flower.checkpoints.WIRE_DTYPES
 # option values of the training loop (hddm_flower.training imports them from here: the schema stays light)
 OPTIMIZERS = ("auto", "fused", "foreach", "default")
 PRECISIONS = ("no", "bf16")
@@ -31,12 +33,22 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    name: str = "twemoji"  # the embedded, offline dataset; or "webdataset" (image + caption shards)
+    name: str = "twemoji"  # the embedded, offline dataset; "webdataset" (image + caption shards) or "folder"
     image_size: int = 16  # side of what the experts see: pixels, or latents when `vae` is set
     cluster_features: str = "pixels"  # "pixels" (visual), "caption" (semantic), or "dinov2" (the paper's)
-    shards: str = ""  # webdataset: brace pattern of the image + caption tar shards (img2dataset layout)
+    shards: str = ""  # webdataset: brace pattern(s) of the image + caption tar shards (img2dataset layout)
+    folder: str = ""  # folder: images with a .txt caption beside each
     vae: str = ""  # local AutoencoderKL folder (sd-vae-ft-mse): experts work on its latents; "" = pixels
     dinov2: str = ""  # local DINOv2 folder for cluster_features: dinov2
+    fine_clusters: int = 1024  # hierarchical k-means: fine centroids, then num_experts coarse clusters
+    kmeans_fit_samples: int = 262144  # rows (a random subsample) the fine k-means is fitted on, held in RAM
+    encode_batch_size: int = 64  # images / captions per encoder call in `hddm prepare` and `hddm cluster`
+    decode_threads: int = 4  # threads decoding and resizing images in `hddm prepare`
+    shard_size: int = 1000  # samples per shard in the per-cluster shard sets (and per chunk of a folder)
+    skip_bad_shards: bool = False  # a missing or unreadable input shard: skip it (listed in the manifest)
+    device: str = ""  # encoders' device in prepare/cluster ("" = cuda if available, else cpu)
+    stream: bool = False  # experts stream their cluster's shards (webdataset) instead of loading it into RAM
+    prepared: str = ""  # an `hddm cluster --out` folder to use as is (nothing is prepared); "" = build in the cache
     skin_tones: bool = False  # add the 1,875 skin-tone variants (mostly "People & Body")
     val_fraction: float = 0.05
     max_caption_tokens: int = 16
@@ -79,6 +91,7 @@ class ExpertConfig:
     gradient_checkpointing: bool = False
     optimizer: str = "auto"  # AdamW implementation: auto (fused where torch has it: CPU, CUDA), fused, foreach, default
     checkpoint_every: int = 0  # save the training state every N steps (0 = never); a restart resumes from it
+    weights_dtype: str = "float32"  # dtype the final weights are sent and stored in: float32, bfloat16 or float16
     init: Any = "random"  # "random", a folder (`hddm convert-dit` output or a diffusers PixArt transformer), or a
     # mapping by objective and/or expert id, e.g. {fm: /inits/fm, ddpm: /inits/ddpm, 3: random}
     seed: int = 0
@@ -138,6 +151,7 @@ class FederationConfig:
     min_experts: int = 6  # build the ensemble when at least this many experts arrived
     train_timeout: float = 3600.0  # seconds the server waits for expert replies
     message_ttl: float = 0.0  # TTL of train messages in seconds; 0 = Flower's default (12 h)
+    max_checkpoint_mb: float = 0.0  # refuse larger expert uploads; 0 = the preset's float32 size + 5 %
 
 
 @dataclass
@@ -175,8 +189,23 @@ class Config:
                     fail("objectives.ddpm_clusters", f"must be 'auto' or a list of cluster ids, got {ids!r}")
                 if len(set(ids)) != o.ddpm or not all(0 <= i < self.num_experts for i in ids):
                     fail("objectives.ddpm_clusters", f"needs {o.ddpm} distinct ids in 0..{self.num_experts - 1}")
-        if self.data.name not in ("twemoji", "webdataset"):
-            fail("data.name", f"unknown dataset {self.data.name!r}; expected twemoji or webdataset")
+        d = self.data
+        if d.name not in DATASETS:
+            fail("data.name", f"unknown dataset {d.name!r}; expected one of {DATASETS}")
+        if d.name == "webdataset" and not d.shards.strip():
+            fail("data.shards", "name: webdataset needs the shard paths (a brace pattern, e.g. /data/{00000..00099}.tar)")
+        if d.name == "folder" and not d.folder:
+            fail("data.folder", "name: folder needs the image folder")
+        if d.cluster_features == "dinov2" and not d.dinov2:
+            fail("data.dinov2", "cluster_features: dinov2 needs a local DINOv2 folder")
+        for key in ("image_size", "fine_clusters", "kmeans_fit_samples", "encode_batch_size", "shard_size",
+                    "max_caption_tokens", "decode_threads"):
+            if getattr(d, key) < 1:
+                fail(f"data.{key}", "must be ≥ 1")
+        if d.fine_clusters < self.num_experts:
+            fail("data.fine_clusters", f"must be ≥ num_experts ({self.num_experts})")
+        if not 0 <= d.val_fraction < 1:
+            fail("data.val_fraction", "must be in [0, 1)")
         if self.data.cluster_features not in ("caption", "pixels", "dinov2"):
             fail("data.cluster_features", f"unknown features {self.data.cluster_features!r}; "
                                           "expected caption, pixels or dinov2")
@@ -214,6 +243,10 @@ class Config:
             fail("expert.mixed_precision", f"unknown precision {e.mixed_precision!r}; expected one of {PRECISIONS}")
         if e.optimizer not in OPTIMIZERS:
             fail("expert.optimizer", f"unknown AdamW implementation {e.optimizer!r}; expected one of {OPTIMIZERS}")
+        if e.weights_dtype not in WIRE_DTYPES:
+            fail("expert.weights_dtype", f"unknown dtype {e.weights_dtype!r}; expected one of {WIRE_DTYPES}")
+        if self.federation.max_checkpoint_mb < 0:
+            fail("federation.max_checkpoint_mb", "must be ≥ 0 (0 = derived from the preset)")
         if not 0 <= e.ema_decay < 1:
             fail("expert.ema_decay", "must be in [0, 1)")
         init = e.init if isinstance(e.init, dict) else {"all": e.init}

@@ -7,9 +7,12 @@ sample → write the run directory (DESIGN.md §4).
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
+import hashlib
 import json
 import logging
 import platform
+import shutil
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -18,10 +21,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .checkpoints import TIME_CONVENTION, load_expert, load_router, make_expert, save_router
-from .config import Config
+from .checkpoints import (META, REQUIRED_META, TIME_CONVENTION, WEIGHTS, CheckpointRejected, install_expert,
+                          load_expert, load_router, make_expert, read_expert_meta, save_router, validate_weights_file)
+from .config import OBJECTIVES, Config, load_config
 from .convert import load_init
-from .data import Split, TextEncoder, default_cache_dir, load_split, load_uncond, prepare_embedded, read_meta
+from .cluster import cluster_encoded
+from .data import (Split, StreamingSplit, TextEncoder, check_clusters, default_cache_dir, load_split, load_uncond,
+                   prepare_embedded, read_meta)
+from .encoders import LatentCodec
+from .ingest import default_device, prepare_from_config
 from .ensemble import Ensemble, sample_ensemble
 from .experts import map_cond
 from .models import ExpertNet, Router, TextCond, expert_config, router_config
@@ -31,22 +39,88 @@ from .training import train_expert, train_router
 log = logging.getLogger(__name__)
 
 
-def prepare_data(cfg: Config, cache_dir: str | Path | None = None) -> Path:
-    """The prepared dataset directory for this config (built on first use)."""
+def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: bool = False) -> Path:
+    """The prepared (clustered) dataset directory for this config, built on first use and cached.
+
+    The embedded Twemoji dataset in pixel space with pixel or caption clusters is built by
+    :func:`~hddm_flower.data.prepare_embedded`; everything else (webdataset shards, an image folder, VAE latents,
+    DINOv2 clusters) goes through `hddm prepare` (:mod:`~hddm_flower.ingest`) then `hddm cluster`
+    (:mod:`~hddm_flower.cluster`) into ``cache/encoded-<hash>`` and ``cache/clusters-<hash>``. Either way every
+    cluster is checked to hold training samples before anything trains.
+    """
     d = cfg.data
-    if d.name != "twemoji" or d.vae or d.cluster_features == "dinov2":
-        raise ValueError(f"data: only the embedded Twemoji dataset in pixel space with caption or pixel clusters "
-                         f"can be prepared in this version (got name={d.name!r}, vae={d.vae!r}, "
-                         f"cluster_features={d.cluster_features!r}); prepared shards can be passed as data-dir")
-    return prepare_embedded(cache_dir or d.cache_dir or default_cache_dir(), image_size=d.image_size,
-                            num_clusters=cfg.num_experts, seed=d.seed, skin_tones=d.skin_tones,
-                            val_fraction=d.val_fraction, max_caption_tokens=d.max_caption_tokens, limit=d.limit,
-                            encoder_path=d.text_encoder or None, features=d.cluster_features)
+    cache = Path(cache_dir or d.cache_dir or default_cache_dir())
+    if d.prepared:  # made beforehand by `hddm prepare` + `hddm cluster --out`
+        out = Path(d.prepared)
+        if not (out / "meta.json").exists():
+            raise FileNotFoundError(f"data.prepared: {out} is not a clustered dataset (no meta.json)")
+    elif d.name == "twemoji" and not d.vae and d.cluster_features != "dinov2":
+        out = prepare_embedded(cache, image_size=d.image_size, num_clusters=cfg.num_experts, seed=d.seed,
+                               skin_tones=d.skin_tones, val_fraction=d.val_fraction,
+                               max_caption_tokens=d.max_caption_tokens, limit=d.limit,
+                               encoder_path=d.text_encoder or None, features=d.cluster_features)
+    else:
+        encoded, out = scaled_data_dirs(cfg, cache)
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / f".{out.name}.lock", "w") as lock:  # simulated nodes share the cache: one builds
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (out / "meta.json").exists():
+                if not (encoded / "manifest.json").exists():
+                    manifest = prepare_from_config(d, encoded, progress=progress)
+                    if not manifest.get("num_samples"):
+                        raise ValueError(f"no usable samples in the input of data.{d.name} "
+                                         f"(skipped: {manifest.get('skipped')})")
+                cluster_encoded(encoded, out, num_clusters=cfg.num_experts, features=d.cluster_features,
+                                dinov2=d.dinov2, fine_clusters=d.fine_clusters, seed=d.seed,
+                                val_fraction=d.val_fraction, shard_size=d.shard_size,
+                                batch_size=d.encode_batch_size, fit_samples=d.kmeans_fit_samples,
+                                device=default_device(d.device), progress=progress)
+    check_clusters(read_meta(out), cfg.num_experts, str(out))
+    return out
+
+
+def scaled_data_dirs(cfg: Config, cache: Path) -> tuple[Path, Path]:
+    """Where `prepare_data` keeps the encoded shards and the clustered dataset of a non-embedded config: names
+    derived from the settings that change their content."""
+    d = cfg.data
+    enc = {k: getattr(d, k) for k in ("name", "shards", "folder", "vae", "text_encoder", "max_caption_tokens",
+                                       "image_size", "limit", "skin_tones", "skip_bad_shards", "shard_size")}
+    clu = enc | {k: getattr(d, k) for k in ("cluster_features", "dinov2", "fine_clusters", "kmeans_fit_samples",
+                                             "seed", "val_fraction")} | {"num_experts": cfg.num_experts}
+
+    def digest(x: dict) -> str:
+        return hashlib.sha256(json.dumps(x, sort_keys=True).encode()).hexdigest()[:12]
+
+    return cache / f"encoded-{d.name}-{digest(enc)}", cache / f"clusters-{d.name}-k{cfg.num_experts}-{digest(clu)}"
+
+
+def to_pixels(cfg: Config, dataset_dir: Path, x: torch.Tensor) -> torch.Tensor:
+    """Samples in the experts' space → images in [−1, 1]: decoded by the dataset's VAE when it has latents."""
+    latent = read_meta(dataset_dir).get("latent")
+    if not latent:
+        return x
+    return LatentCodec(cfg.data.vae or latent["path"]).decode(x)
 
 
 def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:
     """Objective per expert id; ``auto`` uses the clusters' detail scores from the dataset metadata."""
     return cfg.objective_of([c["detail"] for c in read_meta(dataset_dir)["clusters"]])
+
+
+def expected_model_config(cfg: Config, dataset_dir: Path) -> dict:
+    """The expert model config every checkpoint of this run must have: the preset at the dataset's shapes."""
+    m = read_meta(dataset_dir)
+    return expert_config(cfg.expert.preset, sample_size=m["image_size"], in_channels=m["channels"],
+                         caption_channels=m["text_dim"])
+
+
+def checkpoint_limit(cfg: Config, model_config: dict) -> int:
+    """The upload size limit in bytes: ``federation.max_checkpoint_mb``, or the preset's float32 size + 5 %."""
+    if cfg.federation.max_checkpoint_mb:
+        return int(cfg.federation.max_checkpoint_mb * 2**20)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in ExpertNet.from_config(model_config).parameters())
+    return int(n * 4 * 1.05) + 2**20
 
 
 def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int = 0):
@@ -79,7 +153,8 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
     Returns the transformer's state dict, its diffusers config and the checkpoint metadata (DESIGN.md §2).
     """
     dataset_meta = read_meta(dataset_dir)
-    data = load_split(dataset_dir, [expert_id], "train")
+    data = (StreamingSplit(dataset_dir, expert_id, seed=cfg.expert.seed + expert_id) if cfg.data.stream
+            else load_split(dataset_dir, [expert_id], "train"))
     torch.manual_seed(cfg.expert.seed + expert_id)  # weight init
     expert, model_config, meta = build_expert(cfg, dataset_meta, objective, expert_id=expert_id)
     e = cfg.expert
@@ -94,7 +169,8 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
         "expert_id": expert_id, "cluster_id": expert_id, "ema": stats.ema, "ema_decay": e.ema_decay,
         "mixed_precision": e.mixed_precision, "grad_accumulation": e.grad_accumulation,
         "dataset": f"{dataset_meta['name']} v{dataset_meta['version']} ({dataset_dir.name})",
-        "cluster_size": len(data), "steps": stats.steps, "images_seen": stats.images_seen,
+        "cluster_size": len(data), "steps": stats.steps, "resumed_steps": stats.resumed_steps,
+        "images_seen": stats.images_seen,
         "device_seconds": round(stats.device_seconds, 3), "device": str(device),
         "peak_memory_bytes": stats.peak_memory_bytes, "final_loss": stats.final_loss,
         "loss_curve": stats.loss_curve, "batch_size": e.batch_size, "lr": e.lr,
@@ -135,6 +211,64 @@ def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> t
         metas.append(meta)
     router = router if router is not None else load_router(run_dir / "router")
     return Ensemble(experts, router, cfg.num_experts, routing=s.routing, k=s.top_k, threshold=s.threshold), metas
+
+
+def add_expert(run_dir: Path, checkpoint: Path, *, cfg: Config | None = None, cache_dir: str | Path | None = None,
+               replace: bool = False, progress: bool = False) -> dict:
+    """Add a late expert to an assembled run: validate it, install it, retrain the router, re-evaluate.
+
+    ``checkpoint`` is an expert folder (``hddm train-expert --out``: safetensors weights + ``hddm_expert.json``),
+    e.g. from an institution that trained later or a replacement for a lost expert. It goes through the same
+    checks as an expert received over Flower (:func:`validate_weights_file` against the run's preset, with the
+    sha256 its metadata declares); no other expert is touched or retrained. ``cfg`` defaults to the run's
+    ``config.yaml``. Returns the new report.
+    """
+    run_dir, checkpoint = Path(run_dir), Path(checkpoint)
+    cfg = cfg or load_config(run_dir / "config.yaml")
+    meta = read_expert_meta(checkpoint)
+    lacks = [k for k in (*REQUIRED_META, "sha256") if k not in meta]
+    if lacks:
+        raise CheckpointRejected(f"{checkpoint / META} lacks {lacks}")
+    expert_id = int(meta["expert_id"])
+    if not 0 <= expert_id < cfg.num_experts:
+        raise CheckpointRejected(f"{checkpoint}: expert id {expert_id} is outside this run's 0..{cfg.num_experts - 1}"
+                                 f" (the router and the clusters are fixed by num_experts)")
+    if meta["objective"] not in OBJECTIVES:
+        raise CheckpointRejected(f"{checkpoint}: unknown objective {meta['objective']!r}")
+    folder = run_dir / "experts" / f"expert-{expert_id}"
+    existed = folder.exists()
+    if existed and not replace:
+        raise FileExistsError(f"{folder} already exists; pass --replace to replace that expert")
+    dataset_dir = prepare_data(cfg, cache_dir)
+    model_config = expected_model_config(cfg, dataset_dir)
+    declared = {k: v for k, v in json.loads((checkpoint / "config.json").read_text()).items()
+                if not k.startswith("_")}
+    if declared != model_config:
+        diff = sorted(k for k in set(declared) | set(model_config) if declared.get(k) != model_config.get(k))
+        raise CheckpointRejected(f"{checkpoint}: model config differs from the run's preset "
+                                 f"{cfg.expert.preset!r} in {diff[:4]}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".incoming-expert-{expert_id}.safetensors"
+    try:
+        shutil.copyfile(checkpoint / WEIGHTS, tmp)
+        validate_weights_file(tmp, model_config, sha256=str(meta["sha256"]), dtype=meta.get("weights_dtype"),
+                              max_bytes=checkpoint_limit(cfg, model_config))
+        install_expert(folder, tmp, model_config, meta | {"added_at": _now()})
+    finally:
+        tmp.unlink(missing_ok=True)
+    before = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").exists() else {}
+    reasons = {m["expert_id"]: m["reason"] for m in before.get("missing", [])}
+    present = {int(read_expert_meta(f)["expert_id"]) for f in (run_dir / "experts").glob("expert-*")}
+    missing = [{"expert_id": k, "reason": reasons.get(k, "no expert folder")} for k in range(cfg.num_experts)
+               if k not in present]
+    added = before.get("added_experts", []) + [{"expert_id": expert_id, "objective": meta["objective"],
+                                               "sha256": meta["sha256"], "source": str(checkpoint),
+                                               "replaced": existed,
+                                               "added_at": _now()}]
+    extra = {k: before[k] for k in ("flower",) if k in before} | {"added_experts": added}
+    log.info("expert %d (%s) added to %s; retraining the router and re-evaluating", expert_id, meta["objective"],
+             run_dir)
+    return finish_run(cfg, run_dir, dataset_dir, missing, extra=extra, progress=progress)
 
 
 @torch.no_grad()
@@ -230,7 +364,7 @@ def evaluate_and_report(cfg: Config, run_dir: Path, dataset_dir: Path, missing: 
     images = sample_grid(ensemble, encoder, s.prompts, load_uncond(dataset_dir),
                          samples_per_prompt=s.samples_per_prompt, num_steps=s.num_steps, cfg_scale=s.cfg_scale,
                          seed=s.seed)
-    save_grid(images, len(s.prompts), run_dir / "samples.png")
+    save_grid(to_pixels(cfg, dataset_dir, images), len(s.prompts), run_dir / "samples.png")
     metrics["sampling"] = {"grid": "samples.png", "prompts": s.prompts, "samples_per_prompt": s.samples_per_prompt,
                            "num_steps": s.num_steps, "cfg_scale": s.cfg_scale, "routing": s.routing,
                            "top_k": s.top_k, "conversion": s.conversion, "t_eps": s.t_eps, "x0_clamp": s.x0_clamp,
