@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from . import metrics as M
-from .config import Config
+from .config import Config, ConfigError
 from .data import Split, load_split, load_uncond, read_meta
 from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from .experts import DDPMExpert, map_cond
@@ -161,6 +161,11 @@ def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, progress: b
     meta = read_meta(dataset_dir)
     desc = f"trained on {meta['name']} v{meta['version']} ({Path(dataset_dir).name})"
     if (folder / "config.json").exists():
+        info = json.loads((folder / "hddm_feature_net.json").read_text())
+        if (info.get("steps"), info.get("seed"), info.get("trained_on")) != (ev.feature_steps, ev.seed, desc):
+            raise ConfigError(f"{folder} holds a feature network trained with other settings ({info.get('steps')} "
+                              f"steps, seed {info.get('seed')}, {info.get('trained_on')}); remove it or set "
+                              f"evaluation.feature_steps/seed to match")
         net = M.FeatureClassifier.from_pretrained(folder).eval()
     else:
         data = all_images(dataset_dir)

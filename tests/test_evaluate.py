@@ -117,3 +117,17 @@ def test_cli_evaluate_a_run_and_bad_input(reproduced, cache_dir, capsys):
     assert len(err) == 1 and "unknown routing mode 'best'" in err[0]
     assert main(["evaluate", "--run-dir", str(out / "nope"), "--cache-dir", str(cache_dir)]) == 2
     assert "router" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_feature_network_trained_with_other_settings_is_refused(reproduced, dataset_dir):
+    import dataclasses
+
+    from hddm_flower.evaluate import feature_network
+
+    cfg, out, _ = reproduced
+    fx, net, desc = feature_network(cfg, dataset_dir, out / "feature-net")  # same settings: reused
+    assert fx.name.startswith("hddm feature classifier") and net is not None
+    other = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, feature_steps=7))
+    with pytest.raises(ConfigError, match="trained with other settings"):
+        feature_network(other, dataset_dir, out / "feature-net")
