@@ -83,9 +83,13 @@ def table(r: dict) -> str:
             s["reps"], how)
     if f := r.get("federation"):
         w = f["wall_seconds_median"]
+        c = f["cpu_seconds_median"]
         row(f"federation: wall time of {f['experts']} experts + router + evaluation ({f['overrides']})",
             f"{_fmt(w['flwr'], 0)} s (flwr run)", f"{_fmt(w['cli'], 0)} s (hddm CLI)", f["ratio_flwr_over_cli"],
             "≤ 1.10×", f["ratio_flwr_over_cli"] <= 1.10, f["reps"], f["command"])
+        row("federation: CPU seconds of all processes (same runs)", f"{_fmt(c['flwr'], 0)} s", f"{_fmt(c['cli'], 0)} s",
+            f["cpu_ratio_flwr_over_cli"], "(steadier on a busy machine)", f["cpu_ratio_flwr_over_cli"] <= 1.10,
+            f["reps"], f["command"])
         m = f["peak_rss_mib"]
         rows.append(f"| peak RSS: ServerApp {_fmt(m['flwr_server'], 0)} MiB, ClientApp {_fmt(m['flwr_client'], 0)} MiB "
                     f"(CLI: assemble {_fmt(m['cli_assemble'], 0)}, train-expert {_fmt(m['cli_train_expert'], 0)}) "

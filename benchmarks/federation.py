@@ -10,7 +10,8 @@ sample on the coordinator with the same code (``finish_run``):
 
 The dataset is prepared once beforehand (untimed, shared). A sampler thread records the peak resident memory of
 every process of each side: the ServerApp (the ``flwr-simulation`` process that hosts it), each ClientApp (the Ray
-actors), and the CLI processes. Steps are reduced with ``--set`` to keep a repetition short; that makes the fixed
+actors), and the CLI processes, and the CPU seconds of each side's whole process tree (on a busy machine the CPU
+ratio is the steadier figure; the goal is stated in wall time). Steps are reduced with ``--set`` to keep a repetition short; that makes the fixed
 costs (Ray start-up) weigh *more* than in the default run, so the overhead measured is an upper bound.
 
     python benchmarks/federation.py                       # 3 repetitions, expert.steps=100 router.steps=100
@@ -43,30 +44,65 @@ FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY
             "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "RAY_DEDUP_LOGS": "0"}
 
 
-class PeakRSS(threading.Thread):
-    """Polls every process whose command line matches a role, keeping each role's peak RSS (bytes)."""
+class Monitor(threading.Thread):
+    """Polls a process tree: each role's peak RSS (processes matched by command line) and the CPU seconds the
+    whole tree used (the roots' own CPU counted from the start; children in full).
 
-    def __init__(self, roles: dict[str, tuple[str, ...]], interval: float = 0.25):
+    ``roots`` are the pids whose descendants belong to the measured side: for ``flwr run`` the local SuperLink (its
+    SuperExec, the simulation, Ray and the actors all descend from it), for the CLI this process.
+    """
+
+    def __init__(self, roots: list[int], roles: dict[str, tuple[str, ...]], interval: float = 0.25):
         super().__init__(daemon=True)
-        self.roles, self.interval, self.peak = roles, interval, {r: 0 for r in roles}
+        self.roots, self.roles, self.interval = roots, roles, interval
+        self.peak = {r: 0 for r in roles}
+        self.cpu: dict[int, float] = {}
+        self.start_cpu = {pid: _cpu(psutil.Process(pid)) for pid in roots}
         self._halt = threading.Event()
 
-    def run(self) -> None:
-        me = os.getpid()
-        while not self._halt.is_set():
-            for proc in psutil.process_iter(["pid", "cmdline", "memory_info"]):
-                if proc.info["pid"] == me or not proc.info["cmdline"] or proc.info["memory_info"] is None:
+    def _poll(self) -> None:
+        for root in self.roots:
+            try:
+                procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for proc in procs:
+                try:
+                    with proc.oneshot():
+                        cmd, rss, cpu = " ".join(proc.cmdline()), proc.memory_info().rss, _cpu(proc)
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
-                cmd = " ".join(proc.info["cmdline"])
+                self.cpu[proc.pid] = max(self.cpu.get(proc.pid, 0.0), cpu - self.start_cpu.get(proc.pid, 0.0))
                 for role, needles in self.roles.items():
                     if any(n in cmd for n in needles):
-                        self.peak[role] = max(self.peak[role], proc.info["memory_info"].rss)
+                        self.peak[role] = max(self.peak[role], rss)
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self._poll()
             self._halt.wait(self.interval)
 
-    def stop(self) -> dict[str, int]:
+    def stop(self) -> tuple[dict[str, int], float]:
         self._halt.set()
         self.join()
-        return self.peak
+        self._poll()
+        return self.peak, sum(self.cpu.values())
+
+
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def local_superlink() -> int:
+    """The pid of the managed local SuperLink, started if needed (``flwr ls`` starts it)."""
+    for _ in range(2):
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if proc.info["cmdline"] and any("flower-superlink" in c for c in proc.info["cmdline"]):
+                return proc.info["pid"]
+        subprocess.run(["flwr", "ls"], env=os.environ | FLWR_ENV, capture_output=True)
+        time.sleep(2)
+    raise RuntimeError("no local flower-superlink process found after `flwr ls`")
 
 
 def _toml_str(s: str) -> str:
@@ -78,12 +114,12 @@ def run_flwr(args, run_dir: Path, overrides: str, num_experts: int) -> tuple[flo
                  f"cache-dir={_toml_str(args.cache_dir)} config={_toml_str(str(Path(args.config).resolve()))}"
     cmd = ["flwr", "run", str(ROOT), "--stream", "--run-config", run_config,
            "--federation-config", f"num-supernodes={num_experts} client-resources-num-cpus=1"]
-    mon = PeakRSS({"server": ("flwr-simulation",), "client": ("ClientAppActor",)})
+    mon = Monitor([local_superlink()], {"server": ("flwr-simulation",), "client": ("ClientAppActor",)})
     mon.start()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=os.environ | FLWR_ENV, capture_output=True, text=True)
     wall = time.perf_counter() - t0
-    peak = mon.stop()
+    peak, cpu = mon.stop()
     report = run_dir / "report.json"
     if proc.returncode or not report.exists():
         raise RuntimeError(f"flwr run failed (exit {proc.returncode}); last output:\n{proc.stdout[-2000:]}"
@@ -91,14 +127,14 @@ def run_flwr(args, run_dir: Path, overrides: str, num_experts: int) -> tuple[flo
     done = len(json.loads(report.read_text())["experts"])
     if done != num_experts:
         raise RuntimeError(f"flwr run finished with {done}/{num_experts} experts; see {report}")
-    return wall, peak
+    return wall, cpu, peak
 
 
 def run_cli(args, run_dir: Path, sets: list[str], num_experts: int) -> tuple[float, dict]:
     hddm = [sys.executable, "-m", "hddm_flower.cli"]
     common = ["--config", args.config, "--cache-dir", args.cache_dir, *sum((["--set", s] for s in sets), [])]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    mon = PeakRSS({"client": ("train-expert",), "server": (" assemble ",)})
+    mon = Monitor([os.getpid()], {"client": ("train-expert",), "server": (" assemble ",)})
     mon.start()
     t0 = time.perf_counter()
     queue, running = list(range(num_experts)), []
@@ -115,7 +151,8 @@ def run_cli(args, run_dir: Path, sets: list[str], num_experts: int) -> tuple[flo
                 raise RuntimeError(f"hddm train-expert failed: {p.stderr.read()[-2000:]}")
     subprocess.run([*hddm, "assemble", *common, "--run-dir", str(run_dir)], check=True, capture_output=True)
     wall = time.perf_counter() - t0
-    return wall, mon.stop()
+    peak, cpu = mon.stop()
+    return wall, cpu, peak
 
 
 def main(argv=None) -> dict:
@@ -133,19 +170,22 @@ def main(argv=None) -> dict:
     cfg = load_config(args.config, parse_overrides(overrides))
     prepare_data(cfg, args.cache_dir)  # untimed, shared by both sides
     walls: dict[str, list[float]] = {"flwr": [], "cli": []}
+    cpus: dict[str, list[float]] = {"flwr": [], "cli": []}
     peaks: dict[str, list[dict]] = {"flwr": [], "cli": []}
-    ratios = []
+    ratios, cpu_ratios = [], []
     work = Path(tempfile.mkdtemp(prefix="hddm-bench-fed-"))
     try:
         for rep in range(args.reps):
             for side in (("flwr", "cli") if rep % 2 == 0 else ("cli", "flwr")):
                 run_dir = work / f"{side}-{rep}"
                 fn = run_flwr if side == "flwr" else run_cli
-                wall, peak = fn(args, run_dir, overrides if side == "flwr" else sets, cfg.num_experts)
+                wall, cpu, peak = fn(args, run_dir, overrides if side == "flwr" else sets, cfg.num_experts)
                 walls[side].append(wall)
+                cpus[side].append(cpu)
                 peaks[side].append(peak)
-                print(f"rep {rep} {side}: {wall:.1f} s, peak RSS {peak}", flush=True)
+                print(f"rep {rep} {side}: {wall:.1f} s wall, {cpu:.1f} CPU s, peak RSS {peak}", flush=True)
             ratios.append(walls["flwr"][-1] / walls["cli"][-1])
+            cpu_ratios.append(cpus["flwr"][-1] / cpus["cli"][-1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     mib = lambda side, role: max(pk[role] for pk in peaks[side]) / 2**20  # noqa: E731
@@ -156,6 +196,8 @@ def main(argv=None) -> dict:
         "parallel": args.parallel, "reps": args.reps,
         "wall_seconds_median": {k: statistics.median(v) for k, v in walls.items()}, "wall_seconds": walls,
         "ratio_flwr_over_cli": statistics.median(ratios), "ratios": ratios,
+        "cpu_seconds_median": {k: statistics.median(v) for k, v in cpus.items()}, "cpu_seconds": cpus,
+        "cpu_ratio_flwr_over_cli": statistics.median(cpu_ratios), "load_average_at_end": os.getloadavg(),
         "peak_rss_mib": {"flwr_server": mib("flwr", "server"), "flwr_client": mib("flwr", "client"),
                          "cli_assemble": mib("cli", "server"), "cli_train_expert": mib("cli", "client")},
         "goal": "ratio <= 1.10", "versions": versions(),

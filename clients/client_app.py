@@ -10,8 +10,16 @@ Messages it answers:
 
 Node config keys understood (all optional): ``partition-id`` / ``expert-id``, ``objective`` (fm|ddpm),
 ``data-dir`` (a prepared dataset directory), ``shard-set`` (one cluster's folder ``cluster-k`` of `hddm cluster`
-output, all this node needs; it must be the shard set of the expert id the server assigns), ``cache-dir``, ``work-dir`` (training-state checkpoints when
-``expert.checkpoint_every`` > 0), ``device`` (e.g. cuda:0), ``num-threads``.
+output, all this node needs; it must be the shard set of the expert id the server assigns), ``cache-dir``,
+``work-dir`` (training-state checkpoints when ``expert.checkpoint_every`` > 0), ``device`` (e.g. cuda:0),
+``num-threads``, ``isolate-training`` (train in a child process, so that a hard crash fails only this expert; the
+default inside a Ray actor, i.e. in simulation).
+
+Restarts: with ``expert.checkpoint_every`` > 0 the training state is saved in ``work-dir`` every N steps under a
+name made of the expert id and a hash of the experiment and objective. A restarted node that gets the same expert
+of the same experiment again (e.g. from a later run that targets the missing experts) resumes from the last
+checkpoint, and the final metadata says how many steps were resumed (``resumed_steps``). The final checkpoint is
+kept there too, so a node whose reply was lost sends it again instead of training again.
 """
 
 from __future__ import annotations
@@ -20,16 +28,23 @@ import hashlib
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from hddm_flower.checkpoints import weights_bytes
 from hddm_flower.config import OBJECTIVES, config_from_dict
 from hddm_flower.data import cluster_shards, default_cache_dir
 from hddm_flower.pipeline import prepare_data, train_one_expert
 
+TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")  # what decides an expert's weights
+WIRE_STYPE = "safetensors"  # strategies.one_shot.WIRE_STYPE (the client does not import the server side)
 app = ClientApp()
 log = logging.getLogger("hddm_flower.client")
 # progress of the core (training steps) goes wherever Flower's own log goes (the SuperNode's or Ray's output)
@@ -73,25 +88,98 @@ def train(msg: Message, context: Context) -> Message:
 
     log.info("expert %d: training %s on cluster %d (%s, assigned %s)", expert_id, objective, expert_id, device,
              assigned)
-    checkpoint = None
-    if cfg.expert.checkpoint_every:  # a restarted node resumes the same experiment's training from here
-        digest = hashlib.sha256(f"{task['experiment']}|{objective}".encode()).hexdigest()[:16]
-        work = Path(str(node.get("work-dir", "")) or default_cache_dir() / "work")
-        checkpoint = work / f"expert-{expert_id}-{digest}.pt"
-    state, model_config, meta = train_one_expert(cfg, dataset_dir, expert_id, objective, device=device,
-                                                 checkpoint=checkpoint)
-    if checkpoint is not None:
-        checkpoint.unlink(missing_ok=True)  # the final weights travel in the reply
-    meta |= {"objective_assigned": assigned, "node_id": context.node_id}
+    work = None
+    if cfg.expert.checkpoint_every:  # a restarted node (same work-dir, same expert) resumes from its checkpoints
+        what = {k: cfg.to_dict()[k] for k in TRAINING_SECTIONS}  # not federation/sampling: they change per run
+        digest = hashlib.sha256(f"{json.dumps(what, sort_keys=True)}|{objective}".encode()).hexdigest()[:16]
+        work = Path(str(node.get("work-dir", "")) or default_cache_dir() / "work") / f"expert-{expert_id}-{digest}"
+    done = _finished(work)
+    if done is not None:  # trained before, but the reply never made it (server timed out, node restarted …)
+        blob, model_config, meta = done
+        log.info("expert %d: already trained (%s); sending the kept checkpoint", expert_id, work)
+    else:
+        checkpoint = work.with_suffix(".pt") if work else None
+        dtype = cfg.expert.weights_dtype
+        if _isolated(node):
+            blob, model_config, meta = _train_in_child(cfg, dataset_dir, expert_id, objective, device, checkpoint)
+        else:
+            state, model_config, meta = train_one_expert(cfg, dataset_dir, expert_id, objective, device=device,
+                                                         checkpoint=checkpoint)
+            blob = weights_bytes(state, dtype)
+            del state
+        meta |= {"objective_assigned": assigned, "node_id": context.node_id, "weights_dtype": dtype,
+                 "sha256": hashlib.sha256(blob).hexdigest()}
+        if work is not None:  # keep the result until a later message (or the operator) no longer needs it
+            _keep(work, blob, model_config, meta)
+            work.with_suffix(".pt").unlink(missing_ok=True)
     metrics = MetricRecord({"expert-id": expert_id, "steps": meta["steps"], "images-seen": meta["images_seen"],
+                            "resumed-steps": meta.get("resumed_steps", 0),
                             "device-seconds": float(meta["device_seconds"]),
                             "peak-memory-bytes": meta["peak_memory_bytes"], "final-loss": float(meta["final_loss"])})
     content = RecordDict({
-        "expert": ArrayRecord(state),
+        # the safetensors file as one raw array: every tensor travels in its own dtype (bf16 as bf16)
+        "expert": ArrayRecord({"weights": Array(dtype="uint8", shape=(len(blob),), stype=WIRE_STYPE, data=blob)}),
         "meta": ConfigRecord({"meta": json.dumps(meta), "model-config": json.dumps(model_config)}),
         "metrics": metrics,
     })
     return Message(content, reply_to=msg)
+
+
+def _isolated(node) -> bool:
+    """Train in a child process? The node config's ``isolate-training`` says; by default yes inside a Ray actor
+    (simulation), where a hard crash would take the actor and other nodes' experts down with it."""
+    if "isolate-training" in node:
+        return bool(node["isolate-training"])
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id())
+
+
+def _train_in_child(cfg, dataset_dir: Path, expert_id: int, objective: str, device: str,
+                    checkpoint: Path | None) -> tuple[bytes, dict, dict]:
+    """Run :mod:`clients.train_worker` and read back its weights; a crash of the child becomes an exception."""
+    with tempfile.TemporaryDirectory(prefix=f"hddm-expert-{expert_id}-") as tmp:
+        out = Path(tmp)
+        spec = {"experiment": cfg.to_dict(), "dataset_dir": str(dataset_dir), "expert_id": expert_id,
+                "objective": objective, "device": device, "checkpoint": str(checkpoint) if checkpoint else None,
+                "out": tmp, "threads": torch.get_num_threads()}
+        (out / "spec.json").write_text(json.dumps(spec))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        with open(out / "stderr.log", "wb") as err:
+            rc = subprocess.run([sys.executable, "-m", "clients.train_worker", str(out / "spec.json")], env=env,
+                                stderr=err, cwd=Path(__file__).resolve().parent.parent).returncode
+        if rc:
+            if rc < 0:
+                why = f"was killed by {signal.Signals(-rc).name} (out of memory?)"
+            else:
+                lines = [ln for ln in (out / "stderr.log").read_text(errors="replace").splitlines() if ln.strip()]
+                why = f"failed with exit code {rc}: {lines[-1] if lines else 'no message'}"
+            raise RuntimeError(f"the training process of expert {expert_id} {why}")
+        result = json.loads((out / "result.json").read_text())
+        return (out / "weights.safetensors").read_bytes(), result["model_config"], result["meta"]
+
+
+def _keep(work: Path, blob: bytes, model_config: dict, meta: dict) -> None:
+    """Keep the final checkpoint next to the training state (weights first, then the JSON that marks it done)."""
+    weights, info = work.with_suffix(".safetensors"), work.with_suffix(".json")
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    tmp = weights.with_name(weights.name + ".tmp")
+    tmp.write_bytes(blob)
+    os.replace(tmp, weights)
+    tmp = info.with_name(info.name + ".tmp")
+    tmp.write_text(json.dumps({"meta": meta, "model_config": model_config}))
+    os.replace(tmp, info)
+
+
+def _finished(work: Path | None) -> tuple[bytes, dict, dict] | None:
+    """The kept final checkpoint of this expert and experiment, if it exists and its hash still matches."""
+    if work is None or not work.with_suffix(".json").exists():
+        return None
+    info = json.loads(work.with_suffix(".json").read_text())
+    blob = work.with_suffix(".safetensors").read_bytes()
+    if hashlib.sha256(blob).hexdigest() != info["meta"]["sha256"]:
+        log.warning("kept checkpoint %s is corrupt; training again", work)
+        return None
+    return blob, info["model_config"], info["meta"]
 
 
 def _set_threads(node) -> None:

@@ -19,9 +19,11 @@ from typing import Any
 import diffusers
 import torch
 from diffusers import PixArtTransformer2DModel
-from safetensors.torch import save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save, save_file
 from torch import Tensor
 
+from .config import WIRE_DTYPES  # what an expert's weights may be stored and sent as
 from .experts import DDPMExpert, Expert, FlowMatchingExpert
 from .models import ExpertNet, Router
 
@@ -30,6 +32,11 @@ META = "hddm_expert.json"
 TIME_CONVENTION = "fm: t in [0,1], t=1 noise, x_t=(1-t)x0+t*eps, v=eps-x0, net timestep=999t; ddpm: tau in 0..T-1"
 REQUIRED_META = ("expert_id", "cluster_id", "objective", "preset", "time_convention", "steps", "images_seen",
                  "device_seconds")
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+class CheckpointRejected(ValueError):
+    """A received checkpoint failed validation; the message is the reason recorded in the report."""
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -66,6 +73,102 @@ def check_expert_state(state_dict: dict[str, Tensor], model_config: dict) -> Non
             raise ValueError(f"checkpoint tensor {k} has shape {tuple(v.shape)}, expected {tuple(ref[k].shape)}")
         if v.is_floating_point() and not torch.isfinite(v).all():
             raise ValueError(f"checkpoint tensor {k} has non-finite values")
+
+
+def weights_bytes(state_dict: dict[str, Tensor], dtype: str | None = None) -> bytes:
+    """The safetensors serialisation of ``state_dict`` (what a client sends): every tensor kept in its own dtype
+    (bf16 stays bf16) unless ``dtype`` casts the floating ones (e.g. ``"bfloat16"`` halves the upload)."""
+    if dtype is not None and dtype not in WIRE_DTYPES:
+        raise ValueError(f"unknown weights dtype {dtype!r}; expected one of {WIRE_DTYPES}")
+    cast = getattr(torch, dtype) if dtype else None
+    return save({k: (v.to(cast) if cast is not None and v.is_floating_point() else v).detach().contiguous().cpu()
+                 for k, v in state_dict.items()}, metadata={"format": "pt"})
+
+
+def validate_weights_file(path: str | os.PathLike, model_config: dict, *, sha256: str | None = None,
+                          dtype: str | None = None, max_bytes: int = 0) -> str:
+    """Check a received weights file before anything uses or keeps it; returns its sha256.
+
+    In this order (cheapest first, nothing loaded before the header is trusted): size ≤ ``max_bytes`` (0 = no
+    limit); sha256 equal to the declared one; a safetensors file (a pickle or anything else is refused, never
+    unpickled); exactly the tensor names and shapes of ``model_config``'s model; every tensor of one floating dtype
+    in :data:`WIRE_DTYPES` (the declared ``dtype`` when given); all values finite (read one tensor at a time
+    from the memory-mapped file). Raises :class:`CheckpointRejected` with the reason.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    if max_bytes and size > max_bytes:
+        raise CheckpointRejected(f"size {size} bytes exceeds the limit of {max_bytes} bytes")
+    digest = sha256_file(path)
+    if sha256 is not None and digest != sha256:
+        raise CheckpointRejected(f"sha256 mismatch: the metadata says {sha256[:12]}…, the weights hash to "
+                                 f"{digest[:12]}…")
+    try:
+        with safe_open(path, framework="pt") as f:
+            names = list(f.keys())
+            with torch.device("meta"):
+                ref = PixArtTransformer2DModel.from_config(model_config).state_dict()
+            missing, extra = sorted(set(ref) - set(names)), sorted(set(names) - set(ref))
+            if missing or extra:
+                raise CheckpointRejected(f"tensor names do not match the {model_config.get('num_layers')}-layer "
+                                         f"preset: missing {missing[:3]}, unexpected {extra[:3]}")
+            dtypes = set()
+            for k in names:
+                sl = f.get_slice(k)
+                shape, kind = tuple(sl.get_shape()), sl.get_dtype()
+                if shape != tuple(ref[k].shape):
+                    raise CheckpointRejected(f"tensor {k} has shape {shape}, expected {tuple(ref[k].shape)}")
+                if kind not in _SAFETENSORS_DTYPES:
+                    raise CheckpointRejected(f"tensor {k} has dtype {kind}; expected one of {WIRE_DTYPES}")
+                dtypes.add(_SAFETENSORS_DTYPES[kind])
+            if len(dtypes) > 1 or (dtype is not None and dtypes != {dtype}):
+                raise CheckpointRejected(f"tensor dtypes {sorted(dtypes)} do not match the declared "
+                                         f"{dtype or 'single dtype'}")
+    except SafetensorError as e:
+        raise CheckpointRejected(f"not a valid safetensors file ({_first_line(e)}); nothing was unpickled") from e
+    _check_finite(path)
+    return digest
+
+
+def _check_finite(path: Path) -> None:
+    """All values finite, reading one tensor at a time with plain reads (not a memory map, whose pages would stay
+    resident: the server's memory stays at about one tensor). The header was validated by safetensors before."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            start, end = info["data_offsets"]
+            f.seek(8 + n + start)
+            dtype = getattr(torch, _SAFETENSORS_DTYPES[info["dtype"]])
+            values = torch.frombuffer(bytearray(f.read(end - start)), dtype=dtype) if end > start else None
+            if values is not None and not torch.isfinite(values).all():
+                raise CheckpointRejected(f"tensor {name} has non-finite values (NaN or inf)")
+
+
+def install_expert(folder: str | os.PathLike, weights_file: str | os.PathLike, model_config: dict,
+                   meta: dict[str, Any]) -> None:
+    """Move an already validated weights file into a new expert folder (atomically) with its config and
+    metadata; the file is moved, never loaded or re-serialised."""
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise CheckpointRejected(f"expert metadata lacks {missing}")
+    folder = Path(folder)
+    tmp = _atomic_folder(folder)
+    try:
+        os.replace(weights_file, tmp / WEIGHTS)
+        config = {"_class_name": "PixArtTransformer2DModel", "_diffusers_version": diffusers.__version__,
+                  **model_config}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        (tmp / META).write_text(json.dumps(meta, indent=2))
+        _commit(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def save_expert(folder: str | os.PathLike, state_dict: dict[str, Tensor], model_config: dict,

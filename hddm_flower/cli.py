@@ -5,7 +5,10 @@
     hddm train-expert --expert-id 3 --out DIR      train one expert on its cluster (objective from the config)
     hddm train-router --run-dir RUN                train the router into RUN/router
     hddm assemble --run-dir RUN                    router + evaluation + samples + report for RUN/experts
+    hddm evaluate --run-dir RUN                    metrics for every routing mode, report.md/json, grids, plots
+    hddm reproduce --out DIR                       8FM, 2DDPM:6FM, 4:4 and a monolith: the paper's two tables
     hddm sample --run-dir RUN --prompt "dog face"  sample a grid from an assembled run
+    hddm add-expert RUN EXPERT_DIR                 add a late (or replacement) expert to an assembled run
     hddm convert-dit DiT-XL-2-256x256.pt --out DIR convert an ImageNet DiT into an expert initialisation
 """
 
@@ -23,8 +26,10 @@ from .config import OBJECTIVES, Config, ConfigError, load_config, parse_override
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
-def _config(args) -> Config:
+def _config(args, run_dir: Path | None = None) -> Config:
     overrides = parse_overrides(" ".join(args.set or []))
+    if args.config is None and run_dir is not None and (run_dir / "config.yaml").is_file():
+        return load_config(run_dir / "config.yaml", overrides)  # the run's resolved config
     if args.config is None and not DEFAULT_CONFIG.exists():
         from .config import config_from_dict
 
@@ -130,19 +135,72 @@ def cmd_train_router(args) -> None:
 
 
 def cmd_assemble(args) -> None:
-    from .checkpoints import read_expert_meta
     from .pipeline import finish_run
 
     cfg = _config(args)
     run_dir = Path(args.run_dir)
+    missing = _missing(cfg, run_dir)
+    report = finish_run(cfg, run_dir, _dataset(args, cfg), missing, progress=True)
+    print(f"report: {run_dir / 'report.md'}  ({len(report['experts'])} experts, {len(missing)} missing)")
+
+
+def _missing(cfg: Config, run_dir: Path) -> list[dict]:
+    from .checkpoints import read_expert_meta
+
     folders = sorted((run_dir / "experts").glob("expert-*"))
     if not folders:
         raise FileNotFoundError(f"no expert folders in {run_dir / 'experts'}")
-    metas = [read_expert_meta(f) for f in folders]
-    have = {int(m["expert_id"]) for m in metas}
-    missing = [{"expert_id": k, "reason": "no expert folder"} for k in range(cfg.num_experts) if k not in have]
-    report = finish_run(cfg, run_dir, _dataset(args, cfg), missing, progress=True)
-    print(f"report: {run_dir / 'report.md'}  ({len(report['experts'])} experts, {len(missing)} missing)")
+    have = {int(read_expert_meta(f)["expert_id"]) for f in folders}
+    return [{"expert_id": k, "reason": "no expert folder"} for k in range(cfg.num_experts) if k not in have]
+
+
+def cmd_evaluate(args) -> None:
+    import json as _json
+
+    from .evaluate import parse_mode
+    from .pipeline import evaluate_and_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "router").is_dir():
+        raise FileNotFoundError(f"{run_dir / 'router'} does not exist: train the router first (hddm train-router)")
+    cfg = _config(args, run_dir)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else None
+    for m in modes or []:
+        parse_mode(m)
+    missing = _missing(cfg, run_dir)
+    old = run_dir / "report.json"
+    extra = {k: v for k, v in _json.loads(old.read_text()).items() if k == "flower"} if old.is_file() else {}
+    report = evaluate_and_report(cfg, run_dir, _dataset(args, cfg), missing, extra=extra, modes=modes,
+                                 progress=True)
+    ev = report["metrics"]["evaluation"]
+    print(f"report: {run_dir / 'report.md'}  (features: {ev['feature_network']})")
+    for mode, x in ev["modes"].items():
+        print(f"  {mode:>10}: FID {x['fid']:.2f}  KID {x['kid']:.4f}  diversity {x['lpips']['mean']:.3f}")
+
+
+def cmd_reproduce(args) -> None:
+    from .reproduce import reproduce
+
+    cfg = _config(args)
+    out = Path(args.out)
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be ≥ 1, got {args.jobs}")
+    result = reproduce(cfg, out, _dataset(args, cfg), jobs=args.jobs, progress=True)
+    print(f"tables: {out / 'tables.md'}  manifest: {out / 'manifest.json'}  ({result['seconds']:.0f} s)")
+
+
+def cmd_add_expert(args) -> None:
+    from .pipeline import add_expert
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "experts").is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no experts/ folder)")
+    cfg = load_config(args.config or run_dir / "config.yaml", parse_overrides(" ".join(args.set or [])))
+    report = add_expert(run_dir, Path(args.checkpoint), cfg=cfg, cache_dir=args.cache_dir, replace=args.replace,
+                        progress=True)
+    added = report["added_experts"][-1]
+    print(f"expert {added['expert_id']} ({added['objective']}) added to {run_dir}: {len(report['experts'])} of "
+          f"{report['num_experts']} experts, router retrained, report {run_dir / 'report.md'}")
 
 
 def cmd_sample(args) -> None:
@@ -180,9 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hddm", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    def add(name: str, fn, help: str) -> argparse.ArgumentParser:
+    def add(name: str, fn, help: str, config_default: str = str(DEFAULT_CONFIG)) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help)
-        sp.add_argument("--config", type=Path, default=None, help=f"experiment YAML (default {DEFAULT_CONFIG})")
+        sp.add_argument("--config", type=Path, default=None, help=f"experiment YAML (default {config_default})")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a config key, e.g. --set expert.steps=100 (repeatable)")
         sp.add_argument("--cache-dir", default=None, help="dataset cache (default $HDDM_CACHE or ~/.cache/hddm-flower)")
@@ -211,6 +269,22 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-dir", required=True)
     sp = add("assemble", cmd_assemble, "train the router, evaluate and sample the experts in RUN/experts")
     sp.add_argument("--run-dir", required=True)
+    sp = add("evaluate", cmd_evaluate, "evaluate an assembled run (RUN/experts + RUN/router): every routing mode, "
+                                       "per-expert quality, router accuracy vs t; writes report.md/json, grids, plots")
+    sp.add_argument("--run-dir", required=True)
+    sp.add_argument("--modes", help="comma-separated routing modes, e.g. top1,top2,full,threshold,oracle "
+                                    "(default: evaluation.routing_modes; --config defaults to RUN/config.yaml)")
+    sp = add("reproduce", cmd_reproduce, "train (or reuse) the experts of 8FM, 2DDPM:6FM and 4DDPM:4FM and a "
+                                         "monolith of equal compute; write the paper's two tables side by side")
+    sp.add_argument("--out", required=True, help="output folder (experts are reused from it on a second run)")
+    sp.add_argument("--jobs", type=int, default=1, help="train the experts and the monolith in this many processes "
+                                                        "(one torch thread each); default 1")
+    sp = add("add-expert", cmd_add_expert, "validate a late or replacement expert, add it to an assembled run, "
+                                           "retrain the router and re-evaluate (no other expert is retrained)",
+             config_default="RUN_DIR/config.yaml")
+    sp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (experts/, config.yaml, report.json)")
+    sp.add_argument("checkpoint", metavar="CHECKPOINT", help="an expert folder (hddm train-expert --out)")
+    sp.add_argument("--replace", action="store_true", help="replace the run's expert with the same id")
     sp = add("sample", cmd_sample, "sample a prompt grid from an assembled run (RUN/experts + RUN/router)")
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--prompt", action="append", help="a prompt (repeatable; default: the config's prompts)")

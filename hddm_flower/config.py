@@ -21,6 +21,7 @@ from .objectives import CONVERSIONS, SCHEDULES
 
 OBJECTIVES = ("fm", "ddpm")
 DATASETS = ("twemoji", "webdataset", "folder")
+WIRE_DTYPES = ("float32", "bfloat16", "float16")  # also hddm_flower.checkpoints.WIRE_DTYPES
 # option values of the training loop (hddm_flower.training imports them from here: the schema stays light)
 OPTIMIZERS = ("auto", "fused", "foreach", "default")
 PRECISIONS = ("no", "bf16")
@@ -90,6 +91,7 @@ class ExpertConfig:
     gradient_checkpointing: bool = False
     optimizer: str = "auto"  # AdamW implementation: auto (fused where torch has it: CPU, CUDA), fused, foreach, default
     checkpoint_every: int = 0  # save the training state every N steps (0 = never); a restart resumes from it
+    weights_dtype: str = "float32"  # dtype the final weights are sent and stored in: float32, bfloat16 or float16
     init: Any = "random"  # "random", a folder (`hddm convert-dit` output or a diffusers PixArt transformer), or a
     # mapping by objective and/or expert id, e.g. {fm: /inits/fm, ddpm: /inits/ddpm, 3: random}
     seed: int = 0
@@ -121,12 +123,35 @@ class SamplingConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    """What ``hddm evaluate`` (and the end of a run) measures; see hddm_flower/evaluate.py."""
+
+    routing_modes: list[str] = field(default_factory=lambda: ["top1", "top2", "full", "threshold", "oracle"])
+    num_prompts: int = 32  # held-out captions sampled for FID/KID/LPIPS (aligned: same prompts and noise per mode)
+    samples_per_prompt: int = 4  # ≥ 2: intra-prompt diversity is the mean pairwise distance between them
+    num_steps: int = 0  # Euler steps; 0 = sampling.num_steps
+    per_expert_samples: int = 32  # each expert alone on captions of its own cluster
+    grid_prompts: int = 8  # one PNG per prompt (rows: routing modes) for the first this many prompts
+    batch_size: int = 256  # rows per sampling call
+    inception_weights: str = ""  # local torch-fidelity Inception file → standard FID; "" = the run's own classifier
+    alexnet_weights: str = ""  # local torchvision AlexNet file for LPIPS; "" = TORCH_HOME cache, else the fallback
+    clip: str = ""  # local transformers CLIP folder → CLIP score; "" = none
+    feature_steps: int = 600  # training steps of the feature classifier (offline FID/KID features)
+    kid_subset_size: int = 100
+    kid_subsets: int = 100
+    reference_images: int = 0  # FID/KID reference: a seeded subset of this many dataset images (0 = all)
+    times: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # router accuracy vs t
+    seed: int = 0
+
+
+@dataclass
 class FederationConfig:
     min_nodes: int = 8  # wait for this many SuperNodes before assigning experts …
     node_wait_timeout: float = 120.0  # … or this many seconds, then go on with those connected
     min_experts: int = 6  # build the ensemble when at least this many experts arrived
     train_timeout: float = 3600.0  # seconds the server waits for expert replies
     message_ttl: float = 0.0  # TTL of train messages in seconds; 0 = Flower's default (12 h)
+    max_checkpoint_mb: float = 0.0  # refuse larger expert uploads; 0 = the preset's float32 size + 5 %
 
 
 @dataclass
@@ -138,6 +163,7 @@ class Config:
     expert: ExpertConfig = field(default_factory=ExpertConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
 
     def validate(self, source: str = "<config>") -> "Config":
@@ -194,6 +220,22 @@ class Config:
             fail("sampling.t_eps", "must be in (0, 1)")
         if s.x0_clamp <= 0:
             fail("sampling.x0_clamp", "must be > 0")
+        ev = self.evaluation
+        for i, mode in enumerate(ev.routing_modes):
+            if not _routing_mode_ok(mode):
+                fail(f"evaluation.routing_modes[{i}]", f"unknown mode {mode!r}; expected top1, top2, …, full, "
+                                                       "threshold, sample or oracle")
+        if ev.samples_per_prompt < 2:
+            fail("evaluation.samples_per_prompt", "must be ≥ 2 (diversity is measured between samples of a prompt)")
+        for key in ("num_prompts", "per_expert_samples", "batch_size", "feature_steps", "kid_subset_size",
+                    "kid_subsets"):
+            if getattr(ev, key) < 1:
+                fail(f"evaluation.{key}", "must be ≥ 1")
+        for key in ("num_steps", "grid_prompts", "reference_images"):
+            if getattr(ev, key) < 0:
+                fail(f"evaluation.{key}", "must be ≥ 0")
+        if not all(0 < t < 1 for t in ev.times):
+            fail("evaluation.times", "every time must be in (0, 1)")
         if not 1 <= self.federation.min_experts <= self.num_experts:
             fail("federation.min_experts", f"must be in 1..{self.num_experts}")
         e = self.expert
@@ -201,6 +243,10 @@ class Config:
             fail("expert.mixed_precision", f"unknown precision {e.mixed_precision!r}; expected one of {PRECISIONS}")
         if e.optimizer not in OPTIMIZERS:
             fail("expert.optimizer", f"unknown AdamW implementation {e.optimizer!r}; expected one of {OPTIMIZERS}")
+        if e.weights_dtype not in WIRE_DTYPES:
+            fail("expert.weights_dtype", f"unknown dtype {e.weights_dtype!r}; expected one of {WIRE_DTYPES}")
+        if self.federation.max_checkpoint_mb < 0:
+            fail("federation.max_checkpoint_mb", "must be ≥ 0 (0 = derived from the preset)")
         if not 0 <= e.ema_decay < 1:
             fail("expert.ema_decay", "must be in [0, 1)")
         init = e.init if isinstance(e.init, dict) else {"all": e.init}
@@ -239,6 +285,13 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _routing_mode_ok(mode: str) -> bool:
+    """``top<k>`` (k ≥ 1) or a routing mode other than ``top_k``."""
+    if mode.startswith("top") and mode[3:].isdigit():
+        return int(mode[3:]) >= 1
+    return mode in ROUTING_MODES and mode != "top_k"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import platform
+import shutil
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .checkpoints import TIME_CONVENTION, load_expert, load_router, make_expert, save_router
-from .config import Config
+from .checkpoints import (META, REQUIRED_META, TIME_CONVENTION, WEIGHTS, CheckpointRejected, install_expert,
+                          load_expert, load_router, make_expert, read_expert_meta, save_router, validate_weights_file)
+from .config import OBJECTIVES, Config, load_config
 from .convert import load_init
 from .cluster import cluster_encoded
 from .data import (Split, StreamingSplit, TextEncoder, check_clusters, default_cache_dir, load_split, load_uncond,
@@ -105,6 +107,22 @@ def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:
     return cfg.objective_of([c["detail"] for c in read_meta(dataset_dir)["clusters"]])
 
 
+def expected_model_config(cfg: Config, dataset_dir: Path) -> dict:
+    """The expert model config every checkpoint of this run must have: the preset at the dataset's shapes."""
+    m = read_meta(dataset_dir)
+    return expert_config(cfg.expert.preset, sample_size=m["image_size"], in_channels=m["channels"],
+                         caption_channels=m["text_dim"])
+
+
+def checkpoint_limit(cfg: Config, model_config: dict) -> int:
+    """The upload size limit in bytes: ``federation.max_checkpoint_mb``, or the preset's float32 size + 5 %."""
+    if cfg.federation.max_checkpoint_mb:
+        return int(cfg.federation.max_checkpoint_mb * 2**20)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in ExpertNet.from_config(model_config).parameters())
+    return int(n * 4 * 1.05) + 2**20
+
+
 def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int = 0):
     """A new expert network (random or ``expert.init``) wrapped in the adapter of ``objective``; returns
     (adapter, model_config, meta)."""
@@ -151,7 +169,8 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
         "expert_id": expert_id, "cluster_id": expert_id, "ema": stats.ema, "ema_decay": e.ema_decay,
         "mixed_precision": e.mixed_precision, "grad_accumulation": e.grad_accumulation,
         "dataset": f"{dataset_meta['name']} v{dataset_meta['version']} ({dataset_dir.name})",
-        "cluster_size": len(data), "steps": stats.steps, "images_seen": stats.images_seen,
+        "cluster_size": len(data), "steps": stats.steps, "resumed_steps": stats.resumed_steps,
+        "images_seen": stats.images_seen,
         "device_seconds": round(stats.device_seconds, 3), "device": str(device),
         "peak_memory_bytes": stats.peak_memory_bytes, "final_loss": stats.final_loss,
         "loss_curve": stats.loss_curve, "batch_size": e.batch_size, "lr": e.lr,
@@ -192,6 +211,64 @@ def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> t
         metas.append(meta)
     router = router if router is not None else load_router(run_dir / "router")
     return Ensemble(experts, router, cfg.num_experts, routing=s.routing, k=s.top_k, threshold=s.threshold), metas
+
+
+def add_expert(run_dir: Path, checkpoint: Path, *, cfg: Config | None = None, cache_dir: str | Path | None = None,
+               replace: bool = False, progress: bool = False) -> dict:
+    """Add a late expert to an assembled run: validate it, install it, retrain the router, re-evaluate.
+
+    ``checkpoint`` is an expert folder (``hddm train-expert --out``: safetensors weights + ``hddm_expert.json``),
+    e.g. from an institution that trained later or a replacement for a lost expert. It goes through the same
+    checks as an expert received over Flower (:func:`validate_weights_file` against the run's preset, with the
+    sha256 its metadata declares); no other expert is touched or retrained. ``cfg`` defaults to the run's
+    ``config.yaml``. Returns the new report.
+    """
+    run_dir, checkpoint = Path(run_dir), Path(checkpoint)
+    cfg = cfg or load_config(run_dir / "config.yaml")
+    meta = read_expert_meta(checkpoint)
+    lacks = [k for k in (*REQUIRED_META, "sha256") if k not in meta]
+    if lacks:
+        raise CheckpointRejected(f"{checkpoint / META} lacks {lacks}")
+    expert_id = int(meta["expert_id"])
+    if not 0 <= expert_id < cfg.num_experts:
+        raise CheckpointRejected(f"{checkpoint}: expert id {expert_id} is outside this run's 0..{cfg.num_experts - 1}"
+                                 f" (the router and the clusters are fixed by num_experts)")
+    if meta["objective"] not in OBJECTIVES:
+        raise CheckpointRejected(f"{checkpoint}: unknown objective {meta['objective']!r}")
+    folder = run_dir / "experts" / f"expert-{expert_id}"
+    existed = folder.exists()
+    if existed and not replace:
+        raise FileExistsError(f"{folder} already exists; pass --replace to replace that expert")
+    dataset_dir = prepare_data(cfg, cache_dir)
+    model_config = expected_model_config(cfg, dataset_dir)
+    declared = {k: v for k, v in json.loads((checkpoint / "config.json").read_text()).items()
+                if not k.startswith("_")}
+    if declared != model_config:
+        diff = sorted(k for k in set(declared) | set(model_config) if declared.get(k) != model_config.get(k))
+        raise CheckpointRejected(f"{checkpoint}: model config differs from the run's preset "
+                                 f"{cfg.expert.preset!r} in {diff[:4]}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".incoming-expert-{expert_id}.safetensors"
+    try:
+        shutil.copyfile(checkpoint / WEIGHTS, tmp)
+        validate_weights_file(tmp, model_config, sha256=str(meta["sha256"]), dtype=meta.get("weights_dtype"),
+                              max_bytes=checkpoint_limit(cfg, model_config))
+        install_expert(folder, tmp, model_config, meta | {"added_at": _now()})
+    finally:
+        tmp.unlink(missing_ok=True)
+    before = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").exists() else {}
+    reasons = {m["expert_id"]: m["reason"] for m in before.get("missing", [])}
+    present = {int(read_expert_meta(f)["expert_id"]) for f in (run_dir / "experts").glob("expert-*")}
+    missing = [{"expert_id": k, "reason": reasons.get(k, "no expert folder")} for k in range(cfg.num_experts)
+               if k not in present]
+    added = before.get("added_experts", []) + [{"expert_id": expert_id, "objective": meta["objective"],
+                                               "sha256": meta["sha256"], "source": str(checkpoint),
+                                               "replaced": existed,
+                                               "added_at": _now()}]
+    extra = {k: before[k] for k in ("flower",) if k in before} | {"added_experts": added}
+    log.info("expert %d (%s) added to %s; retraining the router and re-evaluating", expert_id, meta["objective"],
+             run_dir)
+    return finish_run(cfg, run_dir, dataset_dir, missing, extra=extra, progress=progress)
 
 
 @torch.no_grad()
@@ -265,11 +342,24 @@ def save_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 4) -> No
 
 def finish_run(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict], *,
                extra: dict | None = None, progress: bool = False) -> dict:
-    """After the experts arrived in ``run_dir/experts``: router, ensemble, evaluation, samples, report."""
+    """After the experts arrived in ``run_dir/experts``: router, then :func:`evaluate_and_report`."""
     router = fit_router(cfg, dataset_dir, run_dir, progress=progress)
+    return evaluate_and_report(cfg, run_dir, dataset_dir, missing, router=router, extra=extra, progress=progress)
+
+
+def evaluate_and_report(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict], *,
+                        router: Router | None = None, extra: dict | None = None, modes: list[str] | None = None,
+                        feature_dir: Path | None = None, progress: bool = False) -> dict:
+    """Evaluate the assembled run (diagnostics, every routing mode, per expert), sample the configured prompts and
+    write report.json, report.md, the grids and the plots into ``run_dir``."""
+    from .evaluate import evaluate_run
+
     ensemble, metas = load_ensemble(cfg, run_dir, router)
     s = cfg.sampling
-    metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed)
+    metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed,
+                       times=tuple(cfg.evaluation.times))
+    metrics["evaluation"] = evaluate_run(cfg, ensemble, dataset_dir, run_dir, modes=modes,
+                                         feature_dir=feature_dir, progress=progress)
     encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(dataset_dir)["max_caption_tokens"])
     images = sample_grid(ensemble, encoder, s.prompts, load_uncond(dataset_dir),
                          samples_per_prompt=s.samples_per_prompt, num_steps=s.num_steps, cfg_scale=s.cfg_scale,
@@ -279,9 +369,8 @@ def finish_run(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict
                            "num_steps": s.num_steps, "cfg_scale": s.cfg_scale, "routing": s.routing,
                            "top_k": s.top_k, "conversion": s.conversion, "t_eps": s.t_eps, "x0_clamp": s.x0_clamp,
                            "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing"}
-    metrics["feature_network"] = "none: velocity-space and router diagnostics only (no FID/KID yet)"
-    report = write_report(cfg, run_dir, dataset_dir, metas, missing, metrics, extra or {})
-    return report
+    metrics["feature_network"] = metrics["evaluation"]["feature_network"]
+    return write_report(cfg, run_dir, dataset_dir, metas, missing, metrics, extra or {})
 
 
 def write_report(cfg: Config, run_dir: Path, dataset_dir: Path, metas: list[dict], missing: list[dict],
@@ -298,31 +387,68 @@ def write_report(cfg: Config, run_dir: Path, dataset_dir: Path, metas: list[dict
                                                  "cluster_features", "license")}
                    | {"clusters": [{k: c[k] for k in ("id", "size", "detail", "categories")}
                                    for c in dataset_meta["clusters"]]},
-        "versions": versions(), **extra,
+        "config": cfg.to_dict(), "versions": versions(), **extra,
     }
-    (run_dir / "report.json").write_text(json.dumps(report, indent=2))
-    (run_dir / "report.md").write_text(render_report_md(report))
+    _write_atomic(run_dir / "report.json", json.dumps(report, indent=2))
+    _write_atomic(run_dir / "report.md", render_report_md(report))
     return report
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "–" if x is None else format(x, spec)
 
 
 def render_report_md(r: dict) -> str:
     m = r["metrics"]
+    ev = m.get("evaluation")
     lines = [f"# hddm-flower run — {r['created_at']}", "",
              f"{len(r['experts'])} of {r['num_experts']} experts; run directory `{r['run_dir']}`.", "",
-             "| expert | cluster | objective | top categories | steps | images seen | device s | velocity MSE |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| expert | cluster | objective | top categories | steps | images seen | device s | velocity MSE "
+             "| FID (own cluster) | KID (own cluster) | x̂0 clamps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     clusters = {c["id"]: c for c in r["dataset"]["clusters"]}
+    per_expert = (ev or {}).get("per_expert", {})
     for e in r["experts"]:
         cats = ", ".join(list(clusters[e["cluster_id"]]["categories"])[:2])
         obj = e["objective"] + (f" ({e['schedule']})" if e["objective"] == "ddpm" else "")
         mse = m["expert_velocity_mse"].get(str(e["expert_id"]))
+        pe = per_expert.get(str(e["expert_id"]), {})
+        c = pe.get("clamps") or {}
+        clamps = f"{c['x0_clamp_elements'] / c['elements']:.2%}" if c.get("elements") else "–"
         lines.append(f"| {e['expert_id']} | {e['cluster_id']} | {obj} | {cats} | {e['steps']} | {e['images_seen']} "
-                     f"| {e['device_seconds']:.0f} | {mse:.4f} |")
+                     f"| {e['device_seconds']:.0f} | {_fmt(mse, '.4f')} | {_fmt(pe.get('fid'), '.2f')} "
+                     f"| {_fmt(pe.get('kid'), '.4f')} | {clamps} |")
     if r["missing"]:
         lines += ["", "Missing experts:", ""] + [f"- expert {x['expert_id']}: {x['reason']}" for x in r["missing"]]
+    if ev:
+        p = ev["protocol"]
+        lines += ["", f"## Routing modes (aligned inference: {p['prompts']} prompts × {p['samples_per_prompt']} "
+                      f"samples, same noise, {p['num_steps']} steps, CFG {p['cfg_scale']}, seed {p['seed']})", "",
+                  f"- FID/KID features: **{ev['feature_network']}**; reference: {p['reference']}",
+                  f"- diversity: {ev['diversity_distance']}", "",
+                  "| routing | FID ↓ | KID ↓ | intra-prompt diversity ↑ | CLIP ↑ | experts per step | x̂0 clamps "
+                  "| 1−t<t_eps rows | s |", "|---|---|---|---|---|---|---|---|---|"]
+        for mode, x in ev["modes"].items():
+            c = x["clamps"]
+            clamps = f"{c['x0_clamp_elements'] / c['elements']:.2%}" if c.get("elements") else "–"
+            eps_rows = f"{c['t_eps_rows']}/{c['rows']}" if c.get("rows") else "–"
+            clip = _fmt(x["clip_score"]["value"], ".2f") if "clip_score" in x else "–"
+            lines.append(f"| {mode} | {x['fid']:.2f} | {x['kid']:.4f} ± {x['kid_std']:.4f} | {x['lpips']['mean']:.3f}"
+                         f" ± {x['lpips']['std']:.3f} | {clip} | {sum(x['usage']):.2f} | {clamps} | {eps_rows} "
+                         f"| {x['seconds']:.0f} |")
+        lines += ["", f"![router weights over t]({ev['plots']['router_weights']}) "
+                      f"![expert usage]({ev['plots']['expert_usage']})", "",
+                  "Grids per prompt (rows: routing modes): " + ", ".join(f"[{g['prompt']}]({g['file']})"
+                                                                          for g in ev["grids"])]
     t = m["times"]
-    lines += ["", "Held-out diagnostics (no feature network):", "", "| t | " + " | ".join(f"{x:g}" for x in t) + " |",
-              "|---" * (len(t) + 1) + "|"]
+    lines += ["", "## Held-out diagnostics (velocity space, no feature network)", "",
+              "| t | " + " | ".join(f"{x:g}" for x in t) + " |", "|---" * (len(t) + 1) + "|"]
     for key in ("router_top1_accuracy", "router_top2_accuracy", "ensemble_velocity_mse", "oracle_velocity_mse"):
         lines.append(f"| {key} | " + " | ".join(f"{x:.3f}" for x in m[key]) + " |")
     s = m["sampling"]
@@ -334,7 +460,8 @@ def render_report_md(r: dict) -> str:
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for pkg in ("hddm-flower", "torch", "diffusers", "transformers", "flwr", "webdataset", "safetensors"):
+    for pkg in ("hddm-flower", "torch", "diffusers", "transformers", "flwr", "webdataset", "safetensors",
+                "torchmetrics", "torch-fidelity", "lpips", "torchvision"):
         out[pkg] = _version(pkg)
     return out
 

@@ -40,6 +40,7 @@ class TrainStats:
     peak_memory_bytes: int = 0
     final_loss: float = float("nan")
     ema: bool = False
+    resumed_steps: int = 0  # steps restored from a local checkpoint instead of trained in this call
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
 
 
@@ -109,6 +110,7 @@ def fit(model: torch.nn.Module, loss_fn: Callable[[torch.Generator], Tensor], *,
         g.set_state(state["generator"].cpu())
         first, loss_ema, elapsed = int(state["step"]), torch.tensor(float(state["loss_ema"])), float(state["elapsed"])
         stats.loss_curve = [tuple(x) for x in state["loss_curve"]]
+        stats.resumed_steps = first
         log.info("%s resumed from %s at step %d", name, checkpoint, first)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
     start = time.perf_counter() - elapsed

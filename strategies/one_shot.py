@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from logging import INFO, WARNING
@@ -14,17 +16,23 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from hddm_flower.checkpoints import REQUIRED_META, check_expert_state, save_expert
+from hddm_flower.checkpoints import REQUIRED_META, CheckpointRejected, install_expert, validate_weights_file
 from hddm_flower.config import OBJECTIVES
+
+
+WIRE_STYPE = "safetensors"  # the stype of the one array a train reply carries: the expert's safetensors bytes
 
 
 class OneShotExperts(Strategy):
     """One-shot federation of diffusion experts, without aggregation.
 
     Each node trains one expert on its own cluster with its own objective and replies once with the final
-    checkpoint. Nothing is averaged: every reply is validated and written to ``run_dir/experts/expert-<id>`` as it
-    arrives (one checkpoint in memory at a time). Error replies, invalid checkpoints, silent nodes and experts
-    without a node are recorded in ``missing``; the run goes on when at least ``min_experts`` arrived.
+    checkpoint: its safetensors bytes as one array (``stype="safetensors"``, so bf16 travels as bf16). Nothing is
+    averaged: each reply is pulled alone, written to disk, validated there (:func:`validate_weights_file`: size,
+    sha256, safetensors only, names/shapes/dtypes of the run's preset, finite values) and moved to
+    ``run_dir/experts/expert-<id>``; the server holds one checkpoint in memory at a time. Error replies,
+    rejected checkpoints, silent nodes, expired messages and experts without a node are recorded in ``missing``
+    with their reason; the run goes on when at least ``min_experts`` experts are there.
 
     Parameters
     ----------
@@ -46,18 +54,37 @@ class OneShotExperts(Strategy):
         Where nodes without a ``data-dir`` prepare the embedded dataset ("" = their default).
     poll_interval : float (default: 1.0)
         Seconds between polls for replies.
+    model_config : dict | None (default: None)
+        The expert model config every checkpoint must match (the run's preset at the dataset's shapes); None
+        accepts the config a reply declares (its names and shapes are still checked against it).
+    max_checkpoint_bytes : int (default: 0)
+        Refuse weights larger than this before writing them (0 = no limit).
+    experts : Iterable[int] | None (default: None)
+        Train only these expert ids (e.g. the ones a previous run lost); None = all of them.
+    present : Iterable[int] (default: ())
+        Expert ids already in ``run_dir/experts`` (from an earlier run); they count towards ``min_experts``.
     """
 
     def __init__(self, run_dir: Path, experiment: dict, objectives: list[str], *, min_nodes: int = 1,
                  min_experts: int = 1, node_wait_timeout: float = 120.0, message_ttl: float | None = None,
-                 cache_dir: str = "", poll_interval: float = 1.0) -> None:
+                 cache_dir: str = "", poll_interval: float = 1.0, model_config: dict | None = None,
+                 max_checkpoint_bytes: int = 0, experts: Iterable[int] | None = None,
+                 present: Iterable[int] = ()) -> None:
         bad = [o for o in objectives if o not in OBJECTIVES]
         if bad:
             raise ValueError(f"unknown objectives {bad}; expected {OBJECTIVES}")
         self.run_dir, self.experiment, self.objectives = Path(run_dir), experiment, list(objectives)
         self.min_nodes, self.min_experts = min_nodes, min_experts
         self.node_wait_timeout, self.message_ttl, self.cache_dir = node_wait_timeout, message_ttl, cache_dir
-        self.poll_interval = poll_interval
+        self.poll_interval, self.model_config, self.max_checkpoint_bytes = poll_interval, model_config, \
+            max_checkpoint_bytes
+        self.targets = sorted(set(range(len(objectives)) if experts is None else experts))
+        self.present = set(present)
+        out = [k for k in self.targets + sorted(self.present) if not 0 <= k < len(objectives)]
+        if out:
+            raise ValueError(f"expert ids {out} outside 0..{len(objectives) - 1}")
+        if set(self.targets) & self.present:
+            raise ValueError(f"experts {sorted(set(self.targets) & self.present)} are already present")
         self.assignment: dict[int, int] = {}  # node id → expert id
         self.received: dict[int, dict[str, Any]] = {}  # expert id → checkpoint metadata
         self.missing: dict[int, str] = {}  # expert id → reason
@@ -73,6 +100,8 @@ class OneShotExperts(Strategy):
         log(INFO, "\t│\t├── Experts: %d (%s)", self.num_experts,
             ", ".join(f"{o}: {self.objectives.count(o)}" for o in OBJECTIVES))
         log(INFO, "\t│\t├── Objectives by expert id: %s", self.objectives)
+        if self.targets != list(range(self.num_experts)):
+            log(INFO, "\t│\t├── Training only experts %s (present: %s)", self.targets, sorted(self.present))
         log(INFO, "\t│\t├── Min nodes: %d (wait ≤ %.0f s), min experts: %d", self.min_nodes,
             self.node_wait_timeout, self.min_experts)
         log(INFO, "\t│\t└── Run directory: %s", self.run_dir)
@@ -100,14 +129,16 @@ class OneShotExperts(Strategy):
                 log(WARNING, "node %d has no expert-id or partition-id in its node config; skipped", node_id)
                 continue
             expert_id = int(raw)
-            if not 0 <= expert_id < self.num_experts:
+            if expert_id not in self.targets and 0 <= expert_id < self.num_experts:
+                log(INFO, "node %d holds expert %d, not wanted in this run; skipped", node_id, expert_id)
+            elif not 0 <= expert_id < self.num_experts:
                 log(WARNING, "node %d asks for expert %d outside 0..%d; skipped", node_id, expert_id,
                     self.num_experts - 1)
             elif expert_id in self.assignment.values():
                 log(WARNING, "node %d asks for expert %d, already assigned; skipped", node_id, expert_id)
             else:
                 self.assignment[node_id] = expert_id
-        for k in range(self.num_experts):
+        for k in self.targets:
             if k not in self.assignment.values():
                 self.missing[k] = "no node was assigned this expert (none connected, answered or claimed it)"
         return info
@@ -144,11 +175,14 @@ class OneShotExperts(Strategy):
             try:
                 meta = self._save(expert_id, reply.content)
             except (KeyError, ValueError, TypeError) as e:
-                self._lose(expert_id, f"invalid checkpoint: {_summary_line(str(e))}")
+                self._lose(expert_id, f"rejected checkpoint: {_summary_line(str(e))}")
                 continue
+            finally:
+                del reply  # the checkpoint's bytes go with it: one in memory at a time
             self.received[expert_id] = meta
-            log(INFO, "expert %d (%s) received: %d steps, %.0f device-s", expert_id, meta["objective"],
-                meta["steps"], meta["device_seconds"])
+            log(INFO, "expert %d (%s) received: %d steps (%d resumed), %.0f device-s, %d bytes", expert_id,
+                meta["objective"], meta["steps"], meta.get("resumed_steps", 0), meta["device_seconds"],
+                meta["weights_bytes"])
         return None, MetricRecord({"experts-received": len(self.received), "experts-missing": len(self.missing)})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -177,8 +211,9 @@ class OneShotExperts(Strategy):
         result = Result()
         result.train_metrics_clientapp[1] = metrics
         log(INFO, "OneShotExperts: %d experts received, %d missing", len(self.received), len(self.missing))
-        if len(self.received) < self.min_experts:
-            raise RuntimeError(f"only {len(self.received)} of {self.num_experts} experts arrived "
+        if len(self.received) + len(self.present) < self.min_experts:
+            raise RuntimeError(f"only {len(self.received)} of {self.num_experts} experts arrived"
+                               f"{f' ({len(self.present)} already present)' if self.present else ''} "
                                f"(min_experts={self.min_experts}); missing: {self.missing}")
         if ensemble_fn is not None:
             out = ensemble_fn(dict(self.received), dict(self.missing))
@@ -219,18 +254,42 @@ class OneShotExperts(Strategy):
                 self._lose(expert_of[message_id], f"no reply within {timeout:.0f} s (node silent or too slow)")
 
     def _save(self, expert_id: int, content: RecordDict) -> dict:
+        """Write the reply's weights to disk, validate them there, and install the expert folder."""
         meta = json.loads(str(content["meta"]["meta"]))
         model_config = json.loads(str(content["meta"]["model-config"]))
-        missing = [k for k in REQUIRED_META if k not in meta]
+        missing = [k for k in (*REQUIRED_META, "sha256") if k not in meta]
         if missing:
-            raise ValueError(f"metadata lacks {missing}")
+            raise CheckpointRejected(f"metadata lacks {missing}")
         if int(meta["expert_id"]) != expert_id:
-            raise ValueError(f"reply claims expert {meta['expert_id']}, expected {expert_id}")
+            raise CheckpointRejected(f"reply claims expert {meta['expert_id']}, expected {expert_id}")
         if meta["objective"] not in OBJECTIVES:
-            raise ValueError(f"unknown objective {meta['objective']!r}")
-        state = content.array_records["expert"].to_torch_state_dict()
-        check_expert_state(state, model_config)
-        meta["sha256"] = save_expert(self.run_dir / "experts" / f"expert-{expert_id}", state, model_config, meta)
+            raise CheckpointRejected(f"unknown objective {meta['objective']!r}")
+        if self.model_config is not None and model_config != self.model_config:
+            diff = sorted(k for k in set(model_config) | set(self.model_config)
+                          if model_config.get(k) != self.model_config.get(k))
+            preset = self.experiment["expert"]["preset"]
+            raise CheckpointRejected(f"model config differs from the run's preset {preset!r} in {diff[:4]}")
+        arrays = content.array_records.get("expert")
+        if arrays is None or list(arrays) != ["weights"] or arrays["weights"].stype != WIRE_STYPE:
+            raise CheckpointRejected(f"the reply's 'expert' record must hold one array 'weights' of stype "
+                                     f"{WIRE_STYPE!r} (the safetensors file)")
+        data = arrays["weights"].data
+        if self.max_checkpoint_bytes and len(data) > self.max_checkpoint_bytes:
+            raise CheckpointRejected(f"size {len(data)} bytes exceeds the limit of {self.max_checkpoint_bytes} bytes")
+        incoming = self.run_dir / "experts"
+        incoming.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".incoming-expert-{expert_id}-", suffix=".safetensors", dir=incoming)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            del data, arrays, content["expert"]  # nothing holds the bytes in memory any more
+            meta["sha256"] = validate_weights_file(tmp, model_config, sha256=str(meta["sha256"]),
+                                                   dtype=meta.get("weights_dtype"),
+                                                   max_bytes=self.max_checkpoint_bytes)
+            meta["weights_bytes"] = os.path.getsize(tmp)
+            install_expert(incoming / f"expert-{expert_id}", tmp, model_config, meta)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
         return meta
 
     def _lose(self, expert_id: int, reason: str) -> None:

@@ -12,7 +12,8 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from hddm_flower.config import Config, ConfigError, load_config, parse_overrides
-from hddm_flower.pipeline import assign_objectives, finish_run, prepare_data
+from hddm_flower.pipeline import (assign_objectives, checkpoint_limit, expected_model_config, finish_run,
+                                  prepare_data)
 
 from .one_shot import OneShotExperts
 
@@ -33,27 +34,75 @@ def resolve_run(run_config: dict, run_id: int) -> tuple[Config, Path, Path, str]
     return cfg, path, run_dir, str(run_config.get("cache-dir", ""))
 
 
+TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")  # what decides an expert's weights
+
+
+def parse_expert_ids(text: str, num_experts: int) -> list[int] | None:
+    """The run config's ``experts`` ("" = all; "3" or "1,5" = only these ids, e.g. the ones a run lost)."""
+    if not str(text).strip():
+        return None
+    try:
+        ids = sorted({int(x) for x in str(text).replace(" ", "").split(",")})
+    except ValueError:
+        raise ConfigError(f"run config experts={text!r}: expected expert ids separated by commas, e.g. \"1,5\"")
+    bad = [k for k in ids if not 0 <= k < num_experts]
+    if bad:
+        raise ConfigError(f"run config experts={text!r}: ids {bad} outside 0..{num_experts - 1}")
+    return ids
+
+
+def present_experts(run_dir: Path) -> set[int]:
+    return {int(f.name.split("-", 1)[1]) for f in (run_dir / "experts").glob("expert-*") if f.is_dir()}
+
+
+def missing_report(num_experts: int, present: set[int], lost: dict[int, str], run_dir: Path) -> list[dict]:
+    """``report.json``'s ``missing``: every absent expert id with the reason from this run or, for ids this run
+    did not target, from the run directory's previous report."""
+    before = {}
+    if (run_dir / "report.json").exists():
+        before = {m["expert_id"]: m["reason"] for m in json.loads((run_dir / "report.json").read_text())["missing"]}
+    return [{"expert_id": k, "reason": lost.get(k) or before.get(k, "not trained in this run")}
+            for k in range(num_experts) if k not in present]
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg, path, run_dir, cache_dir = resolve_run(dict(context.run_config), context.run_id)
-    if (run_dir / "experts").exists() and any((run_dir / "experts").iterdir()):
-        raise ConfigError(f"run-dir {run_dir} already holds experts from another run; choose a new run-dir")
+    targets = parse_expert_ids(str(context.run_config.get("experts", "")), cfg.num_experts)
+    present = present_experts(run_dir)
+    if targets is None and present:
+        raise ConfigError(f"run-dir {run_dir} already holds experts from another run; choose a new run-dir, or "
+                          f"train only the missing ones with --run-config 'experts=\"…\"'")
+    if targets is not None and (run_dir / "config.yaml").exists():  # a later run adds experts to an earlier one
+        earlier = load_config(run_dir / "config.yaml").to_dict()
+        diff = [k for k in TRAINING_SECTIONS if earlier[k] != cfg.to_dict()[k]]
+        if diff:
+            raise ConfigError(f"run-dir {run_dir} was trained with another {', '.join(diff)} configuration "
+                              f"(see its config.yaml); experts of one run must share it")
+        if set(targets) & present:
+            raise ConfigError(f"experts {sorted(set(targets) & present)} are already in {run_dir / 'experts'}; "
+                              f"remove their folders to train them again")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(f"# resolved from {path}\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    if not (run_dir / "config.yaml").exists() or targets is None:
+        (run_dir / "config.yaml").write_text(f"# resolved from {path}\n"
+                                             + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     log(INFO, "hddm-flower: run directory %s", run_dir)
 
     dataset_dir = prepare_data(cfg, cache_dir or None)  # the coordinator's copy (router training, evaluation)
     objectives = assign_objectives(cfg, dataset_dir)
+    model_config = expected_model_config(cfg, dataset_dir)
     f = cfg.federation
     strategy = OneShotExperts(run_dir, cfg.to_dict(), objectives, min_nodes=f.min_nodes, min_experts=f.min_experts,
                               node_wait_timeout=f.node_wait_timeout, message_ttl=f.message_ttl or None,
-                              cache_dir=cache_dir)
+                              cache_dir=cache_dir, model_config=model_config,
+                              max_checkpoint_bytes=checkpoint_limit(cfg, model_config), experts=targets,
+                              present=present)
 
     def ensemble_fn(received: dict, missing: dict) -> dict:
-        log(INFO, "hddm-flower: training the router, assembling %d experts, sampling", len(received))
+        log(INFO, "hddm-flower: training the router, assembling %d experts, sampling", len(received) + len(present))
         report = finish_run(cfg, run_dir, dataset_dir,
-                            [{"expert_id": k, "reason": r} for k, r in missing.items()],
-                            extra={"flower": {"run_id": context.run_id,
+                            missing_report(cfg.num_experts, present_experts(run_dir), missing, run_dir),
+                            extra={"flower": {"run_id": context.run_id, "trained": strategy.targets,
                                               "assignment": {str(n): e for n, e in strategy.assignment.items()}}})
         log(INFO, "hddm-flower: report written to %s", run_dir / "report.json")
         m = report["metrics"]
@@ -65,5 +114,6 @@ def main(grid: Grid, context: Context) -> None:
     except RuntimeError:
         (run_dir / "report.json").write_text(json.dumps({
             "status": "failed", "experts": list(strategy.received.values()),
-            "missing": [{"expert_id": k, "reason": r} for k, r in sorted(strategy.missing.items())]}, indent=2))
+            "missing": missing_report(cfg.num_experts, present_experts(run_dir), strategy.missing, run_dir)},
+            indent=2))
         raise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from collections.abc import Callable, Iterable
 
@@ -12,12 +14,16 @@ from flwr.supercore.task_identity import TaskIdentity  # private API: Message() 
 
 class FakeGrid(Grid):
     """``node_configs`` maps node id → node config. ``silent`` nodes answer queries but never a train message;
+    ``link_errors`` maps a node id to the (code, reason) of the error the SuperLink returns for its train message
+    instead of the node's reply (e.g. 3: TTL expired, 5: node unavailable; such errors carry node id 1);
     ``tamper(node_id, reply)`` may alter a reply in flight."""
 
     def __init__(self, client_app, node_configs: dict[int, dict], run_config: dict | None = None, *,
-                 silent: Iterable[int] = (), tamper: Callable[[int, Message], Message] | None = None):
+                 silent: Iterable[int] = (), tamper: Callable[[int, Message], Message] | None = None,
+                 link_errors: dict[int, tuple[int, str]] | None = None):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         self.client_app, self.silent, self.tamper = client_app, set(silent), tamper
+        self.link_errors = dict(link_errors or {})
         self.contexts = {n: Context(run_id=1, node_id=n, node_config=dict(c), state=RecordDict(),
                                     run_config=dict(run_config or {})) for n, c in node_configs.items()}
         self.replies: dict[str, Message] = {}
@@ -34,6 +40,11 @@ class FakeGrid(Grid):
             ids.append(message_id)
             node = msg.metadata.dst_node_id
             if node in self.silent and msg.metadata.message_type == "train":
+                continue
+            if node in self.link_errors and msg.metadata.message_type == "train":
+                reply = Message(Error(*self.link_errors[node]), reply_to=msg)
+                reply.metadata.__dict__["_src_node_id"] = 1  # the SuperLink, not the node
+                self.replies[message_id] = reply
                 continue
             try:
                 reply = self.client_app(msg, self.contexts[node])
@@ -58,3 +69,30 @@ class FakeGrid(Grid):
     @property
     def run(self):
         return None
+
+
+def reply_weights(reply: Message) -> bytes:
+    """The safetensors bytes a train reply carries."""
+    return reply.content.array_records["expert"]["weights"].data
+
+
+def set_reply_weights(reply: Message, blob: bytes, *, rehash: bool = True) -> Message:
+    """Replace a train reply's weights by ``blob``; ``rehash`` updates the sha256 in its metadata to match (the
+    sender is consistent, the content is bad), otherwise the old hash stays (corruption in transit)."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord
+
+    reply.content["expert"] = ArrayRecord({"weights": Array(dtype="uint8", shape=(len(blob),), stype="safetensors",
+                                                            data=blob)})
+    if rehash:
+        meta = json.loads(str(reply.content["meta"]["meta"]))
+        meta["sha256"] = hashlib.sha256(blob).hexdigest()
+        reply.content["meta"] = ConfigRecord({"meta": json.dumps(meta),
+                                              "model-config": str(reply.content["meta"]["model-config"])})
+    return reply
+
+
+def rewrite_weights(reply: Message, fn: Callable[[dict], dict]) -> Message:
+    """Apply ``fn`` to the reply's state dict and send the result as a consistent safetensors file."""
+    from safetensors.torch import load, save
+
+    return set_reply_weights(reply, save(fn(load(reply_weights(reply)))))

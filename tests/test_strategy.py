@@ -11,7 +11,7 @@ from hddm_flower.checkpoints import load_expert
 from hddm_flower.pipeline import finish_run
 from strategies.one_shot import OneShotExperts
 
-from .fake_grid import FakeGrid
+from .fake_grid import FakeGrid, rewrite_weights
 
 
 def _strategy(cfg, run_dir, cache_dir, **kw):
@@ -67,7 +67,7 @@ def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(tiny
         assert e["steps"] == 3 and e["images_seen"] == 12
     assert [m["expert_id"] for m in report["missing"]] == [2, 3]
     assert {"metrics", "versions"} <= set(report) and report["versions"]["flwr"] == "1.42.0"
-    assert report["metrics"]["feature_network"].startswith("none")
+    assert report["metrics"]["feature_network"].startswith("hddm feature classifier")
     assert (tmp_path / "samples.png").stat().st_size > 0 and (tmp_path / "report.md").exists()
     assert (tmp_path / "router" / "config.json").exists()
     expert, meta = load_expert(tmp_path / "experts" / "expert-1")
@@ -80,19 +80,13 @@ def test_node_override_and_tampered_checkpoint(tiny_config, dataset_dir, cache_d
 
     def tamper(node, reply):
         if node == 202 and not reply.has_error() and "expert" in reply.content.array_records:
-            arrays = reply.content.array_records["expert"]
-            key = next(iter(arrays))
-            state = arrays.to_torch_state_dict()
-            state[key] = torch.full_like(state[key], float("nan"))
-            from flwr.app import ArrayRecord
-
-            reply.content["expert"] = ArrayRecord(state)
+            rewrite_weights(reply, lambda state: {k: torch.full_like(v, float("nan")) for k, v in state.items()})
         return reply
 
     strategy = _strategy(tiny_config, tmp_path, cache_dir, min_nodes=2, min_experts=1)
     strategy.start(FakeGrid(client_app, nodes, tamper=tamper), timeout=30.0)
     assert strategy.received[0]["objective"] == "ddpm" and strategy.received[0]["objective_assigned"] == "fm"
-    assert "invalid checkpoint" in strategy.missing[1] and "non-finite" in strategy.missing[1]
+    assert "rejected checkpoint" in strategy.missing[1] and "non-finite" in strategy.missing[1]
     assert "no node" in strategy.missing[2] and "no node" in strategy.missing[3]
     assert not (tmp_path / "experts" / "expert-1").exists()
 
@@ -118,3 +112,52 @@ def test_server_run_config_resolution(tiny_config_path, tmp_path):
         resolve_run({"config": str(tiny_config_path), "run-dir": "relative/out"}, 1)
     with pytest.raises(ConfigError, match="unknown key expert.stpes"):
         resolve_run({"config": str(tiny_config_path), "overrides": "expert.stpes=5"}, 1)
+
+
+def test_server_memory_benchmark_runs_small(tmp_path):
+    """benchmarks/server_memory.py's sender and server, in-process and tiny (the real run measures in two
+    processes): what is sent is the safetensors file plus object headers, and every expert is installed."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("server_memory", Path(__file__).parent.parent / "benchmarks"
+                                                  / "server_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sent = [bench.produce(tmp_path / "store", k, layers=1) for k in range(2)]
+    for s in sent:
+        assert 1 < s["wire_bytes"] / s["safetensors_bytes"] < 1.001 and s["objects"] > 3
+        assert abs(s["safetensors_bytes"] / s["float32_bytes"] - 0.5) < 0.01  # bf16, not fp32-doubled
+        assert s["arrayrecord_numpy_path"].startswith("TypeError")
+    result = bench.serve(tmp_path / "store", 2, 1, False, tmp_path / "run")
+    assert result["peak_rss_mib"] > 0 and sorted(p.name for p in (tmp_path / "run" / "experts").iterdir()) == [
+        "expert-0", "expert-1"]
+
+
+def test_server_refuses_mixing_runs_and_parses_target_ids(tiny_config_path, tmp_path):
+    import yaml
+    from flwr.app import Context, RecordDict
+
+    from hddm_flower.config import ConfigError, load_config
+    from strategies.server_app import main, parse_expert_ids
+
+    assert parse_expert_ids("", 4) is None and parse_expert_ids(" 3, 1,3", 4) == [1, 3]
+    with pytest.raises(ConfigError, match=r"ids \[4\] outside 0..3"):
+        parse_expert_ids("4", 4)
+    with pytest.raises(ConfigError, match="expected expert ids separated by commas"):
+        parse_expert_ids("one", 4)
+
+    run = tmp_path / "run"
+    (run / "experts" / "expert-0").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(load_config(tiny_config_path).to_dict()))
+
+    def start(**run_config):
+        main(None, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                           run_config={"config": str(tiny_config_path), "run-dir": str(run)} | run_config))
+
+    with pytest.raises(ConfigError, match="already holds experts from another run"):
+        start()
+    with pytest.raises(ConfigError, match=r"experts \[0\] are already in"):
+        start(experts="0,2")
+    with pytest.raises(ConfigError, match="was trained with another expert configuration"):
+        start(experts="2", overrides="expert.steps=4")

@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""A real Flower deployment of this app on one machine: TLS, SuperNode authentication, N institutions.
+
+What it does, in order (each step is a method of :class:`Deployment`, which the tests drive step by step):
+
+1. creates a CA and a server certificate whose SAN matches the loopback address (a real coordinator uses a real
+   CA and its public host name);
+2. starts ``flower-superlink`` with TLS and ``--enable-supernode-auth`` (in-memory state, no runtime dependency
+   installation);
+3. for each institution k: makes an EC key pair (``ssh-keygen``: what the institution does; only ``node-k.pub``
+   ever leaves it), registers the public key (``flwr supernode register``: what the coordinator does), and starts
+   ``flower-supernode`` with the CA bundle, its private key and its ``--node-config`` (``expert-id``,
+   ``cache-dir``, ``work-dir``; optionally ``data-dir`` and ``objective``);
+4. submits the app with ``flwr run`` and waits for the run to finish (``flwr ls --run-id``: the exit code of
+   ``flwr run`` does not say whether the run failed);
+5. with ``--drill``, rehearses failures on the running deployment (:func:`fault_drill`): a SuperNode with an
+   unregistered key is refused; the last node's SuperNode is SIGKILLed mid-training and the run completes without
+   its expert, saying why; restarted, a run that targets only that expert resumes from its local checkpoint;
+6. stops everything it started: each process was started in its own process group and is stopped by its PID.
+
+Usage (the run directory, logs and keys stay in the work directory it prints)::
+
+    python scripts/deploy_loopback.py --nodes 2 --port 19400 [--drill]
+    python scripts/deploy_loopback.py --nodes 3 --config configs/default.yaml --overrides "expert.steps=30"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+APP = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode and flwr of this environment
+CONNECTION = "loopback-tls"
+
+
+class DeploymentError(RuntimeError):
+    pass
+
+
+class Deployment:
+    """Processes of one loopback deployment under ``work``; ``port`` is the SuperLink's, the SuperNodes' local
+    ClientApp ports follow it (``port + 3 + k``)."""
+
+    def __init__(self, work: str | os.PathLike, port: int = 19400, *, quiet: bool = True):
+        self.work, self.port, self.quiet = Path(work), port, quiet
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ, FLWR_HOME=str(self.work / "flwr"), FLWR_TELEMETRY_ENABLED="0",
+                        FLWR_DISABLE_UPDATE_CHECK="1", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+                        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    # -- certificates and keys ---------------------------------------------------------------------------------
+
+    def certificates(self) -> None:
+        """A CA and a server certificate for localhost / 127.0.0.1, and the flwr connection that trusts the CA."""
+        w = self.work
+        self._sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+                 "-days", "2", "-subj", "/CN=hddm-loopback-ca")
+        self._sh("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+                 "-subj", "/CN=localhost")
+        (w / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+        self._sh("openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.ext")
+        (w / "flwr").mkdir(exist_ok=True)
+        (w / "flwr" / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{w / "ca.crt"}"\n')
+
+    def node_key(self, name: str) -> Path:
+        """An institution's EC key pair (OpenSSH format); returns the private key's path (``.pub`` beside it)."""
+        key = self.work / name
+        if not key.exists():
+            self._sh("ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(key), "-C", name)
+        return key
+
+    def register(self, key: Path) -> None:
+        """The coordinator registers an institution's public key (nothing else is exchanged)."""
+        self._flwr("supernode", "register", f"{key}.pub", CONNECTION, "--name", key.name)
+
+    # -- processes ---------------------------------------------------------------------------------------------
+
+    def start_superlink(self, timeout: float = 60.0) -> None:
+        self._start("superlink", "flower-superlink", "--ssl-ca-certfile", "ca.crt", "--ssl-certfile", "server.pem",
+                    "--ssl-keyfile", "server.key", "--enable-supernode-auth", "--host", "127.0.0.1",
+                    "--port", str(self.port), "--disable-runtime-dependency-installation")
+        deadline = time.monotonic() + timeout
+        while True:
+            self._alive("superlink")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise DeploymentError(f"the SuperLink did not listen on port {self.port} within {timeout:.0f} s")
+                time.sleep(0.3)
+        self._wait(lambda: self._try_flwr("supernode", "ls", CONNECTION, "--format", "json"), timeout,
+                   "the SuperLink's control API did not answer")
+
+    def start_supernode(self, name: str, key: Path, node_config: dict, local_port: int) -> subprocess.Popen:
+        """Start an institution's SuperNode (its ClientApp's local API on ``local_port``)."""
+        config = " ".join(f"{k}={json.dumps(v)}" for k, v in node_config.items())
+        return self._start(name, "flower-supernode", "--root-certificates", "ca.crt", "--auth-supernode-private-key",
+                           str(key), "--superlink", f"127.0.0.1:{self.port}", "--port", str(local_port),
+                           "--node-config", config)
+
+    def nodes_online(self) -> int:
+        out = self._try_flwr("supernode", "ls", CONNECTION, "--format", "json")
+        nodes = json.loads(out).get("nodes", []) if out else []
+        return sum(1 for n in nodes if str(n.get("status", "")).lower() == "online")
+
+    def wait_nodes(self, n: int, timeout: float = 90.0) -> None:
+        self._wait(lambda: self.nodes_online() >= n, timeout, f"{n} SuperNodes did not come online")
+
+    def wait_offline(self, n: int, timeout: float = 120.0) -> None:
+        """Wait until at most ``n`` nodes are online. A SuperNode that died stays "online" until its heartbeat
+        lapses (flwr 1.42: 2 × 30 s); until then its key cannot activate again (exit code 305, [code: 2004])."""
+        self._wait(lambda: self.nodes_online() <= n, timeout, f"the SuperLink still lists more than {n} nodes online")
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        """Stop one started process and everything it spawned (its process group, by its PID)."""
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        for name in [n for n in self.procs if n != "superlink"] + ["superlink"]:
+            self.stop(name)
+
+    def __enter__(self) -> "Deployment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- runs --------------------------------------------------------------------------------------------------
+
+    def submit(self, run_config: dict) -> int:
+        """``flwr run`` this app with ``run_config``; returns the run id."""
+        text = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
+        out = self._flwr("run", str(APP), CONNECTION, "--run-config", text, "--format", "json")
+        return int(json.loads(out)["run-id"])
+
+    def wait_run(self, run_id: int, timeout: float = 600.0) -> str:
+        """Wait until the run finished; returns its status (``finished:completed`` when it succeeded) and writes
+        its ServerApp log to ``run-<id>.log``."""
+        status = ""
+
+        def finished() -> bool:
+            nonlocal status
+            out = self._try_flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json")
+            runs = json.loads(out).get("runs", []) if out else []
+            status = runs[0]["status"] if runs else ""
+            return status.startswith("finished")
+
+        self._wait(finished, timeout, f"run {run_id} did not finish", interval=3.0)
+        log = self._try_flwr("log", str(run_id), CONNECTION, "--show") or ""
+        (self.work / f"run-{run_id}.log").write_text(log)
+        return status
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+
+    def _start(self, name: str, *cmd: str) -> subprocess.Popen:
+        if name in self.procs and self.procs[name].poll() is None:
+            raise DeploymentError(f"{name} is already running")
+        log = open(self.work / f"{name}.log", "ab")
+        proc = subprocess.Popen(cmd, cwd=self.work, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own process group: stopped with all it spawns
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def _alive(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            tail = (self.work / f"{name}.log").read_text(errors="replace")[-1500:]
+            raise DeploymentError(f"{name} exited with code {proc.returncode}:\n{tail}")
+
+    def _sh(self, *cmd: str) -> str:
+        res = subprocess.run(cmd, cwd=self.work, env=self.env, capture_output=True, text=True)
+        if res.returncode:
+            raise DeploymentError(f"{shlex.join(cmd)} failed ({res.returncode}): {res.stderr.strip()[-500:]}")
+        return res.stdout
+
+    def _flwr(self, *args: str) -> str:
+        return self._sh(str(BIN / "flwr"), *args)
+
+    def _try_flwr(self, *args: str) -> str | None:
+        res = subprocess.run([str(BIN / "flwr"), *args], cwd=self.work, env=self.env, capture_output=True, text=True)
+        return res.stdout if res.returncode == 0 else None
+
+    @staticmethod
+    def _wait(ok, timeout: float, what: str, interval: float = 1.0) -> None:
+        deadline = time.monotonic() + timeout  # (each flwr call costs a second of CPU: poll gently)
+        while not ok():
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"{what} within {timeout:.0f} s")
+            time.sleep(interval)
+
+
+def deploy(nodes: int, port: int, work: Path, *, config: str, overrides: str, cache_dir: Path,
+           timeout: float = 900.0, drill: bool = False, data_dir: str = "",
+           objectives: list[str] | None = None) -> dict:
+    """The whole story for ``nodes`` institutions (expert k on node k), then optionally the fault drill; returns
+    what happened (also written to ``work/deploy.json``)."""
+    out: dict = {"nodes": nodes, "port": port, "work": str(work)}
+    with Deployment(work, port) as d:
+        d.certificates()
+        d.start_superlink()
+        keys = [d.node_key(f"node-{k}") for k in range(nodes)]
+        for key in keys:
+            d.register(key)
+
+        def node(k: int) -> None:
+            config = {"expert-id": k, "num-threads": 1, "cache-dir": str(cache_dir),
+                      "work-dir": str(work / f"work-{k}")}
+            if data_dir:  # the institution's own prepared data
+                config["data-dir"] = data_dir
+            if objectives and objectives[k]:  # the institution insists on its objective
+                config["objective"] = objectives[k]
+            d.start_supernode(f"supernode-{k}", keys[k], config, port + 3 + k)
+
+        for k in range(nodes):
+            node(k)
+        d.wait_nodes(nodes)
+        run_config = {"config": config, "cache-dir": str(cache_dir)}
+        run_id = d.submit(run_config | {"run-dir": str(work / "run"),
+                                        "overrides": f"federation.min_nodes={nodes} {overrides}".strip()})
+        out["run"] = {"status": d.wait_run(run_id, timeout), "run_dir": str(work / "run")}
+        if drill:
+            out["drill"] = fault_drill(d, nodes, node, run_config, overrides, work, timeout)
+    (work / "deploy.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
+def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: str, work: Path,
+                timeout: float) -> dict:
+    """On the running deployment: (1) a SuperNode with an unregistered key must be refused; (2) the last node's
+    SuperNode is SIGKILLed (with its ClientApp) at its first local checkpoint: the run must complete without its
+    expert and say why; (3) restarted with the same key and work-dir, a run that targets only that expert must
+    resume its training and complete the ensemble."""
+    result: dict = {}
+    intruder = d.start_supernode("intruder", d.node_key("intruder"), {"expert-id": 0}, d.port + 2)
+    try:
+        intruder.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    log = (work / "intruder.log").read_text(errors="replace")
+    result["intruder_refused"] = intruder.poll() not in (None, 0) and "Failed to activate" in log
+    d.stop("intruder")
+
+    lost = nodes - 1
+    run_dir = work / "drill-run"
+    drill = (f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 federation.train_timeout=35 "
+             f"expert.steps=300 expert.checkpoint_every=10 expert.log_every=100")  # (later keys win)
+    run_a = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill})
+    deadline = time.monotonic() + timeout
+    while not list((work / f"work-{lost}").glob(f"expert-{lost}-*.pt")):
+        if time.monotonic() > deadline:
+            raise DeploymentError(f"node {lost} never wrote a training checkpoint")
+        time.sleep(0.2)
+    d.stop(f"supernode-{lost}", signal.SIGKILL)  # the machine is gone: SuperNode, SuperExec and ClientApp
+    result["killed_run"] = {"status": d.wait_run(run_a, timeout),
+                            "report": json.loads((run_dir / "report.json").read_text())}
+    d.wait_offline(nodes - 1)  # until then the SuperLink refuses the same key (exit 305, code 2004)
+    node(lost)  # the institution restarts its SuperNode: same key, same work-dir
+    d.wait_nodes(nodes)
+    run_b = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill, "experts": str(lost)})
+    result["resumed_run"] = {"status": d.wait_run(run_b, timeout),
+                             "report": json.loads((run_dir / "report.json").read_text()),
+                             "expert": json.loads((run_dir / "experts" / f"expert-{lost}" / "hddm_expert.json")
+                                                  .read_text())}
+    return result
+
+
+def check(out: dict) -> list[str]:
+    """What did not go as it should (empty when the deployment, and the drill if run, behaved)."""
+    problems = []
+    nodes = out["nodes"]
+    if out["run"]["status"] != "finished:completed":
+        problems.append(f"run: {out['run']['status']}")
+    elif not (Path(out["run"]["run_dir"]) / "report.json").exists():
+        problems.append("run: no report.json")
+    drill = out.get("drill")
+    if drill is not None:
+        lost = nodes - 1
+        if not drill["intruder_refused"]:
+            problems.append("drill: a SuperNode with an unregistered key was not refused")
+        killed = drill["killed_run"]
+        missing = killed["report"].get("missing", [])
+        if killed["status"] != "finished:completed" or [m["expert_id"] for m in missing] != [lost]:
+            problems.append(f"drill: the run with a killed node ended {killed['status']}, missing {missing}")
+        resumed = drill["resumed_run"]
+        if resumed["status"] != "finished:completed" or resumed["report"]["missing"] \
+                or not resumed["expert"].get("resumed_steps"):
+            problems.append(f"drill: the resumed run ended {resumed['status']}, missing "
+                            f"{resumed['report']['missing']}, resumed_steps {resumed['expert'].get('resumed_steps')}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--nodes", type=int, default=2, help="institutions (SuperNodes), one expert each")
+    p.add_argument("--port", type=int, default=19400, help="SuperLink port; SuperNodes use port+3+k")
+    p.add_argument("--work", type=Path, default=None, help="work directory (default: a new temporary one)")
+    p.add_argument("--config", default="configs/default.yaml", help="experiment YAML (relative to the app)")
+    p.add_argument("--overrides", default=None,
+                   help="config overrides; default: a quick run with one DDPM expert and the rest FM")
+    p.add_argument("--cache-dir", type=Path, default=None, help="dataset cache shared by all (default: in --work)")
+    p.add_argument("--data-dir", default="", help="a prepared dataset directory every node trains from "
+                                                  "(node config data-dir; default: each prepares the embedded one)")
+    p.add_argument("--objectives", default="", help="per-node objective overrides, e.g. ',ddpm' (node config "
+                                                    "objective; empty = the server's assignment)")
+    p.add_argument("--drill", action="store_true",
+                   help="then the fault drill: an unregistered key, a SuperNode killed mid-training, its restart "
+                        "resuming in a run that targets only its expert (needs ≥ 2 nodes)")
+    args = p.parse_args(argv)
+    if args.nodes < 1 or (args.drill and args.nodes < 2):
+        p.error("--nodes must be ≥ 1 (≥ 2 with --drill)")
+    for tool in ("openssl", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            p.error(f"{tool} is not installed")
+    work = args.work or Path(tempfile.mkdtemp(prefix="hddm-deploy-"))
+    n = args.nodes
+    overrides = args.overrides if args.overrides is not None else (
+        f"num_experts={n} objectives={{ddpm: 1, fm: {n - 1}, ddpm_clusters: [0]}} expert.steps=30 router.steps=30 "
+        f"sampling.num_steps=10 sampling.samples_per_prompt=2 federation.min_experts={n}")
+    try:
+        objectives = args.objectives.split(",") if args.objectives else None
+        if objectives is not None and len(objectives) != n:
+            p.error(f"--objectives has {len(objectives)} entries for {n} nodes")
+        out = deploy(n, args.port, work, config=args.config, overrides=overrides,
+                     cache_dir=args.cache_dir or work / "cache", drill=args.drill, data_dir=args.data_dir,
+                     objectives=objectives)
+    except DeploymentError as e:
+        print(f"deploy: error: {e} (logs in {work})", file=sys.stderr)
+        return 1
+    print(f"run status: {out['run']['status']}; run directory: {out['run']['run_dir']}; logs: {work}")
+    if args.drill:
+        d = out["drill"]
+        print(f"drill: unregistered key refused: {d['intruder_refused']}; killed node's expert: "
+              f"{d['killed_run']['report']['missing']}; after restart: resumed "
+              f"{d['resumed_run']['expert'].get('resumed_steps')} of {d['resumed_run']['expert']['steps']} steps, "
+              f"missing {d['resumed_run']['report']['missing']}")
+    problems = check(out)
+    for problem in problems:
+        print(f"deploy: FAILED: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""Lost experts, bad checkpoints and resumed clients, over the fake Grid with the real ClientApp (no Ray).
+
+Every fault ends in ``missing`` with its reason, is never written under ``run_dir/experts``, and the run goes on
+with the experts it has."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import Context
+
+from clients.client_app import app as client_app
+from hddm_flower.checkpoints import CheckpointRejected, load_expert, validate_weights_file, weights_bytes
+from hddm_flower.pipeline import checkpoint_limit, expected_model_config
+from strategies.one_shot import OneShotExperts
+
+from .fake_grid import FakeGrid, reply_weights, rewrite_weights, set_reply_weights
+
+
+def _strategy(cfg, run_dir, cache_dir, dataset_dir, **kw):
+    model_config = expected_model_config(cfg, dataset_dir)
+    args = dict(min_nodes=1, min_experts=1, node_wait_timeout=0.5, cache_dir=str(cache_dir), poll_interval=0.05,
+                model_config=model_config, max_checkpoint_bytes=checkpoint_limit(cfg, model_config))
+    return OneShotExperts(run_dir, cfg.to_dict(), cfg.objective_of(), **(args | kw))
+
+
+def _pickled(reply):
+    from safetensors.torch import load
+
+    buf = io.BytesIO()
+    torch.save(load(reply_weights(reply)), buf)  # a pickle: what torch.save / .pt / .bin files are
+    return set_reply_weights(reply, buf.getvalue())
+
+
+def _flip_byte(reply):
+    blob = bytearray(reply_weights(reply))
+    blob[-3] ^= 0xFF  # corrupted in transit or altered: the declared sha256 no longer matches
+    return set_reply_weights(reply, bytes(blob), rehash=False)
+
+
+def _nan(reply):
+    return rewrite_weights(reply, lambda s: {k: v.clone().fill_(float("nan")) if "proj_out" in k else v
+                                             for k, v in s.items()})
+
+
+def _wrong_shape(reply):
+    return rewrite_weights(reply, lambda s: {k: v[..., :1].contiguous() if k == "proj_out.weight" else v
+                                             for k, v in s.items()})
+
+
+def _renamed(reply):
+    return rewrite_weights(reply, lambda s: {k.replace("proj_out.weight", "evil.weight"): v for k, v in s.items()})
+
+
+def _mixed_dtype(reply):
+    return rewrite_weights(reply, lambda s: {k: v.to(torch.bfloat16) if k == "proj_out.weight" else v
+                                             for k, v in s.items()})
+
+
+def _no_hash(reply):
+    meta = json.loads(str(reply.content["meta"]["meta"]))
+    del meta["sha256"]
+    reply.content["meta"]["meta"] = json.dumps(meta)
+    return reply
+
+
+def _huge(reply):
+    return set_reply_weights(reply, reply_weights(reply) + b"\0" * (4 << 20))
+
+
+def _other_preset(reply):
+    config = json.loads(str(reply.content["meta"]["model-config"]))
+    reply.content["meta"]["model-config"] = json.dumps(config | {"num_layers": 2})
+    return reply
+
+
+BAD = {
+    "pickle file": (_pickled, "not a valid safetensors file"),
+    "hash mismatch": (_flip_byte, "sha256 mismatch"),
+    "NaN": (_nan, "non-finite values"),
+    "wrong shape": (_wrong_shape, "proj_out.weight has shape"),
+    "wrong names": (_renamed, "unexpected ['evil.weight']"),
+    "mixed dtypes": (_mixed_dtype, "dtypes ['bfloat16', 'float32'] do not match"),
+    "no hash": (_no_hash, "metadata lacks ['sha256']"),
+    "too large": (_huge, "exceeds the limit"),
+    "other preset": (_other_preset, "model config differs from the run's preset 'test' in ['num_layers']"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+def test_bad_checkpoint_is_rejected_with_its_reason(kind, tiny_config, dataset_dir, cache_dir, tmp_path):
+    tamper_fn, reason = BAD[kind]
+    nodes = {1: {"partition-id": 0}, 2: {"partition-id": 3}}
+
+    def tamper(node, reply):
+        return tamper_fn(reply) if node == 2 and reply.metadata.message_type == "train" else reply
+
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, experts=[0, 3])
+    strategy.start(FakeGrid(client_app, nodes, tamper=tamper), timeout=30.0)
+    assert sorted(strategy.received) == [0]
+    assert strategy.missing[3].startswith("rejected checkpoint") and reason in strategy.missing[3], strategy.missing
+    assert sorted(p.name for p in (tmp_path / "experts").iterdir()) == ["expert-0"]  # nothing half-written kept
+    load_expert(tmp_path / "experts" / "expert-0")
+
+
+def test_lost_experts_each_with_its_reason_and_the_ensemble_built_from_the_rest(tiny_config, dataset_dir,
+                                                                                cache_dir, tmp_path):
+    """A client that raises, a message whose TTL expired, a SuperNode that vanished, one that never replies and
+    an expert no node ever claimed: all five reasons are kept and the run goes on with the one that came
+    (test_strategy.py builds the ensemble from what arrived)."""
+    from hddm_flower.config import config_from_dict
+    from strategies.server_app import missing_report
+
+    cfg = config_from_dict(tiny_config.to_dict() | {"num_experts": 6, "objectives": {"ddpm": 1, "fm": 5,
+                                                                                     "ddpm_clusters": [1]}})
+    nodes = {10: {"partition-id": 0}, 11: {"partition-id": 1, "objective": "edm"}, 12: {"partition-id": 2},
+             13: {"partition-id": 3}, 14: {"partition-id": 4}}
+    grid = FakeGrid(client_app, nodes, silent=[14], link_errors={
+        12: (3, "Message has expired (TTL)."),
+        13: (5, "Node 13 failed to report a heartbeat within 2 × its expected interval."),
+    })
+    strategy = _strategy(cfg, tmp_path, cache_dir, dataset_dir, min_nodes=6)
+    calls = []
+    strategy.start(grid, timeout=1.5, ensemble_fn=lambda received, missing: calls.append((received, missing)))
+    m = strategy.missing
+    assert sorted(strategy.received) == [0] and sorted(m) == [1, 2, 3, 4, 5]
+    assert "error reply (code 2)" in m[1] and "edm" in m[1]
+    assert "error reply (code 3)" in m[2] and "expired" in m[2]
+    assert "error reply (code 5)" in m[3] and "heartbeat" in m[3]
+    assert "no reply within 2 s" in m[4]
+    assert "no node was assigned" in m[5]
+    assert list(calls[0][0]) == [0] and calls[0][1] == m
+    missing = missing_report(6, {0}, m, tmp_path)  # report.json's list: expert id + reason, nothing else
+    assert missing == [{"expert_id": k, "reason": m[k]} for k in range(1, 6)]
+
+
+def test_only_the_targeted_experts_are_trained(tiny_config, dataset_dir, cache_dir, tmp_path):
+    nodes = {n: {"partition-id": n} for n in range(4)}
+    grid = FakeGrid(client_app, nodes)
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, experts=[2], present=[0, 1], min_experts=3)
+    strategy.start(grid, timeout=30.0)
+    assert [m.content["config"]["expert-id"] for m in grid.sent if m.metadata.message_type == "train"] == [2]
+    assert sorted(strategy.received) == [2] and strategy.missing == {}
+    with pytest.raises(ValueError, match=r"experts \[1\] are already present"):
+        _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, experts=[1], present=[1])
+
+
+def test_bf16_weights_travel_and_rest_as_bf16(tiny_config, dataset_dir, cache_dir, tmp_path):
+    from hddm_flower.config import config_from_dict
+
+    cfg = config_from_dict(tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"]
+                                                    | {"weights_dtype": "bfloat16"}})
+    sizes = {}
+
+    def measure(node, reply):
+        if reply.metadata.message_type == "train":
+            sizes["sent"] = reply.content.array_records["expert"].count_bytes()
+        return reply
+
+    strategy = _strategy(cfg, tmp_path, cache_dir, dataset_dir, experts=[0])
+    strategy.start(FakeGrid(client_app, {1: {"partition-id": 0}}, tamper=measure), timeout=30.0)
+    weights = tmp_path / "experts" / "expert-0" / "diffusion_pytorch_model.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(weights, "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    n = sum(p.numel() for p in load_expert(weights.parent)[0].parameters())
+    assert weights.stat().st_size < 2 * n + 20_000  # two bytes a parameter plus the header
+    assert abs(sizes["sent"] - weights.stat().st_size) < 1_000  # what was sent is the file, not fp32-doubled
+    assert strategy.received[0]["weights_dtype"] == "bfloat16"
+
+
+def test_validate_weights_file_checks_everything_without_unpickling(tmp_path):
+    from hddm_flower.models import ExpertNet, expert_config
+
+    config = expert_config("test", sample_size=8, in_channels=3, caption_channels=8)
+    state = ExpertNet.from_config(config).transformer.state_dict()
+    good = tmp_path / "good.safetensors"
+    good.write_bytes(weights_bytes(state))
+    digest = validate_weights_file(good, config, dtype="float32")
+    assert validate_weights_file(good, config, sha256=digest, max_bytes=good.stat().st_size) == digest
+    with pytest.raises(CheckpointRejected, match="exceeds the limit"):
+        validate_weights_file(good, config, max_bytes=100)
+    with pytest.raises(CheckpointRejected, match=r"dtypes \['float32'\] do not match the declared bfloat16"):
+        validate_weights_file(good, config, dtype="bfloat16")
+    evil = tmp_path / "evil.safetensors"  # a pickle whose loading would run code: refused before any parsing
+    evil.write_bytes(b"\x80\x04cos\nsystem\n(S'touch " + str(tmp_path / "pwned").encode() + b"'\ntR.")
+    with pytest.raises(CheckpointRejected, match="not a valid safetensors file"):
+        validate_weights_file(evil, config)
+    assert not (tmp_path / "pwned").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A killed and restarted client resumes
+
+_CHILD = """
+import json, sys
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+from clients.client_app import app
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 7, 1
+experiment, node = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+task = ConfigRecord({"expert-id": 0, "cluster-id": 0, "objective": "fm", "experiment": json.dumps(experiment),
+                     "cache-dir": node["cache-dir"]})
+msg = Message(RecordDict({"config": task}), dst_node_id=7, message_type=MessageType.TRAIN)
+app(msg, Context(run_id=1, node_id=7, node_config=node, state=RecordDict(), run_config={}))
+"""
+
+
+def test_killed_client_resumes_from_its_last_checkpoint(tiny_config, dataset_dir, cache_dir, tmp_path):
+    """SIGKILL a ClientApp process mid-training; the same node, given the same expert again, resumes from its last
+    local checkpoint, and the checkpoint that arrives says how many steps were resumed."""
+    from hddm_flower.config import config_from_dict
+
+    values = tiny_config.to_dict()
+    values["expert"] = values["expert"] | {"steps": 400, "checkpoint_every": 10, "log_every": 50}
+    cfg = config_from_dict(values)
+    node = {"partition-id": 0, "work-dir": str(tmp_path / "work"), "cache-dir": str(cache_dir), "num-threads": 1}
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(cfg.to_dict()), json.dumps(node)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "work").glob("expert-0-*.pt")) and time.monotonic() < deadline:
+        assert child.poll() is None, child.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)  # the node dies mid-training, with no chance to clean up
+    child.wait()
+    assert child.returncode == -signal.SIGKILL
+    state = torch.load(next((tmp_path / "work").glob("expert-0-*.pt")), weights_only=True)
+    assert 0 < state["step"] < 400 and state["step"] % 10 == 0
+
+    strategy = _strategy(cfg, tmp_path / "run", cache_dir, dataset_dir, experts=[0])
+    strategy.start(FakeGrid(client_app, {7: node}), timeout=120.0)
+    meta = strategy.received[0]
+    assert meta["steps"] == 400 and meta["resumed_steps"] >= state["step"] > 0
+    assert json.loads((tmp_path / "run" / "experts" / "expert-0" / "hddm_expert.json").read_text())[
+        "resumed_steps"] == meta["resumed_steps"]
+    assert not list((tmp_path / "work").glob("*.pt"))  # the training state is gone, the final weights are kept
+
+    # the reply got lost (e.g. the server stopped waiting): asked again, the node sends what it kept, no training
+    again = _strategy(cfg, tmp_path / "run2", cache_dir, dataset_dir, experts=[0])
+    started = time.monotonic()
+    again.start(FakeGrid(client_app, {7: node}), timeout=60.0)
+    assert again.received[0]["sha256"] == meta["sha256"] and time.monotonic() - started < 30
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A late-joining expert
+
+
+def test_add_expert_to_an_assembled_run(tiny_config_path, dataset_dir, cache_dir, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    from hddm_flower.cli import main
+
+    common = ["--config", str(tiny_config_path), "--cache-dir", str(cache_dir)]
+    run = tmp_path / "run"
+    for k in (0, 1):
+        out = run / "experts" / f"expert-{k}"
+        assert main(["train-expert", *common, "--expert-id", str(k), "--out", str(out)]) == 0
+    assert main(["assemble", *common, "--run-dir", str(run)]) == 0
+    first = (run / "experts" / "expert-0" / "diffusion_pytorch_model.safetensors").read_bytes()
+    assert main(["train-expert", *common, "--expert-id", "2", "--out", str(tmp_path / "late-2")]) == 0
+    capsys.readouterr()
+
+    assert main(["add-expert", str(run), str(tmp_path / "late-2"), *common]) == 0
+    assert "expert 2 (ddpm) added" in capsys.readouterr().out
+    report = json.loads((run / "report.json").read_text())
+    assert [e["expert_id"] for e in report["experts"]] == [0, 1, 2]
+    assert report["missing"] == [{"expert_id": 3, "reason": "no expert folder"}]
+    assert report["added_experts"][0]["expert_id"] == 2 and not report["added_experts"][0]["replaced"]
+    assert (run / "experts" / "expert-0" / "diffusion_pytorch_model.safetensors").read_bytes() == first
+    assert len(report["metrics"]["expert_velocity_mse"]) == 3  # re-evaluated with the new expert
+
+    def fails(args, message):
+        assert main(["add-expert", *args, *common]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+    fails([str(run), str(tmp_path / "late-2")], "already exists; pass --replace")
+    fails([str(tmp_path / "nowhere"), str(tmp_path / "late-2")], "is not a run directory")
+    fails([str(run), str(tmp_path)], "is not an expert folder")
+    weights = tmp_path / "late-2" / "diffusion_pytorch_model.safetensors"
+    state = load_file(weights)
+    state["proj_out.bias"] = torch.full_like(state["proj_out.bias"], float("inf"))
+    save_file(state, weights)
+    fails([str(run), str(tmp_path / "late-2"), "--replace"], "sha256 mismatch")
+    assert json.loads((run / "report.json").read_text())["added_experts"][-1]["expert_id"] == 2  # unchanged
+    assert main(["add-expert", str(run), str(tmp_path / "late-2"), "--replace", "--set", "num_experts=2",
+                 "--set", "objectives.ddpm=1", "--set", "objectives.fm=1", "--set", "objectives.ddpm_clusters=[1]",
+                 "--set", "federation.min_experts=1", *common]) == 2
+    assert "outside this run's 0..1" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A hard crash of one expert's training does not take the process that hosts other nodes down (in simulation the
+# ClientApp trains in a child process: clients/train_worker.py)
+
+
+def _kill_worker_when(predicate, stop, killed):
+    """Watch this machine's processes for an expert's training worker that matches ``predicate(spec)`` and
+    SIGKILL it once (what the kernel's OOM killer does)."""
+    while not stop.is_set() and not killed:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"clients.train_worker" not in args:
+                    continue
+                spec = json.loads(Path(args[args.index(b"clients.train_worker") + 1].decode()).read_text())
+            except (OSError, ValueError, IndexError):
+                continue
+            if predicate(spec):
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+                return
+        time.sleep(0.1)
+
+
+@pytest.mark.simulation
+def test_in_simulation_a_crashed_client_loses_only_its_expert(tiny_config_path, cache_dir, tmp_path, monkeypatch):
+    """A real Ray simulation (2 SuperNodes, 1 CPU each): expert 1's training is SIGKILLed mid-way; expert 0
+    arrives, the ensemble is built from it and report.json says why expert 1 is missing."""
+    import threading
+
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from strategies.server_app import main as server_main
+
+    monkeypatch.setenv("HDDM_CACHE", str(tmp_path / "home-cache"))  # the nodes' default work-dir lives here
+    work = tmp_path / "home-cache" / "work"
+    run_dir = tmp_path / "run"
+    run_config = {"config": str(tiny_config_path), "run-dir": str(run_dir), "cache-dir": str(cache_dir),
+                  "overrides": "num_experts=2 objectives={ddpm: 1, fm: 1, ddpm_clusters: [1]} federation.min_nodes=2 "
+                               "federation.min_experts=1 expert.steps=300 expert.checkpoint_every=10"}
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        context.run_config.update(run_config)
+        server_main(grid, context)
+
+    stop, killed = threading.Event(), []
+    watcher = threading.Thread(target=_kill_worker_when, daemon=True, args=(
+        lambda spec: spec["expert_id"] == 1 and str(work) in str(spec["checkpoint"])
+        and Path(spec["checkpoint"]).exists(), stop, killed))
+    watcher.start()
+    try:
+        run_simulation(server_app=server, client_app=client_app, num_supernodes=2,
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                       "init_args": {"num_cpus": 2, "logging_level": "ERROR",
+                                                     "log_to_driver": False}})
+    finally:
+        stop.set()
+    assert killed
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [e["expert_id"] for e in report["experts"]] == [0]
+    (lost,) = report["missing"]
+    assert lost["expert_id"] == 1 and "killed by SIGKILL" in lost["reason"], lost
