@@ -248,7 +248,12 @@ def per_expert_quality(cfg: Config, ensemble: Ensemble, dataset_dir: Path, fx: M
     for key, expert in tqdm(list(ensemble.experts.items()), desc="per-expert", disable=not progress):
         k = int(key)
         prompts = choose_prompts(dataset_dir, ev.per_expert_samples, ev.seed + 1 + k, clusters=[k])
-        n = len(prompts.captions)
+        n, mine = len(prompts.captions), ref.labels == k
+        if min(n, int(mine.sum())) < 2:  # FID/KID need two samples on each side
+            out[key] = {"objective": expert.objective, "clamps": {},
+                        "skipped": f"cluster {k} has {n} held-out captions and {int(mine.sum())} reference images "
+                                   f"(FID/KID need ≥ 2 of each)"}
+            continue
         cfg_r = ensemble.router.config
         noise = torch.randn(n, cfg_r.in_channels, cfg_r.sample_size, cfg_r.sample_size,
                             generator=torch.Generator().manual_seed(ev.seed + 1 + k))
@@ -261,7 +266,6 @@ def per_expert_quality(cfg: Config, ensemble: Ensemble, dataset_dir: Path, fx: M
         finally:
             if isinstance(expert, DDPMExpert):
                 expert.clamp_counts = None
-        mine = ref.labels == k
         ev_small = dataclasses.replace(ev, kid_subset_size=min(ev.kid_subset_size, n))
         out[key] = _quality(fx, ref_feats[mine], images, ev_small) | {"objective": expert.objective,
                                                                       "clamps": counts}
