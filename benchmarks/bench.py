@@ -13,7 +13,7 @@ Parts (each a script of its own in ``benchmarks/``, runnable alone):
   ServerApp and ClientApp processes;
 * ``gpu``: when CUDA is available, ``benchmarks/gpu.py`` (XL/2 and B/2 training, 256² sampling).
 
-Every figure is a median over ≥ 5 repetitions (3 for the federation, whose repetitions take minutes), with the
+Every figure is a median over ≥ 5 repetitions (2 for the federation, whose repetitions take minutes), with the
 peer measured alternately in the same run. Writes ``benchmarks/results/bench.json`` and ``bench.md``.
 """
 
@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,14 @@ def machine() -> str:
         pass
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
     return f"{model}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM{gpu}"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def _fmt(x, digits=2) -> str:
@@ -111,7 +120,8 @@ def main(argv=None) -> dict:
     common = [*(["--config", args.config] if args.config else [])]
     t0 = time.perf_counter()
     r: dict = {"command": " ".join(["python benchmarks/bench.py", *(sys.argv[1:] if argv is None else argv)]),
-               "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+               "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+               "commit": _commit()}
     if "train_step" not in args.skip:
         r["train_step"] = {
             obj: _load("train_step").main([*common, *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
@@ -131,7 +141,7 @@ def main(argv=None) -> dict:
     r["seconds"] = round(time.perf_counter() - t0, 1)
     r["versions"] = _load("train_step").versions()
     (out / "bench.json").write_text(json.dumps(r, indent=2))
-    md = (f"Benchmarks ({r['date']}, {r['machine']}; torch {r['versions'].get('torch')}, "
+    md = (f"Benchmarks ({r['date']}, commit {r['commit']}, {r['machine']}; torch {r['versions'].get('torch')}, "
           f"flwr {r['versions'].get('flwr')}, diffusers {r['versions'].get('diffusers')}). "
           f"Produced by `{r['command']}` in {r['seconds'] / 60:.1f} min.\n\n{table(r)}\n")
     (out / "bench.md").write_text(md)

@@ -14,7 +14,7 @@ actors), and the CLI processes, and the CPU seconds of each side's whole process
 ratio is the steadier figure; the goal is stated in wall time). Steps are reduced with ``--set`` to keep a repetition short; that makes the fixed
 costs (Ray start-up) weigh *more* than in the default run, so the overhead measured is an upper bound.
 
-    python benchmarks/federation.py                       # 3 repetitions, expert.steps=100 router.steps=100
+    python benchmarks/federation.py                       # 2 repetitions, expert.steps=100 router.steps=100
     python benchmarks/federation.py --reps 1 --set expert.steps=700 --set router.steps=400   # the default run
 
 Writes ``benchmarks/results/federation.json``. Uses the default Flower home (``~/.flwr``) and its local SuperLink.
@@ -160,7 +160,7 @@ def main(argv=None) -> dict:
     p.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
     p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                    help="config overrides for both sides (default: expert.steps=100 router.steps=100)")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=2)
     p.add_argument("--parallel", type=int, default=2, help="experts trained at once (= the machine's cores)")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "hddm-flower"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "federation.json"))

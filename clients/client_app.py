@@ -9,9 +9,11 @@ Messages it answers:
   (``expert``), the checkpoint metadata and the model config (``meta``), and compute metrics (``metrics``).
 
 Node config keys understood (all optional): ``partition-id`` / ``expert-id``, ``objective`` (fm|ddpm),
-``data-dir`` (a prepared dataset directory), ``cache-dir``, ``work-dir`` (training-state checkpoints when
-``expert.checkpoint_every`` > 0), ``device`` (e.g. cuda:0), ``num-threads``, ``isolate-training`` (train in a
-child process, so that a hard crash fails only this expert; the default inside a Ray actor, i.e. in simulation).
+``data-dir`` (a prepared dataset directory), ``shard-set`` (one cluster's folder ``cluster-k`` of `hddm cluster`
+output, all this node needs; it must be the shard set of the expert id the server assigns), ``cache-dir``,
+``work-dir`` (training-state checkpoints when ``expert.checkpoint_every`` > 0), ``device`` (e.g. cuda:0),
+``num-threads``, ``isolate-training`` (train in a child process, so that a hard crash fails only this expert; the
+default inside a Ray actor, i.e. in simulation).
 
 Restarts: with ``expert.checkpoint_every`` > 0 the training state is saved in ``work-dir`` every N steps under a
 name made of the expert id and a hash of the experiment and objective. A restarted node that gets the same expert
@@ -38,7 +40,7 @@ from flwr.clientapp import ClientApp
 
 from hddm_flower.checkpoints import weights_bytes
 from hddm_flower.config import OBJECTIVES, TRAINING_SECTIONS, config_from_dict
-from hddm_flower.data import default_cache_dir, read_meta
+from hddm_flower.data import cluster_shards, default_cache_dir
 from hddm_flower.pipeline import prepare_data, train_one_expert
 
 WIRE_STYPE = "safetensors"  # strategies.one_shot.WIRE_STYPE (the client does not import the server side)
@@ -74,9 +76,12 @@ def train(msg: Message, context: Context) -> Message:
     _set_threads(node)
     device = str(node.get("device", "cuda" if torch.cuda.is_available() else "cpu"))
 
-    if node.get("data-dir"):
+    if node.get("shard-set"):  # this institution's own cluster folder (`hddm cluster` output: cluster-k/)
+        dataset_dir = Path(str(node["shard-set"]))
+        cluster_shards(dataset_dir, expert_id)  # fail early: a wrong path, another cluster's set, or no shards
+    elif node.get("data-dir"):
         dataset_dir = Path(str(node["data-dir"]))
-        read_meta(dataset_dir)  # fail early and clearly on a wrong path
+        cluster_shards(dataset_dir, expert_id)  # fail early and clearly on a wrong path or an empty cluster
     else:  # the embedded dataset, prepared locally (once per cache directory)
         dataset_dir = prepare_data(cfg, str(node.get("cache-dir", "")) or str(task["cache-dir"]) or None)
 

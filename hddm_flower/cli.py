@@ -1,9 +1,12 @@
 """The ``hddm`` command line: every stage of a run without Flower.
 
-    hddm prepare                                   build the embedded dataset's cluster shards
+    hddm prepare [--out DIR]                       encode image + caption shards (or the embedded dataset)
+    hddm cluster [--encoded DIR] [--out DIR]       DINOv2 (or offline) features → K per-cluster shard sets
     hddm train-expert --expert-id 3 --out DIR      train one expert on its cluster (objective from the config)
     hddm train-router --run-dir RUN                train the router into RUN/router
     hddm assemble --run-dir RUN                    router + evaluation + samples + report for RUN/experts
+    hddm evaluate --run-dir RUN                    metrics for every routing mode, report.md/json, grids, plots
+    hddm reproduce --out DIR                       8FM, 2DDPM:6FM, 4:4 and a monolith: the paper's two tables
     hddm sample --run-dir RUN --prompt "dog face"  sample a grid from an assembled run
     hddm add-expert RUN EXPERT_DIR                 add a late (or replacement) expert to an assembled run
     hddm convert-dit DiT-XL-2-256x256.pt --out DIR convert an ImageNet DiT into an expert initialisation
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -22,8 +26,10 @@ from .config import OBJECTIVES, Config, ConfigError, load_config, parse_override
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
-def _config(args) -> Config:
+def _config(args, run_dir: Path | None = None) -> Config:
     overrides = parse_overrides(" ".join(args.set or []))
+    if args.config is None and run_dir is not None and (run_dir / "config.yaml").is_file():
+        return load_config(run_dir / "config.yaml", overrides)  # the run's resolved config
     if args.config is None and not DEFAULT_CONFIG.exists():
         from .config import config_from_dict
 
@@ -37,16 +43,70 @@ def _dataset(args, cfg: Config) -> Path:
     return prepare_data(cfg, args.cache_dir)
 
 
-def cmd_prepare(args) -> None:
-    from .data import read_meta
-
-    cfg = _config(args)
-    d = _dataset(args, cfg)
-    meta = read_meta(d)
+def _print_clusters(d: Path, meta: dict) -> None:
     print(f"dataset: {d}  ({meta['num_images']} images, {meta['num_clusters']} clusters, {meta['text_encoder']})")
     for c in meta["clusters"]:
-        print(f"  cluster {c['id']}: {c['size']:5d} images, detail {c['detail']:.3f}, "
+        print(f"  cluster {c['id']}: {c['size']:5d} images, detail {c['detail']:.4f}, "
               f"{', '.join(list(c['categories'])[:3])}")
+
+
+def _embedded(cfg: Config) -> bool:
+    d = cfg.data
+    return d.name == "twemoji" and not d.vae and d.cluster_features != "dinov2"
+
+
+def _encoded_dir(args, cfg: Config) -> Path:
+    from .data import default_cache_dir
+    from .pipeline import scaled_data_dirs
+
+    cache = Path(args.cache_dir or cfg.data.cache_dir or default_cache_dir())
+    return scaled_data_dirs(cfg, cache)[0]
+
+
+def cmd_prepare(args) -> None:
+    from .data import read_meta
+    from .ingest import prepare_from_config
+
+    cfg = _config(args)
+    if args.skip_bad_shards:
+        cfg.data.skip_bad_shards = True
+    if _embedded(cfg) and args.out is None and args.repeat == 1:  # the embedded default, clustered in one go
+        d = _dataset(args, cfg)
+        _print_clusters(d, read_meta(d))
+        return
+    out = Path(args.out) if args.out else _encoded_dir(args, cfg)
+    m = prepare_from_config(cfg.data, out, repeat=args.repeat, progress=True)
+    skipped = ", ".join(f"{k} {v}" for k, v in m["skipped"].items() if v) or "none"
+    print(f"encoded: {out}  ({m['num_samples']} samples in {len(m['shards'])} shards; skipped: {skipped}; "
+          f"{len(m['skipped_shards'])} shards skipped)")
+    latent = m["latent"]["name"] if m["latent"] else "pixels"
+    print(f"  {m['pixel_size']}px → {latent} {m['channels']}×{m['image_size']}², text {m['text_encoder']['name']}")
+
+
+def cmd_cluster(args) -> None:
+    from .cluster import cluster_encoded
+    from .data import check_clusters, default_cache_dir, read_meta
+    from .ingest import default_device, prepare_from_config
+    from .pipeline import scaled_data_dirs
+
+    cfg = _config(args)
+    d = cfg.data
+    if args.encoded:
+        encoded = [Path(e) for e in args.encoded]
+    else:
+        encoded = _encoded_dir(args, cfg)
+        if not (encoded / "manifest.json").exists():
+            prepare_from_config(d, encoded, progress=True)
+    cache = Path(args.cache_dir or d.cache_dir or default_cache_dir())
+    out = Path(args.out) if args.out else scaled_data_dirs(cfg, cache)[1]
+    cluster_encoded(encoded, out, num_clusters=cfg.num_experts, features=d.cluster_features, dinov2=d.dinov2,
+                    fine_clusters=d.fine_clusters, seed=d.seed, val_fraction=d.val_fraction,
+                    shard_size=d.shard_size, batch_size=d.encode_batch_size, fit_samples=d.kmeans_fit_samples,
+                    device=default_device(d.device), progress=True)
+    meta = read_meta(out)
+    check_clusters(meta, cfg.num_experts, str(out))
+    _print_clusters(out, meta)
+    print(f"  shard sets: {out}/cluster-*/  assignments: {out / 'assignments.csv'}  report: {out / 'report.md'}")
 
 
 def cmd_train_expert(args) -> None:
@@ -75,19 +135,58 @@ def cmd_train_router(args) -> None:
 
 
 def cmd_assemble(args) -> None:
-    from .checkpoints import read_expert_meta
     from .pipeline import finish_run
 
     cfg = _config(args)
     run_dir = Path(args.run_dir)
+    missing = _missing(cfg, run_dir)
+    report = finish_run(cfg, run_dir, _dataset(args, cfg), missing, progress=True)
+    print(f"report: {run_dir / 'report.md'}  ({len(report['experts'])} experts, {len(missing)} missing)")
+
+
+def _missing(cfg: Config, run_dir: Path) -> list[dict]:
+    from .checkpoints import read_expert_meta
+
     folders = sorted((run_dir / "experts").glob("expert-*"))
     if not folders:
         raise FileNotFoundError(f"no expert folders in {run_dir / 'experts'}")
-    metas = [read_expert_meta(f) for f in folders]
-    have = {int(m["expert_id"]) for m in metas}
-    missing = [{"expert_id": k, "reason": "no expert folder"} for k in range(cfg.num_experts) if k not in have]
-    report = finish_run(cfg, run_dir, _dataset(args, cfg), missing, progress=True)
-    print(f"report: {run_dir / 'report.md'}  ({len(report['experts'])} experts, {len(missing)} missing)")
+    have = {int(read_expert_meta(f)["expert_id"]) for f in folders}
+    return [{"expert_id": k, "reason": "no expert folder"} for k in range(cfg.num_experts) if k not in have]
+
+
+def cmd_evaluate(args) -> None:
+    import json as _json
+
+    from .evaluate import parse_mode
+    from .pipeline import evaluate_and_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "router").is_dir():
+        raise FileNotFoundError(f"{run_dir / 'router'} does not exist: train the router first (hddm train-router)")
+    cfg = _config(args, run_dir)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else None
+    for m in modes or []:
+        parse_mode(m)
+    missing = _missing(cfg, run_dir)
+    old = run_dir / "report.json"
+    extra = {k: v for k, v in _json.loads(old.read_text()).items() if k == "flower"} if old.is_file() else {}
+    report = evaluate_and_report(cfg, run_dir, _dataset(args, cfg), missing, extra=extra, modes=modes,
+                                 progress=True)
+    ev = report["metrics"]["evaluation"]
+    print(f"report: {run_dir / 'report.md'}  (features: {ev['feature_network']})")
+    for mode, x in ev["modes"].items():
+        print(f"  {mode:>10}: FID {x['fid']:.2f}  KID {x['kid']:.4f}  diversity {x['lpips']['mean']:.3f}")
+
+
+def cmd_reproduce(args) -> None:
+    from .reproduce import reproduce
+
+    cfg = _config(args)
+    out = Path(args.out)
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be ≥ 1, got {args.jobs}")
+    result = reproduce(cfg, out, _dataset(args, cfg), jobs=args.jobs, progress=True)
+    print(f"tables: {out / 'tables.md'}  manifest: {out / 'manifest.json'}  ({result['seconds']:.0f} s)")
 
 
 def cmd_add_expert(args) -> None:
@@ -106,7 +205,7 @@ def cmd_add_expert(args) -> None:
 
 def cmd_sample(args) -> None:
     from .data import TextEncoder, load_uncond, read_meta
-    from .pipeline import load_ensemble, sample_grid, save_grid
+    from .pipeline import load_ensemble, sample_grid, save_grid, to_pixels
 
     cfg = _config(args)
     d = _dataset(args, cfg)
@@ -117,7 +216,7 @@ def cmd_sample(args) -> None:
     images = sample_grid(ensemble, encoder, prompts, load_uncond(d), samples_per_prompt=s.samples_per_prompt,
                          num_steps=s.num_steps, cfg_scale=s.cfg_scale, seed=s.seed)
     out = Path(args.out or Path(args.run_dir) / "samples-cli.png")
-    save_grid(images, len(prompts), out)
+    save_grid(to_pixels(cfg, d, images), len(prompts), out)
     print(json.dumps({"grid": str(out), "prompts": prompts, "routing": s.routing, "steps": s.num_steps}))
 
 
@@ -148,7 +247,17 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    add("prepare", cmd_prepare, "build the embedded dataset's per-cluster shards (once per cache)")
+    sp = add("prepare", cmd_prepare, "encode images + captions (webdataset shards, a folder, or the embedded "
+                                      "dataset) into encoded shards; the embedded default is also clustered")
+    sp.add_argument("--out", default=None, help="encoded output folder (default: in the cache); rerun to resume")
+    sp.add_argument("--repeat", type=int, default=1, help="embedded dataset only: repeat it N times (benchmarks)")
+    sp.add_argument("--skip-bad-shards", action="store_true",
+                    help="skip a missing or unreadable input shard (listed in the manifest) instead of stopping")
+    sp = add("cluster", cmd_cluster, "features + hierarchical k-means → one shard set per cluster/institution")
+    sp.add_argument("--encoded", action="append", default=None,
+                    help="`hddm prepare` output (default: prepared in the cache); repeat it to cluster the outputs "
+                         "of several machines together")
+    sp.add_argument("--out", default=None, help="clustered dataset folder to write (default: in the cache)")
     sp = add("train-expert", cmd_train_expert, "train one expert on its cluster, in isolation")
     sp.add_argument("--expert-id", type=int, required=True, help="expert = cluster id")
     sp.add_argument("--objective", choices=OBJECTIVES, help="override the objective the config assigns")
@@ -160,6 +269,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-dir", required=True)
     sp = add("assemble", cmd_assemble, "train the router, evaluate and sample the experts in RUN/experts")
     sp.add_argument("--run-dir", required=True)
+    sp = add("evaluate", cmd_evaluate, "evaluate an assembled run (RUN/experts + RUN/router): every routing mode, "
+                                       "per-expert quality, router accuracy vs t; writes report.md/json, grids, plots")
+    sp.add_argument("--run-dir", required=True)
+    sp.add_argument("--modes", help="comma-separated routing modes, e.g. top1,top2,full,threshold,oracle "
+                                    "(default: evaluation.routing_modes; --config defaults to RUN/config.yaml)")
+    sp = add("reproduce", cmd_reproduce, "train (or reuse) the experts of 8FM, 2DDPM:6FM and 4DDPM:4FM and a "
+                                         "monolith of equal compute; write the paper's two tables side by side")
+    sp.add_argument("--out", required=True, help="output folder (experts are reused from it on a second run)")
+    sp.add_argument("--jobs", type=int, default=1, help="train the experts and the monolith in this many processes "
+                                                        "(one torch thread each); default 1")
     sp = add("add-expert", cmd_add_expert, "validate a late or replacement expert, add it to an assembled run, "
                                            "retrain the router and re-evaluate (no other expert is retrained)",
              config_default="RUN_DIR/config.yaml")
@@ -188,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no "Loading weights" bars from transformers
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
     try:
         args.fn(args)
     except (ConfigError, ValueError, OSError) as e:

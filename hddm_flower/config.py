@@ -20,6 +20,7 @@ from .ensemble import ROUTING_MODES
 from .objectives import CONVERSIONS, SCHEDULES
 
 OBJECTIVES = ("fm", "ddpm")
+DATASETS = ("twemoji", "webdataset", "folder")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # also hddm_flower.checkpoints.WIRE_DTYPES
 # the sections that decide an expert's weights (federation and sampling settings may change between runs)
 TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")
@@ -34,12 +35,22 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    name: str = "twemoji"  # the embedded, offline dataset; or "webdataset" (image + caption shards)
+    name: str = "twemoji"  # the embedded, offline dataset; "webdataset" (image + caption shards) or "folder"
     image_size: int = 16  # side of what the experts see: pixels, or latents when `vae` is set
     cluster_features: str = "pixels"  # "pixels" (visual), "caption" (semantic), or "dinov2" (the paper's)
-    shards: str = ""  # webdataset: brace pattern of the image + caption tar shards (img2dataset layout)
+    shards: str = ""  # webdataset: brace pattern(s) of the image + caption tar shards (img2dataset layout)
+    folder: str = ""  # folder: images with a .txt caption beside each
     vae: str = ""  # local AutoencoderKL folder (sd-vae-ft-mse): experts work on its latents; "" = pixels
     dinov2: str = ""  # local DINOv2 folder for cluster_features: dinov2
+    fine_clusters: int = 1024  # hierarchical k-means: fine centroids, then num_experts coarse clusters
+    kmeans_fit_samples: int = 262144  # rows (a random subsample) the fine k-means is fitted on, held in RAM
+    encode_batch_size: int = 64  # images / captions per encoder call in `hddm prepare` and `hddm cluster`
+    decode_threads: int = 4  # threads decoding and resizing images in `hddm prepare`
+    shard_size: int = 1000  # samples per shard in the per-cluster shard sets (and per chunk of a folder)
+    skip_bad_shards: bool = False  # a missing or unreadable input shard: skip it (listed in the manifest)
+    device: str = ""  # encoders' device in prepare/cluster ("" = cuda if available, else cpu)
+    stream: bool = False  # experts stream their cluster's shards (webdataset) instead of loading it into RAM
+    prepared: str = ""  # an `hddm cluster --out` folder to use as is (nothing is prepared); "" = build in the cache
     skin_tones: bool = False  # add the 1,875 skin-tone variants (mostly "People & Body")
     val_fraction: float = 0.05
     max_caption_tokens: int = 16
@@ -114,6 +125,28 @@ class SamplingConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    """What ``hddm evaluate`` (and the end of a run) measures; see hddm_flower/evaluate.py."""
+
+    routing_modes: list[str] = field(default_factory=lambda: ["top1", "top2", "full", "threshold", "oracle"])
+    num_prompts: int = 32  # held-out captions sampled for FID/KID/LPIPS (aligned: same prompts and noise per mode)
+    samples_per_prompt: int = 4  # ≥ 2: intra-prompt diversity is the mean pairwise distance between them
+    num_steps: int = 0  # Euler steps; 0 = sampling.num_steps
+    per_expert_samples: int = 32  # each expert alone on captions of its own cluster
+    grid_prompts: int = 8  # one PNG per prompt (rows: routing modes) for the first this many prompts
+    batch_size: int = 256  # rows per sampling call
+    inception_weights: str = ""  # local torch-fidelity Inception file → standard FID; "" = the run's own classifier
+    alexnet_weights: str = ""  # local torchvision AlexNet file for LPIPS; "" = TORCH_HOME cache, else the fallback
+    clip: str = ""  # local transformers CLIP folder → CLIP score; "" = none
+    feature_steps: int = 600  # training steps of the feature classifier (offline FID/KID features)
+    kid_subset_size: int = 100
+    kid_subsets: int = 100
+    reference_images: int = 0  # FID/KID reference: a seeded subset of this many dataset images (0 = all)
+    times: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # router accuracy vs t
+    seed: int = 0
+
+
+@dataclass
 class FederationConfig:
     min_nodes: int = 8  # wait for this many SuperNodes before assigning experts …
     node_wait_timeout: float = 120.0  # … or this many seconds, then go on with those connected
@@ -132,6 +165,7 @@ class Config:
     expert: ExpertConfig = field(default_factory=ExpertConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
 
     def validate(self, source: str = "<config>") -> "Config":
@@ -157,8 +191,23 @@ class Config:
                     fail("objectives.ddpm_clusters", f"must be 'auto' or a list of cluster ids, got {ids!r}")
                 if len(set(ids)) != o.ddpm or not all(0 <= i < self.num_experts for i in ids):
                     fail("objectives.ddpm_clusters", f"needs {o.ddpm} distinct ids in 0..{self.num_experts - 1}")
-        if self.data.name not in ("twemoji", "webdataset"):
-            fail("data.name", f"unknown dataset {self.data.name!r}; expected twemoji or webdataset")
+        d = self.data
+        if d.name not in DATASETS:
+            fail("data.name", f"unknown dataset {d.name!r}; expected one of {DATASETS}")
+        if d.name == "webdataset" and not d.shards.strip():
+            fail("data.shards", "name: webdataset needs the shard paths (a brace pattern, e.g. /data/{00000..00099}.tar)")
+        if d.name == "folder" and not d.folder:
+            fail("data.folder", "name: folder needs the image folder")
+        if d.cluster_features == "dinov2" and not d.dinov2:
+            fail("data.dinov2", "cluster_features: dinov2 needs a local DINOv2 folder")
+        for key in ("image_size", "fine_clusters", "kmeans_fit_samples", "encode_batch_size", "shard_size",
+                    "max_caption_tokens", "decode_threads"):
+            if getattr(d, key) < 1:
+                fail(f"data.{key}", "must be ≥ 1")
+        if d.fine_clusters < self.num_experts:
+            fail("data.fine_clusters", f"must be ≥ num_experts ({self.num_experts})")
+        if not 0 <= d.val_fraction < 1:
+            fail("data.val_fraction", "must be in [0, 1)")
         if self.data.cluster_features not in ("caption", "pixels", "dinov2"):
             fail("data.cluster_features", f"unknown features {self.data.cluster_features!r}; "
                                           "expected caption, pixels or dinov2")
@@ -173,6 +222,22 @@ class Config:
             fail("sampling.t_eps", "must be in (0, 1)")
         if s.x0_clamp <= 0:
             fail("sampling.x0_clamp", "must be > 0")
+        ev = self.evaluation
+        for i, mode in enumerate(ev.routing_modes):
+            if not _routing_mode_ok(mode):
+                fail(f"evaluation.routing_modes[{i}]", f"unknown mode {mode!r}; expected top1, top2, …, full, "
+                                                       "threshold, sample or oracle")
+        if ev.samples_per_prompt < 2:
+            fail("evaluation.samples_per_prompt", "must be ≥ 2 (diversity is measured between samples of a prompt)")
+        for key in ("num_prompts", "per_expert_samples", "batch_size", "feature_steps", "kid_subset_size",
+                    "kid_subsets"):
+            if getattr(ev, key) < 1:
+                fail(f"evaluation.{key}", "must be ≥ 1")
+        for key in ("num_steps", "grid_prompts", "reference_images"):
+            if getattr(ev, key) < 0:
+                fail(f"evaluation.{key}", "must be ≥ 0")
+        if not all(0 < t < 1 for t in ev.times):
+            fail("evaluation.times", "every time must be in (0, 1)")
         if not 1 <= self.federation.min_experts <= self.num_experts:
             fail("federation.min_experts", f"must be in 1..{self.num_experts}")
         e = self.expert
@@ -222,6 +287,13 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _routing_mode_ok(mode: str) -> bool:
+    """``top<k>`` (k ≥ 1) or a routing mode other than ``top_k``."""
+    if mode.startswith("top") and mode[3:].isdigit():
+        return int(mode[3:]) >= 1
+    return mode in ROUTING_MODES and mode != "top_k"
 
 
 # ----------------------------------------------------------------------------------------------------------------

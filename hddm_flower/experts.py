@@ -126,6 +126,7 @@ class DDPMExpert(Expert):
         self.schedule, self.conversion = schedule, conversion
         self.t_eps, self.x0_clamp = t_eps, x0_clamp
         self.register_buffer("alpha_bar", ddpm_alpha_bar(schedule, num_train_timesteps), persistent=False)
+        self.clamp_counts: dict[str, int] | None = None  # set to {} to count how often the conversion's guards fire
 
     @property
     def num_train_timesteps(self) -> int:
@@ -138,7 +139,18 @@ class DDPMExpert(Expert):
         return x_t * fm_input_scale(t).reshape(-1, *([1] * (x_t.ndim - 1))), tau
 
     def to_velocity(self, x_t, t, out):
+        if self.clamp_counts is not None:
+            self._count_clamps(x_t, t, out)
         return ddpm_eps_to_velocity(x_t, t, out, t_eps=self.t_eps, x0_clamp=self.x0_clamp)
+
+    def _count_clamps(self, x_t: Tensor, t: Tensor, eps_hat: Tensor) -> None:
+        """Rows where ``1 − t < t_eps`` and elements where ``|x̂0| > x0_clamp`` (before clamping)."""
+        tb = t.reshape(-1, *([1] * (x_t.ndim - 1)))
+        x0_raw = (x_t - tb * eps_hat) / (1 - tb).clamp(min=self.t_eps)
+        c = self.clamp_counts
+        for key, value in (("rows", len(t)), ("t_eps_rows", int((1 - t < self.t_eps).sum())),
+                           ("elements", x0_raw.numel()), ("x0_clamp_elements", int((x0_raw.abs() > self.x0_clamp).sum()))):
+            c[key] = c.get(key, 0) + value
 
     def training_loss(self, x0, cond, generator=None):
         device = generator.device if generator is not None else x0.device

@@ -7,6 +7,8 @@ sample → write the run directory (DESIGN.md §4).
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
+import hashlib
 import json
 import logging
 import platform
@@ -23,7 +25,11 @@ from .checkpoints import (META, REQUIRED_META, TIME_CONVENTION, WEIGHTS, Checkpo
                           load_expert, load_router, make_expert, read_expert_meta, save_router, validate_weights_file)
 from .config import OBJECTIVES, Config, load_config
 from .convert import load_init
-from .data import Split, TextEncoder, default_cache_dir, load_split, load_uncond, prepare_embedded, read_meta
+from .cluster import cluster_encoded
+from .data import (Split, StreamingSplit, TextEncoder, check_clusters, default_cache_dir, load_split, load_uncond,
+                   prepare_embedded, read_meta)
+from .encoders import LatentCodec
+from .ingest import default_device, prepare_from_config
 from .ensemble import Ensemble, sample_ensemble
 from .experts import map_cond
 from .models import ExpertNet, Router, TextCond, expert_config, router_config
@@ -33,17 +39,67 @@ from .training import train_expert, train_router
 log = logging.getLogger(__name__)
 
 
-def prepare_data(cfg: Config, cache_dir: str | Path | None = None) -> Path:
-    """The prepared dataset directory for this config (built on first use)."""
+def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: bool = False) -> Path:
+    """The prepared (clustered) dataset directory for this config, built on first use and cached.
+
+    The embedded Twemoji dataset in pixel space with pixel or caption clusters is built by
+    :func:`~hddm_flower.data.prepare_embedded`; everything else (webdataset shards, an image folder, VAE latents,
+    DINOv2 clusters) goes through `hddm prepare` (:mod:`~hddm_flower.ingest`) then `hddm cluster`
+    (:mod:`~hddm_flower.cluster`) into ``cache/encoded-<hash>`` and ``cache/clusters-<hash>``. Either way every
+    cluster is checked to hold training samples before anything trains.
+    """
     d = cfg.data
-    if d.name != "twemoji" or d.vae or d.cluster_features == "dinov2":
-        raise ValueError(f"data: only the embedded Twemoji dataset in pixel space with caption or pixel clusters "
-                         f"can be prepared in this version (got name={d.name!r}, vae={d.vae!r}, "
-                         f"cluster_features={d.cluster_features!r}); prepared shards can be passed as data-dir")
-    return prepare_embedded(cache_dir or d.cache_dir or default_cache_dir(), image_size=d.image_size,
-                            num_clusters=cfg.num_experts, seed=d.seed, skin_tones=d.skin_tones,
-                            val_fraction=d.val_fraction, max_caption_tokens=d.max_caption_tokens, limit=d.limit,
-                            encoder_path=d.text_encoder or None, features=d.cluster_features)
+    cache = Path(cache_dir or d.cache_dir or default_cache_dir())
+    if d.prepared:  # made beforehand by `hddm prepare` + `hddm cluster --out`
+        out = Path(d.prepared)
+        if not (out / "meta.json").exists():
+            raise FileNotFoundError(f"data.prepared: {out} is not a clustered dataset (no meta.json)")
+    elif d.name == "twemoji" and not d.vae and d.cluster_features != "dinov2":
+        out = prepare_embedded(cache, image_size=d.image_size, num_clusters=cfg.num_experts, seed=d.seed,
+                               skin_tones=d.skin_tones, val_fraction=d.val_fraction,
+                               max_caption_tokens=d.max_caption_tokens, limit=d.limit,
+                               encoder_path=d.text_encoder or None, features=d.cluster_features)
+    else:
+        encoded, out = scaled_data_dirs(cfg, cache)
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / f".{out.name}.lock", "w") as lock:  # simulated nodes share the cache: one builds
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (out / "meta.json").exists():
+                if not (encoded / "manifest.json").exists():
+                    manifest = prepare_from_config(d, encoded, progress=progress)
+                    if not manifest.get("num_samples"):
+                        raise ValueError(f"no usable samples in the input of data.{d.name} "
+                                         f"(skipped: {manifest.get('skipped')})")
+                cluster_encoded(encoded, out, num_clusters=cfg.num_experts, features=d.cluster_features,
+                                dinov2=d.dinov2, fine_clusters=d.fine_clusters, seed=d.seed,
+                                val_fraction=d.val_fraction, shard_size=d.shard_size,
+                                batch_size=d.encode_batch_size, fit_samples=d.kmeans_fit_samples,
+                                device=default_device(d.device), progress=progress)
+    check_clusters(read_meta(out), cfg.num_experts, str(out))
+    return out
+
+
+def scaled_data_dirs(cfg: Config, cache: Path) -> tuple[Path, Path]:
+    """Where `prepare_data` keeps the encoded shards and the clustered dataset of a non-embedded config: names
+    derived from the settings that change their content."""
+    d = cfg.data
+    enc = {k: getattr(d, k) for k in ("name", "shards", "folder", "vae", "text_encoder", "max_caption_tokens",
+                                       "image_size", "limit", "skin_tones", "skip_bad_shards", "shard_size")}
+    clu = enc | {k: getattr(d, k) for k in ("cluster_features", "dinov2", "fine_clusters", "kmeans_fit_samples",
+                                             "seed", "val_fraction")} | {"num_experts": cfg.num_experts}
+
+    def digest(x: dict) -> str:
+        return hashlib.sha256(json.dumps(x, sort_keys=True).encode()).hexdigest()[:12]
+
+    return cache / f"encoded-{d.name}-{digest(enc)}", cache / f"clusters-{d.name}-k{cfg.num_experts}-{digest(clu)}"
+
+
+def to_pixels(cfg: Config, dataset_dir: Path, x: torch.Tensor) -> torch.Tensor:
+    """Samples in the experts' space → images in [−1, 1]: decoded by the dataset's VAE when it has latents."""
+    latent = read_meta(dataset_dir).get("latent")
+    if not latent:
+        return x
+    return LatentCodec(cfg.data.vae or latent["path"]).decode(x)
 
 
 def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:
@@ -97,7 +153,8 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
     Returns the transformer's state dict, its diffusers config and the checkpoint metadata (DESIGN.md §2).
     """
     dataset_meta = read_meta(dataset_dir)
-    data = load_split(dataset_dir, [expert_id], "train")
+    data = (StreamingSplit(dataset_dir, expert_id, seed=cfg.expert.seed + expert_id) if cfg.data.stream
+            else load_split(dataset_dir, [expert_id], "train"))
     torch.manual_seed(cfg.expert.seed + expert_id)  # weight init
     expert, model_config, meta = build_expert(cfg, dataset_meta, objective, expert_id=expert_id)
     e = cfg.expert
@@ -285,23 +342,35 @@ def save_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 4) -> No
 
 def finish_run(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict], *,
                extra: dict | None = None, progress: bool = False) -> dict:
-    """After the experts arrived in ``run_dir/experts``: router, ensemble, evaluation, samples, report."""
+    """After the experts arrived in ``run_dir/experts``: router, then :func:`evaluate_and_report`."""
     router = fit_router(cfg, dataset_dir, run_dir, progress=progress)
+    return evaluate_and_report(cfg, run_dir, dataset_dir, missing, router=router, extra=extra, progress=progress)
+
+
+def evaluate_and_report(cfg: Config, run_dir: Path, dataset_dir: Path, missing: list[dict], *,
+                        router: Router | None = None, extra: dict | None = None, modes: list[str] | None = None,
+                        feature_dir: Path | None = None, progress: bool = False) -> dict:
+    """Evaluate the assembled run (diagnostics, every routing mode, per expert), sample the configured prompts and
+    write report.json, report.md, the grids and the plots into ``run_dir``."""
+    from .evaluate import evaluate_run
+
     ensemble, metas = load_ensemble(cfg, run_dir, router)
     s = cfg.sampling
-    metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed)
+    metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed,
+                       times=tuple(cfg.evaluation.times))
+    metrics["evaluation"] = evaluate_run(cfg, ensemble, dataset_dir, run_dir, modes=modes,
+                                         feature_dir=feature_dir, progress=progress)
     encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(dataset_dir)["max_caption_tokens"])
     images = sample_grid(ensemble, encoder, s.prompts, load_uncond(dataset_dir),
                          samples_per_prompt=s.samples_per_prompt, num_steps=s.num_steps, cfg_scale=s.cfg_scale,
                          seed=s.seed)
-    save_grid(images, len(s.prompts), run_dir / "samples.png")
+    save_grid(to_pixels(cfg, dataset_dir, images), len(s.prompts), run_dir / "samples.png")
     metrics["sampling"] = {"grid": "samples.png", "prompts": s.prompts, "samples_per_prompt": s.samples_per_prompt,
                            "num_steps": s.num_steps, "cfg_scale": s.cfg_scale, "routing": s.routing,
                            "top_k": s.top_k, "conversion": s.conversion, "t_eps": s.t_eps, "x0_clamp": s.x0_clamp,
                            "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing"}
-    metrics["feature_network"] = "none: velocity-space and router diagnostics only (no FID/KID yet)"
-    report = write_report(cfg, run_dir, dataset_dir, metas, missing, metrics, extra or {})
-    return report
+    metrics["feature_network"] = metrics["evaluation"]["feature_network"]
+    return write_report(cfg, run_dir, dataset_dir, metas, missing, metrics, extra or {})
 
 
 def write_report(cfg: Config, run_dir: Path, dataset_dir: Path, metas: list[dict], missing: list[dict],
@@ -318,31 +387,68 @@ def write_report(cfg: Config, run_dir: Path, dataset_dir: Path, metas: list[dict
                                                  "cluster_features", "license")}
                    | {"clusters": [{k: c[k] for k in ("id", "size", "detail", "categories")}
                                    for c in dataset_meta["clusters"]]},
-        "versions": versions(), **extra,
+        "config": cfg.to_dict(), "versions": versions(), **extra,
     }
-    (run_dir / "report.json").write_text(json.dumps(report, indent=2))
-    (run_dir / "report.md").write_text(render_report_md(report))
+    _write_atomic(run_dir / "report.json", json.dumps(report, indent=2))
+    _write_atomic(run_dir / "report.md", render_report_md(report))
     return report
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "–" if x is None else format(x, spec)
 
 
 def render_report_md(r: dict) -> str:
     m = r["metrics"]
+    ev = m.get("evaluation")
     lines = [f"# hddm-flower run — {r['created_at']}", "",
              f"{len(r['experts'])} of {r['num_experts']} experts; run directory `{r['run_dir']}`.", "",
-             "| expert | cluster | objective | top categories | steps | images seen | device s | velocity MSE |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| expert | cluster | objective | top categories | steps | images seen | device s | velocity MSE "
+             "| FID (own cluster) | KID (own cluster) | x̂0 clamps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     clusters = {c["id"]: c for c in r["dataset"]["clusters"]}
+    per_expert = (ev or {}).get("per_expert", {})
     for e in r["experts"]:
         cats = ", ".join(list(clusters[e["cluster_id"]]["categories"])[:2])
         obj = e["objective"] + (f" ({e['schedule']})" if e["objective"] == "ddpm" else "")
         mse = m["expert_velocity_mse"].get(str(e["expert_id"]))
+        pe = per_expert.get(str(e["expert_id"]), {})
+        c = pe.get("clamps") or {}
+        clamps = f"{c['x0_clamp_elements'] / c['elements']:.2%}" if c.get("elements") else "–"
         lines.append(f"| {e['expert_id']} | {e['cluster_id']} | {obj} | {cats} | {e['steps']} | {e['images_seen']} "
-                     f"| {e['device_seconds']:.0f} | {mse:.4f} |")
+                     f"| {e['device_seconds']:.0f} | {_fmt(mse, '.4f')} | {_fmt(pe.get('fid'), '.2f')} "
+                     f"| {_fmt(pe.get('kid'), '.4f')} | {clamps} |")
     if r["missing"]:
         lines += ["", "Missing experts:", ""] + [f"- expert {x['expert_id']}: {x['reason']}" for x in r["missing"]]
+    if ev:
+        p = ev["protocol"]
+        lines += ["", f"## Routing modes (aligned inference: {p['prompts']} prompts × {p['samples_per_prompt']} "
+                      f"samples, same noise, {p['num_steps']} steps, CFG {p['cfg_scale']}, seed {p['seed']})", "",
+                  f"- FID/KID features: **{ev['feature_network']}**; reference: {p['reference']}",
+                  f"- diversity: {ev['diversity_distance']}", "",
+                  "| routing | FID ↓ | KID ↓ | intra-prompt diversity ↑ | CLIP ↑ | experts per step | x̂0 clamps "
+                  "| 1−t<t_eps rows | s |", "|---|---|---|---|---|---|---|---|---|"]
+        for mode, x in ev["modes"].items():
+            c = x["clamps"]
+            clamps = f"{c['x0_clamp_elements'] / c['elements']:.2%}" if c.get("elements") else "–"
+            eps_rows = f"{c['t_eps_rows']}/{c['rows']}" if c.get("rows") else "–"
+            clip = _fmt(x["clip_score"]["value"], ".2f") if "clip_score" in x else "–"
+            lines.append(f"| {mode} | {x['fid']:.2f} | {x['kid']:.4f} ± {x['kid_std']:.4f} | {x['lpips']['mean']:.3f}"
+                         f" ± {x['lpips']['std']:.3f} | {clip} | {sum(x['usage']):.2f} | {clamps} | {eps_rows} "
+                         f"| {x['seconds']:.0f} |")
+        lines += ["", f"![router weights over t]({ev['plots']['router_weights']}) "
+                      f"![expert usage]({ev['plots']['expert_usage']})", "",
+                  "Grids per prompt (rows: routing modes): " + ", ".join(f"[{g['prompt']}]({g['file']})"
+                                                                          for g in ev["grids"])]
     t = m["times"]
-    lines += ["", "Held-out diagnostics (no feature network):", "", "| t | " + " | ".join(f"{x:g}" for x in t) + " |",
-              "|---" * (len(t) + 1) + "|"]
+    lines += ["", "## Held-out diagnostics (velocity space, no feature network)", "",
+              "| t | " + " | ".join(f"{x:g}" for x in t) + " |", "|---" * (len(t) + 1) + "|"]
     for key in ("router_top1_accuracy", "router_top2_accuracy", "ensemble_velocity_mse", "oracle_velocity_mse"):
         lines.append(f"| {key} | " + " | ".join(f"{x:.3f}" for x in m[key]) + " |")
     s = m["sampling"]
@@ -354,7 +460,8 @@ def render_report_md(r: dict) -> str:
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for pkg in ("hddm-flower", "torch", "diffusers", "transformers", "flwr", "webdataset", "safetensors"):
+    for pkg in ("hddm-flower", "torch", "diffusers", "transformers", "flwr", "webdataset", "safetensors",
+                "torchmetrics", "torch-fidelity", "lpips", "torchvision"):
         out[pkg] = _version(pkg)
     return out
 

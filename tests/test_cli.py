@@ -57,10 +57,14 @@ def test_missing_files_exit_nonzero_in_a_real_process(tmp_path):
     assert proc.returncode == 2 and "no expert folders" in proc.stderr
 
 
-def test_paper_config_data_is_refused_clearly(tmp_path, capsys):
+def test_paper_config_without_its_local_files_fails_clearly(tmp_path, capsys):
     from pathlib import Path
 
     paper = Path(__file__).parent.parent / "configs" / "paper-2ddpm-6fm.yaml"
     assert main(["prepare", "--config", str(paper), "--cache-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "name='webdataset'" in err and not any(tmp_path.iterdir())
+    assert len(err.splitlines()) == 1 and "/models/sd-vae-ft-mse does not hold" in err and not any(tmp_path.iterdir())
+    assert main(["prepare", "--config", str(paper), "--cache-dir", str(tmp_path), "--set", "data.vae=''"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("hddm prepare: error: shard /data/laion-aesthetics/00000.tar does not exist "
+                   "(set data.skip_bad_shards: true to skip it)") and not any(tmp_path.iterdir())

@@ -124,3 +124,74 @@ def test_ensemble_sampler_transports_noise_to_the_mixture():
     torch.testing.assert_close(x0[left].mean(0), gmm.mu[0], atol=0.03, rtol=0)
     torch.testing.assert_close(x0[~left].mean(0), gmm.mu[1], atol=0.05, rtol=0)
     assert abs(x0[left].std(0).mean().item() - 0.2) < 0.03
+
+
+@pytest.mark.parametrize("mode", ["top_k", "full", "threshold", "sample", "oracle"])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_every_mode_gives_rows_summing_to_one(mode, k):
+    """On hand-made router outputs: rows sum to 1; top-k keeps exactly k; threshold keeps the arg-max and every
+    expert at or above the threshold; sample and oracle are one-hot; weights are the renormalised posterior."""
+    g = torch.Generator().manual_seed(k)
+    probs = torch.rand(64, 5, generator=g, dtype=F64) ** 3
+    probs = probs / probs.sum(-1, keepdim=True)
+    labels = torch.randint(0, 5, (64,), generator=g)
+    w = routing_weights(probs, mode, k=k, threshold=0.25, labels=labels, generator=g)
+    torch.testing.assert_close(w.sum(-1), torch.ones(64, dtype=F64))
+    assert torch.all(w >= 0)
+    kept = w > 0
+    if mode == "top_k":
+        assert torch.all(kept.sum(-1) == k)
+        assert torch.all(probs.masked_fill(~kept, 2).amin(-1) >= probs.masked_fill(kept, -1).amax(-1))
+    if mode == "threshold":
+        assert torch.all(kept == ((probs >= 0.25) | (probs == probs.amax(-1, keepdim=True))))
+    if mode in ("top_k", "threshold", "full"):  # the kept experts' probabilities, renormalised
+        torch.testing.assert_close(w, torch.where(kept, probs, 0) / torch.where(kept, probs, 0).sum(-1, keepdim=True))
+    if mode in ("sample", "oracle"):
+        assert torch.all(kept.sum(-1) == 1) and torch.all(w[kept] == 1)
+    if mode == "oracle":
+        assert torch.equal(w.argmax(-1), labels)
+
+
+def _tiny_ensemble(routing: str, k: int):
+    from hddm_flower.models import ExpertNet, TextCond, expert_config
+
+    torch.manual_seed(0)
+    mc = expert_config("test", sample_size=8, in_channels=3, caption_channels=12)
+    nets = [ExpertNet.from_config(mc).double().eval() for _ in range(3)]
+    experts = {0: FlowMatchingExpert(nets[0]), 1: DDPMExpert(nets[1], "cosine", x0_clamp=1.0),
+               2: FlowMatchingExpert(nets[2])}
+    # a router whose posterior depends on x_t and t (an untrained Router's does not: its blocks start as identities)
+    proj = torch.randn(3 * 8 * 8, 4, generator=torch.Generator().manual_seed(2), dtype=F64)
+    router = lambda x_t, t: (x_t.flatten(1) @ proj) * (1 + t[:, None])  # noqa: E731
+    ens = Ensemble(experts, router, 4, routing=routing, k=k, threshold=0.3)  # expert 3 missing
+    g = torch.Generator().manual_seed(1)
+    cond = TextCond(torch.randn(6, 5, 12, generator=g, dtype=F64), torch.ones(6, 5, dtype=F64))
+    uncond = TextCond(torch.zeros(6, 5, 12, dtype=F64), torch.ones(6, 5, dtype=F64))
+    return ens, cond, uncond, torch.randn(6, 3, 8, 8, generator=g, dtype=F64)
+
+
+@pytest.mark.parametrize("routing,k", [("top_k", 1), ("top_k", 2), ("threshold", 1), ("full", 1)])
+def test_grouped_sampling_equals_the_naive_per_sample_loop(routing, k):
+    """The ensemble runs each selected expert once per step on the rows routed to it; a loop that samples one row
+    at a time and evaluates every selected expert on it gives the same samples (tiny real experts, float64)."""
+    from hddm_flower.experts import map_cond
+
+    ens, cond, uncond, noise = _tiny_ensemble(routing, k)
+    steps, cfg_scale = 4, 3.0
+    with torch.no_grad():  # the batch really is split between experts
+        w0 = routing_weights(ens.posterior(noise, torch.ones(len(noise), dtype=F64)), routing, k=k, threshold=0.3)
+    assert (w0 > 0).any(0).sum() >= 2 and w0[:, 3].eq(0).all()
+    grouped = sample_ensemble(ens, noise, cond, uncond, num_steps=steps, cfg_scale=cfg_scale)
+    naive = []
+    with torch.no_grad():
+        for i in range(len(noise)):
+            c_i, u_i = (map_cond(lambda c: c[i: i + 1], x) for x in (cond, uncond))
+
+            def velocity(x, t):
+                w = routing_weights(ens.posterior(x, t), routing, k=k, threshold=0.3)[0]
+                return sum(w[j] * e.velocity(x, t, c_i, u_i, cfg_scale) for j, e in
+                           ((int(key), e) for key, e in ens.experts.items()) if w[j] > 0)
+
+            naive.append(euler_sample(velocity, noise[i: i + 1], steps))
+    torch.testing.assert_close(grouped, torch.cat(naive), rtol=0, atol=1e-6)
+    assert not torch.allclose(grouped, noise)

@@ -67,7 +67,7 @@ def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(tiny
         assert e["steps"] == 3 and e["images_seen"] == 12
     assert [m["expert_id"] for m in report["missing"]] == [2, 3]
     assert {"metrics", "versions"} <= set(report) and report["versions"]["flwr"] == "1.42.0"
-    assert report["metrics"]["feature_network"].startswith("none")
+    assert report["metrics"]["feature_network"].startswith("hddm feature classifier")
     assert (tmp_path / "samples.png").stat().st_size > 0 and (tmp_path / "report.md").exists()
     assert (tmp_path / "router" / "config.json").exists()
     expert, meta = load_expert(tmp_path / "experts" / "expert-1")

@@ -1,0 +1,362 @@
+"""Evaluating an assembled run: every routing mode under aligned inference, per-expert quality, router accuracy.
+
+Aligned inference (the paper's comparisons): every routing mode samples the same held-out prompts from the same
+noise with the same sampler, steps and CFG. For each mode: FID and KID against the dataset's images (features of
+the configured network, named in every result), intra-prompt diversity (LPIPS, or the named fallback), CLIP score
+when a CLIP folder is configured, how often the DDPM → velocity conversion's guards fired, the router's mixing
+weights over t and each expert's usage. Per expert: the expert alone on captions of its own cluster, against that
+cluster's images. Outputs go to the run directory: PNG grids per prompt (rows: routing modes) and PNG plots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from . import metrics as M
+from .config import Config
+from .data import Split, load_split, load_uncond, read_meta
+from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
+from .experts import DDPMExpert, map_cond
+from .models import TextCond
+
+log = logging.getLogger(__name__)
+FEATURE_NET = "feature-net"  # folder of the run's own feature classifier
+
+
+def parse_mode(mode: str) -> dict[str, Any]:
+    """``top2`` → ``{"routing": "top_k", "k": 2}``; ``full``, ``threshold``, ``sample``, ``oracle`` as they are."""
+    m = re.fullmatch(r"top(\d+)", mode)
+    if m:
+        return {"routing": "top_k", "k": int(m.group(1))}
+    if mode in ("full", "threshold", "sample", "oracle"):
+        return {"routing": mode}
+    raise ValueError(f"unknown routing mode {mode!r}; expected top1, top2, …, full, threshold, sample or oracle")
+
+
+@dataclass
+class Prompts:
+    """Held-out captions with their text states and the cluster of the image they describe (for oracle)."""
+
+    captions: list[str]
+    cond: TextCond
+    labels: Tensor
+
+
+def all_images(dataset_dir: Path) -> Split:
+    """Train and validation splits together: the reference distribution of FID/KID (the experts' data)."""
+    a, b = load_split(dataset_dir, None, "train"), load_split(dataset_dir, None, "val")
+    return Split(torch.cat([a.images, b.images]), TextCond(*(torch.cat([x, y]) for x, y in zip(a.cond, b.cond))),
+                 torch.cat([a.labels, b.labels]), a.captions + b.captions)
+
+
+def choose_prompts(dataset_dir: Path, n: int, seed: int, clusters: list[int] | None = None) -> Prompts:
+    """``n`` distinct captions, held-out ones first (then training ones if the validation split is short)."""
+    g = torch.Generator().manual_seed(seed)
+    pools = []
+    for split in ("val", "train"):
+        try:
+            pools.append(load_split(dataset_dir, clusters, split))
+        except ValueError:  # no samples of this split in these clusters
+            continue
+    idx_all, seen = [], set()
+    for s_i, s in enumerate(pools):
+        for i in torch.randperm(len(s), generator=g).tolist():
+            if s.captions[i] not in seen and len(idx_all) < n:
+                seen.add(s.captions[i])
+                idx_all.append((s_i, i))
+    if not idx_all:
+        raise ValueError(f"no captions in clusters {clusters} of {dataset_dir}")
+    pick = lambda f: torch.stack([f(pools[s_i])[i] for s_i, i in idx_all])  # noqa: E731
+    return Prompts([pools[s_i].captions[i] for s_i, i in idx_all],
+                   TextCond(pick(lambda s: s.cond.states), pick(lambda s: s.cond.mask)), pick(lambda s: s.labels))
+
+
+class _TracedRouter(nn.Module):
+    """Passes the router through and keeps the posterior it produced at every call, with the time."""
+
+    def __init__(self, router: nn.Module, present: Tensor):
+        super().__init__()
+        self.inner, self.present, self.trace, self.labels = router, present, [], None
+
+    def forward(self, x_t: Tensor, t: Tensor) -> Tensor:
+        logits = self.inner(x_t, t)
+        probs = logits.float().masked_fill(~self.present, float("-inf")).softmax(-1)
+        self.trace.append((float(t[0]), probs.detach(), self.labels))
+        return logits
+
+
+def _ddpm_experts(experts) -> list[DDPMExpert]:
+    return [e for e in experts if isinstance(e, DDPMExpert)]
+
+
+@torch.no_grad()
+def sample_mode(ensemble: Ensemble, mode: str, prompts: Prompts, uncond: TextCond, *, samples_per_prompt: int,
+                num_steps: int, cfg_scale: float, threshold: float, seed: int, batch_size: int = 256,
+                progress: bool = False) -> tuple[Tensor, dict]:
+    """Samples (P, S, C, H, W) of one routing mode, plus its trace: mean mixing weight and usage per expert and
+    step, and the conversion's clamp counts. The noise depends only on ``seed``: every mode sees the same."""
+    spec = parse_mode(mode)
+    experts = {int(k): e for k, e in ensemble.experts.items()}
+    traced = _TracedRouter(ensemble.router, ensemble.present)
+    ens = Ensemble(experts, traced, ensemble.num_experts, routing=spec["routing"], k=spec.get("k", 1),
+                   threshold=threshold)
+    P, S = len(prompts.captions), samples_per_prompt
+    cfg = ensemble.router.config
+    noise = torch.randn(P * S, cfg.in_channels, cfg.sample_size, cfg.sample_size,
+                        generator=torch.Generator().manual_seed(seed))
+    cond = map_cond(lambda c: c.repeat_interleave(S, 0), prompts.cond)
+    labels = prompts.labels.repeat_interleave(S, 0)
+    counts = {}
+    for e in _ddpm_experts(experts.values()):
+        e.clamp_counts = counts
+    g = torch.Generator().manual_seed(seed + 1)  # for routing mode "sample"
+    start, out = time.perf_counter(), []
+    try:
+        for i in tqdm(range(0, P * S, batch_size), desc=f"sampling {mode}", disable=not progress):
+            rows = slice(i, i + batch_size)
+            n = len(noise[rows])
+            traced.labels = labels[rows]
+            un = TextCond(uncond.states.expand(n, -1, -1), uncond.mask.expand(n, -1))
+            out.append(sample_ensemble(ens, noise[rows], map_cond(lambda c: c[rows], cond), un, num_steps=num_steps,
+                                       cfg_scale=cfg_scale, labels=labels[rows], generator=g))
+    finally:
+        for e in _ddpm_experts(experts.values()):
+            e.clamp_counts = None
+    seconds = time.perf_counter() - start
+    # the router's posterior per step → mixing weights of this mode (sample mode: expected weights)
+    steps = {}
+    for t, probs, chunk_labels in traced.trace:
+        if spec["routing"] == "sample":
+            w = probs
+        else:
+            w = routing_weights(probs.double(), spec["routing"], k=spec.get("k", 1), threshold=threshold,
+                                labels=chunk_labels)
+        steps.setdefault(round(t, 6), []).append((w.sum(0), (w > 0).double().sum(0), len(w)))
+    times = sorted(steps, reverse=True)
+    weights = [(sum(s[0] for s in steps[t]) / sum(s[2] for s in steps[t])).tolist() for t in times]
+    usage = [(sum(s[1] for s in steps[t]) / sum(s[2] for s in steps[t])).tolist() for t in times]
+    trace = {"times": times, "mean_weight": weights,
+             "usage": np.mean(usage, axis=0).tolist(),  # fraction of (row, step) pairs each expert evaluated
+             "clamps": counts, "seconds": round(seconds, 2)}
+    return torch.cat(out).reshape(P, S, *noise.shape[1:]), trace
+
+
+def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, progress: bool = False):
+    """(FeatureExtractor, classifier or None, description): Inception from ``evaluation.inception_weights`` if
+    set, else the classifier in ``folder`` (trained on the dataset and saved there on first use)."""
+    ev = cfg.evaluation
+    meta = read_meta(dataset_dir)
+    desc = f"trained on {meta['name']} v{meta['version']} ({Path(dataset_dir).name})"
+    if (folder / "config.json").exists():
+        net = M.FeatureClassifier.from_pretrained(folder).eval()
+    else:
+        data = all_images(dataset_dir)
+        train = load_split(dataset_dir, None, "train")
+        net, stats = M.train_feature_classifier(train.images, train.labels, M.pooled_caption(*train.cond),
+                                                meta["num_clusters"], steps=ev.feature_steps, seed=ev.seed,
+                                                progress=progress)
+        net.save_pretrained(folder)
+        (folder / "hddm_feature_net.json").write_text(json.dumps(
+            {**stats, "trained_on": desc, "num_images": len(train), "reference_images": len(data)}, indent=2))
+    classifier_fx = M.classifier_features(net, desc)
+    fx = M.inception_features(ev.inception_weights) if ev.inception_weights else classifier_fx
+    return fx, net, desc
+
+
+def _quality(fx: M.FeatureExtractor, ref_feats: Tensor, images: Tensor, ev) -> dict:
+    feats = fx(images)
+    kid, kid_std, size = M.kernel_distance(ref_feats, feats, subset_size=ev.kid_subset_size, subsets=ev.kid_subsets,
+                                           seed=ev.seed)
+    return {"fid": M.frechet_distance(ref_feats, feats), "kid": kid, "kid_std": kid_std, "kid_subset_size": size,
+            "num_samples": len(images), "num_reference": len(ref_feats)}
+
+
+def evaluate_run(cfg: Config, ensemble: Ensemble, dataset_dir: Path, out_dir: Path, *,
+                 feature_dir: Path | None = None, modes: list[str] | None = None, per_expert: bool = True,
+                 progress: bool = False) -> dict[str, Any]:
+    """All metrics of one ensemble; writes grids and plots into ``out_dir``. Returns the ``evaluation`` block of
+    report.json (the feature network and the distance are named in it)."""
+    ev, s = cfg.evaluation, cfg.sampling
+    modes = modes or ev.routing_modes
+    steps = ev.num_steps or s.num_steps
+    fx, classifier, desc = feature_network(cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, progress=progress)
+    distance = M.lpips_distance(ev.alexnet_weights or None, fallback=classifier, fallback_description=desc)
+    ref = all_images(dataset_dir)
+    subset = 0 < ev.reference_images < len(ref)
+    if subset:
+        keep = torch.randperm(len(ref), generator=torch.Generator().manual_seed(ev.seed))[: ev.reference_images]
+        ref = Split(ref.images[keep], TextCond(ref.cond.states[keep], ref.cond.mask[keep]), ref.labels[keep],
+                    [ref.captions[i] for i in keep.tolist()])
+    ref_feats = fx(ref.images)
+    prompts = choose_prompts(dataset_dir, ev.num_prompts, ev.seed)
+    uncond = load_uncond(dataset_dir)
+    result: dict[str, Any] = {
+        "feature_network": fx.name, "diversity_distance": distance.name,
+        "protocol": {"prompts": len(prompts.captions), "samples_per_prompt": ev.samples_per_prompt,
+                     "num_steps": steps, "cfg_scale": s.cfg_scale, "threshold": s.threshold, "seed": ev.seed,
+                     "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing", "conversion": s.conversion,
+                     "reference": f"{len(ref)} images of the dataset (train + val"
+                                  f"{', seeded subset' if subset else ''})",
+                     "prompt_source": "held-out captions first (val split), then training captions"},
+        "prompts": prompts.captions, "modes": {},
+    }
+    samples = {}
+    for mode in modes:
+        images, trace = sample_mode(ensemble, mode, prompts, uncond, samples_per_prompt=ev.samples_per_prompt,
+                                    num_steps=steps, cfg_scale=s.cfg_scale, threshold=s.threshold, seed=ev.seed,
+                                    batch_size=ev.batch_size, progress=progress)
+        samples[mode] = images
+        flat = images.flatten(0, 1)
+        r = _quality(fx, ref_feats, flat, ev) | {"lpips": M.intra_prompt_diversity(images, distance)} | trace
+        r["lpips"].pop("distance")
+        if ev.clip:
+            r["clip_score"] = M.clip_score(flat, [c for c in prompts.captions for _ in range(ev.samples_per_prompt)],
+                                           ev.clip)
+        result["modes"][mode] = r
+        log.info("%s: FID %.2f KID %.4f LPIPS %.3f (%.0f s)", mode, r["fid"], r["kid"], r["lpips"]["mean"],
+                 r["seconds"])
+    result["grids"] = save_prompt_grids(samples, prompts.captions[: ev.grid_prompts], out_dir / "grids")
+    result["plots"] = {"router_weights": plot_router_weights(result["modes"], ensemble.num_experts,
+                                                             out_dir / "router-weights.png"),
+                       "expert_usage": plot_usage(result["modes"], ensemble.num_experts, out_dir / "expert-usage.png")}
+    if per_expert:
+        result["per_expert"] = per_expert_quality(cfg, ensemble, dataset_dir, fx, ref, ref_feats, uncond, steps,
+                                                  progress=progress)
+    return result
+
+
+@torch.no_grad()
+def per_expert_quality(cfg: Config, ensemble: Ensemble, dataset_dir: Path, fx: M.FeatureExtractor, ref: Split,
+                       ref_feats: Tensor, uncond: TextCond, steps: int, *, progress: bool = False) -> dict:
+    """Each expert alone, one sample for each of ``per_expert_samples`` captions of its own cluster, against the
+    images of that cluster (FID/KID with few samples: compare experts of one run, not to the paper)."""
+    ev, s = cfg.evaluation, cfg.sampling
+    out = {}
+    for key, expert in tqdm(list(ensemble.experts.items()), desc="per-expert", disable=not progress):
+        k = int(key)
+        prompts = choose_prompts(dataset_dir, ev.per_expert_samples, ev.seed + 1 + k, clusters=[k])
+        n, mine = len(prompts.captions), ref.labels == k
+        if min(n, int(mine.sum())) < 2:  # FID/KID need two samples on each side
+            out[key] = {"objective": expert.objective, "clamps": {},
+                        "skipped": f"cluster {k} has {n} held-out captions and {int(mine.sum())} reference images "
+                                   f"(FID/KID need ≥ 2 of each)"}
+            continue
+        cfg_r = ensemble.router.config
+        noise = torch.randn(n, cfg_r.in_channels, cfg_r.sample_size, cfg_r.sample_size,
+                            generator=torch.Generator().manual_seed(ev.seed + 1 + k))
+        un = TextCond(uncond.states.expand(n, -1, -1), uncond.mask.expand(n, -1))
+        counts = {}
+        if isinstance(expert, DDPMExpert):
+            expert.clamp_counts = counts
+        try:
+            images = euler_sample(lambda x, t: expert.velocity(x, t, prompts.cond, un, s.cfg_scale), noise, steps)
+        finally:
+            if isinstance(expert, DDPMExpert):
+                expert.clamp_counts = None
+        ev_small = dataclasses.replace(ev, kid_subset_size=min(ev.kid_subset_size, n))
+        out[key] = _quality(fx, ref_feats[mine], images, ev_small) | {"objective": expert.objective,
+                                                                      "clamps": counts}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pictures (PIL only)
+
+PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
+           (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+
+
+def _to_uint8(images: Tensor) -> np.ndarray:
+    return ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def save_prompt_grids(samples: dict[str, Tensor], captions: list[str], folder: Path, scale: int = 4) -> list[dict]:
+    """One PNG per prompt: a row per routing mode (labelled), the prompt's samples across."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for p, caption in enumerate(captions):
+        rows = {mode: _to_uint8(x[p]) for mode, x in samples.items()}
+        S, h, w, c = next(iter(rows.values())).shape
+        label_w, pad = 80, 2
+        W, H = label_w + S * (w * scale + pad), 16 + len(rows) * (h * scale + pad)
+        img = Image.new("RGB", (W, H), "white")
+        draw = ImageDraw.Draw(img)
+        draw.text((2, 2), caption[:80], fill="black")
+        for r, (mode, x) in enumerate(rows.items()):
+            y = 16 + r * (h * scale + pad)
+            draw.text((2, y + h * scale // 2 - 5), mode, fill="black")
+            for j in range(S):
+                tile = Image.fromarray(x[j].squeeze(-1) if c == 1 else x[j]).resize((w * scale, h * scale),
+                                                                                     Image.NEAREST)
+                img.paste(tile, (label_w + j * (w * scale + pad), y))
+        name = f"prompt-{p:02d}-{re.sub(r'[^a-z0-9]+', '-', caption.lower()).strip('-')[:40]}.png"
+        img.save(folder / name)
+        out.append({"prompt": caption, "file": f"{folder.name}/{name}"})
+    return out
+
+
+def _axes(draw: ImageDraw.ImageDraw, box, xlabel: str, ylabel: str, xticks, yticks) -> None:
+    x0, y0, x1, y1 = box
+    draw.rectangle(box, outline="black")
+    for v, label in xticks:
+        x = x0 + v * (x1 - x0)
+        draw.line([(x, y1), (x, y1 + 4)], fill="black")
+        draw.text((x - 8, y1 + 6), label, fill="black")
+    for v, label in yticks:
+        y = y1 - v * (y1 - y0)
+        draw.line([(x0 - 4, y), (x0, y)], fill="black")
+        draw.text((x0 - 34, y - 5), label, fill="black")
+    draw.text(((x0 + x1) // 2 - 40, y1 + 20), xlabel, fill="black")
+    draw.text((4, y0 - 14), ylabel, fill="black")
+
+
+def plot_router_weights(modes: dict[str, dict], num_experts: int, path: Path) -> str:
+    """One panel per routing mode: the mean mixing weight of each expert against t (t = 1 noise on the left)."""
+    pw, ph, m = 300, 200, 50
+    img = Image.new("RGB", (len(modes) * (pw + m + 10) + m, ph + 2 * m + 40), "white")
+    draw = ImageDraw.Draw(img)
+    for i, (mode, r) in enumerate(modes.items()):
+        x0, y0 = m + i * (pw + m + 10), m
+        box = (x0, y0, x0 + pw, y0 + ph)
+        _axes(draw, box, "t (1 = noise)", "", [(0, "1"), (0.5, "0.5"), (1, "0")], [(0, "0"), (0.5, "0.5"), (1, "1")])
+        draw.text((x0 + 4, y0 - 14), f"{mode}: mean weight", fill="black")
+        ts, w = r["times"], np.array(r["mean_weight"])
+        for k in range(num_experts):
+            pts = [(x0 + (1 - t) * pw, y0 + ph - w[j, k] * ph) for j, t in enumerate(ts)]
+            if len(pts) > 1:
+                draw.line(pts, fill=PALETTE[k % len(PALETTE)], width=2)
+    for k in range(num_experts):
+        draw.text((m + k * 60, ph + 2 * m + 20), f"expert {k}", fill=PALETTE[k % len(PALETTE)])
+    img.save(path)
+    return path.name
+
+
+def plot_usage(modes: dict[str, dict], num_experts: int, path: Path) -> str:
+    """Grouped bars: for each expert, the fraction of (sample, step) pairs on which it ran, per routing mode."""
+    bw, gap, ph, m = 10, 14, 200, 50
+    group = len(modes) * bw + gap
+    img = Image.new("RGB", (m + num_experts * group + 2 * m, ph + 2 * m + 40), "white")
+    draw = ImageDraw.Draw(img)
+    box = (m, m, m + num_experts * group, m + ph)
+    _axes(draw, box, "expert", "fraction of (sample, step) pairs evaluated",
+          [((k + 0.5) / num_experts, str(k)) for k in range(num_experts)], [(0, "0"), (0.5, "0.5"), (1, "1")])
+    for i, (mode, r) in enumerate(modes.items()):
+        for k, u in enumerate(r["usage"]):
+            x = m + k * group + gap // 2 + i * bw
+            draw.rectangle((x, m + ph - u * ph, x + bw - 2, m + ph), fill=PALETTE[i % len(PALETTE)])
+        draw.text((m + i * 70, ph + 2 * m + 20), mode, fill=PALETTE[i % len(PALETTE)])
+    img.save(path)
+    return path.name

@@ -1,0 +1,322 @@
+"""Sample-quality metrics, with feature extraction kept apart from the statistics.
+
+Feature networks (each carries the ``name`` every result reports):
+
+* :func:`inception_features`: the standard FID Inception-v3 (torch-fidelity's port, through torchmetrics) from a
+  local weights file (``weights-inception-2015-12-05-6726825d.pth``); the only way to a *standard* FID.
+* :class:`FeatureClassifier` (:func:`classifier_features`): the project's own small image network, trained on the
+  evaluation data (cluster labels + caption embeddings) and saved with the run. Offline, FID/KID use its features:
+  the numbers are "FID with features of our classifier", comparable only between runs that share that network.
+
+Statistics over feature matrices (N, d): :func:`frechet_distance` and :func:`kernel_distance` (torchmetrics' FID
+and KID on precomputed features, float64). Diversity: :func:`intra_prompt_diversity` with an LPIPS distance
+(:func:`lpips_distance`: the ``lpips`` package with AlexNet when its torchvision weights are present locally;
+otherwise a named fallback on the classifier's features, never a random backbone). :func:`clip_score` when a
+local CLIP folder is configured.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from torch import Tensor, nn
+
+ALEXNET_FILE = "alexnet-owt-7be5be79.pth"  # torchvision's AlexNet_Weights.IMAGENET1K_V1 file name
+LPIPS_MIN_SIZE = 64  # AlexNet's stride-4 stem and three max-pools need at least this many pixels per side
+
+
+@dataclass
+class FeatureExtractor:
+    """A named image → feature map: ``fn(images in [−1, 1], (N, C, H, W)) → (N, d)``."""
+
+    name: str
+    num_features: int
+    fn: Callable[[Tensor], Tensor]
+    batch_size: int = 256
+
+    @torch.no_grad()
+    def __call__(self, images: Tensor) -> Tensor:
+        """Features (N, d) in float64, computed in batches."""
+        return torch.cat([self.fn(images[i: i + self.batch_size]).double()
+                          for i in range(0, len(images), self.batch_size)])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Feature networks
+
+
+def inception_features(weights_path: str | os.PathLike) -> FeatureExtractor:
+    """The FID Inception-v3 pool features (2048-d) from a local torch-fidelity weights file."""
+    from torchmetrics.image.fid import NoTrainInceptionV3
+
+    path = Path(weights_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Inception weights file {path} does not exist")
+    torch.load(path, map_location="cpu", weights_only=True)  # refuse a pickle with code before torch-fidelity loads it
+    net = NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"],
+                             feature_extractor_weights_path=str(path)).eval()
+
+    def fn(images: Tensor) -> Tensor:
+        x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        if x.shape[1] == 1:
+            x = x.expand(-1, 3, -1, -1)
+        return net(x).reshape(len(x), -1)
+
+    return FeatureExtractor(f"inception-v3 pool3 2048-d ({path.name})", 2048, fn, batch_size=64)
+
+
+class FeatureClassifier(ModelMixin, ConfigMixin):
+    """A small CNN trained on the evaluation data: cluster logits and the caption's sentence embedding from a
+    ``feature_dim`` embedding that FID/KID use. ``layers`` returns the activations the LPIPS-style fallback uses."""
+
+    @register_to_config
+    def __init__(self, in_channels: int = 3, num_classes: int = 8, text_dim: int = 384, feature_dim: int = 64,
+                 widths: tuple[int, ...] = (32, 64, 128)):
+        super().__init__()
+        blocks, c = [], in_channels
+        for w in widths:
+            blocks.append(nn.Sequential(nn.Conv2d(c, w, 3, padding=1), nn.GroupNorm(8, w), nn.SiLU(),
+                                        nn.Conv2d(w, w, 3, padding=1, stride=2), nn.GroupNorm(8, w), nn.SiLU()))
+            c = w
+        self.blocks = nn.ModuleList(blocks)
+        self.embed = nn.Linear(c, feature_dim)
+        self.cls_head = nn.Linear(feature_dim, num_classes)
+        self.text_head = nn.Linear(feature_dim, text_dim)
+
+    def layers(self, x: Tensor) -> list[Tensor]:
+        out = []
+        for block in self.blocks:
+            x = block(x)
+            out.append(x)
+        return out
+
+    def features(self, x: Tensor) -> Tensor:
+        return self.embed(self.layers(x)[-1].mean((2, 3)))  # (B, feature_dim)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        f = F.silu(self.features(x))
+        return self.cls_head(f), self.text_head(f)
+
+
+def pooled_caption(states: Tensor, mask: Tensor) -> Tensor:
+    """Masked mean of per-token text states, L2-normalised: the caption's sentence embedding (B, dim)."""
+    m = mask.unsqueeze(-1)
+    return F.normalize((states * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
+
+
+def train_feature_classifier(images: Tensor, labels: Tensor, caption_emb: Tensor, num_classes: int, *,
+                             steps: int = 600, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
+                             progress: bool = False) -> tuple[FeatureClassifier, dict]:
+    """Train :class:`FeatureClassifier` on (images, cluster labels, caption embeddings): cross-entropy on the
+    labels plus cosine distance to the caption embedding, with random horizontal flips. Returns (net, stats)."""
+    from .training import fit
+
+    torch.manual_seed(seed)
+    net = FeatureClassifier(in_channels=images.shape[1], num_classes=num_classes, text_dim=caption_emb.shape[1])
+
+    def loss_fn(g: torch.Generator) -> Tensor:
+        idx = torch.randint(0, len(images), (batch_size,), generator=g)
+        x = images[idx]
+        flip = torch.rand(batch_size, generator=g) < 0.5
+        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        logits, emb = net(x)
+        return F.cross_entropy(logits, labels[idx]) + (1 - F.cosine_similarity(emb, caption_emb[idx])).mean()
+
+    net.train()
+    with torch.enable_grad():
+        stats, _ = fit(net, loss_fn, steps=steps, lr=lr, warmup_steps=min(50, steps), seed=seed,
+                       log_every=max(1, steps // 5), name="feature classifier", progress=progress)
+    net.eval()
+    with torch.no_grad():
+        acc = torch.cat([net(images[i: i + 512])[0].argmax(-1) for i in range(0, len(images), 512)])
+    return net, {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+                 "final_loss": stats.final_loss, "train_accuracy": (acc == labels).float().mean().item(),
+                 "device_seconds": round(stats.device_seconds, 3)}
+
+
+def classifier_features(net: FeatureClassifier, description: str) -> FeatureExtractor:
+    return FeatureExtractor(f"hddm feature classifier {net.config.feature_dim}-d ({description})",
+                            net.config.feature_dim, lambda x: net.features(x))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Statistics over features
+
+
+class _Given(nn.Module):
+    """Feeds precomputed features to torchmetrics' FID/KID (the statistics without their feature extraction)."""
+
+    def __init__(self, num_features: int):
+        super().__init__()
+        self.num_features = num_features
+
+    def forward(self, features: Tensor) -> Tensor:
+        return features
+
+
+def _check(real: Tensor, fake: Tensor, need: int) -> None:
+    if real.ndim != 2 or fake.ndim != 2 or real.shape[1] != fake.shape[1]:
+        raise ValueError(f"features must be (N, d) with the same d, got {tuple(real.shape)} and {tuple(fake.shape)}")
+    if min(len(real), len(fake)) < need:
+        raise ValueError(f"need at least {need} samples per set, got {len(real)} real and {len(fake)} generated")
+
+
+def frechet_distance(real: Tensor, fake: Tensor) -> float:
+    """FID statistic: ``‖μ_r − μ_f‖² + Tr(Σ_r + Σ_f − 2(Σ_r Σ_f)^½)`` of the features' Gaussian fits (float64)."""
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    _check(real, fake, 2)
+    m = FrechetInceptionDistance(feature=_Given(real.shape[1])).double()
+    m.update(real.double(), real=True)
+    m.update(fake.double(), real=False)
+    return float(m.compute())
+
+
+def kernel_distance(real: Tensor, fake: Tensor, *, subset_size: int = 100, subsets: int = 100,
+                    seed: int = 0) -> tuple[float, float, int]:
+    """KID (unbiased squared MMD, cubic polynomial kernel) averaged over random subsets; returns (mean, std,
+    subset size used = min(subset_size, both set sizes)). Seeded: the subsets do not depend on global state."""
+    from torchmetrics.image.kid import KernelInceptionDistance
+
+    _check(real, fake, 2)
+    size = min(subset_size, len(real), len(fake))
+    m = KernelInceptionDistance(feature=_Given(real.shape[1]), subsets=subsets, subset_size=size)
+    m.update(real.double(), real=True)
+    m.update(fake.double(), real=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        mean, std = m.compute()
+    return float(mean), float(std), size
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Diversity: intra-prompt LPIPS
+
+
+@dataclass
+class Distance:
+    """A named perceptual distance ``fn(a, b) → (N,)`` between image batches in [−1, 1]."""
+
+    name: str
+    fn: Callable[[Tensor, Tensor], Tensor]
+
+    @torch.no_grad()
+    def __call__(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.fn(a, b).reshape(len(a)).double()
+
+
+def find_alexnet_weights(path: str | os.PathLike | None = None) -> Path | None:
+    """The AlexNet weights file: ``path`` if given (must exist), else torchvision's cache under TORCH_HOME."""
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"AlexNet weights file {p} does not exist")
+        return p
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / ALEXNET_FILE
+    return cached if cached.is_file() else None
+
+
+def _upsample(x: Tensor) -> Tensor:
+    if x.shape[1] == 1:
+        x = x.expand(-1, 3, -1, -1)
+    if min(x.shape[-2:]) >= LPIPS_MIN_SIZE:
+        return x
+    scale = -(-LPIPS_MIN_SIZE // min(x.shape[-2:]))
+    return F.interpolate(x, scale_factor=scale, mode="bilinear", align_corners=False)
+
+
+def lpips_alexnet(weights_path: str | os.PathLike) -> Distance:
+    """LPIPS v0.1 (``lpips`` package: its learned linear layers) on torchvision AlexNet from a local file."""
+    import lpips
+    import torchvision
+
+    alex = torchvision.models.alexnet()
+    alex.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
+    model = lpips.LPIPS(net="alex", version="0.1", pretrained=True, pnet_rand=True, verbose=False).eval()
+    for name in ("slice1", "slice2", "slice3", "slice4", "slice5"):  # the slices hold AlexNet's features by index
+        for idx, module in getattr(model.net, name).named_children():
+            module.load_state_dict(alex.features[int(idx)].state_dict())
+    return Distance(f"LPIPS v0.1 AlexNet ({Path(weights_path).name}; inputs upsampled to ≥{LPIPS_MIN_SIZE} px)",
+                    lambda a, b: model(_upsample(a), _upsample(b)))
+
+
+def classifier_distance(net: FeatureClassifier, description: str) -> Distance:
+    """LPIPS-style fallback on the project's classifier: channel-normalised activations of each block, squared
+    differences averaged over space, summed over blocks with equal (unlearned) weights. Not LPIPS: its values are
+    comparable only between runs that share the same classifier."""
+    def fn(a: Tensor, b: Tensor) -> Tensor:
+        d = 0
+        for fa, fb in zip(net.layers(a), net.layers(b)):
+            d = d + (F.normalize(fa, dim=1) - F.normalize(fb, dim=1)).square().sum(1).mean((1, 2))
+        return d
+
+    return Distance(f"FALLBACK (not LPIPS; no AlexNet weights): LPIPS-style distance on the hddm feature classifier "
+                    f"({description})", fn)
+
+
+def lpips_distance(alexnet_weights: str | os.PathLike | None = None, *,
+                   fallback: FeatureClassifier | None = None, fallback_description: str = "") -> Distance:
+    """LPIPS-AlexNet when its weights are found (a given file or torchvision's cache); otherwise the named
+    classifier fallback; with neither, an error (never a silently random backbone)."""
+    path = find_alexnet_weights(alexnet_weights)
+    if path is not None:
+        return lpips_alexnet(path)
+    if fallback is None:
+        raise FileNotFoundError(f"no AlexNet weights for LPIPS ({Path(torch.hub.get_dir()) / 'checkpoints' / ALEXNET_FILE}"
+                                f" is absent) and no fallback network given")
+    return classifier_distance(fallback, fallback_description)
+
+
+def intra_prompt_diversity(images: Tensor, distance: Distance) -> dict:
+    """Mean pairwise distance between the samples of each prompt. ``images``: (P, S, C, H, W), S ≥ 2.
+    Returns mean ± std over prompts (the paper's "0.631 ± 0.078" form) and the per-prompt values."""
+    P, S = images.shape[:2]
+    if S < 2:
+        raise ValueError(f"intra-prompt diversity needs ≥ 2 samples per prompt, got {S}")
+    i, j = torch.triu_indices(S, S, offset=1)
+    per_prompt = []
+    for p in range(P):
+        per_prompt.append(distance(images[p, i], images[p, j]).mean().item())
+    v = torch.tensor(per_prompt, dtype=torch.float64)
+    return {"mean": v.mean().item(), "std": v.std(unbiased=False).item(), "per_prompt": per_prompt,
+            "pairs_per_prompt": len(i), "distance": distance.name}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Text alignment
+
+
+def _embedding(out) -> Tensor:
+    """transformers ≥ 5 returns the projected embedding as ``pooler_output`` of an output object; older, a tensor."""
+    return out if isinstance(out, Tensor) else out.pooler_output
+
+
+@torch.no_grad()
+def clip_score(images: Tensor, prompts: list[str], clip_path: str | os.PathLike, batch_size: int = 64) -> dict:
+    """CLIP score with a local transformers CLIP folder: ``100 · max(cos(image, text), 0)`` averaged over the
+    images (torchmetrics' definition; its own ``CLIPScore`` accepts only hub names and predates transformers 5)."""
+    from transformers import CLIPModel, CLIPProcessor
+
+    path = Path(clip_path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"CLIP folder {path} does not exist")
+    if len(prompts) != len(images):
+        raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
+    model, processor = CLIPModel.from_pretrained(path).eval(), CLIPProcessor.from_pretrained(path)
+    x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    scores = []
+    for i in range(0, len(x), batch_size):
+        pix = processor(images=list(x[i: i + batch_size]), return_tensors="pt")["pixel_values"]
+        txt = processor(text=prompts[i: i + batch_size], return_tensors="pt", padding=True, truncation=True)
+        img_emb = F.normalize(_embedding(model.get_image_features(pixel_values=pix)), dim=-1)
+        txt_emb = F.normalize(_embedding(model.get_text_features(input_ids=txt["input_ids"],
+                                                                 attention_mask=txt["attention_mask"])), dim=-1)
+        scores.append((100 * (img_emb * txt_emb).sum(-1)).clamp(min=0))
+    return {"value": torch.cat(scores).mean().item(), "model": str(path), "num_images": len(images)}

@@ -1,0 +1,119 @@
+"""``hddm reproduce`` and ``hddm evaluate`` end to end on a tiny config; report contents; CLI errors."""
+
+import json
+import os
+
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from hddm_flower.cli import main
+from hddm_flower.config import ConfigError, load_config
+from hddm_flower.evaluate import choose_prompts, parse_mode
+from hddm_flower.reproduce import default_configs, reproduce
+
+from .conftest import TINY
+
+
+def test_parse_mode_and_default_configurations():
+    assert parse_mode("top2") == {"routing": "top_k", "k": 2}
+    assert parse_mode("oracle") == {"routing": "oracle"}
+    with pytest.raises(ValueError, match="unknown routing mode 'top'"):
+        parse_mode("top")
+    assert default_configs(8) == {"8FM": 0, "2DDPM:6FM": 2, "4DDPM:4FM": 4}
+    assert default_configs(4) == {"4FM": 0, "2DDPM:2FM": 2}
+
+
+def test_evaluation_config_is_checked(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"evaluation": {"routing_modes": ["top2", "best"]}}))
+    with pytest.raises(ConfigError, match=r"evaluation.routing_modes\[1\]: unknown mode 'best'"):
+        load_config(path)
+    path.write_text(yaml.safe_dump({"evaluation": {"samples_per_prompt": 1}}))
+    with pytest.raises(ConfigError, match="evaluation.samples_per_prompt"):
+        load_config(path)
+
+
+def test_prompts_are_distinct_held_out_first_and_seeded(tiny_config, dataset_dir):
+    a = choose_prompts(dataset_dir, 5, seed=0)
+    assert len(set(a.captions)) == 5 and a.cond.states.shape[0] == 5 and a.labels.shape == (5,)
+    assert a.captions == choose_prompts(dataset_dir, 5, seed=0).captions
+    mine = choose_prompts(dataset_dir, 4, seed=1, clusters=[2])
+    assert torch.all(mine.labels == 2)
+
+
+@pytest.fixture(scope="module")
+def reproduced(tmp_path_factory, dataset_dir):
+    d = dict(TINY, evaluation=dict(TINY["evaluation"], routing_modes=["top1", "top2", "full", "threshold", "oracle"]))
+    path = tmp_path_factory.mktemp("repro") / "tiny.yaml"
+    path.write_text(yaml.safe_dump(d))
+    cfg = load_config(path)
+    out = tmp_path_factory.mktemp("out")
+    return cfg, out, reproduce(cfg, out, dataset_dir)
+
+
+@pytest.mark.slow
+def test_reproduce_writes_tables_manifest_and_runs(reproduced):
+    cfg, out, manifest = reproduced
+    # 4 experts: 4FM and 2DDPM:2FM share the FM experts of the FM clusters → 4 FM + 2 DDPM trained once each
+    objs = manifest["configurations"]["2DDPM:2FM"]["objectives"]
+    assert objs.count("ddpm") == 2 and manifest["configurations"]["4FM"]["objectives"] == ["fm"] * 4
+    assert sorted(manifest["artefacts"]["experts"]) == sorted(
+        [f"cluster-{k}-fm" for k in range(4)] + [f"cluster-{k}-ddpm" for k, o in enumerate(objs) if o == "ddpm"])
+    assert set(manifest["results"]) == {"4FM", "2DDPM:2FM", "monolith"}
+    assert set(manifest["results"]["4FM"]) == {"top1", "top2", "full", "threshold", "oracle"}
+    assert {"versions", "seeds", "config", "fingerprints", "dataset"} <= set(manifest)
+    mono = json.loads((out / "monolith" / "hddm_expert.json").read_text())
+    assert mono["steps"] == cfg.num_experts * cfg.expert.steps and mono["cluster_id"] == "all"
+    tables = (out / "tables.md").read_text()
+    for text in ("Table 1", "Table 2", "2DDPM:2FM", "monolith", "hddm feature classifier", "22.60", "29.64"):
+        assert text in tables
+    run = out / "runs" / "2DDPM-2FM"
+    links = sorted(os.readlink(p) for p in (run / "experts").iterdir())
+    assert len(links) == 4 and all(not os.path.isabs(x) for x in links)
+    report = json.loads((run / "report.json").read_text())
+    objectives = [e["objective"] for e in report["experts"]]
+    assert objectives.count("ddpm") == 2
+    ev = report["metrics"]["evaluation"]
+    assert ev["feature_network"].startswith("hddm feature classifier") and "FALLBACK" in ev["diversity_distance"]
+    for mode, r in ev["modes"].items():
+        assert r["fid"] >= 0 and r["lpips"]["mean"] > 0 and len(r["usage"]) == 4 and r["usage"][3] >= 0
+        if mode == "full":  # every expert, the DDPM ones included, runs on every row
+            assert r["clamps"]["rows"] > 0
+    assert sum(ev["modes"]["top2"]["usage"]) == pytest.approx(2.0)
+    assert sum(ev["modes"]["top1"]["usage"]) == pytest.approx(1.0)
+    assert sorted(ev["per_expert"]) == ["0", "1", "2", "3"]
+    assert ev["per_expert"][str(objectives.index("ddpm"))]["clamps"]["rows"] > 0
+    for name in ("router-weights.png", "expert-usage.png", "samples.png", "report.md"):
+        assert (run / name).stat().st_size > 0
+    for g in ev["grids"]:
+        assert Image.open(run / g["file"]).size[1] > 5 * 16  # a row per routing mode
+    assert "## Routing modes" in (run / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_reproduce_reuses_experts_and_refuses_a_changed_config(reproduced, dataset_dir):
+    cfg, out, manifest = reproduced
+    from hddm_flower.reproduce import _train_or_reuse
+
+    again = _train_or_reuse(out / "experts" / "cluster-0-fm", manifest["fingerprints"]["experts"],
+                            lambda: pytest.fail("retrained"))
+    assert again["reused"] and again["sha256"] == manifest["artefacts"]["experts"]["cluster-0-fm"]["sha256"]
+    with pytest.raises(ConfigError, match="trained with another config"):
+        _train_or_reuse(out / "experts" / "cluster-0-fm", "other", lambda: None)
+
+
+@pytest.mark.slow
+def test_cli_evaluate_a_run_and_bad_input(reproduced, cache_dir, capsys):
+    cfg, out, _ = reproduced
+    run = out / "runs" / "4FM"
+    assert main(["evaluate", "--run-dir", str(run), "--cache-dir", str(cache_dir), "--modes", "top2,oracle"]) == 0
+    report = json.loads((run / "report.json").read_text())
+    assert list(report["metrics"]["evaluation"]["modes"]) == ["top2", "oracle"]
+    assert "FID" in capsys.readouterr().out
+    assert main(["evaluate", "--run-dir", str(run), "--cache-dir", str(cache_dir), "--modes", "top2,best"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown routing mode 'best'" in err[0]
+    assert main(["evaluate", "--run-dir", str(out / "nope"), "--cache-dir", str(cache_dir)]) == 2
+    assert "router" in capsys.readouterr().err
