@@ -112,6 +112,7 @@ def main(argv=None) -> dict:
     p.add_argument("--skip", action="append", default=[], choices=PARTS)
     p.add_argument("--config", default=None, help="experiment YAML (default configs/default.yaml)")
     p.add_argument("--cache-dir", default=None)
+    p.add_argument("--federation-reps", type=int, default=2, help="repetitions of the federation comparison")
     p.add_argument("--out-dir", default=str(RESULTS))
     args = p.parse_args(argv)
     out = Path(args.out_dir)
@@ -134,8 +135,8 @@ def main(argv=None) -> dict:
     if "federation" not in args.skip:
         r["federation"] = _load("federation").main(
             [*common, *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
-             *(["--reps", "1", "--set", "expert.steps=5", "--set", "router.steps=5", "--set", "sampling.num_steps=5"]
-               if q else []), "--out", str(out / "federation.json")])
+             *(["--set", "expert.steps=5", "--set", "router.steps=5", "--set", "sampling.num_steps=5"] if q else []),
+             "--reps", "1" if q else str(args.federation_reps), "--out", str(out / "federation.json")])
     if "gpu" not in args.skip and torch.cuda.is_available():
         r["gpu"] = _load("gpu").main(["--out-dir", str(out)])
     r["seconds"] = round(time.perf_counter() - t0, 1)
