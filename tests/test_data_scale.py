@@ -58,12 +58,13 @@ def shards(tmp_path_factory):
         for j in range(6):
             colour = list(COLOURS)[(shard * 6 + j) % 3]
             key = f"{shard:05d}{j:04d}"
+            tag = chr(97 + shard * 6 + j) * 3  # every caption distinct: "aaa", "bbb", …
             fmt, ext = [("jpeg", "jpg"), ("png", "png"), ("webp", "webp")][j % 3]
             s = {"key": key, ext: _image(colour, shard * 6 + j, fmt=fmt)}
             if j == 4:  # caption only in the json, as img2dataset can write it
-                s["json"] = json.dumps({"caption": f"a {colour} square", "url": "http://x"}).encode()
+                s["json"] = json.dumps({"caption": f"a {colour} square {tag}", "url": "http://x"}).encode()
             else:
-                s["txt"] = f"a photo of a {colour} square".encode()
+                s["txt"] = f"a photo of a {colour} square {tag}".encode()
                 s["json"] = json.dumps({"url": "http://x"}).encode()
             samples.append(s)
             good.append(key)
@@ -175,8 +176,10 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
 
     root, counts, good = shards
     cfg = config_from_dict({
-        "num_experts": 3, "objectives": {"ddpm": 1, "fm": 2, "ddpm_clusters": "auto"},
+        "num_experts": 2, "objectives": {"ddpm": 1, "fm": 1, "ddpm_clusters": "auto"},
         "federation": {"min_experts": 1, "min_nodes": 1},
+        "evaluation": {"num_prompts": 3, "samples_per_prompt": 2, "per_expert_samples": 3, "grid_prompts": 1,
+                       "feature_steps": 3, "kid_subset_size": 2, "kid_subsets": 2, "routing_modes": ["top1", "top2"]},
         "expert": {"preset": "test", "steps": 2, "batch_size": 2, "warmup_steps": 1, "log_every": 1},
         "data": {"name": "webdataset", "shards": str(root / "{00000..00003}.tar"), "image_size": 8,
                  "vae": str(models["vae"]), "text_encoder": str(models["clip"]), "max_caption_tokens": 77,
@@ -186,7 +189,7 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     meta = read_meta(d)
     assert meta["channels"] == 4 and meta["image_size"] == 8 and meta["pixel_size"] == 16
     assert meta["latent"]["scaling_factor"] == 0.18215 and meta["text_dim"] == 32
-    assert meta["feature_model"].startswith("dinov2:") and "6 fine → 3 coarse" in meta["cluster_features"]
+    assert meta["feature_model"].startswith("dinov2:") and "6 fine → 2 coarse" in meta["cluster_features"]
     assert sum(c["size"] for c in meta["clusters"]) == counts["num_samples"]
     # the stored latents are the VAE's scaled posterior means of the centre-cropped image
     split = load_split(d, None, "train")
@@ -213,7 +216,7 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     cfg.router.preset, cfg.router.steps, cfg.router.batch_size = "test", 2, 4
     cfg.sampling.num_steps, cfg.sampling.samples_per_prompt, cfg.sampling.prompts = 2, 2, ["a red square"]
     report = finish_run(cfg, run, d, [])
-    assert len(report["experts"]) == 3 and report["dataset"]["text_encoder"].startswith("clip_text_model")
+    assert len(report["experts"]) == 2 and report["dataset"]["text_encoder"].startswith("clip_text_model")
     with Image.open(run / "samples.png") as grid:
         assert grid.size == (4 * (2 + 2 * (16 + 2)), 4 * (2 + 16 + 2))  # 16×16 pixels per sample, not 8×8 latents
 
