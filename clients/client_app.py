@@ -39,11 +39,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from hddm_flower.checkpoints import weights_bytes
-from hddm_flower.config import OBJECTIVES, config_from_dict
+from hddm_flower.config import OBJECTIVES, TRAINING_SECTIONS, config_from_dict
 from hddm_flower.data import cluster_shards, default_cache_dir
 from hddm_flower.pipeline import prepare_data, train_one_expert
 
-TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")  # what decides an expert's weights
 WIRE_STYPE = "safetensors"  # strategies.one_shot.WIRE_STYPE (the client does not import the server side)
 app = ClientApp()
 log = logging.getLogger("hddm_flower.client")

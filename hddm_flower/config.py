@@ -22,6 +22,8 @@ from .objectives import CONVERSIONS, SCHEDULES
 OBJECTIVES = ("fm", "ddpm")
 DATASETS = ("twemoji", "webdataset", "folder")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # also hddm_flower.checkpoints.WIRE_DTYPES
+# the sections that decide an expert's weights (federation and sampling settings may change between runs)
+TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")
 # option values of the training loop (hddm_flower.training imports them from here: the schema stays light)
 OPTIMIZERS = ("auto", "fused", "foreach", "default")
 PRECISIONS = ("no", "bf16")

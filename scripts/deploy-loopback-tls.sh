@@ -6,7 +6,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 nodes=${1:-2}
-port=${2:-19400}
+port=${2:-0}  # 0: the first free block of ports in 19400..19499
 shift $(( $# < 2 ? $# : 2 ))
 python=${PYTHON:-$(command -v python3)}
 [ -x "$(dirname "$(command -v flwr 2>/dev/null || echo /)")/python" ] && python=${PYTHON:-$(dirname "$(command -v flwr)")/python}

@@ -13,9 +13,10 @@ What it does, in order (each step is a method of :class:`Deployment`, which the 
    ``cache-dir``, ``work-dir``; optionally ``data-dir`` and ``objective``);
 4. submits the app with ``flwr run`` and waits for the run to finish (``flwr ls --run-id``: the exit code of
    ``flwr run`` does not say whether the run failed);
-5. with ``--drill``, rehearses failures on the running deployment (:func:`fault_drill`): a SuperNode with an
-   unregistered key is refused; the last node's SuperNode is SIGKILLed mid-training and the run completes without
-   its expert, saying why; restarted, a run that targets only that expert resumes from its local checkpoint;
+5. with ``--drill`` the run is a fault drill instead (:func:`fault_drill`): a SuperNode with an unregistered key
+   is refused; the last node's SuperNode is SIGKILLed mid-training and the run completes without its expert,
+   saying why; restarted, a second run that targets only that expert resumes from its local checkpoint and
+   completes the run directory with every expert;
 6. stops everything it started: each process was started in its own process group and is stopped by its PID.
 
 Usage (the run directory, logs and keys stay in the work directory it prints)::
@@ -46,6 +47,24 @@ CONNECTION = "loopback-tls"
 
 class DeploymentError(RuntimeError):
     pass
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(first: int = 19400, last: int = 19499, width: int = 10) -> int:
+    """The first port p in [first, last] with p … p + width − 1 all free (a SuperLink, an intruder and SuperNodes
+    use p, p + 2 and p + 3 + k), so that two deployments on one machine never meet."""
+    for p in range(first, last - width + 2, width):
+        if all(port_free(q) for q in range(p, p + width)):
+            return p
+    raise DeploymentError(f"no {width} free ports in {first}..{last}")
 
 
 class Deployment:
@@ -91,6 +110,8 @@ class Deployment:
     # -- processes ---------------------------------------------------------------------------------------------
 
     def start_superlink(self, timeout: float = 60.0) -> None:
+        if not port_free(self.port):  # never talk to somebody else's SuperLink
+            raise DeploymentError(f"port {self.port} is already in use")
         self._start("superlink", "flower-superlink", "--ssl-ca-certfile", "ca.crt", "--ssl-certfile", "server.pem",
                     "--ssl-keyfile", "server.key", "--enable-supernode-auth", "--host", "127.0.0.1",
                     "--port", str(self.port), "--disable-runtime-dependency-installation")
@@ -242,21 +263,23 @@ def deploy(nodes: int, port: int, work: Path, *, config: str, overrides: str, ca
             node(k)
         d.wait_nodes(nodes)
         run_config = {"config": config, "cache-dir": str(cache_dir)}
-        run_id = d.submit(run_config | {"run-dir": str(work / "run"),
-                                        "overrides": f"federation.min_nodes={nodes} {overrides}".strip()})
-        out["run"] = {"status": d.wait_run(run_id, timeout), "run_dir": str(work / "run")}
-        if drill:
+        if drill:  # the run goes through a crash and a restart, and ends with every expert
             out["drill"] = fault_drill(d, nodes, node, run_config, overrides, work, timeout)
+            out["run"] = {"status": out["drill"]["resumed_run"]["status"], "run_dir": str(work / "run")}
+        else:
+            run_id = d.submit(run_config | {"run-dir": str(work / "run"),
+                                            "overrides": f"federation.min_nodes={nodes} {overrides}".strip()})
+            out["run"] = {"status": d.wait_run(run_id, timeout), "run_dir": str(work / "run")}
     (work / "deploy.json").write_text(json.dumps(out, indent=2))
     return out
 
 
 def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: str, work: Path,
                 timeout: float) -> dict:
-    """On the running deployment: (1) a SuperNode with an unregistered key must be refused; (2) the last node's
-    SuperNode is SIGKILLed (with its ClientApp) at its first local checkpoint: the run must complete without its
-    expert and say why; (3) restarted with the same key and work-dir, a run that targets only that expert must
-    resume its training and complete the ensemble."""
+    """On the running deployment: (1) a SuperNode with an unregistered key must be refused; (2) the run starts and
+    the last node's SuperNode is SIGKILLed (with its ClientApp) at its first local checkpoint: the run must complete
+    without its expert and say why; (3) restarted with the same key and work-dir, a second run into the same run
+    directory that targets only that expert must resume its training and complete the ensemble."""
     result: dict = {}
     intruder = d.start_supernode("intruder", d.node_key("intruder"), {"expert-id": 0}, d.port + 2)
     try:
@@ -268,9 +291,11 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
     d.stop("intruder")
 
     lost = nodes - 1
-    run_dir = work / "drill-run"
-    drill = (f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 federation.train_timeout=35 "
-             f"expert.steps=300 expert.checkpoint_every=10 expert.log_every=100")  # (later keys win)
+    run_dir = work / "run"
+    # the train timeout is generous: the SuperLink reports the dead node (code 5) ≤ 60 s after the kill, so the
+    # run does not wait for it, and a slow machine does not turn the live node into a timeout (later keys win)
+    drill = (f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 federation.train_timeout=180 "
+             f"expert.steps=300 expert.checkpoint_every=10 expert.log_every=100")
     run_a = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill})
     deadline = time.monotonic() + timeout
     while not list((work / f"work-{lost}").glob(f"expert-{lost}-*.pt")):
@@ -320,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--nodes", type=int, default=2, help="institutions (SuperNodes), one expert each")
-    p.add_argument("--port", type=int, default=19400, help="SuperLink port; SuperNodes use port+3+k")
+    p.add_argument("--port", type=int, default=0,
+                   help="SuperLink port; SuperNodes use port+3+k (default: the first free block in 19400..19499)")
     p.add_argument("--work", type=Path, default=None, help="work directory (default: a new temporary one)")
     p.add_argument("--config", default="configs/default.yaml", help="experiment YAML (relative to the app)")
     p.add_argument("--overrides", default=None,
@@ -331,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--objectives", default="", help="per-node objective overrides, e.g. ',ddpm' (node config "
                                                     "objective; empty = the server's assignment)")
     p.add_argument("--drill", action="store_true",
-                   help="then the fault drill: an unregistered key, a SuperNode killed mid-training, its restart "
-                        "resuming in a run that targets only its expert (needs ≥ 2 nodes)")
+                   help="run the fault drill instead: an unregistered key, a SuperNode killed mid-training, its "
+                        "restart resuming in a run that targets only its expert (needs ≥ 2 nodes)")
     args = p.parse_args(argv)
     if args.nodes < 1 or (args.drill and args.nodes < 2):
         p.error("--nodes must be ≥ 1 (≥ 2 with --drill)")
@@ -340,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None:
             p.error(f"{tool} is not installed")
     work = args.work or Path(tempfile.mkdtemp(prefix="hddm-deploy-"))
+    if not args.port:
+        try:
+            args.port = free_ports(width=max(10, args.nodes + 4))
+        except DeploymentError as e:
+            p.error(str(e))
     n = args.nodes
     overrides = args.overrides if args.overrides is not None else (
         f"num_experts={n} objectives={{ddpm: 1, fm: {n - 1}, ddpm_clusters: [0]}} expert.steps=30 router.steps=30 "

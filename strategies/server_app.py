@@ -11,7 +11,7 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from hddm_flower.config import Config, ConfigError, load_config, parse_overrides
+from hddm_flower.config import TRAINING_SECTIONS, Config, ConfigError, load_config, parse_overrides
 from hddm_flower.pipeline import (assign_objectives, checkpoint_limit, expected_model_config, finish_run,
                                   prepare_data)
 
@@ -32,9 +32,6 @@ def resolve_run(run_config: dict, run_id: int) -> tuple[Config, Path, Path, str]
                           f"SuperLink's), got {run_dir!r}")
     run_dir = Path(run_dir) if run_dir else Path.home() / "hddm-runs" / f"run-{run_id}"
     return cfg, path, run_dir, str(run_config.get("cache-dir", ""))
-
-
-TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")  # what decides an expert's weights
 
 
 def parse_expert_ids(text: str, num_experts: int) -> list[int] | None:
