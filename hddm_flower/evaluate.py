@@ -154,7 +154,7 @@ def sample_mode(ensemble: Ensemble, mode: str, prompts: Prompts, uncond: TextCon
     return torch.cat(out).reshape(P, S, *noise.shape[1:]), trace
 
 
-def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, progress: bool = False):
+def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None, progress: bool = False):
     """(FeatureExtractor, classifier or None, description): Inception from ``evaluation.inception_weights`` if
     set, else the classifier in ``folder`` (trained on the dataset and saved there on first use)."""
     ev = cfg.evaluation
@@ -170,7 +170,8 @@ def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, progress: b
     else:
         data = all_images(dataset_dir)
         train = load_split(dataset_dir, None, "train")
-        net, stats = M.train_feature_classifier(train.images, train.labels, M.pooled_caption(*train.cond),
+        images = decode(train.images) if decode is not None else train.images  # pixels, also for latent data
+        net, stats = M.train_feature_classifier(images, train.labels, M.pooled_caption(*train.cond),
                                                 meta["num_clusters"], steps=ev.feature_steps, seed=ev.seed,
                                                 progress=progress)
         net.save_pretrained(folder)
@@ -197,7 +198,11 @@ def evaluate_run(cfg: Config, ensemble: Ensemble, dataset_dir: Path, out_dir: Pa
     ev, s = cfg.evaluation, cfg.sampling
     modes = modes or ev.routing_modes
     steps = ev.num_steps or s.num_steps
-    fx, classifier, desc = feature_network(cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, progress=progress)
+    from .pipeline import pixel_decoder
+
+    decode = pixel_decoder(cfg, dataset_dir)  # every metric, plot and grid works on pixels (latents decoded)
+    fx, classifier, desc = feature_network(cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, decode=decode,
+                                           progress=progress)
     distance = M.lpips_distance(ev.alexnet_weights or None, fallback=classifier, fallback_description=desc)
     ref = all_images(dataset_dir)
     subset = 0 < ev.reference_images < len(ref)
@@ -205,6 +210,7 @@ def evaluate_run(cfg: Config, ensemble: Ensemble, dataset_dir: Path, out_dir: Pa
         keep = torch.randperm(len(ref), generator=torch.Generator().manual_seed(ev.seed))[: ev.reference_images]
         ref = Split(ref.images[keep], TextCond(ref.cond.states[keep], ref.cond.mask[keep]), ref.labels[keep],
                     [ref.captions[i] for i in keep.tolist()])
+    ref = dataclasses.replace(ref, images=decode(ref.images))
     ref_feats = fx(ref.images)
     prompts = choose_prompts(dataset_dir, ev.num_prompts, ev.seed)
     uncond = load_uncond(dataset_dir)
@@ -223,8 +229,9 @@ def evaluate_run(cfg: Config, ensemble: Ensemble, dataset_dir: Path, out_dir: Pa
         images, trace = sample_mode(ensemble, mode, prompts, uncond, samples_per_prompt=ev.samples_per_prompt,
                                     num_steps=steps, cfg_scale=s.cfg_scale, threshold=s.threshold, seed=ev.seed,
                                     batch_size=ev.batch_size, progress=progress)
+        flat = decode(images.flatten(0, 1))
+        images = flat.reshape(*images.shape[:2], *flat.shape[1:])
         samples[mode] = images
-        flat = images.flatten(0, 1)
         r = _quality(fx, ref_feats, flat, ev) | {"lpips": M.intra_prompt_diversity(images, distance)} | trace
         r["lpips"].pop("distance")
         if ev.clip:
@@ -239,13 +246,14 @@ def evaluate_run(cfg: Config, ensemble: Ensemble, dataset_dir: Path, out_dir: Pa
                        "expert_usage": plot_usage(result["modes"], ensemble.num_experts, out_dir / "expert-usage.png")}
     if per_expert:
         result["per_expert"] = per_expert_quality(cfg, ensemble, dataset_dir, fx, ref, ref_feats, uncond, steps,
-                                                  progress=progress)
+                                                  decode=decode, progress=progress)
     return result
 
 
 @torch.no_grad()
 def per_expert_quality(cfg: Config, ensemble: Ensemble, dataset_dir: Path, fx: M.FeatureExtractor, ref: Split,
-                       ref_feats: Tensor, uncond: TextCond, steps: int, *, progress: bool = False) -> dict:
+                       ref_feats: Tensor, uncond: TextCond, steps: int, *, decode=None,
+                       progress: bool = False) -> dict:
     """Each expert alone, one sample for each of ``per_expert_samples`` captions of its own cluster, against the
     images of that cluster (FID/KID with few samples: compare experts of one run, not to the paper)."""
     ev, s = cfg.evaluation, cfg.sampling
@@ -268,6 +276,7 @@ def per_expert_quality(cfg: Config, ensemble: Ensemble, dataset_dir: Path, fx: M
             expert.clamp_counts = counts
         try:
             images = euler_sample(lambda x, t: expert.velocity(x, t, prompts.cond, un, s.cfg_scale), noise, steps)
+            images = decode(images) if decode is not None else images
         finally:
             if isinstance(expert, DDPMExpert):
                 expert.clamp_counts = None

@@ -94,12 +94,24 @@ def scaled_data_dirs(cfg: Config, cache: Path) -> tuple[Path, Path]:
     return cache / f"encoded-{d.name}-{digest(enc)}", cache / f"clusters-{d.name}-k{cfg.num_experts}-{digest(clu)}"
 
 
-def to_pixels(cfg: Config, dataset_dir: Path, x: torch.Tensor) -> torch.Tensor:
-    """Samples in the experts' space → images in [−1, 1]: decoded by the dataset's VAE when it has latents."""
+def pixel_decoder(cfg: Config, dataset_dir: Path):
+    """``decode(x)``: samples or images in the experts' space → images in [−1, 1]; the identity for a pixel
+    dataset, the dataset's VAE (loaded once, decoding in chunks of 64) for a latent one."""
     latent = read_meta(dataset_dir).get("latent")
     if not latent:
-        return x
-    return LatentCodec(cfg.data.vae or latent["path"]).decode(x)
+        return lambda x: x
+    codec = LatentCodec(cfg.data.vae or latent["path"])
+
+    @torch.no_grad()
+    def decode(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([codec.decode(x[i: i + 64]) for i in range(0, len(x), 64)]) if len(x) else x
+
+    return decode
+
+
+def to_pixels(cfg: Config, dataset_dir: Path, x: torch.Tensor) -> torch.Tensor:
+    """Samples in the experts' space → images in [−1, 1]: decoded by the dataset's VAE when it has latents."""
+    return pixel_decoder(cfg, dataset_dir)(x)
 
 
 def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:

@@ -35,8 +35,8 @@ from .config import Config, ConfigError, config_from_dict
 from .data import load_split, load_uncond, read_meta
 from .ensemble import Ensemble
 from .evaluate import FEATURE_NET, evaluate_run, feature_network
-from .pipeline import (_now, _write_atomic, build_expert, evaluate_and_report, fit_router, train_one_expert,
-                       versions)
+from .pipeline import (_now, _write_atomic, build_expert, evaluate_and_report, fit_router, pixel_decoder,
+                       train_one_expert, versions)
 from .training import train_expert
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
     # 3. evaluation: the feature network once, then each configuration and the monolith
     t0 = time.perf_counter()
     feature_dir = out / FEATURE_NET
-    feature_network(cfg, dataset_dir, feature_dir, progress=progress)
+    feature_network(cfg, dataset_dir, feature_dir, decode=pixel_decoder(cfg, dataset_dir), progress=progress)
     artefacts["feature_net"] = {"tensor_sha256": tensor_sha256(feature_dir / WEIGHTS)}
     eval_args = []
     for name, c in plans.items():

@@ -219,6 +219,9 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     assert len(report["experts"]) == 2 and report["dataset"]["text_encoder"].startswith("clip_text_model")
     with Image.open(run / "samples.png") as grid:
         assert grid.size == (4 * (2 + 2 * (16 + 2)), 4 * (2 + 16 + 2))  # 16×16 pixels per sample, not 8×8 latents
+    # the evaluation works on pixels too: its feature classifier saw decoded 3-channel images, not 4-channel latents
+    assert json.loads((run / "feature-net" / "config.json").read_text())["in_channels"] == 3
+    assert report["metrics"]["evaluation"]["modes"]
 
 
 def test_clustering_is_deterministic_and_each_sample_lands_in_one_shard_set(tmp_path):
