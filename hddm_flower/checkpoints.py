@@ -173,24 +173,19 @@ def _first_line(e: BaseException) -> str:
 
 def save_expert(folder: str | os.PathLike, state_dict: dict[str, Tensor], model_config: dict,
                 meta: dict[str, Any]) -> str:
-    """Write an expert folder atomically; returns the sha256 of the weights file."""
-    missing = [k for k in REQUIRED_META if k not in meta]
-    if missing:
-        raise ValueError(f"expert metadata lacks {missing}")
+    """Write an expert folder atomically (safetensors weights, then :func:`install_expert`); returns the sha256
+    of the weights file."""
     folder = Path(folder)
-    tmp = _atomic_folder(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    fd, weights = tempfile.mkstemp(prefix=f".{folder.name}-", suffix=".safetensors", dir=folder.parent)
+    os.close(fd)
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, tmp / WEIGHTS,
-                  metadata={"format": "pt", "objective": str(meta["objective"])})
-        config = {"_class_name": "PixArtTransformer2DModel", "_diffusers_version": diffusers.__version__,
-                  **model_config}
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        digest = sha256_file(tmp / WEIGHTS)
-        (tmp / META).write_text(json.dumps({**meta, "sha256": digest}, indent=2))
-        _commit(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, weights,
+                  metadata={"format": "pt", "objective": str(meta.get("objective", ""))})
+        digest = sha256_file(weights)
+        install_expert(folder, weights, model_config, {**meta, "sha256": digest})
+    finally:
+        Path(weights).unlink(missing_ok=True)
     return digest
 
 

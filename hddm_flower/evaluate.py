@@ -69,8 +69,9 @@ def choose_prompts(dataset_dir: Path, n: int, seed: int, clusters: list[int] | N
     for split in ("val", "train"):
         try:
             pools.append(load_split(dataset_dir, clusters, split))
-        except ValueError:  # no samples of this split in these clusters
-            continue
+        except ValueError as e:  # a split may be empty in these clusters; any other problem is raised
+            if f"no {split!r} samples" not in str(e):
+                raise
     idx_all, seen = [], set()
     for s_i, s in enumerate(pools):
         for i in torch.randperm(len(s), generator=g).tolist():

@@ -39,20 +39,9 @@ def test_latent_codec_round_trip_shapes_and_scaling(tiny_vae):
 
 def test_clip_text_encoder_from_a_local_directory(tmp_path):
     """A CLIP text model + tokenizer in the ViT-L/14 layout (here tiny and random) loads through TextEncoder."""
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from .tiny_models import save_tiny_clip_text
 
-    words = ["a", "dog", "face", "japan", "flag", "red", "apple"]
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for ch in "abcdefghijklmnopqrstuvwxyz":
-        vocab.setdefault(ch, len(vocab))
-        vocab.setdefault(ch + "</w>", len(vocab))
-    for w in words:
-        vocab.setdefault(w + "</w>", len(vocab))
-    CLIPTokenizer(vocab=vocab, merges=[]).save_pretrained(tmp_path)
-    torch.manual_seed(0)
-    CLIPTextModel(CLIPTextConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, max_position_embeddings=77, eos_token_id=1,
-                                 bos_token_id=0, pad_token_id=1)).save_pretrained(tmp_path)
+    save_tiny_clip_text(tmp_path, ["a", "dog", "face", "japan", "flag", "red", "apple"])
     enc = TextEncoder(tmp_path, max_length=77)
     cond, pooled = enc.encode(["a dog face", "japan flag", ""])
     assert enc.dim == 32 and enc.name.startswith("clip_text_model")

@@ -16,14 +16,18 @@ def save_tiny_vae(path: Path) -> Path:
     return path
 
 
-def save_tiny_clip_text(path: Path) -> Path:
+WORDS = ("a", "dog", "face", "red", "blue", "green", "square", "photo", "of")
+
+
+def save_tiny_clip_text(path: Path, words=WORDS) -> Path:
+    """A CLIP text model + tokenizer in the ViT-L/14 layout (tiny, random) whose vocabulary holds ``words``."""
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
     for ch in "abcdefghijklmnopqrstuvwxyz":
         vocab.setdefault(ch, len(vocab))
         vocab.setdefault(ch + "</w>", len(vocab))
-    for w in ["a", "dog", "face", "red", "blue", "green", "square", "photo", "of"]:
+    for w in words:
         vocab.setdefault(w + "</w>", len(vocab))
     CLIPTokenizer(vocab=vocab, merges=[]).save_pretrained(path)
     torch.manual_seed(0)
