@@ -5,19 +5,22 @@ Two processes, as in a deployment:
 
 * a *sender* process builds K synthetic experts (random bf16 weights of a PixArt B/2-width model with 16 blocks at
   the paper's latent shapes: 156.8M parameters, 299 MiB as bf16), packs each exactly as the ClientApp does (the
-  safetensors bytes as one ``Array``), and stores the message as Flower's wire objects (``get_all_nested_objects``
+  safetensors bytes as one ``Array``), and stores the reply as Flower's wire objects (``get_all_nested_objects``
   → ``deflate``: the 5 MiB ``ArrayChunk`` objects a SuperNode pushes), one file per object — standing in for the
-  SuperLink, which holds replies outside the ServerApp's process;
-* the *server* process (this one) runs :class:`OneShotExperts` over a Grid that pulls a reply's objects from that
-  store and inflates them with ``inflate_object_from_contents``, as ``HttpGrid.pull_messages`` does after its HTTP
-  pulls. The strategy writes each reply to disk, validates it there (sha256, safetensors header, names, shapes,
-  dtypes, finite values) and installs it.
+  SuperLink's object store, which holds replies outside the ServerApp's process;
+* the *server* process (this one) runs :class:`OneShotExperts` over flwr's real ``HttpGrid``, whose Runtime API
+  client is ``tests/fake_grid.WireRuntime`` serving those objects (``PullMessages``, ``PullObject``,
+  ``ConfirmMessageReceived``; no HTTP). The strategy pulls each reply with ``strategies/spool.py`` (chunks written
+  to disk as they arrive), validates the file (sha256, safetensors header, names, shapes, dtypes, finite values)
+  and installs it.
 
 Reported: the server's peak RSS above its baseline (torch, diffusers and flwr imported), against the size of one
-expert and of K; the same with ``--naive`` (all replies pulled before any is saved, as ``Grid.send_and_receive``
-does); and the bytes on the wire per expert against its safetensors file (and against float32).
+expert and of K, for three ways of pulling: ``spool`` (what the strategy does), ``flwr`` (flwr's own
+``HttpGrid.pull_messages``, one reply at a time: what the strategy did before spooling) and ``naive`` (all replies
+pulled before any is saved, as ``Grid.send_and_receive`` does); and the bytes on the wire per expert against its
+safetensors file (and against float32).
 
-    python benchmarks/server_memory.py                       # 8 × 299 MiB bf16 (needs ~5 GB of disk, ~2 min)
+    python benchmarks/server_memory.py                       # 8 × 299 MiB bf16 (needs ~5 GB of disk, ~3 min)
     python benchmarks/server_memory.py --experts 2 --layers 2  # a quick look
 """
 
@@ -37,6 +40,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+MODES = {"spool": "OneShotExperts: one reply at a time, weights spooled to disk chunk by chunk",
+         "flwr": "OneShotExperts with flwr's HttpGrid.pull_messages, one reply at a time (before spooling)",
+         "naive": "all replies pulled with HttpGrid.pull_messages, then saved (Grid.send_and_receive)"}
+
 
 def model_config(layers: int) -> dict:
     from hddm_flower.models import expert_config
@@ -45,16 +52,16 @@ def model_config(layers: int) -> dict:
 
 
 def produce(store: Path, k: int, layers: int) -> dict:
-    """Build expert k, pack it like the ClientApp, and store its reply as Flower wire objects."""
+    """Build expert k, pack it like the ClientApp, and store its reply to message ``train-k`` as wire objects."""
     import hashlib
 
     import torch
     from diffusers import PixArtTransformer2DModel
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
     from flwr.supercore.task_identity import TaskIdentity
 
     from hddm_flower.checkpoints import TIME_CONVENTION, weights_bytes
+    from tests.fake_grid import store_reply
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 100 + k, 1
     config = model_config(layers)
@@ -79,16 +86,10 @@ def produce(store: Path, k: int, layers: int) -> dict:
         "expert": ArrayRecord({"weights": Array(dtype="uint8", shape=(len(blob),), stype="safetensors", data=blob)}),
         "meta": ConfigRecord({"meta": json.dumps(meta), "model-config": json.dumps(config)}),
         "metrics": MetricRecord({"expert-id": k})}), reply_to=train)
-    out = store / f"reply-{k}"
-    out.mkdir(parents=True, exist_ok=True)
-    wire = 0
-    objects = get_all_nested_objects(reply)
-    for object_id, obj in objects.items():
-        content = obj.deflate()
-        wire += len(content)
-        (out / object_id).write_bytes(content)
-    (out / "message-id").write_text(reply.object_id)
-    return {"expert_id": k, "safetensors_bytes": len(blob), "wire_bytes": wire, "objects": len(objects),
+    folder = store / f"reply-{k}"
+    wire = store_reply(reply, folder)
+    return {"expert_id": k, "safetensors_bytes": len(blob), "wire_bytes": wire,
+            "objects": sum(1 for p in folder.iterdir() if not p.name.endswith(".pb")),
             "float32_bytes": fp32_bytes, "arrayrecord_numpy_path": numpy_path}
 
 
@@ -101,84 +102,55 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def serve(store: Path, experts: int, layers: int, naive: bool, run_dir: Path) -> dict:
+def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> dict:
     import torch  # noqa: F401  (the baseline includes what a ServerApp imports)
     from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-    from flwr.serverapp import Grid
-    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
     from flwr.supercore.task_identity import TaskIdentity
 
+    import strategies.one_shot
     from strategies.one_shot import OneShotExperts
+    from tests.fake_grid import WireRuntime, wire_grid
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    nodes = {100 + k: k for k in range(experts)}
 
-    class StoreGrid(Grid):
-        """Replies live outside this process (as on a SuperLink); pulling one inflates only that one."""
+    def deliver(message: Message):
+        """The nodes: a query gets the node's expert id; a train message the reply the sender stored."""
+        k = nodes[message.metadata.dst_node_id]
+        if message.metadata.message_type == "query":
+            reply = Message(RecordDict({"node-info": ConfigRecord({"expert-id": k})}), reply_to=message)
+            reply.metadata.__dict__["_src_node_id"] = message.metadata.dst_node_id
+            return reply
+        return store / f"reply-{k}"
 
-        def __init__(self):
-            self.nodes = {100 + k: k for k in range(experts)}
-
-        def get_node_ids(self):
-            return list(self.nodes)
-
-        def push_messages(self, messages):
-            ids = []
-            for m in messages:
-                kind = m.metadata.message_type
-                ids.append(f"{kind}-{self.nodes[m.metadata.dst_node_id]}")
-            return ids
-
-        def pull_messages(self, message_ids):
-            out = []
-            for mid in message_ids:
-                kind, k = mid.split("-")
-                if kind == "query":
-                    q = Message(RecordDict(), dst_node_id=100 + int(k), message_type="query")
-                    q.metadata.__dict__["_message_id"] = mid
-                    r = Message(RecordDict({"node-info": ConfigRecord({"expert-id": int(k)})}), reply_to=q)
-                    r.metadata.__dict__["_src_node_id"] = 100 + int(k)
-                    out.append(r)
-                    continue
-                folder = store / f"reply-{k}"
-                contents = {p.name: p.read_bytes() for p in folder.iterdir()
-                            if p.name not in ("message-id", "sent.json")}
-                msg = inflate_object_from_contents((folder / "message-id").read_text(), contents)
-                del contents
-                msg.metadata.__dict__["_message_id"] = f"reply-{k}"
-                out.append(msg)
-            return out
-
-        def send_and_receive(self, messages, *, timeout=None):
-            return self.pull_messages(self.push_messages(messages))
-
-        def create_message(self, *a, **kw):
-            raise NotImplementedError
-
-        def set_run(self, run_id):
-            pass
-
-        @property
-        def run(self):
-            return None
-
-    grid = StoreGrid()
+    runtime = WireRuntime(nodes, deliver, message_id=lambda proto: f"{proto.metadata.message_type}-"
+                                                                   f"{nodes[proto.metadata.dst_node_id]}")
+    grid = wire_grid(runtime)
     strategy = OneShotExperts(run_dir, {"expert": {"preset": "B/2"}}, ["fm"] * experts, min_nodes=experts,
                               node_wait_timeout=1, poll_interval=0.01, model_config=model_config(layers))
+    spooled_pull = strategies.one_shot.pull_replies
+    if mode == "flwr":  # flwr's own pull (the chunks inflated in memory) instead of the spooled one
+        strategies.one_shot.pull_replies = lambda grid, ids, spool_dir, **kw: list(grid.pull_messages(ids))
     baseline, start = rss_mib(), time.perf_counter()
-    if naive:  # what Grid.send_and_receive does: every reply in memory, then aggregate
-        strategy.discover(grid, timeout=10)
-        messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
-        ids = grid.push_messages(messages)
-        strategy._message_expert.update({i: strategy.assignment[m.metadata.dst_node_id] for i, m in zip(ids, messages)})
-        replies = grid.pull_messages(ids)
-        strategy.aggregate_train(1, replies)
-    else:
-        strategy.start(grid, timeout=600)
+    try:
+        if mode == "naive":  # what Grid.send_and_receive does: every reply in memory, then aggregate
+            strategy.discover(grid, timeout=10)
+            messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
+            ids = grid.push_messages(messages)
+            strategy._message_expert.update({i: strategy.assignment[m.metadata.dst_node_id]
+                                             for i, m in zip(ids, messages)})
+            strategy.aggregate_train(1, grid.pull_messages(ids))
+        else:
+            strategy.start(grid, timeout=600)
+    finally:
+        strategies.one_shot.pull_replies = spooled_pull
     seconds = time.perf_counter() - start
     assert sorted(strategy.received) == list(range(experts)), strategy.missing
-    return {"mode": "naive (all replies pulled, then saved)" if naive else "OneShotExperts (one reply at a time)",
-            "baseline_rss_mib": round(baseline, 1), "peak_rss_mib": round(peak_mib(), 1),
-            "peak_above_baseline_mib": round(peak_mib() - baseline, 1), "seconds": round(seconds, 1)}
+    leftovers = sorted(p.name for p in (run_dir / "experts").iterdir() if not p.name.startswith("expert-"))
+    assert not leftovers, f"files left behind in experts/: {leftovers}"
+    return {"mode": mode, "what": MODES[mode], "baseline_rss_mib": round(baseline, 1),
+            "peak_rss_mib": round(peak_mib(), 1), "peak_above_baseline_mib": round(peak_mib() - baseline, 1),
+            "seconds": round(seconds, 1), "objects_pulled": runtime.pulled_objects}
 
 
 def main() -> int:
@@ -188,17 +160,17 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=16, help="blocks of the B/2-width model (16: 299 MiB as bf16)")
     p.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "server_memory.json")
-    p.add_argument("--no-naive", action="store_true", help="skip the all-at-once comparison")
+    p.add_argument("--modes", default="spool,flwr,naive", help=f"comma-separated, from {list(MODES)}")
     p.add_argument("--role", choices=["main", "produce", "serve"], default="main", help=argparse.SUPPRESS)
     p.add_argument("--k", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--naive", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=list(MODES), default="spool", help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.role == "produce":
         print(json.dumps(produce(args.work, args.k, args.layers)))
         return 0
     if args.role == "serve":
-        print(json.dumps(serve(args.work / "store", args.experts, args.layers, args.naive, args.work / "run")))
+        print(json.dumps(serve(args.work / "store", args.experts, args.layers, args.mode, args.work / "run")))
         return 0
 
     work = args.work or Path(tempfile.mkdtemp(prefix="hddm-server-memory-"))
@@ -216,18 +188,20 @@ def main() -> int:
         started = time.perf_counter()
         sent = []
         for k in range(args.experts):  # (a kept --work store is reused)
-            done = store / f"reply-{k}" / "sent.json"
+            done = store / f"sent-{k}.json"
             if not done.exists():
                 shutil.rmtree(store / f"reply-{k}", ignore_errors=True)
-                done.parent.mkdir(parents=True, exist_ok=True)
+                store.mkdir(parents=True, exist_ok=True)
                 (store / "tmp.json").write_text(json.dumps(child("--role", "produce", "--k", str(k))))
                 os.replace(store / "tmp.json", done)
             sent.append(json.loads(done.read_text()))
         print(f"sender: {args.experts} experts stored as wire objects in {time.perf_counter() - started:.0f} s")
         runs = []
-        for naive in ([False] if args.no_naive else [False, True]):
+        for mode in args.modes.split(","):
+            if mode not in MODES:
+                raise SystemExit(f"--modes: unknown mode {mode!r}; expected some of {list(MODES)}")
             shutil.rmtree(work / "run", ignore_errors=True)
-            runs.append(child("--role", "serve", *(["--naive"] if naive else [])))
+            runs.append(child("--role", "serve", "--mode", mode))
             print(json.dumps(runs[-1]))
         one = sent[0]["safetensors_bytes"] / 2**20
         result = {
@@ -244,13 +218,10 @@ def main() -> int:
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
-        s = runs[0]
-        print(f"server peak above baseline: {s['peak_above_baseline_mib']:.0f} MiB = "
-              f"{s['peak_above_baseline_mib'] / one:.2f} × one expert ({one:.0f} MiB); "
-              f"all {args.experts} experts: {one * args.experts:.0f} MiB")
-        if len(runs) > 1:
-            print(f"naive (all pulled first): {runs[1]['peak_above_baseline_mib']:.0f} MiB = "
-                  f"{runs[1]['peak_above_baseline_mib'] / one:.2f} × one expert")
+        print(f"one expert: {one:.0f} MiB; all {args.experts}: {one * args.experts:.0f} MiB")
+        for s in runs:
+            print(f"server peak above baseline, {s['mode']}: {s['peak_above_baseline_mib']:.0f} MiB = "
+                  f"{s['peak_above_baseline_mib'] / one:.2f} × one expert ({s['what']})")
         print(f"bytes on the wire / safetensors file: {result['wire_bytes_over_safetensors']:.5f}; "
               f"/ float32: {result['wire_bytes_over_float32']:.4f}; results in {args.out}")
     finally:

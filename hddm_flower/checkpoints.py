@@ -75,14 +75,19 @@ def check_expert_state(state_dict: dict[str, Tensor], model_config: dict) -> Non
             raise ValueError(f"checkpoint tensor {k} has non-finite values")
 
 
-def weights_bytes(state_dict: dict[str, Tensor], dtype: str | None = None) -> bytes:
-    """The safetensors serialisation of ``state_dict`` (what a client sends): every tensor kept in its own dtype
-    (bf16 stays bf16) unless ``dtype`` casts the floating ones (e.g. ``"bfloat16"`` halves the upload)."""
+def _wire_state(state_dict: dict[str, Tensor], dtype: str | None) -> dict[str, Tensor]:
+    """``state_dict`` on the CPU, contiguous, its floating tensors cast to ``dtype`` (None: each keeps its own)."""
     if dtype is not None and dtype not in WIRE_DTYPES:
         raise ValueError(f"unknown weights dtype {dtype!r}; expected one of {WIRE_DTYPES}")
     cast = getattr(torch, dtype) if dtype else None
-    return save({k: (v.to(cast) if cast is not None and v.is_floating_point() else v).detach().contiguous().cpu()
-                 for k, v in state_dict.items()}, metadata={"format": "pt"})
+    return {k: (v.to(cast) if cast is not None and v.is_floating_point() else v).detach().contiguous().cpu()
+            for k, v in state_dict.items()}
+
+
+def weights_bytes(state_dict: dict[str, Tensor], dtype: str | None = None) -> bytes:
+    """The safetensors serialisation of ``state_dict`` (what a client sends): every tensor kept in its own dtype
+    (bf16 stays bf16) unless ``dtype`` casts the floating ones (e.g. ``"bfloat16"`` halves the upload)."""
+    return save(_wire_state(state_dict, dtype), metadata={"format": "pt"})
 
 
 def validate_weights_file(path: str | os.PathLike, model_config: dict, *, sha256: str | None = None,
@@ -172,18 +177,20 @@ def _first_line(e: BaseException) -> str:
 
 
 def save_expert(folder: str | os.PathLike, state_dict: dict[str, Tensor], model_config: dict,
-                meta: dict[str, Any]) -> str:
+                meta: dict[str, Any], *, dtype: str | None = None) -> str:
     """Write an expert folder atomically (safetensors weights, then :func:`install_expert`); returns the sha256
-    of the weights file."""
+    of the weights file. ``dtype`` casts the floating tensors (``expert.weights_dtype``; None keeps each one's),
+    and is recorded as ``weights_dtype`` in the metadata."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     fd, weights = tempfile.mkstemp(prefix=f".{folder.name}-", suffix=".safetensors", dir=folder.parent)
     os.close(fd)
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, weights,
+        save_file(_wire_state(state_dict, dtype), weights,
                   metadata={"format": "pt", "objective": str(meta.get("objective", ""))})
         digest = sha256_file(weights)
-        install_expert(folder, weights, model_config, {**meta, "sha256": digest})
+        install_expert(folder, weights, model_config,
+                       {**meta, **({"weights_dtype": dtype} if dtype else {}), "sha256": digest})
     finally:
         Path(weights).unlink(missing_ok=True)
     return digest

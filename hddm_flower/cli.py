@@ -121,7 +121,7 @@ def cmd_train_expert(args) -> None:
     state, model_config, meta = train_one_expert(cfg, d, args.expert_id, objective, device=args.device,
                                                  checkpoint=args.checkpoint, progress=True)
     out = Path(args.out)
-    digest = save_expert(out, state, model_config, meta)
+    digest = save_expert(out, state, model_config, meta, dtype=cfg.expert.weights_dtype)
     print(f"expert {args.expert_id} ({objective}) written to {out} (sha256 {digest[:12]}…)")
 
 

@@ -390,7 +390,7 @@ def write_report(cfg: Config, run_dir: Path, dataset_dir: Path, metas: list[dict
     dataset_meta = read_meta(dataset_dir)
     keep = ("expert_id", "cluster_id", "objective", "schedule", "num_train_timesteps", "preset", "steps",
             "images_seen", "device_seconds", "peak_memory_bytes", "final_loss", "cluster_size", "ema", "sha256",
-            "node_id", "objective_assigned", "device")
+            "node_id", "objective_assigned", "device", "resumed_steps", "weights_dtype", "weights_bytes")
     experts = [{k: m[k] for k in keep if k in m} for m in sorted(metas, key=lambda m: m["expert_id"])]
     report = {
         "created_at": _now(), "run_dir": str(run_dir), "num_experts": cfg.num_experts,

@@ -150,10 +150,10 @@ def _train_job(a: tuple) -> None:
         fn = lambda: train_monolith(cfg, dataset_dir, progress=progress)  # noqa: E731
     else:
         fn = lambda: train_one_expert(cfg, dataset_dir, k, obj, progress=progress)  # noqa: E731
-    _train_or_reuse(Path(folder), fingerprint, fn)
+    _train_or_reuse(Path(folder), fingerprint, fn, dtype=cfg.expert.weights_dtype)
 
 
-def _train_or_reuse(folder: Path, fingerprint: str, train) -> dict:
+def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None = None) -> dict:
     """Reuse ``folder`` if it was trained with the same fingerprint; refuse if with another; else train (with
     ``train=None``: raise :class:`_Missing`)."""
     if (folder / "hddm_expert.json").exists():
@@ -167,7 +167,7 @@ def _train_or_reuse(folder: Path, fingerprint: str, train) -> dict:
         raise _Missing(folder)
     state, model_config, meta = train()
     meta["reproduce_fingerprint"] = fingerprint
-    digest = save_expert(folder, state, model_config, meta)
+    digest = save_expert(folder, state, model_config, meta, dtype=dtype)
     return {"sha256": digest, "tensor_sha256": tensor_sha256(folder / WEIGHTS), "reused": False,
             "device_seconds": meta["device_seconds"], "final_loss": meta.get("final_loss")}
 

@@ -18,6 +18,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from hddm_flower.checkpoints import REQUIRED_META, CheckpointRejected, install_expert, validate_weights_file
 from hddm_flower.config import OBJECTIVES
+from strategies.spool import SpooledArray, discard, pull_replies
 
 
 WIRE_STYPE = "safetensors"  # the stype of the one array a train reply carries: the expert's safetensors bytes
@@ -28,9 +29,11 @@ class OneShotExperts(Strategy):
 
     Each node trains one expert on its own cluster with its own objective and replies once with the final
     checkpoint: its safetensors bytes as one array (``stype="safetensors"``, so bf16 travels as bf16). Nothing is
-    averaged: each reply is pulled alone, written to disk, validated there (:func:`validate_weights_file`: size,
+    averaged: each reply is pulled alone, its weights written to disk chunk by chunk as they arrive
+    (:func:`strategies.spool.pull_replies`; in deployment the server never holds a whole checkpoint in memory),
+    validated there (:func:`validate_weights_file`: size,
     sha256, safetensors only, names/shapes/dtypes of the run's preset, finite values) and moved to
-    ``run_dir/experts/expert-<id>``; the server holds one checkpoint in memory at a time. Error replies,
+    ``run_dir/experts/expert-<id>``. Error replies,
     rejected checkpoints, silent nodes, expired messages and experts without a node are recorded in ``missing``
     with their reason; the run goes on when at least ``min_experts`` experts are there.
 
@@ -88,6 +91,7 @@ class OneShotExperts(Strategy):
         self.assignment: dict[int, int] = {}  # node id → expert id
         self.received: dict[int, dict[str, Any]] = {}  # expert id → checkpoint metadata
         self.missing: dict[int, str] = {}  # expert id → reason
+        self.spooled: set[int] = set()  # experts whose weights were written to disk as they arrived (deployment)
         self._message_expert: dict[str, int] = {}  # train message id → expert id
 
     @property
@@ -167,6 +171,7 @@ class OneShotExperts(Strategy):
             expert_id = self._message_expert.get(reply.metadata.reply_to_message_id)
             if expert_id is None:
                 log(WARNING, "reply to an unknown message %s ignored", reply.metadata.reply_to_message_id)
+                discard(reply)
                 continue
             if reply.has_error():
                 reason = f"error reply (code {reply.error.code}): {_summary_line(reply.error.reason)}"
@@ -178,11 +183,12 @@ class OneShotExperts(Strategy):
                 self._lose(expert_id, f"rejected checkpoint: {_summary_line(str(e))}")
                 continue
             finally:
-                del reply  # the checkpoint's bytes go with it: one in memory at a time
+                discard(reply)  # whatever _save did not move into the expert's folder
+                del reply  # an in-memory checkpoint's bytes go with it: one at a time
             self.received[expert_id] = meta
-            log(INFO, "expert %d (%s) received: %d steps (%d resumed), %.0f device-s, %d bytes", expert_id,
+            log(INFO, "expert %d (%s) received: %d steps (%d resumed), %.0f device-s, %d bytes (%s)", expert_id,
                 meta["objective"], meta["steps"], meta.get("resumed_steps", 0), meta["device_seconds"],
-                meta["weights_bytes"])
+                meta["weights_bytes"], "spooled to disk" if expert_id in self.spooled else "pulled in memory")
         return None, MetricRecord({"experts-received": len(self.received), "experts-missing": len(self.missing)})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -243,8 +249,9 @@ class OneShotExperts(Strategy):
                 expert_of[message_id] = expert_id
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            for message_id in sorted(pending):  # one id per pull: at most one checkpoint in memory at a time
-                for reply in grid.pull_messages([message_id]):
+            for message_id in sorted(pending):  # one id per pull: one checkpoint at a time
+                for reply in pull_replies(grid, [message_id], self.run_dir / "experts",
+                                          max_bytes=self.max_checkpoint_bytes):
                     pending.discard(reply.metadata.reply_to_message_id)
                     yield reply
             if pending:
@@ -273,16 +280,26 @@ class OneShotExperts(Strategy):
         if arrays is None or list(arrays) != ["weights"] or arrays["weights"].stype != WIRE_STYPE:
             raise CheckpointRejected(f"the reply's 'expert' record must hold one array 'weights' of stype "
                                      f"{WIRE_STYPE!r} (the safetensors file)")
-        data = arrays["weights"].data
-        if self.max_checkpoint_bytes and len(data) > self.max_checkpoint_bytes:
-            raise CheckpointRejected(f"size {len(data)} bytes exceeds the limit of {self.max_checkpoint_bytes} bytes")
+        weights = arrays["weights"]
+        spooled = isinstance(weights, SpooledArray)
+        if spooled:
+            self.spooled.add(expert_id)
+        size = weights.nbytes if spooled else len(weights.data)
+        if self.max_checkpoint_bytes and size > self.max_checkpoint_bytes:
+            raise CheckpointRejected(f"size {'> ' if spooled and weights.path is None else ''}{size} bytes exceeds "
+                                     f"the limit of {self.max_checkpoint_bytes} bytes")
         incoming = self.run_dir / "experts"
         incoming.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".incoming-expert-{expert_id}-", suffix=".safetensors", dir=incoming)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            del data, arrays, content["expert"]  # nothing holds the bytes in memory any more
+            if spooled:  # already on disk (deployment): take the file over
+                os.close(fd)
+                os.replace(weights.path, tmp)
+                weights.path = None
+            else:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(weights.data)
+            del weights, arrays, content["expert"]  # nothing holds the bytes in memory any more
             meta["sha256"] = validate_weights_file(tmp, model_config, sha256=str(meta["sha256"]),
                                                    dtype=meta.get("weights_dtype"),
                                                    max_bytes=self.max_checkpoint_bytes)

@@ -64,6 +64,14 @@ def test_deployment_script_with_tls_node_auth_and_its_fault_drill(tiny_config_pa
     assert [e["expert_id"] for e in resumed["report"]["experts"]] == [0, 1] and resumed["report"]["missing"] == []
     assert resumed["report"]["flower"]["trained"] == [1]
     assert resumed["expert"]["steps"] == 300 and 10 <= resumed["expert"]["resumed_steps"] < 300
+    in_report = resumed["report"]["experts"][1]
+    assert in_report["resumed_steps"] == resumed["expert"]["resumed_steps"]
+    assert in_report["weights_bytes"] == (tmp_path / "run" / "experts" / "expert-1" /
+                                          "diffusion_pytorch_model.safetensors").stat().st_size
+    assert in_report["weights_dtype"] == resumed["expert"]["weights_dtype"]
+    assert not list((tmp_path / "run" / "experts").glob(".*"))  # no spooled or incoming file left behind
+    logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("run-*.log"))
+    assert logs.count("(spooled to disk)") == 2  # flwr's HttpGrid: both experts written to disk as they arrived
     assert not _running(tmp_path)  # everything it started is gone
 
 

@@ -21,7 +21,11 @@ from hddm_flower.checkpoints import CheckpointRejected, load_expert, validate_we
 from hddm_flower.pipeline import checkpoint_limit, expected_model_config
 from strategies.one_shot import OneShotExperts
 
-from .fake_grid import FakeGrid, reply_weights, rewrite_weights, set_reply_weights
+from .fake_grid import FakeGrid, fake_over_wire, reply_weights, rewrite_weights, set_reply_weights
+
+# "memory": the fake Grid hands replies over as objects; "wire": flwr's HttpGrid pulls them as Flower's wire objects
+# from a stand-in SuperLink, and the strategy spools the weights to disk chunk by chunk (strategies/spool.py)
+GRIDS = {"memory": lambda fake: fake, "wire": fake_over_wire}
 
 
 def _strategy(cfg, run_dir, cache_dir, dataset_dir, **kw):
@@ -94,8 +98,9 @@ BAD = {
 }
 
 
+@pytest.mark.parametrize("grid", list(GRIDS))
 @pytest.mark.parametrize("kind", list(BAD))
-def test_bad_checkpoint_is_rejected_with_its_reason(kind, tiny_config, dataset_dir, cache_dir, tmp_path):
+def test_bad_checkpoint_is_rejected_with_its_reason(kind, grid, tiny_config, dataset_dir, cache_dir, tmp_path):
     tamper_fn, reason = BAD[kind]
     nodes = {1: {"partition-id": 0}, 2: {"partition-id": 3}}
 
@@ -103,14 +108,15 @@ def test_bad_checkpoint_is_rejected_with_its_reason(kind, tiny_config, dataset_d
         return tamper_fn(reply) if node == 2 and reply.metadata.message_type == "train" else reply
 
     strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, experts=[0, 3])
-    strategy.start(FakeGrid(client_app, nodes, tamper=tamper), timeout=30.0)
+    strategy.start(GRIDS[grid](FakeGrid(client_app, nodes, tamper=tamper)), timeout=30.0)
     assert sorted(strategy.received) == [0]
     assert strategy.missing[3].startswith("rejected checkpoint") and reason in strategy.missing[3], strategy.missing
     assert sorted(p.name for p in (tmp_path / "experts").iterdir()) == ["expert-0"]  # nothing half-written kept
     load_expert(tmp_path / "experts" / "expert-0")
 
 
-def test_lost_experts_each_with_its_reason_and_the_ensemble_built_from_the_rest(tiny_config, dataset_dir,
+@pytest.mark.parametrize("grid_kind", list(GRIDS))
+def test_lost_experts_each_with_its_reason_and_the_ensemble_built_from_the_rest(grid_kind, tiny_config, dataset_dir,
                                                                                 cache_dir, tmp_path):
     """A client that raises, a message whose TTL expired, a SuperNode that vanished, one that never replies and
     an expert no node ever claimed: all five reasons are kept and the run goes on with the one that came
@@ -122,10 +128,10 @@ def test_lost_experts_each_with_its_reason_and_the_ensemble_built_from_the_rest(
                                                                                      "ddpm_clusters": [1]}})
     nodes = {10: {"partition-id": 0}, 11: {"partition-id": 1, "objective": "edm"}, 12: {"partition-id": 2},
              13: {"partition-id": 3}, 14: {"partition-id": 4}}
-    grid = FakeGrid(client_app, nodes, silent=[14], link_errors={
+    grid = GRIDS[grid_kind](FakeGrid(client_app, nodes, silent=[14], link_errors={
         12: (3, "Message has expired (TTL)."),
         13: (5, "Node 13 failed to report a heartbeat within 2 × its expected interval."),
-    })
+    }))
     strategy = _strategy(cfg, tmp_path, cache_dir, dataset_dir, min_nodes=6)
     calls = []
     strategy.start(grid, timeout=1.5, ensemble_fn=lambda received, missing: calls.append((received, missing)))

@@ -116,7 +116,8 @@ def test_server_run_config_resolution(tiny_config_path, tmp_path):
 
 def test_server_memory_benchmark_runs_small(tmp_path):
     """benchmarks/server_memory.py's sender and server, in-process and tiny (the real run measures in two
-    processes): what is sent is the safetensors file plus object headers, and every expert is installed."""
+    processes): what is sent is the safetensors file plus object headers, and every expert is installed, in each
+    pulling mode, through flwr's HttpGrid."""
     import importlib.util
     from pathlib import Path
 
@@ -129,9 +130,11 @@ def test_server_memory_benchmark_runs_small(tmp_path):
         assert 1 < s["wire_bytes"] / s["safetensors_bytes"] < 1.001 and s["objects"] > 3
         assert abs(s["safetensors_bytes"] / s["float32_bytes"] - 0.5) < 0.01  # bf16, not fp32-doubled
         assert s["arrayrecord_numpy_path"].startswith("TypeError")
-    result = bench.serve(tmp_path / "store", 2, 1, False, tmp_path / "run")
-    assert result["peak_rss_mib"] > 0 and sorted(p.name for p in (tmp_path / "run" / "experts").iterdir()) == [
-        "expert-0", "expert-1"]
+    for mode in bench.MODES:
+        result = bench.serve(tmp_path / "store", 2, 1, mode, tmp_path / mode)
+        assert result["peak_rss_mib"] > 0 and sorted(p.name for p in (tmp_path / mode / "experts").iterdir()) == [
+            "expert-0", "expert-1"]
+        assert result["objects_pulled"] > 2 * 3  # every reply crossed as wire objects
 
 
 def test_server_refuses_mixing_runs_and_parses_target_ids(tiny_config_path, tmp_path):
