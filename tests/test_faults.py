@@ -273,13 +273,20 @@ def test_add_expert_to_an_assembled_run(tiny_config_path, dataset_dir, cache_dir
         assert main(["train-expert", *common, "--expert-id", str(k), "--out", str(out)]) == 0
     assert main(["assemble", *common, "--run-dir", str(run)]) == 0
     first = (run / "experts" / "expert-0" / "diffusion_pytorch_model.safetensors").read_bytes()
-    assert main(["train-expert", *common, "--expert-id", "2", "--out", str(tmp_path / "late-2")]) == 0
+    assert main(["train-expert", *common, "--expert-id", "2", "--out", str(tmp_path / "late-2"),
+                 "--set", "expert.weights_dtype=bfloat16"]) == 0  # a late institution that saves bf16
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "late-2" / "diffusion_pytorch_model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    assert json.loads((tmp_path / "late-2" / "hddm_expert.json").read_text())["weights_dtype"] == "bfloat16"
     capsys.readouterr()
 
     assert main(["add-expert", str(run), str(tmp_path / "late-2"), *common]) == 0
     assert "expert 2 (ddpm) added" in capsys.readouterr().out
     report = json.loads((run / "report.json").read_text())
     assert [e["expert_id"] for e in report["experts"]] == [0, 1, 2]
+    assert [e["weights_dtype"] for e in report["experts"]] == ["float32", "float32", "bfloat16"]
     assert report["missing"] == [{"expert_id": 3, "reason": "no expert folder"}]
     assert report["added_experts"][0]["expert_id"] == 2 and not report["added_experts"][0]["replaced"]
     assert (run / "experts" / "expert-0" / "diffusion_pytorch_model.safetensors").read_bytes() == first
