@@ -44,7 +44,9 @@ def routing_weights(
         keep = (probs >= threshold) | (probs == probs.amax(-1, keepdim=True))
         w = torch.where(keep, probs, torch.zeros_like(probs))
     elif mode == "sample":
-        pick = torch.multinomial(probs, 1, generator=generator)
+        # draw where the generator lives (a seeded CPU generator drives sampling on any device)
+        on = probs if generator is None or generator.device == probs.device else probs.to(generator.device)
+        pick = torch.multinomial(on, 1, generator=generator).to(probs.device)
         return torch.zeros_like(probs).scatter(-1, pick, 1.0)
     elif mode == "oracle":
         if labels is None:

@@ -14,14 +14,15 @@ What it does, in order (each step is a method of :class:`Deployment`, which the 
 4. submits the app with ``flwr run`` and waits for the run to finish (``flwr ls --run-id``: the exit code of
    ``flwr run`` does not say whether the run failed);
 5. with ``--drill`` the run is a fault drill instead (:func:`fault_drill`): a SuperNode with an unregistered key
-   is refused; the last node's SuperNode is SIGKILLed mid-training and the run completes without its expert,
-   saying why; restarted, a second run that targets only that expert resumes from its local checkpoint and
-   completes the run directory with every expert;
+   is refused; mid-training one node's ClientApp is SIGKILLed (code 8) and another node's SuperNode (code 5), and
+   the run completes without their experts, saying why; a second run that targets only those experts resumes
+   both from their local checkpoints and completes the run directory with every expert; a run whose message TTL
+   is shorter than its training records the expiry (code 3);
 6. stops everything it started: each process was started in its own process group and is stopped by its PID.
 
 Usage (the run directory, logs and keys stay in the work directory it prints)::
 
-    python scripts/deploy_loopback.py --nodes 2 --port 19400 [--drill]
+    python scripts/deploy_loopback.py --nodes 3 --port 19400 [--drill]
     python scripts/deploy_loopback.py --nodes 3 --config configs/default.yaml --overrides "expert.steps=30"
 """
 
@@ -134,6 +135,17 @@ class Deployment:
         return self._start(name, "flower-supernode", "--root-certificates", "ca.crt", "--auth-supernode-private-key",
                            str(key), "--superlink", f"127.0.0.1:{self.port}", "--port", str(local_port),
                            "--node-config", config)
+
+    def kill_clientapps(self, name: str) -> int:
+        """SIGKILL the ClientApp processes under SuperNode ``name`` (what the kernel's OOM killer does to a process
+        that outgrows its memory); the SuperNode itself lives on. Returns how many were killed."""
+        import psutil
+
+        apps = [p for p in psutil.Process(self.procs[name].pid).children(recursive=True)
+                if any("flwr-clientapp" in part for part in p.cmdline())]
+        for p in apps:
+            p.send_signal(signal.SIGKILL)
+        return len(apps)
 
     def nodes_online(self) -> int:
         out = self._try_flwr("supernode", "ls", CONNECTION, "--format", "json")
@@ -276,10 +288,17 @@ def deploy(nodes: int, port: int, work: Path, *, config: str, overrides: str, ca
 
 def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: str, work: Path,
                 timeout: float) -> dict:
-    """On the running deployment: (1) a SuperNode with an unregistered key must be refused; (2) the run starts and
-    the last node's SuperNode is SIGKILLed (with its ClientApp) at its first local checkpoint: the run must complete
-    without its expert and say why; (3) restarted with the same key and work-dir, a second run into the same run
-    directory that targets only that expert must resume its training and complete the ensemble."""
+    """On the running deployment (≥ 3 nodes):
+
+    1. a SuperNode with an unregistered key must be refused;
+    2. the run starts; at their first local checkpoints, node n−2's ClientApp process is SIGKILLed (what the
+       kernel's OOM killer does; its SuperNode lives on) and node n−1's SuperNode is SIGKILLed with everything it
+       started (the machine is gone): the run must complete without those two experts and say why (code 8 and
+       code 5);
+    3. node n−1's SuperNode restarted with the same key and work-dir, a second run into the same run directory that
+       targets only those two experts must resume both trainings from their checkpoints and complete the ensemble;
+    4. a run whose train message lives 5 s (``federation.message_ttl``), less than its training takes, must record
+       the expert as expired (code 3) and fail for want of experts, with the reason in its report."""
     result: dict = {}
     intruder = d.start_supernode("intruder", d.node_key("intruder"), {"expert-id": 0}, d.port + 2)
     try:
@@ -290,29 +309,39 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
     result["intruder_refused"] = intruder.poll() not in (None, 0) and "Failed to activate" in log
     d.stop("intruder")
 
-    lost = nodes - 1
+    crashed, lost = nodes - 2, nodes - 1
     run_dir = work / "run"
-    # the train timeout is generous: the SuperLink reports the dead node (code 5) ≤ 60 s after the kill, so the
-    # run does not wait for it, and a slow machine does not turn the live node into a timeout (later keys win)
+    # the train timeout is generous: the SuperNode reports the dead ClientApp (code 8) and the SuperLink the dead
+    # node (code 5) ≤ 60 s after the kills, so the run does not wait for them, and a slow machine does not turn the
+    # live node into a timeout
     drill = (f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 federation.train_timeout=180 "
-             f"expert.steps=300 expert.checkpoint_every=10 expert.log_every=100")
+             f"expert.steps=1000 expert.checkpoint_every=10 expert.log_every=500")
     run_a = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill})
     deadline = time.monotonic() + timeout
-    while not list((work / f"work-{lost}").glob(f"expert-{lost}-*.pt")):
-        if time.monotonic() > deadline:
-            raise DeploymentError(f"node {lost} never wrote a training checkpoint")
-        time.sleep(0.2)
+    for k in (crashed, lost):
+        while not list((work / f"work-{k}").glob(f"expert-{k}-*.pt")):
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"node {k} never wrote a training checkpoint")
+            time.sleep(0.2)
+    result["clientapps_killed"] = d.kill_clientapps(f"supernode-{crashed}")
     d.stop(f"supernode-{lost}", signal.SIGKILL)  # the machine is gone: SuperNode, SuperExec and ClientApp
     result["killed_run"] = {"status": d.wait_run(run_a, timeout),
                             "report": json.loads((run_dir / "report.json").read_text())}
     d.wait_offline(nodes - 1)  # until then the SuperLink refuses the same key (exit 305, code 2004)
     node(lost)  # the institution restarts its SuperNode: same key, same work-dir
     d.wait_nodes(nodes)
-    run_b = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill, "experts": str(lost)})
+    run_b = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill, "experts": f"{crashed},{lost}"})
     result["resumed_run"] = {"status": d.wait_run(run_b, timeout),
                              "report": json.loads((run_dir / "report.json").read_text()),
-                             "expert": json.loads((run_dir / "experts" / f"expert-{lost}" / "hddm_expert.json")
-                                                  .read_text())}
+                             "experts": {str(k): json.loads((run_dir / "experts" / f"expert-{k}" /
+                                                             "hddm_expert.json").read_text())
+                                         for k in (crashed, lost)}}
+    expired_dir = work / "run-ttl"
+    run_c = d.submit(run_config | {"run-dir": str(expired_dir), "experts": "0", "overrides":
+                                   f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 "
+                                   f"federation.message_ttl=5 expert.steps=3000 expert.log_every=1000"})
+    result["expired_run"] = {"status": d.wait_run(run_c, timeout),
+                             "report": json.loads((expired_dir / "report.json").read_text())}
     return result
 
 
@@ -326,18 +355,24 @@ def check(out: dict) -> list[str]:
         problems.append("run: no report.json")
     drill = out.get("drill")
     if drill is not None:
-        lost = nodes - 1
+        crashed, lost = nodes - 2, nodes - 1
         if not drill["intruder_refused"]:
             problems.append("drill: a SuperNode with an unregistered key was not refused")
         killed = drill["killed_run"]
-        missing = killed["report"].get("missing", [])
-        if killed["status"] != "finished:completed" or [m["expert_id"] for m in missing] != [lost]:
-            problems.append(f"drill: the run with a killed node ended {killed['status']}, missing {missing}")
+        missing = {m["expert_id"]: m["reason"] for m in killed["report"].get("missing", [])}
+        if killed["status"] != "finished:completed" or sorted(missing) != [crashed, lost] \
+                or "(code 8)" not in missing[crashed] or "(code 5)" not in missing[lost]:
+            problems.append(f"drill: the run with a killed ClientApp and a killed node ended {killed['status']}, "
+                            f"missing {missing}")
         resumed = drill["resumed_run"]
-        if resumed["status"] != "finished:completed" or resumed["report"]["missing"] \
-                or not resumed["expert"].get("resumed_steps"):
+        steps = {k: e.get("resumed_steps") for k, e in resumed["experts"].items()}
+        if resumed["status"] != "finished:completed" or resumed["report"]["missing"] or not all(steps.values()):
             problems.append(f"drill: the resumed run ended {resumed['status']}, missing "
-                            f"{resumed['report']['missing']}, resumed_steps {resumed['expert'].get('resumed_steps')}")
+                            f"{resumed['report']['missing']}, resumed steps {steps}")
+        expired = drill["expired_run"]
+        reasons = [m["reason"] for m in expired["report"]["missing"] if m["expert_id"] == 0]
+        if expired["status"] != "finished:failed" or not reasons or "(code 3)" not in reasons[0]:
+            problems.append(f"drill: the run with a 5 s TTL ended {expired['status']}, expert 0: {reasons}")
     return problems
 
 
@@ -357,11 +392,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--objectives", default="", help="per-node objective overrides, e.g. ',ddpm' (node config "
                                                     "objective; empty = the server's assignment)")
     p.add_argument("--drill", action="store_true",
-                   help="run the fault drill instead: an unregistered key, a SuperNode killed mid-training, its "
-                        "restart resuming in a run that targets only its expert (needs ≥ 2 nodes)")
+                   help="run the fault drill instead: an unregistered key, a ClientApp and a SuperNode killed "
+                        "mid-training, a run that targets only their experts resuming both, a message whose TTL "
+                        "expires (needs ≥ 3 nodes)")
     args = p.parse_args(argv)
-    if args.nodes < 1 or (args.drill and args.nodes < 2):
-        p.error("--nodes must be ≥ 1 (≥ 2 with --drill)")
+    if args.nodes < 1 or (args.drill and args.nodes < 3):
+        p.error("--nodes must be ≥ 1 (≥ 3 with --drill)")
     for tool in ("openssl", "ssh-keygen"):
         if shutil.which(tool) is None:
             p.error(f"{tool} is not installed")
@@ -388,10 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run status: {out['run']['status']}; run directory: {out['run']['run_dir']}; logs: {work}")
     if args.drill:
         d = out["drill"]
-        print(f"drill: unregistered key refused: {d['intruder_refused']}; killed node's expert: "
-              f"{d['killed_run']['report']['missing']}; after restart: resumed "
-              f"{d['resumed_run']['expert'].get('resumed_steps')} of {d['resumed_run']['expert']['steps']} steps, "
-              f"missing {d['resumed_run']['report']['missing']}")
+        print(f"drill: unregistered key refused: {d['intruder_refused']}; killed ClientApp and SuperNode: "
+              f"{d['killed_run']['report']['missing']}; after the restart: resumed steps "
+              f"{ {k: e.get('resumed_steps') for k, e in d['resumed_run']['experts'].items()} }, missing "
+              f"{d['resumed_run']['report']['missing']}; 5 s TTL: {d['expired_run']['status']}, "
+              f"{d['expired_run']['report']['missing'][:1]}")
     problems = check(out)
     for problem in problems:
         print(f"deploy: FAILED: {problem}", file=sys.stderr)
