@@ -297,8 +297,9 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
        code 5);
     3. node n−1's SuperNode restarted with the same key and work-dir, a second run into the same run directory that
        targets only those two experts must resume both trainings from their checkpoints and complete the ensemble;
-    4. a run whose train message lives 5 s (``federation.message_ttl``), less than its training takes, must record
-       the expert as expired (code 3) and fail for want of experts, with the reason in its report."""
+    4. meanwhile, on the node the second run leaves idle, a run whose train message lives 5 s
+       (``federation.message_ttl``), less than its training takes, must record the expert as expired (code 3) and
+       fail for want of experts, with the reason in its report."""
     result: dict = {}
     intruder = d.start_supernode("intruder", d.node_key("intruder"), {"expert-id": 0}, d.port + 2)
     try:
@@ -331,15 +332,16 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
     node(lost)  # the institution restarts its SuperNode: same key, same work-dir
     d.wait_nodes(nodes)
     run_b = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill, "experts": f"{crashed},{lost}"})
+    # at the same time, on node 0 (which run_b leaves idle): a run whose train message expires before its reply
+    expired_dir = work / "run-ttl"
+    run_c = d.submit(run_config | {"run-dir": str(expired_dir), "experts": "0", "overrides":
+                                   f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 "
+                                   f"federation.message_ttl=5 expert.steps=1500 expert.log_every=1000"})
     result["resumed_run"] = {"status": d.wait_run(run_b, timeout),
                              "report": json.loads((run_dir / "report.json").read_text()),
                              "experts": {str(k): json.loads((run_dir / "experts" / f"expert-{k}" /
                                                              "hddm_expert.json").read_text())
                                          for k in (crashed, lost)}}
-    expired_dir = work / "run-ttl"
-    run_c = d.submit(run_config | {"run-dir": str(expired_dir), "experts": "0", "overrides":
-                                   f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 "
-                                   f"federation.message_ttl=5 expert.steps=3000 expert.log_every=1000"})
     result["expired_run"] = {"status": d.wait_run(run_c, timeout),
                              "report": json.loads((expired_dir / "report.json").read_text())}
     return result
