@@ -135,12 +135,14 @@ def cmd_train_router(args) -> None:
 
 
 def cmd_assemble(args) -> None:
-    from .pipeline import finish_run
+    from .pipeline import finish_run, write_config
 
     cfg = _config(args)
     run_dir = Path(args.run_dir)
     missing = _missing(cfg, run_dir)
-    report = finish_run(cfg, run_dir, _dataset(args, cfg), missing, progress=True)
+    dataset_dir = _dataset(args, cfg)
+    write_config(run_dir / "config.yaml", cfg, f"resolved from {args.config or DEFAULT_CONFIG} by hddm assemble")
+    report = finish_run(cfg, run_dir, dataset_dir, missing, progress=True)
     print(f"report: {run_dir / 'report.md'}  ({len(report['experts'])} experts, {len(missing)} missing)")
 
 
@@ -197,7 +199,7 @@ def cmd_add_expert(args) -> None:
         raise FileNotFoundError(f"{run_dir} is not a run directory (no experts/ folder)")
     cfg = load_config(args.config or run_dir / "config.yaml", parse_overrides(" ".join(args.set or [])))
     report = add_expert(run_dir, Path(args.checkpoint), cfg=cfg, cache_dir=args.cache_dir, replace=args.replace,
-                        progress=True)
+                        cluster_data=args.cluster_data, progress=True)
     added = report["added_experts"][-1]
     print(f"expert {added['expert_id']} ({added['objective']}) added to {run_dir}: {len(report['experts'])} of "
           f"{report['num_experts']} experts, router retrained, report {run_dir / 'report.md'}")
@@ -285,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (experts/, config.yaml, report.json)")
     sp.add_argument("checkpoint", metavar="CHECKPOINT", help="an expert folder (hddm train-expert --out)")
     sp.add_argument("--replace", action="store_true", help="replace the run's expert with the same id")
+    sp.add_argument("--cluster-data", default=None, metavar="DIR",
+                    help="for a new expert id (= num_experts): its cluster's shard set (a cluster-k folder prepared "
+                         "like the run's data), added to the run as a new cluster for the router and evaluation")
     sp = add("sample", cmd_sample, "sample a prompt grid from an assembled run (RUN/experts + RUN/router)")
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--prompt", action="append", help="a prompt (repeatable; default: the config's prompts)")

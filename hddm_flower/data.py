@@ -321,18 +321,19 @@ def load_split(dataset_dir: str | os.PathLike, clusters: list[int] | None = None
     meta = read_meta(dataset_dir)
     if clusters is None:
         clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
-    urls = [u for k in clusters for u in cluster_shards(dataset_dir, k, meta)]
     L, dim = meta["max_caption_tokens"], meta["text_dim"]
     images, states, masks, labels, captions = [], [], [], [], []
-    for s in wds.WebDataset(urls, shardshuffle=False, nodesplitter=None, empty_check=False).decode("rgb8"):
-        if s["json"]["split"] != split:
-            continue
-        x, pad, mask = _decode_sample(s, L, dim)
-        images.append(x)
-        states.append(pad)
-        masks.append(mask)
-        labels.append(s["json"]["cluster"])
-        captions.append(s["txt"])
+    for k in clusters:  # the label is the cluster folder's id (a late cluster keeps its samples' original ids)
+        urls = cluster_shards(dataset_dir, k, meta)
+        for s in wds.WebDataset(urls, shardshuffle=False, nodesplitter=None, empty_check=False).decode("rgb8"):
+            if s["json"]["split"] != split:
+                continue
+            x, pad, mask = _decode_sample(s, L, dim)
+            images.append(x)
+            states.append(pad)
+            masks.append(mask)
+            labels.append(k)
+            captions.append(s["txt"])
     if not images:
         raise ValueError(f"no {split!r} samples in clusters {clusters} of {dataset_dir}")
     x = torch.from_numpy(np.stack(images))
@@ -399,6 +400,53 @@ class StreamingSplit:
             self._stream = stream_batches(self.dataset_dir, self.cluster, batch_size=len(idx), seed=self.seed,
                                           shuffle_buffer=self.shuffle_buffer)
         return next(self._stream)
+
+
+SAME_SHAPES = ("image_size", "channels", "pixel_size", "latent", "text_encoder", "text_dim", "max_caption_tokens")
+
+
+def extend_dataset(base: str | os.PathLike, cluster_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """A dataset with one more cluster: ``base``'s clusters 0..K−1 and the shard set ``cluster_dir`` as cluster K
+    (e.g. the data of an institution that joined after the run; the router and the evaluation need its cluster).
+
+    Nothing is copied: ``out/cluster-k`` link to ``base``'s folders and ``out/cluster-K`` holds links to the new
+    shards, with its own ``meta.json``; both sources must stay where they are. The new shard set must match
+    ``base`` in image size, channels, latent space and text encoder. Written atomically; returns ``out``.
+    """
+    base, cluster_dir, out = Path(base).resolve(), Path(cluster_dir).resolve(), Path(out)
+    bmeta, cmeta = read_meta(base), read_meta(cluster_dir)
+    if "cluster_set" in bmeta:
+        raise ValueError(f"{base} is one cluster's shard set; expected the whole clustered dataset")
+    if "cluster_set" not in cmeta:
+        raise ValueError(f"{cluster_dir} is not one cluster's shard set (its meta.json has no cluster_set): pass "
+                         f"a cluster-k folder of a prepared dataset")
+    diff = [k for k in SAME_SHAPES if bmeta.get(k) != cmeta.get(k)]
+    if diff:
+        raise ValueError(f"{cluster_dir} does not match the run's dataset {base} in {diff}: "
+                         + ", ".join(f"{k} {cmeta.get(k)!r} ≠ {bmeta.get(k)!r}" for k in diff[:2]))
+    k_new, source = bmeta["num_clusters"], cmeta["cluster_set"]
+    entry = next(c for c in cmeta["clusters"] if c["id"] == source)
+    entry = entry | {"id": k_new, "source": str(cluster_dir), "source_cluster": source}
+    meta = bmeta | {"num_clusters": k_new + 1, "num_images": bmeta["num_images"] + entry["size"],
+                    "clusters": bmeta["clusters"] + [entry],
+                    "extended": bmeta.get("extended", []) + [{"cluster": k_new, "from": str(cluster_dir)}]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for k in range(k_new):
+            (tmp / f"cluster-{k}").symlink_to(base / f"cluster-{k}", target_is_directory=True)
+        (tmp / f"cluster-{k_new}").mkdir()
+        for url in cluster_shards(cluster_dir, source, cmeta):
+            (tmp / f"cluster-{k_new}" / Path(url).name).symlink_to(url)
+        (tmp / f"cluster-{k_new}" / "meta.json").write_text(json.dumps(meta | {"cluster_set": k_new}, indent=2))
+        for folder in (tmp, tmp / f"cluster-{k_new}"):
+            shutil.copy(base / "uncond.safetensors", folder / "uncond.safetensors")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
 
 
 def check_clusters(meta: dict, num_experts: int, source: str = "") -> None:

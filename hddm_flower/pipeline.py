@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import os
 import platform
 import shutil
 from importlib import metadata
@@ -19,16 +20,18 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 from PIL import Image
 
 from .checkpoints import (META, REQUIRED_META, TIME_CONVENTION, WEIGHTS, CheckpointRejected, install_expert,
                           load_expert, load_router, make_expert, read_expert_meta, save_router, validate_weights_file)
-from .config import OBJECTIVES, Config, load_config
+from .config import OBJECTIVES, Config, config_from_dict, load_config
 from .convert import load_init
 from .cluster import cluster_encoded
-from .data import (Split, StreamingSplit, TextEncoder, check_clusters, default_cache_dir, load_split, load_uncond,
-                   prepare_embedded, read_meta)
+from .data import (Split, StreamingSplit, TextEncoder, check_clusters, default_cache_dir, extend_dataset,
+                   load_split, load_uncond, prepare_embedded, read_meta)
 from .encoders import LatentCodec
+from .evaluate import FEATURE_NET
 from .ingest import default_device, prepare_from_config
 from .ensemble import Ensemble, sample_ensemble
 from .experts import map_cond
@@ -226,14 +229,20 @@ def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> t
 
 
 def add_expert(run_dir: Path, checkpoint: Path, *, cfg: Config | None = None, cache_dir: str | Path | None = None,
-               replace: bool = False, progress: bool = False) -> dict:
+               replace: bool = False, cluster_data: str | Path | None = None, progress: bool = False) -> dict:
     """Add a late expert to an assembled run: validate it, install it, retrain the router, re-evaluate.
 
     ``checkpoint`` is an expert folder (``hddm train-expert --out``: safetensors weights + ``hddm_expert.json``),
-    e.g. from an institution that trained later or a replacement for a lost expert. It goes through the same
-    checks as an expert received over Flower (:func:`validate_weights_file` against the run's preset, with the
-    sha256 its metadata declares); no other expert is touched or retrained. ``cfg`` defaults to the run's
-    ``config.yaml``. Returns the new report.
+    e.g. a replacement for a lost expert, or a new institution that trained later on data the run never had. It
+    goes through the same checks as an expert received over Flower (:func:`validate_weights_file` against the
+    run's preset, with the sha256 its metadata declares); no other expert is touched or retrained. ``cfg``
+    defaults to the run's ``config.yaml``. Returns the new report.
+
+    An expert id equal to ``num_experts`` grows the run by one expert: ``cluster_data`` must then be its
+    cluster's shard set (a ``cluster-k`` folder of a dataset prepared like the run's), which becomes cluster K of
+    a dataset view in ``run_dir/dataset-<K+1>`` (:func:`~hddm_flower.data.extend_dataset`); the run's
+    ``config.yaml`` gets ``num_experts`` K+1, the objectives with the new one appended and ``data.prepared`` set to
+    the view (the old one is kept as ``config.before-expert-<K>.yaml``); the router is retrained with K+1 classes.
     """
     run_dir, checkpoint = Path(run_dir), Path(checkpoint)
     cfg = cfg or load_config(run_dir / "config.yaml")
@@ -242,9 +251,17 @@ def add_expert(run_dir: Path, checkpoint: Path, *, cfg: Config | None = None, ca
     if lacks:
         raise CheckpointRejected(f"{checkpoint / META} lacks {lacks}")
     expert_id = int(meta["expert_id"])
-    if not 0 <= expert_id < cfg.num_experts:
+    grow = expert_id == cfg.num_experts
+    if not 0 <= expert_id <= cfg.num_experts:
         raise CheckpointRejected(f"{checkpoint}: expert id {expert_id} is outside this run's 0..{cfg.num_experts - 1}"
-                                 f" (the router and the clusters are fixed by num_experts)")
+                                 f" and is not the next one ({cfg.num_experts}); expert ids have no gaps")
+    if grow and cluster_data is None:
+        raise CheckpointRejected(f"{checkpoint}: expert {expert_id} is new to this run (0..{cfg.num_experts - 1}); "
+                                 f"pass --cluster-data with its cluster's shard set, for the router and the "
+                                 f"evaluation")
+    if not grow and cluster_data is not None:
+        raise CheckpointRejected(f"{checkpoint}: expert {expert_id} already has its cluster in this run's dataset; "
+                                 f"--cluster-data is only for a new expert id ({cfg.num_experts})")
     if meta["objective"] not in OBJECTIVES:
         raise CheckpointRejected(f"{checkpoint}: unknown objective {meta['objective']!r}")
     folder = run_dir / "experts" / f"expert-{expert_id}"
@@ -252,6 +269,19 @@ def add_expert(run_dir: Path, checkpoint: Path, *, cfg: Config | None = None, ca
     if existed and not replace:
         raise FileExistsError(f"{folder} already exists; pass --replace to replace that expert")
     dataset_dir = prepare_data(cfg, cache_dir)
+    view, old_config = run_dir / f"dataset-{expert_id + 1}", run_dir / f"config.before-expert-{expert_id}.yaml"
+    old_features = run_dir / f"{FEATURE_NET}.before-expert-{expert_id}"
+    config_grown = False
+    if grow:
+        if view.exists():
+            raise FileExistsError(f"{view} already exists (left by an earlier attempt?); remove it to add expert "
+                                  f"{expert_id}")
+        objectives = _trained_objectives(cfg, dataset_dir, run_dir) + [meta["objective"]]
+        grown = config_from_dict(cfg.to_dict() | {
+            "num_experts": expert_id + 1,
+            "objectives": {"ddpm": objectives.count("ddpm"), "fm": objectives.count("fm"), "ddpm_clusters":
+                           [k for k, o in enumerate(objectives) if o == "ddpm"], "per_expert": None},
+            "data": cfg.to_dict()["data"] | {"prepared": str(view.resolve())}}, f"{run_dir} + expert {expert_id}")
     model_config = expected_model_config(cfg, dataset_dir)
     declared = {k: v for k, v in json.loads((checkpoint / "config.json").read_text()).items()
                 if not k.startswith("_")}
@@ -265,9 +295,27 @@ def add_expert(run_dir: Path, checkpoint: Path, *, cfg: Config | None = None, ca
         shutil.copyfile(checkpoint / WEIGHTS, tmp)
         validate_weights_file(tmp, model_config, sha256=str(meta["sha256"]), dtype=meta.get("weights_dtype"),
                               max_bytes=checkpoint_limit(cfg, model_config))
+        if grow:  # the data view and the grown config, then the expert; all undone if anything fails
+            dataset_dir = extend_dataset(dataset_dir, Path(cluster_data), view)
+            check_clusters(read_meta(dataset_dir), grown.num_experts, str(dataset_dir))
+            shutil.copyfile(run_dir / "config.yaml", old_config)
+            write_config(run_dir / "config.yaml", grown, f"{run_dir} grown by expert {expert_id} "
+                                                          f"({meta['objective']}) from {checkpoint}")
+            config_grown = True
+            if (run_dir / FEATURE_NET).exists():  # trained on the old clusters: the new evaluation trains its own
+                os.replace(run_dir / FEATURE_NET, old_features)
         install_expert(folder, tmp, model_config, meta | {"added_at": _now()})
+    except BaseException:
+        if config_grown:
+            os.replace(old_config, run_dir / "config.yaml")
+            if old_features.exists():
+                os.replace(old_features, run_dir / FEATURE_NET)
+        if grow:
+            shutil.rmtree(view, ignore_errors=True)
+        raise
     finally:
         tmp.unlink(missing_ok=True)
+    cfg = grown if grow else cfg
     before = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").exists() else {}
     reasons = {m["expert_id"]: m["reason"] for m in before.get("missing", [])}
     present = {int(read_expert_meta(f)["expert_id"]) for f in (run_dir / "experts").glob("expert-*")}
@@ -275,12 +323,32 @@ def add_expert(run_dir: Path, checkpoint: Path, *, cfg: Config | None = None, ca
                if k not in present]
     added = before.get("added_experts", []) + [{"expert_id": expert_id, "objective": meta["objective"],
                                                "sha256": meta["sha256"], "source": str(checkpoint),
-                                               "replaced": existed,
-                                               "added_at": _now()}]
+                                               "replaced": existed, "new_cluster": str(cluster_data) if grow
+                                               else None, "added_at": _now()}]
+    if grow and old_features.exists():  # FID/KID before and after are in different feature spaces
+        added[-1]["feature_network_retrained"] = f"the old one is in {old_features.name}"
     extra = {k: before[k] for k in ("flower",) if k in before} | {"added_experts": added}
     log.info("expert %d (%s) added to %s; retraining the router and re-evaluating", expert_id, meta["objective"],
              run_dir)
     return finish_run(cfg, run_dir, dataset_dir, missing, extra=extra, progress=progress)
+
+
+def _trained_objectives(cfg: Config, dataset_dir: Path, run_dir: Path) -> list[str]:
+    """The objective of each of the run's expert ids: what a present expert's metadata says it trained with, else
+    the config's assignment."""
+    objectives = assign_objectives(cfg, dataset_dir)
+    for folder in (run_dir / "experts").glob("expert-*"):
+        m = read_expert_meta(folder)
+        if 0 <= int(m["expert_id"]) < len(objectives):
+            objectives[int(m["expert_id"])] = m["objective"]
+    return objectives
+
+
+def write_config(path: Path, cfg: Config, origin: str) -> None:
+    """Write ``cfg`` as YAML (atomically), headed by a comment that says where it came from."""
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(f"# {origin}\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    os.replace(tmp, path)
 
 
 @torch.no_grad()

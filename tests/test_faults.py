@@ -309,7 +309,7 @@ def test_add_expert_to_an_assembled_run(tiny_config_path, dataset_dir, cache_dir
     assert main(["add-expert", str(run), str(tmp_path / "late-2"), "--replace", "--set", "num_experts=2",
                  "--set", "objectives.ddpm=1", "--set", "objectives.fm=1", "--set", "objectives.ddpm_clusters=[1]",
                  "--set", "federation.min_experts=1", *common]) == 2
-    assert "outside this run's 0..1" in capsys.readouterr().err
+    assert "expert 2 is new to this run (0..1); pass --cluster-data" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -377,3 +377,68 @@ def test_in_simulation_a_crashed_client_loses_only_its_expert(tiny_config_path, 
     assert [e["expert_id"] for e in report["experts"]] == [0]
     (lost,) = report["missing"]
     assert lost["expert_id"] == 1 and "killed by SIGKILL" in lost["reason"], lost
+
+
+def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(tiny_config, tiny_config_path, cache_dir,
+                                                                       tmp_path, capsys):
+    """A run of 3 experts on a 3-cluster dataset; a fourth institution, with data the run never had (here: cluster
+    3 of the 4-cluster clustering), trains expert 3 and is added with its cluster's shard set: the run grows to 4
+    experts, the router is retrained with 4 classes on the old clusters plus the new one, and nothing else changes."""
+    import shutil
+
+    import yaml
+
+    from hddm_flower.cli import main
+    from hddm_flower.data import read_meta
+    from hddm_flower.checkpoints import load_router
+    from hddm_flower.pipeline import prepare_data
+
+    common = ["--config", str(tiny_config_path), "--cache-dir", str(cache_dir)]
+    three = [*common, "--set", "num_experts=3", "--set", "objectives={ddpm: 1, fm: 2, ddpm_clusters: [1]}"]
+    run = tmp_path / "run"
+    for k in range(3):
+        assert main(["train-expert", *three, "--expert-id", str(k), "--out", str(run / "experts" / f"expert-{k}")]) == 0
+    assert main(["assemble", *three, "--run-dir", str(run)]) == 0
+    before = {k: (run / "experts" / f"expert-{k}" / "diffusion_pytorch_model.safetensors").read_bytes()
+              for k in range(3)}
+    assert main(["train-expert", *common, "--expert-id", "3", "--out", str(tmp_path / "new-3")]) == 0
+    cluster = prepare_data(tiny_config, cache_dir) / "cluster-3"  # the newcomer's own shard set
+    capsys.readouterr()
+
+    def fails(args, message):
+        assert main(["add-expert", *args, "--cache-dir", str(cache_dir)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+    fails([str(run), str(tmp_path / "new-3")], "expert 3 is new to this run (0..2); pass --cluster-data")
+    fails([str(run), str(tmp_path / "new-3"), "--cluster-data", str(cluster.parent)], "is not one cluster's shard set")
+    fails([str(run), str(tmp_path / "new-3"), "--set", "num_experts=2", "--set", "objectives={ddpm: 1, fm: 1, "
+           "ddpm_clusters: [1]}", "--set", "federation.min_experts=1"], "outside this run's 0..1 and is not the next")
+    other = tmp_path / "other-size"  # a shard set prepared at another resolution
+    shutil.copytree(cluster, other)
+    (other / "meta.json").write_text(json.dumps(json.loads((other / "meta.json").read_text()) | {"image_size": 32}))
+    fails([str(run), str(tmp_path / "new-3"), "--cluster-data", str(other)], "does not match the run's dataset")
+    assert not (run / "dataset-4").exists() and "num_experts: 3" in (run / "config.yaml").read_text()
+    assert not list(run.glob("config.before-*")) and (run / "feature-net").is_dir()  # nothing half-done
+
+    assert main(["add-expert", str(run), str(tmp_path / "new-3"), "--cluster-data", str(cluster),
+                 "--cache-dir", str(cache_dir)]) == 0
+    assert "expert 3 (fm) added" in capsys.readouterr().out
+    report = json.loads((run / "report.json").read_text())
+    assert [e["expert_id"] for e in report["experts"]] == [0, 1, 2, 3] and report["missing"] == []
+    assert report["num_experts"] == 4 and report["added_experts"][0]["new_cluster"] == str(cluster)
+    assert len(report["metrics"]["expert_velocity_mse"]) == 4  # each expert on its own cluster, the new one too
+    assert load_router(run / "router").head.out_features == 4
+    grown = yaml.safe_load((run / "config.yaml").read_text())
+    assert grown["num_experts"] == 4 and grown["objectives"]["ddpm_clusters"] == [1]
+    assert (grown["objectives"]["ddpm"], grown["objectives"]["fm"]) == (1, 3)
+    assert grown["data"]["prepared"] == str((run / "dataset-4").resolve())
+    assert yaml.safe_load((run / "config.before-expert-3.yaml").read_text())["num_experts"] == 3
+    view = read_meta(run / "dataset-4")
+    assert view["num_clusters"] == 4 and view["clusters"][3]["source"] == str(cluster.resolve())
+    for k in range(3):
+        assert (run / "experts" / f"expert-{k}" / "diffusion_pytorch_model.safetensors").read_bytes() == before[k]
+    fails([str(run), str(tmp_path / "new-3"), "--cluster-data", str(cluster)], "expert 3 already has its cluster")
+    fails([str(run), str(tmp_path / "new-3")], "already exists; pass --replace")
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(("dataset", "feature-net"))) == [
+        "dataset-4", "feature-net", "feature-net.before-expert-3"]
