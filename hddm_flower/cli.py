@@ -113,13 +113,28 @@ def cmd_train_expert(args) -> None:
     from .checkpoints import save_expert
     from .pipeline import assign_objectives, train_one_expert
 
+    from .data import read_meta
+
     cfg = _config(args)
-    d = _dataset(args, cfg)
-    if not 0 <= args.expert_id < cfg.num_experts:
-        raise ConfigError(f"--expert-id {args.expert_id} is outside 0..{cfg.num_experts - 1}")
+    cluster = None
+    if args.cluster_data:  # a new institution's own shard set (it joins with hddm add-expert --cluster-data)
+        d = Path(args.cluster_data)
+        meta = read_meta(d)
+        if "cluster_set" not in meta:
+            raise ConfigError(f"--cluster-data {d} is not one cluster's shard set (its meta.json has no cluster_set)")
+        if args.objective is None:
+            raise ConfigError("--cluster-data needs --objective (fm or ddpm): the config's assignment covers only "
+                              "the run's own clusters")
+        if args.expert_id < 0:
+            raise ConfigError(f"--expert-id {args.expert_id} is negative")
+        cluster = meta["cluster_set"]
+    else:
+        d = _dataset(args, cfg)
+        if not 0 <= args.expert_id < cfg.num_experts:
+            raise ConfigError(f"--expert-id {args.expert_id} is outside 0..{cfg.num_experts - 1}")
     objective = args.objective or assign_objectives(cfg, d)[args.expert_id]
     state, model_config, meta = train_one_expert(cfg, d, args.expert_id, objective, device=args.device,
-                                                 checkpoint=args.checkpoint, progress=True)
+                                                 checkpoint=args.checkpoint, progress=True, cluster=cluster)
     out = Path(args.out)
     digest = save_expert(out, state, model_config, meta, dtype=cfg.expert.weights_dtype)
     print(f"expert {args.expert_id} ({objective}) written to {out} (sha256 {digest[:12]}…)")
@@ -264,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--expert-id", type=int, required=True, help="expert = cluster id")
     sp.add_argument("--objective", choices=OBJECTIVES, help="override the objective the config assigns")
     sp.add_argument("--out", required=True, help="expert folder to write (diffusers layout + hddm_expert.json)")
+    sp.add_argument("--cluster-data", default=None, metavar="DIR",
+                    help="train on this shard set (a cluster-k folder) instead of the config's cluster --expert-id: "
+                         "an institution joining an assembled run with data it never had (needs --objective)")
     sp.add_argument("--device", default="cpu")
     sp.add_argument("--checkpoint", type=Path, default=None,
                     help="training-state file: saved every expert.checkpoint_every steps, resumed from if present")

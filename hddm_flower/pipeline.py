@@ -161,15 +161,19 @@ def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int
 
 
 def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: str, *, device: str = "cpu",
-                     checkpoint: Path | None = None, progress: bool = False) -> tuple[dict, dict, dict]:
-    """Train expert ``expert_id`` on cluster ``expert_id`` with ``objective``, in isolation.
+                     checkpoint: Path | None = None, progress: bool = False,
+                     cluster: int | None = None) -> tuple[dict, dict, dict]:
+    """Train expert ``expert_id`` on cluster ``cluster`` (default: ``expert_id``) of ``dataset_dir`` with
+    ``objective``, in isolation.
 
     ``checkpoint``: where the training state is saved every ``expert.checkpoint_every`` steps and resumed from.
     Returns the transformer's state dict, its diffusers config and the checkpoint metadata (DESIGN.md §2).
     """
     dataset_meta = read_meta(dataset_dir)
-    data = (StreamingSplit(dataset_dir, expert_id, seed=cfg.expert.seed + expert_id) if cfg.data.stream
-            else load_split(dataset_dir, [expert_id], "train"))
+    source = {} if cluster is None else {"data_cluster": cluster, "data_dir": str(dataset_dir)}
+    cluster = expert_id if cluster is None else cluster
+    data = (StreamingSplit(dataset_dir, cluster, seed=cfg.expert.seed + expert_id) if cfg.data.stream
+            else load_split(dataset_dir, [cluster], "train"))
     torch.manual_seed(cfg.expert.seed + expert_id)  # weight init
     expert, model_config, meta = build_expert(cfg, dataset_meta, objective, expert_id=expert_id)
     e = cfg.expert
@@ -185,6 +189,7 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
         "mixed_precision": e.mixed_precision, "grad_accumulation": e.grad_accumulation,
         "dataset": f"{dataset_meta['name']} v{dataset_meta['version']} ({dataset_dir.name})",
         "cluster_size": len(data), "steps": stats.steps, "resumed_steps": stats.resumed_steps,
+        **source,
         "images_seen": stats.images_seen,
         "device_seconds": round(stats.device_seconds, 3), "device": str(device),
         "peak_memory_bytes": stats.peak_memory_bytes, "final_loss": stats.final_loss,

@@ -401,8 +401,16 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(tiny_conf
     assert main(["assemble", *three, "--run-dir", str(run)]) == 0
     before = {k: (run / "experts" / f"expert-{k}" / "diffusion_pytorch_model.safetensors").read_bytes()
               for k in range(3)}
-    assert main(["train-expert", *common, "--expert-id", "3", "--out", str(tmp_path / "new-3")]) == 0
     cluster = prepare_data(tiny_config, cache_dir) / "cluster-3"  # the newcomer's own shard set
+    capsys.readouterr()
+    # the newcomer trains with the run's config on its own shard set
+    assert main(["train-expert", *three, "--expert-id", "3", "--cluster-data", str(cluster), "--out",
+                 str(tmp_path / "new-3")]) == 2
+    assert "--cluster-data needs --objective" in capsys.readouterr().err
+    assert main(["train-expert", *three, "--expert-id", "3", "--cluster-data", str(cluster), "--objective", "fm",
+                 "--out", str(tmp_path / "new-3")]) == 0
+    new_meta = json.loads((tmp_path / "new-3" / "hddm_expert.json").read_text())
+    assert (new_meta["expert_id"], new_meta["data_cluster"], new_meta["objective"]) == (3, 3, "fm")
     capsys.readouterr()
 
     def fails(args, message):
