@@ -36,6 +36,8 @@ from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, inflate_
 from flwr.superlink.grid.http_grid import HttpGrid
 
 CHUNKS_IN_FLIGHT = 2 * FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS  # ≤ 4 × 5 MiB of an array in memory at a time
+MAX_INLINE_BYTES = 64 * 2**20  # what a reply may hold in memory besides its spooled arrays (metadata, metrics)
+MALFORMED = (ValueError, KeyError, IndexError, TypeError, AttributeError)  # what bad object contents raise
 
 
 class SpooledArray(Array):
@@ -50,13 +52,16 @@ class SpooledArray(Array):
 
 
 def pull_replies(grid: Grid, message_ids: Iterable[str], spool_dir: Path, *,
-                 stypes: Iterable[str] = ("safetensors",), max_bytes: int = 0) -> list[Message]:
+                 stypes: Iterable[str] = ("safetensors",), max_bytes: int = 0,
+                 max_inline_bytes: int = MAX_INLINE_BYTES) -> list[Message]:
     """Pull the replies to ``message_ids``; arrays whose stype is in ``stypes`` are written to files in
     ``spool_dir`` (on an :class:`HttpGrid`) and stop being written after ``max_bytes`` bytes (0 = no limit).
+    Everything else of a reply is held in memory and may not exceed ``max_inline_bytes`` (a hostile node could
+    otherwise send a huge array of another stype, or a huge config record).
 
-    A reply whose objects cannot be pulled, or whose array cannot be written, comes back as an error reply (code 3,
-    MESSAGE_UNAVAILABLE, as flwr's own pull returns), with its partial files removed. The caller owns the spooled
-    files of the replies it gets: move them or :func:`discard` the reply.
+    A reply whose objects cannot be pulled, are malformed or too large, or whose array cannot be written, comes
+    back as an error reply (code 3, MESSAGE_UNAVAILABLE, as flwr's own pull returns), with its partial files
+    removed. The caller owns the spooled files of the replies it gets: move them or :func:`discard` the reply.
     """
     if not isinstance(grid, HttpGrid):
         return list(grid.pull_messages(message_ids))
@@ -69,17 +74,24 @@ def pull_replies(grid: Grid, message_ids: Iterable[str], spool_dir: Path, *,
         msg_id = msg_proto.metadata.message_id
         spooled: dict[bytes, SpooledArray] = {}  # placeholder data → the array on disk
         placeholders: dict[str, Array] = {}  # object id of a spooled array → its placeholder
+        reply_to = msg_proto.metadata.reply_to_message_id
         try:
             contents = _pull_tree(tree, pull_fn, spooled, placeholders, Path(spool_dir), frozenset(stypes),
-                                  max_bytes)
-        except (ObjectPullError, OSError, ValueError) as e:
+                                  max_bytes, max_inline_bytes)
+        except (ObjectPullError, OSError, *MALFORMED) as e:
             for array in spooled.values():
                 _unlink(array)
-            replies.append(_unavailable(run_id, grid.node.node_id, msg_proto.metadata.reply_to_message_id, e))
+            replies.append(_unavailable(run_id, grid.node.node_id, reply_to, e))
             continue
         client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(node=grid.node, run_id=run_id,
                                                                     message_object_id=msg_id))
-        message = cast(Message, inflate_object_from_contents(msg_id, contents, objects=placeholders))
+        try:  # a peer's objects: malformed ones make an error reply, not a crash of the server
+            message = cast(Message, inflate_object_from_contents(msg_id, contents, objects=placeholders))
+        except MALFORMED as e:
+            for array in spooled.values():
+                _unlink(array)
+            replies.append(_unavailable(run_id, grid.node.node_id, reply_to, e))
+            continue
         message.metadata.__dict__["_message_id"] = msg_id
         if not message.has_error():  # ArrayRecord copies its arrays: swap each placeholder for its spooled array
             for record in message.content.array_records.values():
@@ -106,14 +118,19 @@ def discard(message: Message) -> None:
 
 def _pull_tree(tree, pull_fn: Callable[[str], bytes], spooled: dict[bytes, SpooledArray],
                placeholders: dict[str, Array], spool_dir: Path, stypes: frozenset[str],
-               max_bytes: int) -> dict[str, bytes]:
+               max_bytes: int, max_inline_bytes: int) -> dict[str, bytes]:
     """Pull the objects of a message's tree level by level; spool the chunks of matching arrays to files, each
     with a placeholder Array (no chunks, a unique token as data) for Flower to inflate in its place. Returns the
     contents of every object that was not spooled."""
     contents: dict[str, bytes] = {}
-    level = [tree]
+    level, inline = [tree], 0
     while level:
-        contents.update(pull_objects([node.object_id for node in level], pull_fn))
+        for start in range(0, len(level), CHUNKS_IN_FLIGHT):  # a few at a time: the sum is checked as it grows
+            got = pull_objects([node.object_id for node in level[start:start + CHUNKS_IN_FLIGHT]], pull_fn)
+            inline += sum(len(c) for c in got.values())
+            if inline > max_inline_bytes:
+                raise ValueError(f"the reply's objects other than spooled arrays exceed {max_inline_bytes} bytes")
+            contents.update(got)
         children = []
         for node in level:
             obj_type, chunk_ids, _ = get_object_head_values_from_object_content(contents[node.object_id])

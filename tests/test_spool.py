@@ -5,6 +5,7 @@ an ArrayRecord, a RecordDict and the Message, as a SuperLink's object store does
 
 import hashlib
 import json
+import os
 import tracemalloc
 
 import pytest
@@ -78,6 +79,41 @@ def test_an_oversized_array_stops_being_written_at_the_limit(tmp_path):
     runtime, [reply] = _pull(blob, tmp_path, max_bytes=CHUNK + 1)
     weights = reply.content["expert"]["weights"]
     assert weights.path is None and CHUNK + 1 < weights.nbytes <= 2 * CHUNK  # refused within one window
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_large_array_of_another_stype_is_refused_not_held_in_memory(tmp_path):
+    """Only the weights' stype is spooled; anything else large (a hostile node's numpy array) is refused once the
+    reply's in-memory objects pass the limit."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+
+    def deliver(message):
+        big = Array(dtype="uint8", shape=(4 * CHUNK,), stype="numpy.ndarray", data=os.urandom(4 * CHUNK))
+        return Message(RecordDict({"expert": ArrayRecord({"weights": big})}), reply_to=message)
+
+    grid = wire_grid(WireRuntime([7], deliver))
+    ids = list(grid.push_messages([Message(RecordDict(), dst_node_id=7, message_type="train")]))
+    [reply] = pull_replies(grid, ids, tmp_path, max_inline_bytes=2 * CHUNK)
+    assert reply.has_error() and "exceed 10485760 bytes" in reply.error.reason
+
+
+def test_malformed_objects_make_an_error_reply_not_a_crash(tmp_path):
+    from flwr.app.message.array import Array as FlwrArray
+
+    blob = b"\1" * 100
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    array = FlwrArray(dtype="uint8", shape=(len(blob),), stype="safetensors", data=blob)
+    grid = wire_grid(runtime := WireRuntime([7], _reply_with(blob)))
+    ids = list(grid.push_messages([Message(RecordDict(), dst_node_id=7, message_type="train")]))
+    runtime.answer(ids[0])
+    content = runtime.objects[array.object_id]  # the Array's head points at chunk index 5 of 1
+    runtime.objects[array.object_id] = content.replace(b'"arraychunk_ids": [0]', b'"arraychunk_ids": [5]')
+    [reply] = pull_replies(grid, ids, tmp_path)
+    assert reply.has_error() and reply.error.code == ErrorCode.MESSAGE_UNAVAILABLE
     assert list(tmp_path.iterdir()) == []
 
 
