@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -135,26 +134,49 @@ def _isolated(node) -> bool:
 
 def _train_in_child(cfg, dataset_dir: Path, expert_id: int, objective: str, device: str,
                     checkpoint: Path | None) -> tuple[bytes, dict, dict]:
-    """Run :mod:`clients.train_worker` and read back its weights; a crash of the child becomes an exception."""
+    """Train in a child process (:func:`clients.train_worker.run`) and read back its weights; a crash of the child
+    becomes an exception. The child is forked from this process's fork server, which has torch, diffusers and the
+    core imported once (:func:`_workers`), so an expert costs a fork, not an interpreter start and its imports."""
+    from clients import train_worker
+
     with tempfile.TemporaryDirectory(prefix=f"hddm-expert-{expert_id}-") as tmp:
         out = Path(tmp)
         spec = {"experiment": cfg.to_dict(), "dataset_dir": str(dataset_dir), "expert_id": expert_id,
                 "objective": objective, "device": device, "checkpoint": str(checkpoint) if checkpoint else None,
                 "out": tmp, "threads": torch.get_num_threads()}
         (out / "spec.json").write_text(json.dumps(spec))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        with open(out / "stderr.log", "wb") as err:
-            rc = subprocess.run([sys.executable, "-m", "clients.train_worker", str(out / "spec.json")], env=env,
-                                stderr=err, cwd=Path(__file__).resolve().parent.parent).returncode
+        child = _workers().Process(target=train_worker.run, args=(str(out / "spec.json"),),
+                                   name=f"hddm-expert-{expert_id}")
+        child.start()
+        child.join()
+        rc = child.exitcode
         if rc:
             if rc < 0:
                 why = f"was killed by {signal.Signals(-rc).name} (out of memory?)"
             else:
-                lines = [ln for ln in (out / "stderr.log").read_text(errors="replace").splitlines() if ln.strip()]
-                why = f"failed with exit code {rc}: {lines[-1] if lines else 'no message'}"
+                error = out / train_worker.ERROR
+                why = f"failed with exit code {rc}: {error.read_text().strip() if error.exists() else 'no message'}"
             raise RuntimeError(f"the training process of expert {expert_id} {why}")
         result = json.loads((out / "result.json").read_text())
         return (out / "weights.safetensors").read_bytes(), result["model_config"], result["meta"]
+
+
+_WORKERS = None
+
+
+def _workers():
+    """The multiprocessing context whose fork server (started on first use, one per process, i.e. per Ray actor)
+    has preloaded what training imports; each training is a fresh process forked from it."""
+    global _WORKERS
+    if _WORKERS is None:
+        import multiprocessing
+
+        from clients import train_worker
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["clients.train_worker", *train_worker.PRELOAD])
+        _WORKERS = ctx
+    return _WORKERS
 
 
 def _keep(work: Path, blob: bytes, model_config: dict, meta: dict) -> None:

@@ -1,10 +1,12 @@
-"""Train one expert in a child process of the ClientApp (``python -m clients.train_worker SPEC.json``).
+"""Train one expert in a child process of the ClientApp (:func:`run`; also ``python -m clients.train_worker
+SPEC.json``).
 
 In simulation every ClientApp of a Ray actor shares its process: a hard crash (the kernel's OOM killer, a
 segfault in a kernel) would kill the actor and fail other nodes' experts with it. Trained here, the crash takes
-down only this process; the ClientApp turns it into an error reply for this expert alone. Imports the core only
-(no Flower), writes ``weights.safetensors`` and ``result.json`` (model config and metadata) into the spec's
-``out`` directory.
+down only this process; the ClientApp turns it into an error reply for this expert alone. The ClientApp forks it
+from a fork server that has :data:`PRELOAD` imported. Imports the core only (no Flower); writes
+``weights.safetensors`` and ``result.json`` (model config and metadata) into the spec's ``out`` directory, its
+pid to ``pid`` when it starts, and the last line of an error to ``error.txt``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,22 @@ import json
 import os
 import sys
 from pathlib import Path
+
+
+PRELOAD = ("torch", "diffusers", "hddm_flower.pipeline", "hddm_flower.checkpoints", "hddm_flower.config")
+ERROR = "error.txt"
+
+
+def run(spec_path: str) -> None:
+    """:func:`main` in a forked child: exit code 1 and the error's last line in ``out/error.txt`` if it raises."""
+    out = Path(json.loads(Path(spec_path).read_text())["out"])
+    (out / "pid").write_text(str(os.getpid()))
+    try:
+        main(spec_path)
+    except BaseException as e:
+        lines = str(e).strip().splitlines()
+        (out / ERROR).write_text(f"{type(e).__name__}: {lines[-1] if lines else ''}"[:500])
+        raise
 
 
 def main(spec_path: str) -> None:

@@ -318,20 +318,21 @@ def test_add_expert_to_an_assembled_run(tiny_config_path, dataset_dir, cache_dir
 
 
 def _kill_worker_when(predicate, stop, killed):
-    """Watch this machine's processes for an expert's training worker that matches ``predicate(spec)`` and
-    SIGKILL it once (what the kernel's OOM killer does)."""
+    """Watch this machine's expert training processes (each writes its pid next to its spec, in a temporary
+    ``hddm-expert-*`` folder) for one that matches ``predicate(spec)`` and SIGKILL it once (what the kernel's OOM
+    killer does)."""
+    import tempfile
+
     while not stop.is_set() and not killed:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
+        for pid_file in Path(tempfile.gettempdir()).glob("hddm-expert-*/pid"):
             try:
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                if b"clients.train_worker" not in args:
-                    continue
-                spec = json.loads(Path(args[args.index(b"clients.train_worker") + 1].decode()).read_text())
-            except (OSError, ValueError, IndexError):
+                spec = json.loads((pid_file.parent / "spec.json").read_text())
+                pid = int(pid_file.read_text())
+            except (OSError, ValueError):
                 continue
             if predicate(spec):
-                os.kill(int(pid), signal.SIGKILL)
-                killed.append(int(pid))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
                 return
         time.sleep(0.1)
 
@@ -450,3 +451,23 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(tiny_conf
     fails([str(run), str(tmp_path / "new-3")], "already exists; pass --replace")
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(("dataset", "feature-net"))) == [
         "dataset-4", "feature-net", "feature-net.before-expert-3"]
+
+
+def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config, dataset_dir, tmp_path):
+    """The crash isolation simulation uses (clients/client_app._train_in_child): the same weights as training in
+    process, and an exception in the child comes back as one line, with the exit code."""
+    import clients.client_app as ca
+    from hddm_flower.config import config_from_dict
+    from hddm_flower.pipeline import train_one_expert
+
+    cfg = config_from_dict(tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"] | {"steps": 2}})
+    torch.set_num_threads(1)
+    blob, model_config, meta = ca._train_in_child(cfg, dataset_dir, 0, "fm", "cpu", None)
+    state, model_config_here, _ = train_one_expert(cfg, dataset_dir, 0, "fm")
+    from safetensors.torch import load
+
+    got = load(blob)
+    assert model_config == model_config_here and meta["expert_id"] == 0 and meta["steps"] == 2
+    assert all(torch.equal(got[k], v) for k, v in state.items())  # same seed, same data, same weights
+    with pytest.raises(RuntimeError, match=r"training process of expert 1 failed with exit code 1: .*edm"):
+        ca._train_in_child(cfg, dataset_dir, 1, "edm", "cpu", None)
