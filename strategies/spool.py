@@ -1,7 +1,8 @@
 """Pull replies from the SuperLink with their large arrays written straight to disk.
 
 flwr 1.42's ``HttpGrid.pull_messages`` pulls every object of a reply into a dict, then ``Array.inflate`` joins the
-chunks into a ``bytearray`` and copies that into ``bytes``: a 300 MiB expert costs ≈3× its size in the ServerApp.
+chunks into a ``bytearray`` and copies that into ``bytes``: a 300 MiB expert cost 3.96× its size in the ServerApp
+(``benchmarks/server_memory.py``).
 :func:`pull_replies` walks the same object tree through the same Runtime API calls (``PullMessages``,
 ``PullObject``, ``ConfirmMessageReceived``), but writes the chunks of each array whose ``stype`` is spooled to a file
 as they arrive, a few chunks at a time, and puts a :class:`SpooledArray` (no bytes, a path) in the inflated message.
