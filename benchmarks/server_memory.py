@@ -137,7 +137,7 @@ def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> d
             strategy.discover(grid, timeout=10)
             messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
             ids = grid.push_messages(messages)
-            strategy._message_expert.update({i: strategy.assignment[m.metadata.dst_node_id]
+            strategy._message_expert.update({i: int(m.content["config"]["expert-id"])
                                              for i, m in zip(ids, messages)})
             strategy.aggregate_train(1, grid.pull_messages(ids))
         else:

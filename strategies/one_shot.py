@@ -46,7 +46,8 @@ class OneShotExperts(Strategy):
     objectives : list[str]
         The objective of each expert id (``"fm"`` or ``"ddpm"``); its length is the number of experts.
     min_nodes : int (default: 1)
-        Wait until this many nodes are connected before assigning experts, or ``node_wait_timeout`` seconds.
+        Wait until this many nodes are connected before assigning experts, or ``node_wait_timeout`` seconds, or (in
+        simulation) until all simulated nodes are there.
     min_experts : int (default: 1)
         Minimum number of experts needed to build the ensemble.
     node_wait_timeout : float (default: 120.0)
@@ -88,7 +89,7 @@ class OneShotExperts(Strategy):
             raise ValueError(f"expert ids {out} outside 0..{len(objectives) - 1}")
         if set(self.targets) & self.present:
             raise ValueError(f"experts {sorted(set(self.targets) & self.present)} are already present")
-        self.assignment: dict[int, int] = {}  # node id → expert id
+        self.assignment: dict[int, list[int]] = {}  # node id → its expert ids (one, except simulated nodes)
         self.received: dict[int, dict[str, Any]] = {}  # expert id → checkpoint metadata
         self.missing: dict[int, str] = {}  # expert id → reason
         self.spooled: set[int] = set()  # experts whose weights were written to disk as they arrived (deployment)
@@ -113,12 +114,21 @@ class OneShotExperts(Strategy):
     # -- the protocol ------------------------------------------------------------------------------------------
 
     def discover(self, grid: Grid, timeout: float) -> dict[int, dict]:
-        """Wait for nodes, ask each for its node config, and assign expert ids (``expert-id`` or
-        ``partition-id``). Nodes that do not answer get nothing; experts without a node are missing."""
-        deadline = time.monotonic() + self.node_wait_timeout
-        while len(list(grid.get_node_ids())) < self.min_nodes and time.monotonic() < deadline:
+        """Wait for nodes, ask each for its node config, and assign expert ids. A node with ``expert-id`` (or a
+        ``partition-id`` alone) holds that one expert, as an institution does. A simulated node (Flower gives it
+        ``partition-id`` p and ``num-partitions`` n) holds experts p, p + n, p + 2n, … when there are fewer
+        simulated nodes than experts (its data is the shared embedded dataset). Nodes that do not answer get
+        nothing; experts without a node are missing."""
+        deadline, simulated = time.monotonic() + self.node_wait_timeout, None
+        while len(node_ids := sorted(grid.get_node_ids())) < self.min_nodes and time.monotonic() < deadline:
+            if node_ids and simulated is None:  # ask one node whether it is simulated, and how many there are
+                answers = [dict(r.content["node-info"]) for r in self._stream(
+                    grid, [Message(RecordDict(), dst_node_id=node_ids[0], message_type=MessageType.QUERY)],
+                    min(timeout, 60.0), {}) if not r.has_error()]
+                simulated = int(answers[0].get("num-partitions", 0)) if answers else 0
+            if simulated and len(node_ids) >= simulated:
+                break  # every simulated node is there; more will not come
             time.sleep(self.poll_interval)
-        node_ids = sorted(grid.get_node_ids())
         log(INFO, "OneShotExperts: %d nodes connected; querying them", len(node_ids))
         queries = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
         info: dict[int, dict] = {}
@@ -127,31 +137,47 @@ class OneShotExperts(Strategy):
                 log(WARNING, "node %d did not answer the query: %s", reply.metadata.src_node_id, reply.error.reason)
                 continue
             info[reply.metadata.src_node_id] = dict(reply.content["node-info"])
+        taken: set[int] = set()
         for node_id in sorted(info):
-            raw = info[node_id].get("expert-id", info[node_id].get("partition-id"))
-            if raw is None:
+            claims = self._claims(info[node_id])
+            if claims is None:
                 log(WARNING, "node %d has no expert-id or partition-id in its node config; skipped", node_id)
                 continue
-            expert_id = int(raw)
-            if expert_id not in self.targets and 0 <= expert_id < self.num_experts:
-                log(INFO, "node %d holds expert %d, not wanted in this run; skipped", node_id, expert_id)
-            elif not 0 <= expert_id < self.num_experts:
-                log(WARNING, "node %d asks for expert %d outside 0..%d; skipped", node_id, expert_id,
-                    self.num_experts - 1)
-            elif expert_id in self.assignment.values():
-                log(WARNING, "node %d asks for expert %d, already assigned; skipped", node_id, expert_id)
-            else:
-                self.assignment[node_id] = expert_id
+            for expert_id in claims:
+                if expert_id not in self.targets and 0 <= expert_id < self.num_experts:
+                    log(INFO, "node %d holds expert %d, not wanted in this run; skipped", node_id, expert_id)
+                elif not 0 <= expert_id < self.num_experts:
+                    log(WARNING, "node %d asks for expert %d outside 0..%d; skipped", node_id, expert_id,
+                        self.num_experts - 1)
+                elif expert_id in taken:
+                    log(WARNING, "node %d asks for expert %d, already assigned; skipped", node_id, expert_id)
+                else:
+                    self.assignment.setdefault(node_id, []).append(expert_id)
+                    taken.add(expert_id)
+        if any(len(experts) > 1 for experts in self.assignment.values()):
+            log(INFO, "OneShotExperts: %d simulated nodes for %d experts; each trains %s", len(self.assignment),
+                self.num_experts, "; ".join(f"node {n}: {e}" for n, e in sorted(self.assignment.items())))
         for k in self.targets:
-            if k not in self.assignment.values():
+            if k not in taken:
                 self.missing[k] = "no node was assigned this expert (none connected, answered or claimed it)"
         return info
 
+    def _claims(self, node_config: dict) -> list[int] | None:
+        """The expert ids a node's config claims (None: it claims none)."""
+        if "expert-id" in node_config:
+            return [int(node_config["expert-id"])]
+        if "partition-id" not in node_config:
+            return None
+        p, n = int(node_config["partition-id"]), int(node_config.get("num-partitions", 0))
+        return [p] if not 0 < n < self.num_experts or not 0 <= p < n else list(range(p, self.num_experts, n))
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """One fresh record per node: its expert id, cluster, objective and the experiment."""
+        """One train message per assigned expert, to its node: the expert id, cluster, objective and the
+        experiment, in a fresh record."""
         messages = []
-        for node_id, expert_id in sorted(self.assignment.items(), key=lambda kv: kv[1]):
+        pairs = sorted((e, n) for n, experts in self.assignment.items() for e in experts)
+        for expert_id, node_id in pairs:
             task = ConfigRecord(dict(config))
             task["server-round"] = server_round
             task["expert-id"] = expert_id
@@ -238,8 +264,8 @@ class OneShotExperts(Strategy):
         ids = list(grid.push_messages(messages))
         pending = set()
         for message_id, message in zip(ids, messages):
-            expert_id = self.assignment.get(message.metadata.dst_node_id)
-            is_train = message.metadata.message_type == MessageType.TRAIN and expert_id is not None
+            is_train = message.metadata.message_type == MessageType.TRAIN
+            expert_id = int(message.content["config"]["expert-id"]) if is_train else None
             if not message_id:
                 if is_train:
                     self._lose(expert_id, "the train message could not be delivered to its node")

@@ -471,3 +471,22 @@ def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config
     assert all(torch.equal(got[k], v) for k, v in state.items())  # same seed, same data, same weights
     with pytest.raises(RuntimeError, match=r"training process of expert 1 failed with exit code 1: .*edm"):
         ca._train_in_child(cfg, dataset_dir, 1, "edm", "cpu", None)
+
+
+def test_fewer_simulated_nodes_than_experts_each_train_several(tiny_config, dataset_dir, cache_dir, tmp_path):
+    """Plain `flwr run .` simulates 2 SuperNodes (flwr ≥ 1.32): partition p of n trains experts p, p+n, …; the
+    server does not wait for min_nodes when every simulated node is there. Institutions (expert-id, or a
+    partition-id without num-partitions) keep one expert each."""
+    nodes = {10: {"partition-id": 0, "num-partitions": 2}, 11: {"partition-id": 1, "num-partitions": 2}}
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, min_nodes=4, node_wait_timeout=60.0)
+    started = time.monotonic()
+    strategy.start(FakeGrid(client_app, nodes), timeout=60.0)
+    assert time.monotonic() - started < 30  # it did not wait the 60 s for 4 nodes
+    assert strategy.assignment == {10: [0, 2], 11: [1, 3]} and strategy.missing == {}
+    assert sorted(strategy.received) == [0, 1, 2, 3]
+    assert [strategy.received[k]["objective"] for k in range(4)] == ["fm", "ddpm", "ddpm", "fm"]
+    one_each = _strategy(tiny_config, tmp_path / "b", cache_dir, dataset_dir, node_wait_timeout=0.1)
+    assert one_each._claims({"partition-id": 2}) == [2] and one_each._claims({"expert-id": 3, "partition-id": 0,
+                                                                             "num-partitions": 2}) == [3]
+    assert [one_each._claims({"partition-id": p, "num-partitions": 3}) for p in range(3)] == [[0, 3], [1], [2]]
+    assert one_each._claims({"partition-id": 1, "num-partitions": 8}) == [1]  # enough nodes: one expert each
