@@ -204,9 +204,21 @@ def _finished(work: Path | None) -> tuple[bytes, dict, dict] | None:
 
 
 def _set_threads(node) -> None:
-    """One thread per simulated node (they share the machine); all cores for a real SuperNode."""
+    """``num-threads`` if the node config says; in simulation the CPUs Ray gave this ClientApp's actor
+    (``client-resources-num-cpus``: Flower runs as many actors as the CPUs allow, each training one expert at a
+    time); else all cores (a real SuperNode), shared among ``num-partitions`` if given."""
     if "num-threads" in node:
         n = int(node["num-threads"])
+    elif (cpus := _actor_cpus()) is not None:
+        n = cpus
     else:
-        n = max(1, (os.cpu_count() or 1) // int(node.get("num-partitions", 1)))
-    torch.set_num_threads(n)
+        n = (os.cpu_count() or 1) // int(node.get("num-partitions", 1))
+    torch.set_num_threads(max(1, n))
+
+
+def _actor_cpus() -> int | None:
+    """The whole CPUs assigned to the Ray actor this runs in (None outside one)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized() or not ray.get_runtime_context().get_actor_id():
+        return None
+    return int(ray.get_runtime_context().get_assigned_resources().get("CPU", 0)) or None

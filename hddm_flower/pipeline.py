@@ -192,6 +192,7 @@ def train_one_expert(cfg: Config, dataset_dir: Path, expert_id: int, objective: 
         **source,
         "images_seen": stats.images_seen,
         "device_seconds": round(stats.device_seconds, 3), "device": str(device),
+        "cpu_threads": torch.get_num_threads(),
         "peak_memory_bytes": stats.peak_memory_bytes, "final_loss": stats.final_loss,
         "loss_curve": stats.loss_curve, "batch_size": e.batch_size, "lr": e.lr,
         "caption_dropout": e.caption_dropout, "created_at": _now(), "hddm_flower": _version("hddm-flower"),

@@ -1,6 +1,7 @@
 """One real Flower simulation (Ray, 2 SuperNodes, a few steps): the apps exactly as `flwr run .` loads them."""
 
 import json
+import time
 
 import pytest
 from flwr.app import Context
@@ -13,11 +14,13 @@ from strategies.server_app import main as server_main
 pytestmark = pytest.mark.simulation
 
 
-def test_simulation_two_nodes(tiny_config_path, cache_dir, tmp_path):
+def test_simulation_two_nodes_for_four_experts(tiny_config_path, cache_dir, tmp_path):
+    """As plain `flwr run .` runs it since flwr 1.32: 2 simulated SuperNodes, Flower's default 2 CPUs per ClientApp
+    (one actor on 2 cores), more experts than nodes: each node trains its share, one at a time, with the actor's
+    2 threads; the server does not wait for federation.min_nodes."""
     run_dir = tmp_path / "run"
     run_config = {
-        "config": str(tiny_config_path),
-        "overrides": "num_experts=2 objectives={ddpm: 1, fm: 1, ddpm_clusters: [1]} federation.min_nodes=2",
+        "config": str(tiny_config_path), "overrides": "federation.min_nodes=4 federation.node_wait_timeout=120",
         "run-dir": str(run_dir), "cache-dir": str(cache_dir),
     }
     server = ServerApp()
@@ -27,10 +30,17 @@ def test_simulation_two_nodes(tiny_config_path, cache_dir, tmp_path):
         context.run_config.update(run_config)
         server_main(grid, context)
 
+    started = time.monotonic()
     run_simulation(server_app=server, client_app=client_app, num_supernodes=2,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                   backend_config={"client_resources": {"num_cpus": 2, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False}})
+    assert time.monotonic() - started < 110  # it did not wait node_wait_timeout for 4 nodes
     report = json.loads((run_dir / "report.json").read_text())
-    assert sorted((e["expert_id"], e["objective"]) for e in report["experts"]) == [(0, "fm"), (1, "ddpm")]
-    assert report["missing"] == [] and report["flower"]["assignment"]
+    assert sorted((e["expert_id"], e["objective"]) for e in report["experts"]) == [
+        (0, "fm"), (1, "ddpm"), (2, "ddpm"), (3, "fm")]
+    assert report["missing"] == []
+    assert sorted(sorted(e) for e in report["flower"]["assignment"].values()) == [[0, 2], [1, 3]]
+    threads = {json.loads((run_dir / "experts" / f"expert-{k}" / "hddm_expert.json").read_text())["cpu_threads"]
+               for k in range(4)}
+    assert threads == {2}  # the actor's CPUs, in the forked training process too
     assert (run_dir / "samples.png").exists() and (run_dir / "config.yaml").exists()
