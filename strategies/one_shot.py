@@ -27,7 +27,8 @@ WIRE_STYPE = "safetensors"  # the stype of the one array a train reply carries: 
 class OneShotExperts(Strategy):
     """One-shot federation of diffusion experts, without aggregation.
 
-    Each node trains one expert on its own cluster with its own objective and replies once with the final
+    Each node (institution) trains one expert on its own cluster with its own objective (a simulated node may
+    train several, see :meth:`discover`) and replies once per expert with the final
     checkpoint: its safetensors bytes as one array (``stype="safetensors"``, so bf16 travels as bf16). Nothing is
     averaged: each reply is pulled alone, its weights written to disk chunk by chunk as they arrive
     (:func:`strategies.spool.pull_replies`; in deployment the server never holds a whole checkpoint in memory),
