@@ -1,5 +1,4 @@
-"""Train one expert in a child process of the ClientApp (:func:`run`; also ``python -m clients.train_worker
-SPEC.json``).
+"""Train one expert in a child process of the ClientApp (:func:`run`).
 
 In simulation every ClientApp of a Ray actor shares its process: a hard crash (the kernel's OOM killer, a
 segfault in a kernel) would kill the actor and fail other nodes' experts with it. Trained here, the crash takes
@@ -13,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 
@@ -52,6 +50,3 @@ def main(spec_path: str) -> None:
     tmp.write_text(json.dumps({"model_config": model_config, "meta": meta}))
     os.replace(tmp, out / "result.json")
 
-
-if __name__ == "__main__":
-    main(sys.argv[1])

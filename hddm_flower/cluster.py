@@ -36,6 +36,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from .data import SAME_ENCODING
 from .ingest import read_manifest
 
 log = logging.getLogger(__name__)
@@ -123,16 +124,13 @@ def encoded_urls(encoded_dir: str | os.PathLike) -> list[str]:
     return [str(Path(encoded_dir) / s["name"]) for s in m["shards"]]
 
 
-SAME = ("pixel_size", "image_size", "channels", "latent", "text_encoder")
-
-
 def merge_manifests(encoded_dirs: list[Path]) -> dict:
     """One manifest for several `hddm prepare` outputs (e.g. one per machine, each over its own shard range): they
     must agree on resolution, VAE and text encoder; counts add up."""
     manifests = [read_manifest(d) for d in encoded_dirs]
     first = manifests[0]
     for d, m in zip(encoded_dirs[1:], manifests[1:]):
-        for key in SAME:
+        for key in SAME_ENCODING:
             a = {k: v for k, v in (m[key] or {}).items() if k != "path"} if isinstance(m[key], dict) else m[key]
             b = ({k: v for k, v in (first[key] or {}).items() if k != "path"} if isinstance(first[key], dict)
                  else first[key])

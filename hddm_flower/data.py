@@ -402,7 +402,8 @@ class StreamingSplit:
         return next(self._stream)
 
 
-SAME_SHAPES = ("image_size", "channels", "pixel_size", "latent", "text_encoder", "text_dim", "max_caption_tokens")
+# what two encoded datasets must share to be used together (their manifests, or their clustered metas)
+SAME_ENCODING = ("pixel_size", "image_size", "channels", "latent", "text_encoder")
 
 
 def extend_dataset(base: str | os.PathLike, cluster_dir: str | os.PathLike, out: str | os.PathLike) -> Path:
@@ -420,7 +421,7 @@ def extend_dataset(base: str | os.PathLike, cluster_dir: str | os.PathLike, out:
     if "cluster_set" not in cmeta:
         raise ValueError(f"{cluster_dir} is not one cluster's shard set (its meta.json has no cluster_set): pass "
                          f"a cluster-k folder of a prepared dataset")
-    diff = [k for k in SAME_SHAPES if bmeta.get(k) != cmeta.get(k)]
+    diff = [k for k in (*SAME_ENCODING, "text_dim", "max_caption_tokens") if bmeta.get(k) != cmeta.get(k)]
     if diff:
         raise ValueError(f"{cluster_dir} does not match the run's dataset {base} in {diff}: "
                          + ", ".join(f"{k} {cmeta.get(k)!r} ≠ {bmeta.get(k)!r}" for k in diff[:2]))

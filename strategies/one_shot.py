@@ -18,7 +18,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from hddm_flower.checkpoints import REQUIRED_META, CheckpointRejected, install_expert, validate_weights_file
 from hddm_flower.config import OBJECTIVES
-from strategies.spool import SpooledArray, discard, pull_replies
+from strategies.spool import SpooledArray, discard, pull_replies, spooled_arrays
 
 
 WIRE_STYPE = "safetensors"  # the stype of the one array a train reply carries: the expert's safetensors bytes
@@ -93,7 +93,6 @@ class OneShotExperts(Strategy):
         self.assignment: dict[int, list[int]] = {}  # node id → its expert ids (one, except simulated nodes)
         self.received: dict[int, dict[str, Any]] = {}  # expert id → checkpoint metadata
         self.missing: dict[int, str] = {}  # expert id → reason
-        self.spooled: set[int] = set()  # experts whose weights were written to disk as they arrived (deployment)
         self._message_expert: dict[str, int] = {}  # train message id → expert id
 
     @property
@@ -204,6 +203,7 @@ class OneShotExperts(Strategy):
                 reason = f"error reply (code {reply.error.code}): {_summary_line(reply.error.reason)}"
                 self._lose(expert_id, reason)
                 continue
+            how = "spooled to disk" if spooled_arrays(reply) else "pulled in memory"
             try:
                 meta = self._save(expert_id, reply.content)
             except (KeyError, ValueError, TypeError) as e:
@@ -215,7 +215,7 @@ class OneShotExperts(Strategy):
             self.received[expert_id] = meta
             log(INFO, "expert %d (%s) received: %d steps (%d resumed), %.0f device-s, %d bytes (%s)", expert_id,
                 meta["objective"], meta["steps"], meta.get("resumed_steps", 0), meta["device_seconds"],
-                meta["weights_bytes"], "spooled to disk" if expert_id in self.spooled else "pulled in memory")
+                meta["weights_bytes"], how)
         return None, MetricRecord({"experts-received": len(self.received), "experts-missing": len(self.missing)})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -309,8 +309,6 @@ class OneShotExperts(Strategy):
                                      f"{WIRE_STYPE!r} (the safetensors file)")
         weights = arrays["weights"]
         spooled = isinstance(weights, SpooledArray)
-        if spooled:
-            self.spooled.add(expert_id)
         size = weights.nbytes if spooled else len(weights.data)
         if self.max_checkpoint_bytes and size > self.max_checkpoint_bytes:
             raise CheckpointRejected(f"size {'> ' if spooled and weights.path is None else ''}{size} bytes exceeds "

@@ -6,14 +6,13 @@ import json
 from logging import INFO
 from pathlib import Path
 
-import yaml
 from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from hddm_flower.config import TRAINING_SECTIONS, Config, ConfigError, load_config, parse_overrides
 from hddm_flower.pipeline import (assign_objectives, checkpoint_limit, expected_model_config, finish_run,
-                                  prepare_data)
+                                  prepare_data, write_config)
 
 from .one_shot import OneShotExperts
 
@@ -81,8 +80,7 @@ def main(grid: Grid, context: Context) -> None:
                               f"remove their folders to train them again")
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").exists() or targets is None:
-        (run_dir / "config.yaml").write_text(f"# resolved from {path}\n"
-                                             + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        write_config(run_dir / "config.yaml", cfg, f"resolved from {path}")
     log(INFO, "hddm-flower: run directory %s", run_dir)
 
     dataset_dir = prepare_data(cfg, cache_dir or None)  # the coordinator's copy (router training, evaluation)

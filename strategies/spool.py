@@ -25,6 +25,7 @@ from typing import cast
 
 from flwr.app import Array, Error, Message, Metadata
 from flwr.app.message import make_message
+from flwr.app.message.arraychunk import ArrayChunk
 from flwr.common.constant import ErrorCode
 from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest  # pylint: disable=E0611
 from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
@@ -153,8 +154,6 @@ def _pull_tree(tree, pull_fn: Callable[[str], bytes], spooled: dict[bytes, Spool
 def _spool(head: dict, chunk_ids: list[str], pull_fn: Callable[[str], bytes], spool_dir: Path,
            max_bytes: int) -> SpooledArray:
     """Write the chunks of one array, in order, to a new file in ``spool_dir``."""
-    from flwr.app.message.arraychunk import ArrayChunk
-
     array = SpooledArray(dtype=head["dtype"], shape=tuple(head["shape"]), stype=head["stype"], data=b"")
     array.nbytes = 0
     spool_dir.mkdir(parents=True, exist_ok=True)

@@ -226,11 +226,11 @@ def wire_grid(runtime: WireRuntime):
     return grid
 
 
-def fake_over_wire(fake: FakeGrid, **kw):
+def fake_over_wire(fake: FakeGrid):
     """The nodes of ``fake`` behind an ``HttpGrid``: every message and reply crosses as wire objects."""
 
     def deliver(message):
         replies = fake.pull_messages(fake.push_messages([message]))
         return replies[0] if replies else None
 
-    return wire_grid(WireRuntime(fake.get_node_ids(), deliver, **kw))
+    return wire_grid(WireRuntime(fake.get_node_ids(), deliver))

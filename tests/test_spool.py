@@ -30,15 +30,14 @@ def _reply_with(blob: bytes):
     return deliver
 
 
-def _pull(blob: bytes, spool_dir, **kw):
+def _pull(blob: bytes, spool_dir, *, withhold=(), **pull_kw):
     from flwr.supercore.task_identity import TaskIdentity
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    runtime = WireRuntime([7], _reply_with(blob), **{k: v for k, v in kw.items() if k == "withhold"})
+    runtime = WireRuntime([7], _reply_with(blob), withhold=withhold)
     grid = wire_grid(runtime)
     ids = list(grid.push_messages([Message(RecordDict(), dst_node_id=7, message_type="train")]))
-    replies = pull_replies(grid, ids, spool_dir, **{k: v for k, v in kw.items() if k != "withhold"})
-    return runtime, replies
+    return runtime, pull_replies(grid, ids, spool_dir, **pull_kw)
 
 
 def test_weights_arrive_on_disk_byte_for_byte_and_the_rest_of_the_reply_as_usual(tmp_path):
