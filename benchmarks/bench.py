@@ -60,8 +60,9 @@ def machine() -> str:
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -74,35 +75,73 @@ def table(r: dict) -> str:
     rows = ["| figure | ours | peer | ratio | goal | met | reps | how |", "|---|---|---|---|---|---|---|---|"]
 
     def row(name, ours, peer, ratio, goal, ok, reps, how):
-        rows.append(f"| {name} | {ours} | {peer} | {_fmt(ratio)}× | {goal} | {'yes' if ok else '**no**'} | {reps} | "
-                    f"`{how}` |")
+        rows.append(
+            f"| {name} | {ours} | {peer} | {_fmt(ratio)}× | {goal} | {'yes' if ok else '**no**'} | {reps} | `{how}` |"
+        )
 
     for obj, t in r.get("train_step", {}).items():
-        row(f"training samples/s, {t['preset']} {obj}, batch {t['batch_size']}, {t['threads']} thread",
-            _fmt(t["samples_per_s"]["ours"], 1), f"{_fmt(t['samples_per_s']['plain'], 1)} (diffusers loop)",
-            t["ratio_ours_over_plain"], "≥ 1.0×", t["ratio_ours_over_plain"] >= 1.0, t["reps"], t["command"])
+        row(
+            f"training samples/s, {t['preset']} {obj}, batch {t['batch_size']}, {t['threads']} thread",
+            _fmt(t["samples_per_s"]["ours"], 1),
+            f"{_fmt(t['samples_per_s']['plain'], 1)} (diffusers loop)",
+            t["ratio_ours_over_plain"],
+            "≥ 1.0×",
+            t["ratio_ours_over_plain"] >= 1.0,
+            t["reps"],
+            t["command"],
+        )
     if s := r.get("sampling"):
         sec = s["seconds_median"]
         how = f"{s['command']} ({s['steps']} steps, batch {s['batch_size']}, CFG {s['cfg_scale']})"
-        row("sampling: grouped top-2 vs per-sample routing loop (s per batch)", _fmt(sec["grouped"]),
-            _fmt(sec["per_sample"]), s["grouped_speedup_over_per_sample"], "≥ 3× faster",
-            s["grouped_speedup_over_per_sample"] >= 3, s["reps"], how)
-        row("sampling: grouped top-2 vs one expert (s per batch)", _fmt(sec["grouped"]), _fmt(sec["one_expert"]),
-            s["grouped_cost_over_one_expert"], "≤ 2.2× the cost", s["grouped_cost_over_one_expert"] <= 2.2,
-            s["reps"], how)
+        row(
+            "sampling: grouped top-2 vs per-sample routing loop (s per batch)",
+            _fmt(sec["grouped"]),
+            _fmt(sec["per_sample"]),
+            s["grouped_speedup_over_per_sample"],
+            "≥ 3× faster",
+            s["grouped_speedup_over_per_sample"] >= 3,
+            s["reps"],
+            how,
+        )
+        row(
+            "sampling: grouped top-2 vs one expert (s per batch)",
+            _fmt(sec["grouped"]),
+            _fmt(sec["one_expert"]),
+            s["grouped_cost_over_one_expert"],
+            "≤ 2.2× the cost",
+            s["grouped_cost_over_one_expert"] <= 2.2,
+            s["reps"],
+            how,
+        )
     if f := r.get("federation"):
         w = f["wall_seconds_median"]
         c = f["cpu_seconds_median"]
-        row(f"federation: wall time of {f['experts']} experts + router + evaluation ({f['overrides']})",
-            f"{_fmt(w['flwr'], 0)} s (flwr run)", f"{_fmt(w['cli'], 0)} s (hddm CLI)", f["ratio_flwr_over_cli"],
-            "≤ 1.10×", f["ratio_flwr_over_cli"] <= 1.10, f["reps"], f["command"])
-        row("federation: CPU seconds of all processes (same runs)", f"{_fmt(c['flwr'], 0)} s", f"{_fmt(c['cli'], 0)} s",
-            f["cpu_ratio_flwr_over_cli"], "(steadier on a busy machine)", f["cpu_ratio_flwr_over_cli"] <= 1.10,
-            f["reps"], f["command"])
+        row(
+            f"federation: wall time of {f['experts']} experts + router + evaluation ({f['overrides']})",
+            f"{_fmt(w['flwr'], 0)} s (flwr run)",
+            f"{_fmt(w['cli'], 0)} s (hddm CLI)",
+            f["ratio_flwr_over_cli"],
+            "≤ 1.10×",
+            f["ratio_flwr_over_cli"] <= 1.10,
+            f["reps"],
+            f["command"],
+        )
+        row(
+            "federation: CPU seconds of all processes (same runs)",
+            f"{_fmt(c['flwr'], 0)} s",
+            f"{_fmt(c['cli'], 0)} s",
+            f["cpu_ratio_flwr_over_cli"],
+            "(steadier on a busy machine)",
+            f["cpu_ratio_flwr_over_cli"] <= 1.10,
+            f["reps"],
+            f["command"],
+        )
         m = f["peak_rss_mib"]
-        rows.append(f"| peak RSS: ServerApp {_fmt(m['flwr_server'], 0)} MiB, ClientApp {_fmt(m['flwr_client'], 0)} MiB "
-                    f"(CLI: assemble {_fmt(m['cli_assemble'], 0)}, train-expert {_fmt(m['cli_train_expert'], 0)}) "
-                    f"| | | | | | {f['reps']} | `{f['command']}` |")
+        rows.append(
+            f"| peak RSS: ServerApp {_fmt(m['flwr_server'], 0)} MiB, ClientApp {_fmt(m['flwr_client'], 0)} MiB "
+            f"(CLI: assemble {_fmt(m['cli_assemble'], 0)}, train-expert {_fmt(m['cli_train_expert'], 0)}) "
+            f"| | | | | | {f['reps']} | `{f['command']}` |"
+        )
     return "\n".join(rows)
 
 
@@ -120,31 +159,58 @@ def main(argv=None) -> dict:
     q = args.quick
     common = [*(["--config", args.config] if args.config else [])]
     t0 = time.perf_counter()
-    r: dict = {"command": " ".join(["python benchmarks/bench.py", *(sys.argv[1:] if argv is None else argv)]),
-               "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-               "commit": _commit()}
+    r: dict = {
+        "command": " ".join(["python benchmarks/bench.py", *(sys.argv[1:] if argv is None else argv)]),
+        "machine": machine(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "commit": _commit(),
+    }
     if "train_step" not in args.skip:
         r["train_step"] = {
-            obj: _load("train_step").main([*common, *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
-                                           "--objective", obj, *(["--steps", "3", "--reps", "1"] if q else []),
-                                           "--out", str(out / f"train_step_{obj}.json")])
-            for obj in ("fm", "ddpm")}
+            obj: _load("train_step").main(
+                [
+                    *common,
+                    *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
+                    "--objective",
+                    obj,
+                    *(["--steps", "3", "--reps", "1"] if q else []),
+                    "--out",
+                    str(out / f"train_step_{obj}.json"),
+                ]
+            )
+            for obj in ("fm", "ddpm")
+        }
     if "sampling" not in args.skip:
-        r["sampling"] = _load("sampling").main([*common, *(["--steps", "2", "--reps", "1", "--batch-size", "8"]
-                                                           if q else []), "--out", str(out / "sampling.json")])
+        r["sampling"] = _load("sampling").main(
+            [
+                *common,
+                *(["--steps", "2", "--reps", "1", "--batch-size", "8"] if q else []),
+                "--out",
+                str(out / "sampling.json"),
+            ]
+        )
     if "federation" not in args.skip:
         r["federation"] = _load("federation").main(
-            [*common, *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
-             *(["--set", "expert.steps=5", "--set", "router.steps=5", "--set", "sampling.num_steps=5"] if q else []),
-             "--reps", "1" if q else str(args.federation_reps), "--out", str(out / "federation.json")])
+            [
+                *common,
+                *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
+                *(["--set", "expert.steps=5", "--set", "router.steps=5", "--set", "sampling.num_steps=5"] if q else []),
+                "--reps",
+                "1" if q else str(args.federation_reps),
+                "--out",
+                str(out / "federation.json"),
+            ]
+        )
     if "gpu" not in args.skip and torch.cuda.is_available():
         r["gpu"] = _load("gpu").main(["--out-dir", str(out)])
     r["seconds"] = round(time.perf_counter() - t0, 1)
     r["versions"] = _load("train_step").versions()
     (out / "bench.json").write_text(json.dumps(r, indent=2))
-    md = (f"Benchmarks ({r['date']}, commit {r['commit']}, {r['machine']}; torch {r['versions'].get('torch')}, "
-          f"flwr {r['versions'].get('flwr')}, diffusers {r['versions'].get('diffusers')}). "
-          f"Produced by `{r['command']}` in {r['seconds'] / 60:.1f} min.\n\n{table(r)}\n")
+    md = (
+        f"Benchmarks ({r['date']}, commit {r['commit']}, {r['machine']}; torch {r['versions'].get('torch')}, "
+        f"flwr {r['versions'].get('flwr')}, diffusers {r['versions'].get('diffusers')}). "
+        f"Produced by `{r['command']}` in {r['seconds'] / 60:.1f} min.\n\n{table(r)}\n"
+    )
     (out / "bench.md").write_text(md)
     print(md)
     return r

@@ -35,13 +35,22 @@ from hddm_flower.training import fit, train_expert
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def pretrain_dit(data, num_classes: int, *, steps: int, batch_size: int, seed: int, width: int, depth: int,
-                 heads: int) -> tuple[TinyDiT, list]:
+def pretrain_dit(
+    data, num_classes: int, *, steps: int, batch_size: int, seed: int, width: int, depth: int, heads: int
+) -> tuple[TinyDiT, list]:
     """Class-conditional DDPM (ε on the first C channels) with 10 % label dropout to the null class."""
     torch.manual_seed(seed)
     C, size = data.images.shape[1], data.images.shape[-1]
-    dit = TinyDiT(heads, input_size=size, in_channels=C, patch_size=2, hidden_size=width, depth=depth,
-                  num_classes=num_classes, learn_sigma=True)
+    dit = TinyDiT(
+        heads,
+        input_size=size,
+        in_channels=C,
+        patch_size=2,
+        hidden_size=width,
+        depth=depth,
+        num_classes=num_classes,
+        learn_sigma=True,
+    )
     alpha_bar = ddpm_alpha_bar("linear").float()
 
     def loss_fn(g):
@@ -52,8 +61,16 @@ def pretrain_dit(data, num_classes: int, *, steps: int, batch_size: int, seed: i
         eps = torch.randn(x0.shape, generator=g)
         return torch.mean((dit(ddpm_noise(x0, eps, tau, alpha_bar), tau.float(), y)[:, :C] - eps) ** 2)
 
-    stats, _ = fit(dit, loss_fn, steps=steps, lr=1e-3, warmup_steps=50, seed=seed, log_every=max(1, steps // 10),
-                   name="DiT pretraining")
+    stats, _ = fit(
+        dit,
+        loss_fn,
+        steps=steps,
+        lr=1e-3,
+        warmup_steps=50,
+        seed=seed,
+        log_every=max(1, steps // 10),
+        name="DiT pretraining",
+    )
     return dit, stats.loss_curve
 
 
@@ -86,13 +103,22 @@ def main(argv=None) -> dict:
     everything, uncond = load_split(dataset_dir, others, "train"), load_uncond(dataset_dir)
     train, val = load_split(dataset_dir, [args.cluster], "train"), load_split(dataset_dir, [args.cluster], "val")
     start = time.perf_counter()
-    dit, dit_curve = pretrain_dit(everything, cfg.num_experts, steps=args.pretrain_steps, batch_size=32, seed=0,
-                                  width=arch["num_attention_heads"] * arch["attention_head_dim"],
-                                  depth=arch["num_layers"], heads=arch["num_attention_heads"])
+    dit, dit_curve = pretrain_dit(
+        everything,
+        cfg.num_experts,
+        steps=args.pretrain_steps,
+        batch_size=32,
+        seed=0,
+        width=arch["num_attention_heads"] * arch["attention_head_dim"],
+        depth=arch["num_layers"],
+        heads=arch["num_attention_heads"],
+    )
     pretrain_seconds = time.perf_counter() - start
 
-    results = {"pretrain": {"steps": args.pretrain_steps, "loss_curve": dit_curve, "seconds": pretrain_seconds},
-               "runs": {}}
+    results = {
+        "pretrain": {"steps": args.pretrain_steps, "loss_curve": dit_curve, "seconds": pretrain_seconds},
+        "runs": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         torch.save({k: v.detach() for k, v in dit.state().items()}, Path(tmp) / "dit.pt")
         src = read_dit(Path(tmp) / "dit.pt", num_heads=arch["num_attention_heads"])
@@ -100,28 +126,48 @@ def main(argv=None) -> dict:
             state, config, report = convert_dit(src, objective=objective, caption_channels=meta["text_dim"])
             init_dir = write_converted(Path(tmp) / f"init-{objective}", state, config, report)
             for init in ("random", str(init_dir)):
-                run_cfg = load_config(args.config,
-                                      {"expert.steps": args.steps, "expert.log_every": 10, "expert.init": init})
+                run_cfg = load_config(
+                    args.config, {"expert.steps": args.steps, "expert.log_every": 10, "expert.init": init}
+                )
                 torch.manual_seed(1)
                 expert, _, _ = build_expert(run_cfg, meta, objective, expert_id=args.cluster)
                 e = run_cfg.expert
-                stats = train_expert(expert, train, uncond, steps=e.steps, batch_size=e.batch_size, lr=e.lr,
-                                     warmup_steps=e.warmup_steps, caption_dropout=e.caption_dropout, seed=7,
-                                     log_every=e.log_every)
+                stats = train_expert(
+                    expert,
+                    train,
+                    uncond,
+                    steps=e.steps,
+                    batch_size=e.batch_size,
+                    lr=e.lr,
+                    warmup_steps=e.warmup_steps,
+                    caption_dropout=e.caption_dropout,
+                    seed=7,
+                    log_every=e.log_every,
+                )
                 name = f"{objective}/{'converted' if init != 'random' else 'random'}"
-                results["runs"][name] = {"loss_curve": stats.loss_curve, "final_loss": stats.final_loss,
-                                         "held_out_loss": held_out_loss(expert, val, uncond),
-                                         "seconds": stats.device_seconds, "conversion_check": report["check"]
-                                         if init != "random" else None}
+                results["runs"][name] = {
+                    "loss_curve": stats.loss_curve,
+                    "final_loss": stats.final_loss,
+                    "held_out_loss": held_out_loss(expert, val, uncond),
+                    "seconds": stats.device_seconds,
+                    "conversion_check": report["check"] if init != "random" else None,
+                }
     for objective in ("fm", "ddpm"):
         rnd, cvt = results["runs"][f"{objective}/random"], results["runs"][f"{objective}/converted"]
         reach = steps_to_reach(cvt["loss_curve"], rnd["final_loss"])
         results[f"{objective}_speedup"] = args.steps / reach if reach else None
-    results["setup"] = {"dataset": dataset_dir.name, "cluster": args.cluster, "cluster_train_images": len(train),
-                        "expert_preset": cfg.expert.preset, "batch_size": cfg.expert.batch_size,
-                        "steps": args.steps, "machine": platform.machine(), "threads": torch.get_num_threads(),
-                        "versions": versions(),
-                        "command": "python benchmarks/convert_init.py " + " ".join(argv or [])}
+    results["setup"] = {
+        "dataset": dataset_dir.name,
+        "cluster": args.cluster,
+        "cluster_train_images": len(train),
+        "expert_preset": cfg.expert.preset,
+        "batch_size": cfg.expert.batch_size,
+        "steps": args.steps,
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "versions": versions(),
+        "command": "python benchmarks/convert_init.py " + " ".join(argv or []),
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2))
@@ -132,19 +178,24 @@ def main(argv=None) -> dict:
 
 def render(r: dict) -> str:
     s = r["setup"]
-    lines = [f"Expert init from a converted tiny DiT vs random init — cluster {s['cluster']} "
-             f"({s['cluster_train_images']} images), {s['steps']} steps of batch {s['batch_size']}, same seeds; "
-             f"DiT pretrained {r['pretrain']['steps']} steps as a class-conditional DDPM on the other clusters "
-             f"(final loss {r['pretrain']['loss_curve'][-1][1]:.3f}).", "",
-             "| objective | init | loss @ 50 | loss @ 150 | final train loss (smoothed) | held-out loss | speed-up to random's final loss |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Expert init from a converted tiny DiT vs random init — cluster {s['cluster']} "
+        f"({s['cluster_train_images']} images), {s['steps']} steps of batch {s['batch_size']}, same seeds; "
+        f"DiT pretrained {r['pretrain']['steps']} steps as a class-conditional DDPM on the other clusters "
+        f"(final loss {r['pretrain']['loss_curve'][-1][1]:.3f}).",
+        "",
+        "| objective | init | loss @ 50 | loss @ 150 | final train loss (smoothed) | held-out loss | speed-up to random's final loss |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, run in r["runs"].items():
         objective, init = name.split("/")
         curve = dict(run["loss_curve"])
         speed = r[f"{objective}_speedup"] if init == "converted" else None
-        lines.append(f"| {objective} | {init} | {curve.get(50, float('nan')):.3f} | {curve.get(150, float('nan')):.3f} "
-                     f"| {run['final_loss']:.3f} | {run['held_out_loss']:.3f} | "
-                     f"{'—' if init == 'random' else (f'{speed:.2f}×' if speed else 'not reached')} |")
+        lines.append(
+            f"| {objective} | {init} | {curve.get(50, float('nan')):.3f} | {curve.get(150, float('nan')):.3f} "
+            f"| {run['final_loss']:.3f} | {run['held_out_loss']:.3f} | "
+            f"{'—' if init == 'random' else (f'{speed:.2f}×' if speed else 'not reached')} |"
+        )
     return "\n".join(lines) + "\n"
 
 

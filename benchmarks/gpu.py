@@ -43,24 +43,73 @@ def main(argv=None) -> dict:
     dry = args.dry_run
     dev = ["--device", "cpu"] if dry else ["--device", "cuda"]
     t0 = time.perf_counter()
-    result: dict = {"command": " ".join(["python benchmarks/gpu.py", *(sys.argv[1:] if argv is None else argv)]),
-                    "training": {}, "sampling": {}}
-    for preset in (["test"] if dry else ["XL/2", "B/2"]):
-        result["training"][preset] = step.main([*dev, "--preset", preset, "--peak-tflops", str(args.peak_tflops),
-                                                *(["--batch-size", "2", "--steps", "1"] if dry else []),
-                                                "--out", str(out / f"gpu_step_{preset.replace('/', '')}.json")])
-    shapes = ["--config", PAPER, "--set", "expert.init=random", *dev, "--size", "32", "--channels", "4",
-              "--text-dim", "768", "--text-len", "77"]
+    result: dict = {
+        "command": " ".join(["python benchmarks/gpu.py", *(sys.argv[1:] if argv is None else argv)]),
+        "training": {},
+        "sampling": {},
+    }
+    for preset in ["test"] if dry else ["XL/2", "B/2"]:
+        result["training"][preset] = step.main(
+            [
+                *dev,
+                "--preset",
+                preset,
+                "--peak-tflops",
+                str(args.peak_tflops),
+                *(["--batch-size", "2", "--steps", "1"] if dry else []),
+                "--out",
+                str(out / f"gpu_step_{preset.replace('/', '')}.json"),
+            ]
+        )
+    shapes = [
+        "--config",
+        PAPER,
+        "--set",
+        "expert.init=random",
+        *dev,
+        "--size",
+        "32",
+        "--channels",
+        "4",
+        "--text-dim",
+        "768",
+        "--text-len",
+        "77",
+    ]
     if dry:
         shapes = [*shapes, "--set", "expert.preset=test", "--set", "router.preset=test", "--size", "8"]
     else:
         shapes.append("--bf16")
     result["sampling"]["images_per_s_50_steps"] = sampling.main(
-        [*shapes, "--batch-size", "4" if dry else "64", "--steps", "2" if dry else "50", "--reps", "1" if dry else "3",
-         "--samplers", "grouped,one_expert", "--out", str(out / "gpu_sampling_50.json")])
+        [
+            *shapes,
+            "--batch-size",
+            "4" if dry else "64",
+            "--steps",
+            "2" if dry else "50",
+            "--reps",
+            "1" if dry else "3",
+            "--samplers",
+            "grouped,one_expert",
+            "--out",
+            str(out / "gpu_sampling_50.json"),
+        ]
+    )
     result["sampling"]["grouped_vs_per_sample"] = sampling.main(
-        [*shapes, "--batch-size", "4" if dry else "64", "--steps", "1" if dry else "5", "--reps", "1" if dry else "3",
-         "--samplers", "grouped,per_sample", "--out", str(out / "gpu_sampling_loop.json")])
+        [
+            *shapes,
+            "--batch-size",
+            "4" if dry else "64",
+            "--steps",
+            "1" if dry else "5",
+            "--reps",
+            "1" if dry else "3",
+            "--samplers",
+            "grouped,per_sample",
+            "--out",
+            str(out / "gpu_sampling_loop.json"),
+        ]
+    )
     result["seconds"] = time.perf_counter() - t0
     path = out / ("gpu-dry-run.json" if dry else "gpu.json")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -55,8 +55,9 @@ def main(argv=None) -> dict:
     g = torch.Generator().manual_seed(0)
     x0 = torch.randn(B, 4, 32, 32, generator=g).to(device)
     lengths = torch.randint(5, 78, (B,), generator=g)
-    cond = TextCond(torch.randn(B, 77, 768, generator=g).to(device),
-                    (torch.arange(77)[None] < lengths[:, None]).float().to(device))
+    cond = TextCond(
+        torch.randn(B, 77, 768, generator=g).to(device), (torch.arange(77)[None] < lengths[:, None]).float().to(device)
+    )
     opt = make_optimizer(list(expert.parameters()), 1e-4, 0.0, "auto", device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
 
@@ -92,10 +93,17 @@ def main(argv=None) -> dict:
         times.append(time.perf_counter() - t0)
     median = statistics.median(times)
     result = {
-        "preset": args.preset, "objective": args.objective, "parameters": params, "batch_size": B,
-        "input": "4x32x32 latents, 77x768 text states", "precision": "bf16 autocast, fp32 master weights",
-        "gradient_checkpointing": not args.no_checkpointing, "optimizer": "AdamW (fused on CUDA)",
-        "step_seconds_median": median, "step_seconds": times, "images_per_second": B / median,
+        "preset": args.preset,
+        "objective": args.objective,
+        "parameters": params,
+        "batch_size": B,
+        "input": "4x32x32 latents, 77x768 text states",
+        "precision": "bf16 autocast, fp32 master weights",
+        "gradient_checkpointing": not args.no_checkpointing,
+        "optimizer": "AdamW (fused on CUDA)",
+        "step_seconds_median": median,
+        "step_seconds": times,
+        "images_per_second": B / median,
         "model_flops_per_step": flops_per_step,
         "mfu": flops_per_step / median / (args.peak_tflops * 1e12) if device.type == "cuda" else None,
         "peak_tflops_assumed": args.peak_tflops,

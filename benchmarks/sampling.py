@@ -47,10 +47,11 @@ def per_sample_velocity(ens: Ensemble, x, t, cond, uncond, cfg_scale: float):
     w = routing_weights(ens.posterior(x, t), ens.routing, k=ens.k, threshold=ens.threshold).to(x.dtype)
     v = torch.zeros_like(x)
     for i in range(x.shape[0]):
-        one = lambda c: c[i:i + 1]  # noqa: E731
+        one = lambda c: c[i : i + 1]  # noqa: E731
         for k in w[i].nonzero().flatten().tolist():
-            v[i:i + 1] += w[i, k] * ens.experts[str(k)].velocity(x[i:i + 1], t[i:i + 1], map_cond(one, cond),
-                                                                 map_cond(one, uncond), cfg_scale)
+            v[i : i + 1] += w[i, k] * ens.experts[str(k)].velocity(
+                x[i : i + 1], t[i : i + 1], map_cond(one, cond), map_cond(one, uncond), cfg_scale
+            )
     return v
 
 
@@ -65,8 +66,9 @@ def random_ensemble(cfg, *, size: int, channels: int, text_dim: int, device: str
             experts[k] = build_expert(cfg, meta, objective, expert_id=k)[0]
             if objective == "ddpm":
                 experts[k].t_eps, experts[k].x0_clamp = cfg.sampling.t_eps, cfg.sampling.x0_clamp
-        router = Router(**router_config(cfg.router.preset, num_experts=cfg.num_experts, sample_size=size,
-                                        in_channels=channels))
+        router = Router(
+            **router_config(cfg.router.preset, num_experts=cfg.num_experts, sample_size=size, in_channels=channels)
+        )
     s = cfg.sampling
     ens = Ensemble(experts, router, cfg.num_experts, routing=s.routing, k=s.top_k, threshold=s.threshold)
     return ens.to(device).eval()
@@ -101,17 +103,25 @@ def main(argv=None) -> dict:
     if args.run_dir:
         ens = load_ensemble(cfg, Path(args.run_dir).expanduser())[0].to(dev).eval()
     else:
-        ens = random_ensemble(cfg, size=args.size or cfg.data.image_size, channels=args.channels,
-                              text_dim=args.text_dim, device=args.device)
+        ens = random_ensemble(
+            cfg,
+            size=args.size or cfg.data.image_size,
+            channels=args.channels,
+            text_dim=args.text_dim,
+            device=args.device,
+        )
     size, C = ens.router.config.sample_size, ens.router.config.in_channels
     some = next(iter(ens.experts.values())).net.transformer.config
     L, D = args.text_len or cfg.data.max_caption_tokens, some.caption_channels
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(2, L + 1, (B,), generator=g)
-    cond = TextCond(torch.randn(B, L, D, generator=g).to(dev),
-                    (torch.arange(L)[None] < lengths[:, None]).float().to(dev))
-    uncond = TextCond(torch.randn(1, L, D, generator=g).expand(B, -1, -1).to(dev),
-                      (torch.arange(L)[None] < 2).float().expand(B, -1).to(dev))
+    cond = TextCond(
+        torch.randn(B, L, D, generator=g).to(dev), (torch.arange(L)[None] < lengths[:, None]).float().to(dev)
+    )
+    uncond = TextCond(
+        torch.randn(1, L, D, generator=g).expand(B, -1, -1).to(dev),
+        (torch.arange(L)[None] < 2).float().expand(B, -1).to(dev),
+    )
     noise = torch.randn(B, C, size, size, generator=g).to(dev)
     single = next(iter(ens.experts.values()))
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.bf16)
@@ -128,32 +138,41 @@ def main(argv=None) -> dict:
 
     samplers = {
         "grouped": lambda: sample_ensemble(ens, noise, cond, uncond, num_steps=args.steps, cfg_scale=s.cfg_scale),
-        "per_sample": lambda: euler_sample(lambda x, t: per_sample_velocity(ens, x, t, cond, uncond, s.cfg_scale),
-                                           noise, args.steps),
-        "one_expert": lambda: euler_sample(lambda x, t: single.velocity(x, t, cond, uncond, s.cfg_scale),
-                                           noise, args.steps),
+        "per_sample": lambda: euler_sample(
+            lambda x, t: per_sample_velocity(ens, x, t, cond, uncond, s.cfg_scale), noise, args.steps
+        ),
+        "one_expert": lambda: euler_sample(
+            lambda x, t: single.velocity(x, t, cond, uncond, s.cfg_scale), noise, args.steps
+        ),
     }
     names = args.samplers.split(",")
     unknown = set(names) - set(samplers)
     if unknown:
         raise SystemExit(f"--samplers: unknown {sorted(unknown)}; expected some of {list(samplers)}")
     warm = {name: timed(samplers[name])[0] for name in names}  # warm-up (kernels, allocator)
-    check = ((warm["grouped"] - warm["per_sample"]).abs().max().item()
-             if {"grouped", "per_sample"} <= set(names) else None)
+    check = (
+        (warm["grouped"] - warm["per_sample"]).abs().max().item() if {"grouped", "per_sample"} <= set(names) else None
+    )
     times: dict[str, list[float]] = {k: [] for k in names}
     for rep in range(args.reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
             times[name].append(timed(samplers[name])[1])
 
     def ratio(a, b):
         return statistics.median(x / y for x, y in zip(times[a], times[b])) if a in times and b in times else None
+
     result = {
         "what": f"ensemble sampling cost: grouped {s.routing} (k={s.top_k}) vs per-sample loop vs one expert",
         "command": " ".join(["python benchmarks/sampling.py", *(sys.argv[1:] if argv is None else argv)]),
-        "ensemble": args.run_dir or f"random weights, {cfg.num_experts} experts ({cfg.expert.preset}), "
-                                    f"router {cfg.router.preset}",
-        "batch_size": B, "steps": args.steps, "cfg_scale": s.cfg_scale, "threads": args.threads, "reps": args.reps,
-        "input": f"{C}x{size}x{size}, {L}x{D} text states", "device": _device_name(dev),
+        "ensemble": args.run_dir
+        or f"random weights, {cfg.num_experts} experts ({cfg.expert.preset}), router {cfg.router.preset}",
+        "batch_size": B,
+        "steps": args.steps,
+        "cfg_scale": s.cfg_scale,
+        "threads": args.threads,
+        "reps": args.reps,
+        "input": f"{C}x{size}x{size}, {L}x{D} text states",
+        "device": _device_name(dev),
         "precision": "bf16 autocast" if args.bf16 else "fp32",
         "clock": "wall time (GPU)" if dev.type == "cuda" else "process CPU time",
         "seconds_median": {k: statistics.median(v) for k, v in times.items()},
@@ -161,9 +180,12 @@ def main(argv=None) -> dict:
         "grouped_speedup_over_per_sample": ratio("per_sample", "grouped"),
         "grouped_cost_over_one_expert": ratio("grouped", "one_expert"),
         "max_abs_diff_grouped_vs_per_sample": check,
-        "goals": {"grouped_speedup_over_per_sample": ">= 3 at batch 64",
-                  "grouped_cost_over_one_expert": "<= 2.2 for top-2"},
-        "seconds_all": times, "versions": versions(),
+        "goals": {
+            "grouped_speedup_over_per_sample": ">= 3 at batch 64",
+            "grouped_cost_over_one_expert": "<= 2.2 for top-2",
+        },
+        "seconds_all": times,
+        "versions": versions(),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,9 +40,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-MODES = {"spool": "OneShotExperts: one reply at a time, weights spooled to disk chunk by chunk",
-         "flwr": "OneShotExperts with flwr's HttpGrid.pull_messages, one reply at a time (before spooling)",
-         "naive": "all replies pulled with HttpGrid.pull_messages, then saved (Grid.send_and_receive)"}
+MODES = {
+    "spool": "OneShotExperts: one reply at a time, weights spooled to disk chunk by chunk",
+    "flwr": "OneShotExperts with flwr's HttpGrid.pull_messages, one reply at a time (before spooling)",
+    "naive": "all replies pulled with HttpGrid.pull_messages, then saved (Grid.send_and_receive)",
+}
 
 
 def model_config(layers: int) -> dict:
@@ -77,20 +79,42 @@ def produce(store: Path, k: int, layers: int) -> dict:
     blob = weights_bytes(state)
     fp32_bytes = sum(t.numel() * 4 for t in state.values())
     del state
-    meta = {"expert_id": k, "cluster_id": k, "objective": "fm", "preset": "B/2", "time_convention": TIME_CONVENTION,
-            "steps": 0, "images_seen": 0, "device_seconds": 0.0, "weights_dtype": "bfloat16",
-            "sha256": hashlib.sha256(blob).hexdigest()}
+    meta = {
+        "expert_id": k,
+        "cluster_id": k,
+        "objective": "fm",
+        "preset": "B/2",
+        "time_convention": TIME_CONVENTION,
+        "steps": 0,
+        "images_seen": 0,
+        "device_seconds": 0.0,
+        "weights_dtype": "bfloat16",
+        "sha256": hashlib.sha256(blob).hexdigest(),
+    }
     train = Message(RecordDict(), dst_node_id=100 + k, message_type=MessageType.TRAIN)
     train.metadata.__dict__["_message_id"] = f"train-{k}"
-    reply = Message(RecordDict({
-        "expert": ArrayRecord({"weights": Array(dtype="uint8", shape=(len(blob),), stype="safetensors", data=blob)}),
-        "meta": ConfigRecord({"meta": json.dumps(meta), "model-config": json.dumps(config)}),
-        "metrics": MetricRecord({"expert-id": k})}), reply_to=train)
+    reply = Message(
+        RecordDict(
+            {
+                "expert": ArrayRecord(
+                    {"weights": Array(dtype="uint8", shape=(len(blob),), stype="safetensors", data=blob)}
+                ),
+                "meta": ConfigRecord({"meta": json.dumps(meta), "model-config": json.dumps(config)}),
+                "metrics": MetricRecord({"expert-id": k}),
+            }
+        ),
+        reply_to=train,
+    )
     folder = store / f"reply-{k}"
     wire = store_reply(reply, folder)
-    return {"expert_id": k, "safetensors_bytes": len(blob), "wire_bytes": wire,
-            "objects": sum(1 for p in folder.iterdir() if not p.name.endswith(".pb")),
-            "float32_bytes": fp32_bytes, "arrayrecord_numpy_path": numpy_path}
+    return {
+        "expert_id": k,
+        "safetensors_bytes": len(blob),
+        "wire_bytes": wire,
+        "objects": sum(1 for p in folder.iterdir() if not p.name.endswith(".pb")),
+        "float32_bytes": fp32_bytes,
+        "arrayrecord_numpy_path": numpy_path,
+    }
 
 
 def rss_mib() -> float:
@@ -123,11 +147,19 @@ def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> d
             return reply
         return store / f"reply-{k}"
 
-    runtime = WireRuntime(nodes, deliver, message_id=lambda proto: f"{proto.metadata.message_type}-"
-                                                                   f"{nodes[proto.metadata.dst_node_id]}")
+    runtime = WireRuntime(
+        nodes, deliver, message_id=lambda proto: f"{proto.metadata.message_type}-{nodes[proto.metadata.dst_node_id]}"
+    )
     grid = wire_grid(runtime)
-    strategy = OneShotExperts(run_dir, {"expert": {"preset": "B/2"}}, ["fm"] * experts, min_nodes=experts,
-                              node_wait_timeout=1, poll_interval=0.01, model_config=model_config(layers))
+    strategy = OneShotExperts(
+        run_dir,
+        {"expert": {"preset": "B/2"}},
+        ["fm"] * experts,
+        min_nodes=experts,
+        node_wait_timeout=1,
+        poll_interval=0.01,
+        model_config=model_config(layers),
+    )
     spooled_pull = strategies.one_shot.pull_replies
     if mode == "flwr":  # flwr's own pull (the chunks inflated in memory) instead of the spooled one
         strategies.one_shot.pull_replies = lambda grid, ids, spool_dir, **kw: list(grid.pull_messages(ids))
@@ -137,8 +169,7 @@ def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> d
             strategy.discover(grid, timeout=10)
             messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
             ids = grid.push_messages(messages)
-            strategy._message_expert.update({i: int(m.content["config"]["expert-id"])
-                                             for i, m in zip(ids, messages)})
+            strategy._message_expert.update({i: int(m.content["config"]["expert-id"]) for i, m in zip(ids, messages)})
             strategy.aggregate_train(1, grid.pull_messages(ids))
         else:
             strategy.start(grid, timeout=600)
@@ -148,14 +179,21 @@ def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> d
     assert sorted(strategy.received) == list(range(experts)), strategy.missing
     leftovers = sorted(p.name for p in (run_dir / "experts").iterdir() if not p.name.startswith("expert-"))
     assert not leftovers, f"files left behind in experts/: {leftovers}"
-    return {"mode": mode, "what": MODES[mode], "baseline_rss_mib": round(baseline, 1),
-            "peak_rss_mib": round(peak_mib(), 1), "peak_above_baseline_mib": round(peak_mib() - baseline, 1),
-            "seconds": round(seconds, 1), "objects_pulled": runtime.pulled_objects}
+    return {
+        "mode": mode,
+        "what": MODES[mode],
+        "baseline_rss_mib": round(baseline, 1),
+        "peak_rss_mib": round(peak_mib(), 1),
+        "peak_above_baseline_mib": round(peak_mib() - baseline, 1),
+        "seconds": round(seconds, 1),
+        "objects_pulled": runtime.pulled_objects,
+    }
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--layers", type=int, default=16, help="blocks of the B/2-width model (16: 299 MiB as bf16)")
     p.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
@@ -177,8 +215,17 @@ def main() -> int:
     store = work / "store"
 
     def child(*extra: str) -> dict:
-        cmd = [sys.executable, __file__, "--work", str(work if "serve" in extra else store), "--experts",
-               str(args.experts), "--layers", str(args.layers), *extra]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--work",
+            str(work if "serve" in extra else store),
+            "--experts",
+            str(args.experts),
+            "--layers",
+            str(args.layers),
+            *extra,
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode:
             raise SystemExit(f"{' '.join(extra)} failed:\n{res.stderr[-3000:]}")
@@ -205,25 +252,35 @@ def main() -> int:
             print(json.dumps(runs[-1]))
         one = sent[0]["safetensors_bytes"] / 2**20
         result = {
-            "experts": args.experts, "model": f"PixArt B/2 width, {args.layers} blocks, 4x32x32 latents, text 768",
-            "weights_dtype": "bfloat16", "expert_mib": round(one, 1), "all_experts_mib": round(one * args.experts, 1),
-            "wire_bytes_over_safetensors": round(sum(s["wire_bytes"] for s in sent)
-                                                 / sum(s["safetensors_bytes"] for s in sent), 5),
-            "wire_bytes_over_float32": round(sum(s["wire_bytes"] for s in sent) / sum(s["float32_bytes"] for s in sent),
-                                             4),
+            "experts": args.experts,
+            "model": f"PixArt B/2 width, {args.layers} blocks, 4x32x32 latents, text 768",
+            "weights_dtype": "bfloat16",
+            "expert_mib": round(one, 1),
+            "all_experts_mib": round(one * args.experts, 1),
+            "wire_bytes_over_safetensors": round(
+                sum(s["wire_bytes"] for s in sent) / sum(s["safetensors_bytes"] for s in sent), 5
+            ),
+            "wire_bytes_over_float32": round(
+                sum(s["wire_bytes"] for s in sent) / sum(s["float32_bytes"] for s in sent), 4
+            ),
             "arrayrecord_from_bf16_state_dict": sent[0]["arrayrecord_numpy_path"],
-            "per_expert": sent, "server": runs,
+            "per_expert": sent,
+            "server": runs,
             "conditions": f"{os.cpu_count()} CPUs shared with other jobs; replies read from local disk; "
-                          f"peak = ru_maxrss of the server process, baseline = its RSS after imports",
+            f"peak = ru_maxrss of the server process, baseline = its RSS after imports",
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
         print(f"one expert: {one:.0f} MiB; all {args.experts}: {one * args.experts:.0f} MiB")
         for s in runs:
-            print(f"server peak above baseline, {s['mode']}: {s['peak_above_baseline_mib']:.0f} MiB = "
-                  f"{s['peak_above_baseline_mib'] / one:.2f} × one expert ({s['what']})")
-        print(f"bytes on the wire / safetensors file: {result['wire_bytes_over_safetensors']:.5f}; "
-              f"/ float32: {result['wire_bytes_over_float32']:.4f}; results in {args.out}")
+            print(
+                f"server peak above baseline, {s['mode']}: {s['peak_above_baseline_mib']:.0f} MiB = "
+                f"{s['peak_above_baseline_mib'] / one:.2f} × one expert ({s['what']})"
+            )
+        print(
+            f"bytes on the wire / safetensors file: {result['wire_bytes_over_safetensors']:.5f}; "
+            f"/ float32: {result['wire_bytes_over_float32']:.4f}; results in {args.out}"
+        )
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

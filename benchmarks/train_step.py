@@ -45,13 +45,26 @@ from hddm_flower.training import train_expert
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def plain_diffusers_loop(transformer, data, uncond, *, objective: str, steps: int, batch_size: int, lr: float,
-                         warmup_steps: int, grad_clip: float, caption_dropout: float, schedule: str) -> None:
+def plain_diffusers_loop(
+    transformer,
+    data,
+    uncond,
+    *,
+    objective: str,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup_steps: int,
+    grad_clip: float,
+    caption_dropout: float,
+    schedule: str,
+) -> None:
     """The training loop of the diffusers examples, on the model a user gets from ``from_config``."""
     optimizer = torch.optim.AdamW(transformer.parameters(), lr=lr)
     lr_scheduler = get_scheduler("constant_with_warmup", optimizer=optimizer, num_warmup_steps=warmup_steps)
-    noise_scheduler = DDPMScheduler(num_train_timesteps=1000,
-                                    beta_schedule="squaredcos_cap_v2" if schedule == "cosine" else "linear")
+    noise_scheduler = DDPMScheduler(
+        num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2" if schedule == "cosine" else "linear"
+    )
     transformer.train()
     for _ in range(steps):
         idx = torch.randint(0, len(data), (batch_size,))
@@ -68,9 +81,14 @@ def plain_diffusers_loop(transformer, data, uncond, *, objective: str, steps: in
             sigmas = torch.rand(batch_size)
             noisy = (1 - sigmas[:, None, None, None]) * latents + sigmas[:, None, None, None] * noise
             timesteps, target = sigmas * 999, noise - latents
-        model_pred = transformer(noisy, encoder_hidden_states=states, encoder_attention_mask=mask,
-                                 timestep=timesteps, added_cond_kwargs={"resolution": None, "aspect_ratio": None},
-                                 return_dict=False)[0]
+        model_pred = transformer(
+            noisy,
+            encoder_hidden_states=states,
+            encoder_attention_mask=mask,
+            timestep=timesteps,
+            added_cond_kwargs={"resolution": None, "aspect_ratio": None},
+            return_dict=False,
+        )[0]
         loss = F.mse_loss(model_pred.float(), target.float(), reduction="mean")
         loss.backward()
         torch.nn.utils.clip_grad_norm_(transformer.parameters(), grad_clip)
@@ -101,16 +119,37 @@ def main(argv=None) -> dict:
         return build_expert(cfg, meta, args.objective)[0]
 
     def ours(steps: int) -> None:
-        train_expert(fresh(), data, uncond, steps=steps, batch_size=e.batch_size, lr=e.lr,
-                     weight_decay=e.weight_decay, warmup_steps=e.warmup_steps, grad_clip=e.grad_clip,
-                     caption_dropout=e.caption_dropout, mixed_precision=e.mixed_precision, optimizer=e.optimizer,
-                     log_every=10**9)
+        train_expert(
+            fresh(),
+            data,
+            uncond,
+            steps=steps,
+            batch_size=e.batch_size,
+            lr=e.lr,
+            weight_decay=e.weight_decay,
+            warmup_steps=e.warmup_steps,
+            grad_clip=e.grad_clip,
+            caption_dropout=e.caption_dropout,
+            mixed_precision=e.mixed_precision,
+            optimizer=e.optimizer,
+            log_every=10**9,
+        )
 
     def plain(steps: int) -> None:
         net: ExpertNet = fresh().net
-        plain_diffusers_loop(net.transformer, data, uncond, objective=args.objective, steps=steps,
-                             batch_size=e.batch_size, lr=e.lr, warmup_steps=e.warmup_steps, grad_clip=e.grad_clip,
-                             caption_dropout=e.caption_dropout, schedule=cfg.ddpm.schedule)
+        plain_diffusers_loop(
+            net.transformer,
+            data,
+            uncond,
+            objective=args.objective,
+            steps=steps,
+            batch_size=e.batch_size,
+            lr=e.lr,
+            warmup_steps=e.warmup_steps,
+            grad_clip=e.grad_clip,
+            caption_dropout=e.caption_dropout,
+            schedule=cfg.ddpm.schedule,
+        )
 
     sides = {"ours": ours, "plain": plain}
     for fn in sides.values():  # warm-up: allocator, kernels, lazy imports
@@ -129,16 +168,24 @@ def main(argv=None) -> dict:
     result = {
         "what": "expert training throughput: hddm train_expert vs a plain diffusers-examples loop",
         "command": " ".join(["python benchmarks/train_step.py", *(sys.argv[1:] if argv is None else argv)]),
-        "preset": e.preset, "objective": args.objective, "batch_size": e.batch_size,
+        "preset": e.preset,
+        "objective": args.objective,
+        "batch_size": e.batch_size,
         "input": f"{meta['channels']}x{meta['image_size']}x{meta['image_size']} pixels, "
-                 f"{meta['max_caption_tokens']}x{meta['text_dim']} text states",
-        "precision": e.mixed_precision, "threads": args.threads, "steps_per_rep": args.steps, "reps": args.reps,
+        f"{meta['max_caption_tokens']}x{meta['text_dim']} text states",
+        "precision": e.mixed_precision,
+        "threads": args.threads,
+        "steps_per_rep": args.steps,
+        "reps": args.reps,
         "clock": "process CPU time (robust on a shared machine with 1 thread); wall-clock figures beside it",
         "samples_per_s": {k: statistics.median(v) for k, v in rates.items()},
         "samples_per_s_wall": {k: statistics.median(v) for k, v in wall.items()},
-        "samples_per_s_all": rates, "ratio_ours_over_plain": statistics.median(ratios), "ratios": ratios,
+        "samples_per_s_all": rates,
+        "ratio_ours_over_plain": statistics.median(ratios),
+        "ratios": ratios,
         "ratio_ours_over_plain_wall": statistics.median(a / b for a, b in zip(wall["ours"], wall["plain"])),
-        "goal": "ratio >= 1.0", "versions": versions(),
+        "goal": "ratio >= 1.0",
+        "versions": versions(),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

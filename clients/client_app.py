@@ -84,8 +84,9 @@ def train(msg: Message, context: Context) -> Message:
     else:  # the embedded dataset, prepared locally (once per cache directory)
         dataset_dir = prepare_data(cfg, str(node.get("cache-dir", "")) or str(task["cache-dir"]) or None)
 
-    log.info("expert %d: training %s on cluster %d (%s, assigned %s)", expert_id, objective, expert_id, device,
-             assigned)
+    log.info(
+        "expert %d: training %s on cluster %d (%s, assigned %s)", expert_id, objective, expert_id, device, assigned
+    )
     work = None
     if cfg.expert.checkpoint_every:  # a restarted node (same work-dir, same expert) resumes from its checkpoints
         what = {k: cfg.to_dict()[k] for k in TRAINING_SECTIONS}  # not federation/sampling: they change per run
@@ -101,25 +102,39 @@ def train(msg: Message, context: Context) -> Message:
         if _isolated(node):
             blob, model_config, meta = _train_in_child(cfg, dataset_dir, expert_id, objective, device, checkpoint)
         else:
-            state, model_config, meta = train_one_expert(cfg, dataset_dir, expert_id, objective, device=device,
-                                                         checkpoint=checkpoint)
+            state, model_config, meta = train_one_expert(
+                cfg, dataset_dir, expert_id, objective, device=device, checkpoint=checkpoint
+            )
             blob = weights_bytes(state, dtype)
             del state
-        meta |= {"objective_assigned": assigned, "node_id": context.node_id, "weights_dtype": dtype,
-                 "sha256": hashlib.sha256(blob).hexdigest()}
+        meta |= {
+            "objective_assigned": assigned,
+            "node_id": context.node_id,
+            "weights_dtype": dtype,
+            "sha256": hashlib.sha256(blob).hexdigest(),
+        }
         if work is not None:  # keep the result until a later message (or the operator) no longer needs it
             _keep(work, blob, model_config, meta)
             work.with_suffix(".pt").unlink(missing_ok=True)
-    metrics = MetricRecord({"expert-id": expert_id, "steps": meta["steps"], "images-seen": meta["images_seen"],
-                            "resumed-steps": meta.get("resumed_steps", 0),
-                            "device-seconds": float(meta["device_seconds"]),
-                            "peak-memory-bytes": meta["peak_memory_bytes"], "final-loss": float(meta["final_loss"])})
-    content = RecordDict({
-        # the safetensors file as one raw array: every tensor travels in its own dtype (bf16 as bf16)
-        "expert": ArrayRecord({"weights": Array(dtype="uint8", shape=(len(blob),), stype=WIRE_STYPE, data=blob)}),
-        "meta": ConfigRecord({"meta": json.dumps(meta), "model-config": json.dumps(model_config)}),
-        "metrics": metrics,
-    })
+    metrics = MetricRecord(
+        {
+            "expert-id": expert_id,
+            "steps": meta["steps"],
+            "images-seen": meta["images_seen"],
+            "resumed-steps": meta.get("resumed_steps", 0),
+            "device-seconds": float(meta["device_seconds"]),
+            "peak-memory-bytes": meta["peak_memory_bytes"],
+            "final-loss": float(meta["final_loss"]),
+        }
+    )
+    content = RecordDict(
+        {
+            # the safetensors file as one raw array: every tensor travels in its own dtype (bf16 as bf16)
+            "expert": ArrayRecord({"weights": Array(dtype="uint8", shape=(len(blob),), stype=WIRE_STYPE, data=blob)}),
+            "meta": ConfigRecord({"meta": json.dumps(meta), "model-config": json.dumps(model_config)}),
+            "metrics": metrics,
+        }
+    )
     return Message(content, reply_to=msg)
 
 
@@ -132,8 +147,9 @@ def _isolated(node) -> bool:
     return bool(ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id())
 
 
-def _train_in_child(cfg, dataset_dir: Path, expert_id: int, objective: str, device: str,
-                    checkpoint: Path | None) -> tuple[bytes, dict, dict]:
+def _train_in_child(
+    cfg, dataset_dir: Path, expert_id: int, objective: str, device: str, checkpoint: Path | None
+) -> tuple[bytes, dict, dict]:
     """Train in a child process (:func:`clients.train_worker.run`) and read back its weights; a crash of the child
     becomes an exception. The child is forked from this process's fork server, which has torch, diffusers and the
     core imported once (:func:`_workers`), so an expert costs a fork, not an interpreter start and its imports."""
@@ -141,12 +157,20 @@ def _train_in_child(cfg, dataset_dir: Path, expert_id: int, objective: str, devi
 
     with tempfile.TemporaryDirectory(prefix=f"hddm-expert-{expert_id}-") as tmp:
         out = Path(tmp)
-        spec = {"experiment": cfg.to_dict(), "dataset_dir": str(dataset_dir), "expert_id": expert_id,
-                "objective": objective, "device": device, "checkpoint": str(checkpoint) if checkpoint else None,
-                "out": tmp, "threads": torch.get_num_threads()}
+        spec = {
+            "experiment": cfg.to_dict(),
+            "dataset_dir": str(dataset_dir),
+            "expert_id": expert_id,
+            "objective": objective,
+            "device": device,
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "out": tmp,
+            "threads": torch.get_num_threads(),
+        }
         (out / "spec.json").write_text(json.dumps(spec))
-        child = _workers().Process(target=train_worker.run, args=(str(out / "spec.json"),),
-                                   name=f"hddm-expert-{expert_id}")
+        child = _workers().Process(
+            target=train_worker.run, args=(str(out / "spec.json"),), name=f"hddm-expert-{expert_id}"
+        )
         child.start()
         child.join()
         rc = child.exitcode

@@ -14,7 +14,6 @@ import json
 import os
 from pathlib import Path
 
-
 PRELOAD = ("torch", "diffusers", "hddm_flower.pipeline", "hddm_flower.checkpoints", "hddm_flower.config")
 ERROR = "error.txt"
 
@@ -41,12 +40,16 @@ def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(int(spec["threads"]))
     cfg = config_from_dict(spec["experiment"], source="train message")
-    state, model_config, meta = train_one_expert(cfg, Path(spec["dataset_dir"]), int(spec["expert_id"]),
-                                                 spec["objective"], device=spec["device"],
-                                                 checkpoint=Path(spec["checkpoint"]) if spec["checkpoint"] else None)
+    state, model_config, meta = train_one_expert(
+        cfg,
+        Path(spec["dataset_dir"]),
+        int(spec["expert_id"]),
+        spec["objective"],
+        device=spec["device"],
+        checkpoint=Path(spec["checkpoint"]) if spec["checkpoint"] else None,
+    )
     out = Path(spec["out"])
     (out / "weights.safetensors").write_bytes(weights_bytes(state, cfg.expert.weights_dtype))
     tmp = out / "result.json.tmp"
     tmp.write_text(json.dumps({"model_config": model_config, "meta": meta}))
     os.replace(tmp, out / "result.json")
-

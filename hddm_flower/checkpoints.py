@@ -30,8 +30,16 @@ from .models import ExpertNet, Router
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 META = "hddm_expert.json"
 TIME_CONVENTION = "fm: t in [0,1], t=1 noise, x_t=(1-t)x0+t*eps, v=eps-x0, net timestep=999t; ddpm: tau in 0..T-1"
-REQUIRED_META = ("expert_id", "cluster_id", "objective", "preset", "time_convention", "steps", "images_seen",
-                 "device_seconds")
+REQUIRED_META = (
+    "expert_id",
+    "cluster_id",
+    "objective",
+    "preset",
+    "time_convention",
+    "steps",
+    "images_seen",
+    "device_seconds",
+)
 _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
@@ -80,8 +88,10 @@ def _wire_state(state_dict: dict[str, Tensor], dtype: str | None) -> dict[str, T
     if dtype is not None and dtype not in WIRE_DTYPES:
         raise ValueError(f"unknown weights dtype {dtype!r}; expected one of {WIRE_DTYPES}")
     cast = getattr(torch, dtype) if dtype else None
-    return {k: (v.to(cast) if cast is not None and v.is_floating_point() else v).detach().contiguous().cpu()
-            for k, v in state_dict.items()}
+    return {
+        k: (v.to(cast) if cast is not None and v.is_floating_point() else v).detach().contiguous().cpu()
+        for k, v in state_dict.items()
+    }
 
 
 def weights_bytes(state_dict: dict[str, Tensor], dtype: str | None = None) -> bytes:
@@ -90,8 +100,14 @@ def weights_bytes(state_dict: dict[str, Tensor], dtype: str | None = None) -> by
     return save(_wire_state(state_dict, dtype), metadata={"format": "pt"})
 
 
-def validate_weights_file(path: str | os.PathLike, model_config: dict, *, sha256: str | None = None,
-                          dtype: str | None = None, max_bytes: int = 0) -> str:
+def validate_weights_file(
+    path: str | os.PathLike,
+    model_config: dict,
+    *,
+    sha256: str | None = None,
+    dtype: str | None = None,
+    max_bytes: int = 0,
+) -> str:
     """Check a received weights file before anything uses or keeps it; returns its sha256.
 
     In this order (cheapest first, nothing loaded before the header is trusted): size ≤ ``max_bytes`` (0 = no
@@ -106,8 +122,9 @@ def validate_weights_file(path: str | os.PathLike, model_config: dict, *, sha256
         raise CheckpointRejected(f"size {size} bytes exceeds the limit of {max_bytes} bytes")
     digest = sha256_file(path)
     if sha256 is not None and digest != sha256:
-        raise CheckpointRejected(f"sha256 mismatch: the metadata says {sha256[:12]}…, the weights hash to "
-                                 f"{digest[:12]}…")
+        raise CheckpointRejected(
+            f"sha256 mismatch: the metadata says {sha256[:12]}…, the weights hash to {digest[:12]}…"
+        )
     try:
         with safe_open(path, framework="pt") as f:
             names = list(f.keys())
@@ -115,8 +132,10 @@ def validate_weights_file(path: str | os.PathLike, model_config: dict, *, sha256
                 ref = PixArtTransformer2DModel.from_config(model_config).state_dict()
             missing, extra = sorted(set(ref) - set(names)), sorted(set(names) - set(ref))
             if missing or extra:
-                raise CheckpointRejected(f"tensor names do not match the {model_config.get('num_layers')}-layer "
-                                         f"preset: missing {missing[:3]}, unexpected {extra[:3]}")
+                raise CheckpointRejected(
+                    f"tensor names do not match the {model_config.get('num_layers')}-layer "
+                    f"preset: missing {missing[:3]}, unexpected {extra[:3]}"
+                )
             dtypes = set()
             for k in names:
                 sl = f.get_slice(k)
@@ -127,8 +146,9 @@ def validate_weights_file(path: str | os.PathLike, model_config: dict, *, sha256
                     raise CheckpointRejected(f"tensor {k} has dtype {kind}; expected one of {WIRE_DTYPES}")
                 dtypes.add(_SAFETENSORS_DTYPES[kind])
             if len(dtypes) > 1 or (dtype is not None and dtypes != {dtype}):
-                raise CheckpointRejected(f"tensor dtypes {sorted(dtypes)} do not match the declared "
-                                         f"{dtype or 'single dtype'}")
+                raise CheckpointRejected(
+                    f"tensor dtypes {sorted(dtypes)} do not match the declared {dtype or 'single dtype'}"
+                )
     except SafetensorError as e:
         raise CheckpointRejected(f"not a valid safetensors file ({_first_line(e)}); nothing was unpickled") from e
     _check_finite(path)
@@ -151,8 +171,9 @@ def _check_finite(path: Path) -> None:
                 raise CheckpointRejected(f"tensor {name} has non-finite values (NaN or inf)")
 
 
-def install_expert(folder: str | os.PathLike, weights_file: str | os.PathLike, model_config: dict,
-                   meta: dict[str, Any]) -> None:
+def install_expert(
+    folder: str | os.PathLike, weights_file: str | os.PathLike, model_config: dict, meta: dict[str, Any]
+) -> None:
     """Move an already validated weights file into a new expert folder (atomically) with its config and
     metadata; the file is moved, never loaded or re-serialised."""
     missing = [k for k in REQUIRED_META if k not in meta]
@@ -162,8 +183,11 @@ def install_expert(folder: str | os.PathLike, weights_file: str | os.PathLike, m
     tmp = _atomic_folder(folder)
     try:
         os.replace(weights_file, tmp / WEIGHTS)
-        config = {"_class_name": "PixArtTransformer2DModel", "_diffusers_version": diffusers.__version__,
-                  **model_config}
+        config = {
+            "_class_name": "PixArtTransformer2DModel",
+            "_diffusers_version": diffusers.__version__,
+            **model_config,
+        }
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tmp / META).write_text(json.dumps(meta, indent=2))
         _commit(tmp, folder)
@@ -176,8 +200,14 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def save_expert(folder: str | os.PathLike, state_dict: dict[str, Tensor], model_config: dict,
-                meta: dict[str, Any], *, dtype: str | None = None) -> str:
+def save_expert(
+    folder: str | os.PathLike,
+    state_dict: dict[str, Tensor],
+    model_config: dict,
+    meta: dict[str, Any],
+    *,
+    dtype: str | None = None,
+) -> str:
     """Write an expert folder atomically (safetensors weights, then :func:`install_expert`); returns the sha256
     of the weights file. ``dtype`` casts the floating tensors (``expert.weights_dtype``; None keeps each one's),
     and is recorded as ``weights_dtype`` in the metadata."""
@@ -186,11 +216,15 @@ def save_expert(folder: str | os.PathLike, state_dict: dict[str, Tensor], model_
     fd, weights = tempfile.mkstemp(prefix=f".{folder.name}-", suffix=".safetensors", dir=folder.parent)
     os.close(fd)
     try:
-        save_file(_wire_state(state_dict, dtype), weights,
-                  metadata={"format": "pt", "objective": str(meta.get("objective", ""))})
+        save_file(
+            _wire_state(state_dict, dtype),
+            weights,
+            metadata={"format": "pt", "objective": str(meta.get("objective", ""))},
+        )
         digest = sha256_file(weights)
-        install_expert(folder, weights, model_config,
-                       {**meta, **({"weights_dtype": dtype} if dtype else {}), "sha256": digest})
+        install_expert(
+            folder, weights, model_config, {**meta, **({"weights_dtype": dtype} if dtype else {}), "sha256": digest}
+        )
     finally:
         Path(weights).unlink(missing_ok=True)
     return digest
@@ -203,14 +237,21 @@ def read_expert_meta(folder: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def make_expert(net: ExpertNet, meta: dict[str, Any], *, conversion: str = "schedule_aware", t_eps: float = 0.01,
-                x0_clamp: float = 20.0) -> Expert:
+def make_expert(
+    net: ExpertNet,
+    meta: dict[str, Any],
+    *,
+    conversion: str = "schedule_aware",
+    t_eps: float = 0.01,
+    x0_clamp: float = 20.0,
+) -> Expert:
     """Wrap a network in the adapter its metadata names: the one place the objective is read."""
     if meta["objective"] == "fm":
         return FlowMatchingExpert(net)
     if meta["objective"] == "ddpm":
-        return DDPMExpert(net, meta["schedule"], meta["num_train_timesteps"], conversion=conversion, t_eps=t_eps,
-                          x0_clamp=x0_clamp)
+        return DDPMExpert(
+            net, meta["schedule"], meta["num_train_timesteps"], conversion=conversion, t_eps=t_eps, x0_clamp=x0_clamp
+        )
     raise ValueError(f"unknown objective {meta['objective']!r} in expert {meta.get('expert_id')}")
 
 

@@ -1,15 +1,15 @@
 """The ``hddm`` command line: every stage of a run without Flower.
 
-    hddm prepare [--out DIR]                       encode image + caption shards (or the embedded dataset)
-    hddm cluster [--encoded DIR] [--out DIR]       DINOv2 (or offline) features → K per-cluster shard sets
-    hddm train-expert --expert-id 3 --out DIR      train one expert on its cluster (objective from the config)
-    hddm train-router --run-dir RUN                train the router into RUN/router
-    hddm assemble --run-dir RUN                    router + evaluation + samples + report for RUN/experts
-    hddm evaluate --run-dir RUN                    metrics for every routing mode, report.md/json, grids, plots
-    hddm reproduce --out DIR                       8FM, 2DDPM:6FM, 4:4 and a monolith: the paper's two tables
-    hddm sample --run-dir RUN --prompt "dog face"  sample a grid from an assembled run
-    hddm add-expert RUN EXPERT_DIR                 add a late (or replacement) expert to an assembled run
-    hddm convert-dit DiT-XL-2-256x256.pt --out DIR convert an ImageNet DiT into an expert initialisation
+hddm prepare [--out DIR]                       encode image + caption shards (or the embedded dataset)
+hddm cluster [--encoded DIR] [--out DIR]       DINOv2 (or offline) features → K per-cluster shard sets
+hddm train-expert --expert-id 3 --out DIR      train one expert on its cluster (objective from the config)
+hddm train-router --run-dir RUN                train the router into RUN/router
+hddm assemble --run-dir RUN                    router + evaluation + samples + report for RUN/experts
+hddm evaluate --run-dir RUN                    metrics for every routing mode, report.md/json, grids, plots
+hddm reproduce --out DIR                       8FM, 2DDPM:6FM, 4:4 and a monolith: the paper's two tables
+hddm sample --run-dir RUN --prompt "dog face"  sample a grid from an assembled run
+hddm add-expert RUN EXPERT_DIR                 add a late (or replacement) expert to an assembled run
+hddm convert-dit DiT-XL-2-256x256.pt --out DIR convert an ImageNet DiT into an expert initialisation
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ def _dataset(args, cfg: Config) -> Path:
 def _print_clusters(d: Path, meta: dict) -> None:
     print(f"dataset: {d}  ({meta['num_images']} images, {meta['num_clusters']} clusters, {meta['text_encoder']})")
     for c in meta["clusters"]:
-        print(f"  cluster {c['id']}: {c['size']:5d} images, detail {c['detail']:.4f}, "
-              f"{', '.join(list(c['categories'])[:3])}")
+        print(
+            f"  cluster {c['id']}: {c['size']:5d} images, detail {c['detail']:.4f}, "
+            f"{', '.join(list(c['categories'])[:3])}"
+        )
 
 
 def _embedded(cfg: Config) -> bool:
@@ -77,8 +79,10 @@ def cmd_prepare(args) -> None:
     out = Path(args.out) if args.out else _encoded_dir(args, cfg)
     m = prepare_from_config(cfg.data, out, repeat=args.repeat, progress=True)
     skipped = ", ".join(f"{k} {v}" for k, v in m["skipped"].items() if v) or "none"
-    print(f"encoded: {out}  ({m['num_samples']} samples in {len(m['shards'])} shards; skipped: {skipped}; "
-          f"{len(m['skipped_shards'])} shards skipped)")
+    print(
+        f"encoded: {out}  ({m['num_samples']} samples in {len(m['shards'])} shards; skipped: {skipped}; "
+        f"{len(m['skipped_shards'])} shards skipped)"
+    )
     latent = m["latent"]["name"] if m["latent"] else "pixels"
     print(f"  {m['pixel_size']}px → {latent} {m['channels']}×{m['image_size']}², text {m['text_encoder']['name']}")
 
@@ -99,10 +103,21 @@ def cmd_cluster(args) -> None:
             prepare_from_config(d, encoded, progress=True)
     cache = Path(args.cache_dir or d.cache_dir or default_cache_dir())
     out = Path(args.out) if args.out else scaled_data_dirs(cfg, cache)[1]
-    cluster_encoded(encoded, out, num_clusters=cfg.num_experts, features=d.cluster_features, dinov2=d.dinov2,
-                    fine_clusters=d.fine_clusters, seed=d.seed, val_fraction=d.val_fraction,
-                    shard_size=d.shard_size, batch_size=d.encode_batch_size, fit_samples=d.kmeans_fit_samples,
-                    device=default_device(d.device), progress=True)
+    cluster_encoded(
+        encoded,
+        out,
+        num_clusters=cfg.num_experts,
+        features=d.cluster_features,
+        dinov2=d.dinov2,
+        fine_clusters=d.fine_clusters,
+        seed=d.seed,
+        val_fraction=d.val_fraction,
+        shard_size=d.shard_size,
+        batch_size=d.encode_batch_size,
+        fit_samples=d.kmeans_fit_samples,
+        device=default_device(d.device),
+        progress=True,
+    )
     meta = read_meta(out)
     check_clusters(meta, cfg.num_experts, str(out))
     _print_clusters(out, meta)
@@ -111,9 +126,8 @@ def cmd_cluster(args) -> None:
 
 def cmd_train_expert(args) -> None:
     from .checkpoints import save_expert
-    from .pipeline import assign_objectives, train_one_expert
-
     from .data import read_meta
+    from .pipeline import assign_objectives, train_one_expert
 
     cfg = _config(args)
     cluster = None
@@ -123,8 +137,10 @@ def cmd_train_expert(args) -> None:
         if "cluster_set" not in meta:
             raise ConfigError(f"--cluster-data {d} is not one cluster's shard set (its meta.json has no cluster_set)")
         if args.objective is None:
-            raise ConfigError("--cluster-data needs --objective (fm or ddpm): the config's assignment covers only "
-                              "the run's own clusters")
+            raise ConfigError(
+                "--cluster-data needs --objective (fm or ddpm): the config's assignment covers only "
+                "the run's own clusters"
+            )
         if args.expert_id < 0:
             raise ConfigError(f"--expert-id {args.expert_id} is negative")
         cluster = meta["cluster_set"]
@@ -133,8 +149,16 @@ def cmd_train_expert(args) -> None:
         if not 0 <= args.expert_id < cfg.num_experts:
             raise ConfigError(f"--expert-id {args.expert_id} is outside 0..{cfg.num_experts - 1}")
     objective = args.objective or assign_objectives(cfg, d)[args.expert_id]
-    state, model_config, meta = train_one_expert(cfg, d, args.expert_id, objective, device=args.device,
-                                                 checkpoint=args.checkpoint, progress=True, cluster=cluster)
+    state, model_config, meta = train_one_expert(
+        cfg,
+        d,
+        args.expert_id,
+        objective,
+        device=args.device,
+        checkpoint=args.checkpoint,
+        progress=True,
+        cluster=cluster,
+    )
     out = Path(args.out)
     digest = save_expert(out, state, model_config, meta, dtype=cfg.expert.weights_dtype)
     print(f"expert {args.expert_id} ({objective}) written to {out} (sha256 {digest[:12]}…)")
@@ -187,8 +211,7 @@ def cmd_evaluate(args) -> None:
     missing = _missing(cfg, run_dir)
     old = run_dir / "report.json"
     extra = {k: v for k, v in _json.loads(old.read_text()).items() if k == "flower"} if old.is_file() else {}
-    report = evaluate_and_report(cfg, run_dir, _dataset(args, cfg), missing, extra=extra, modes=modes,
-                                 progress=True)
+    report = evaluate_and_report(cfg, run_dir, _dataset(args, cfg), missing, extra=extra, modes=modes, progress=True)
     ev = report["metrics"]["evaluation"]
     print(f"report: {run_dir / 'report.md'}  (features: {ev['feature_network']})")
     for mode, x in ev["modes"].items():
@@ -213,11 +236,20 @@ def cmd_add_expert(args) -> None:
     if not (run_dir / "experts").is_dir():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no experts/ folder)")
     cfg = load_config(args.config or run_dir / "config.yaml", parse_overrides(" ".join(args.set or [])))
-    report = add_expert(run_dir, Path(args.checkpoint), cfg=cfg, cache_dir=args.cache_dir, replace=args.replace,
-                        cluster_data=args.cluster_data, progress=True)
+    report = add_expert(
+        run_dir,
+        Path(args.checkpoint),
+        cfg=cfg,
+        cache_dir=args.cache_dir,
+        replace=args.replace,
+        cluster_data=args.cluster_data,
+        progress=True,
+    )
     added = report["added_experts"][-1]
-    print(f"expert {added['expert_id']} ({added['objective']}) added to {run_dir}: {len(report['experts'])} of "
-          f"{report['num_experts']} experts, router retrained, report {run_dir / 'report.md'}")
+    print(
+        f"expert {added['expert_id']} ({added['objective']}) added to {run_dir}: {len(report['experts'])} of "
+        f"{report['num_experts']} experts, router retrained, report {run_dir / 'report.md'}"
+    )
 
 
 def cmd_sample(args) -> None:
@@ -230,25 +262,40 @@ def cmd_sample(args) -> None:
     ensemble, _ = load_ensemble(cfg, Path(args.run_dir))
     prompts = args.prompt or s.prompts
     encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(d)["max_caption_tokens"])
-    images = sample_grid(ensemble, encoder, prompts, load_uncond(d), samples_per_prompt=s.samples_per_prompt,
-                         num_steps=s.num_steps, cfg_scale=s.cfg_scale, seed=s.seed)
+    images = sample_grid(
+        ensemble,
+        encoder,
+        prompts,
+        load_uncond(d),
+        samples_per_prompt=s.samples_per_prompt,
+        num_steps=s.num_steps,
+        cfg_scale=s.cfg_scale,
+        seed=s.seed,
+    )
     out = Path(args.out or Path(args.run_dir) / "samples-cli.png")
     save_grid(to_pixels(cfg, d, images), len(prompts), out)
     print(json.dumps({"grid": str(out), "prompts": prompts, "routing": s.routing, "steps": s.num_steps}))
 
 
 def cmd_convert_dit(args) -> None:
-    from .convert import read_dit, convert_dit, write_converted
+    from .convert import convert_dit, read_dit, write_converted
 
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"--out {out} exists and is not empty")
     src = read_dit(args.source, num_heads=args.num_heads)
-    state, config, report = convert_dit(src, objective=args.objective, caption_channels=args.caption_channels,
-                                        reference_timestep=args.reference_timestep, seed=args.seed)
+    state, config, report = convert_dit(
+        src,
+        objective=args.objective,
+        caption_channels=args.caption_channels,
+        reference_timestep=args.reference_timestep,
+        seed=args.seed,
+    )
     write_converted(out, state, config, report)
-    print(f"{src.format} DiT ({src.arch['depth']} blocks, width {src.arch['hidden_size']}) → {args.objective} "
-          f"expert init in {out}; check at τ={args.reference_timestep:g}: {report['check']}")
+    print(
+        f"{src.format} DiT ({src.arch['depth']} blocks, width {src.arch['hidden_size']}) → {args.objective} "
+        f"expert init in {out}; check at τ={args.reference_timestep:g}: {report['check']}"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,69 +305,122 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, fn, help: str, config_default: str = str(DEFAULT_CONFIG)) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help)
         sp.add_argument("--config", type=Path, default=None, help=f"experiment YAML (default {config_default})")
-        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set expert.steps=100 (repeatable)")
+        sp.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a config key, e.g. --set expert.steps=100 (repeatable)",
+        )
         sp.add_argument("--cache-dir", default=None, help="dataset cache (default $HDDM_CACHE or ~/.cache/hddm-flower)")
         sp.set_defaults(fn=fn)
         return sp
 
-    sp = add("prepare", cmd_prepare, "encode images + captions (webdataset shards, a folder, or the embedded "
-                                      "dataset) into encoded shards; the embedded default is also clustered")
+    sp = add(
+        "prepare",
+        cmd_prepare,
+        "encode images + captions (webdataset shards, a folder, or the embedded "
+        "dataset) into encoded shards; the embedded default is also clustered",
+    )
     sp.add_argument("--out", default=None, help="encoded output folder (default: in the cache); rerun to resume")
     sp.add_argument("--repeat", type=int, default=1, help="embedded dataset only: repeat it N times (benchmarks)")
-    sp.add_argument("--skip-bad-shards", action="store_true",
-                    help="skip a missing or unreadable input shard (listed in the manifest) instead of stopping")
+    sp.add_argument(
+        "--skip-bad-shards",
+        action="store_true",
+        help="skip a missing or unreadable input shard (listed in the manifest) instead of stopping",
+    )
     sp = add("cluster", cmd_cluster, "features + hierarchical k-means → one shard set per cluster/institution")
-    sp.add_argument("--encoded", action="append", default=None,
-                    help="`hddm prepare` output (default: prepared in the cache); repeat it to cluster the outputs "
-                         "of several machines together")
+    sp.add_argument(
+        "--encoded",
+        action="append",
+        default=None,
+        help="`hddm prepare` output (default: prepared in the cache); repeat it to cluster the outputs "
+        "of several machines together",
+    )
     sp.add_argument("--out", default=None, help="clustered dataset folder to write (default: in the cache)")
     sp = add("train-expert", cmd_train_expert, "train one expert on its cluster, in isolation")
     sp.add_argument("--expert-id", type=int, required=True, help="expert = cluster id")
     sp.add_argument("--objective", choices=OBJECTIVES, help="override the objective the config assigns")
     sp.add_argument("--out", required=True, help="expert folder to write (diffusers layout + hddm_expert.json)")
-    sp.add_argument("--cluster-data", default=None, metavar="DIR",
-                    help="train on this shard set (a cluster-k folder) instead of the config's cluster --expert-id: "
-                         "an institution joining an assembled run with data it never had (needs --objective)")
+    sp.add_argument(
+        "--cluster-data",
+        default=None,
+        metavar="DIR",
+        help="train on this shard set (a cluster-k folder) instead of the config's cluster --expert-id: "
+        "an institution joining an assembled run with data it never had (needs --objective)",
+    )
     sp.add_argument("--device", default="cpu")
-    sp.add_argument("--checkpoint", type=Path, default=None,
-                    help="training-state file: saved every expert.checkpoint_every steps, resumed from if present")
+    sp.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="training-state file: saved every expert.checkpoint_every steps, resumed from if present",
+    )
     sp = add("train-router", cmd_train_router, "train the router on all clusters into RUN/router")
     sp.add_argument("--run-dir", required=True)
     sp = add("assemble", cmd_assemble, "train the router, evaluate and sample the experts in RUN/experts")
     sp.add_argument("--run-dir", required=True)
-    sp = add("evaluate", cmd_evaluate, "evaluate an assembled run (RUN/experts + RUN/router): every routing mode, "
-                                       "per-expert quality, router accuracy vs t; writes report.md/json, grids, plots")
+    sp = add(
+        "evaluate",
+        cmd_evaluate,
+        "evaluate an assembled run (RUN/experts + RUN/router): every routing mode, "
+        "per-expert quality, router accuracy vs t; writes report.md/json, grids, plots",
+    )
     sp.add_argument("--run-dir", required=True)
-    sp.add_argument("--modes", help="comma-separated routing modes, e.g. top1,top2,full,threshold,oracle "
-                                    "(default: evaluation.routing_modes; --config defaults to RUN/config.yaml)")
-    sp = add("reproduce", cmd_reproduce, "train (or reuse) the experts of 8FM, 2DDPM:6FM and 4DDPM:4FM and a "
-                                         "monolith of equal compute; write the paper's two tables side by side")
+    sp.add_argument(
+        "--modes",
+        help="comma-separated routing modes, e.g. top1,top2,full,threshold,oracle "
+        "(default: evaluation.routing_modes; --config defaults to RUN/config.yaml)",
+    )
+    sp = add(
+        "reproduce",
+        cmd_reproduce,
+        "train (or reuse) the experts of 8FM, 2DDPM:6FM and 4DDPM:4FM and a "
+        "monolith of equal compute; write the paper's two tables side by side",
+    )
     sp.add_argument("--out", required=True, help="output folder (experts are reused from it on a second run)")
-    sp.add_argument("--jobs", type=int, default=1, help="train the experts and the monolith in this many processes "
-                                                        "(one torch thread each); default 1")
-    sp = add("add-expert", cmd_add_expert, "validate a late or replacement expert, add it to an assembled run, "
-                                           "retrain the router and re-evaluate (no other expert is retrained)",
-             config_default="RUN_DIR/config.yaml")
+    sp.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="train the experts and the monolith in this many processes (one torch thread each); default 1",
+    )
+    sp = add(
+        "add-expert",
+        cmd_add_expert,
+        "validate a late or replacement expert, add it to an assembled run, "
+        "retrain the router and re-evaluate (no other expert is retrained)",
+        config_default="RUN_DIR/config.yaml",
+    )
     sp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (experts/, config.yaml, report.json)")
     sp.add_argument("checkpoint", metavar="CHECKPOINT", help="an expert folder (hddm train-expert --out)")
     sp.add_argument("--replace", action="store_true", help="replace the run's expert with the same id")
-    sp.add_argument("--cluster-data", default=None, metavar="DIR",
-                    help="for a new expert id (= num_experts): its cluster's shard set (a cluster-k folder prepared "
-                         "like the run's data), added to the run as a new cluster for the router and evaluation")
+    sp.add_argument(
+        "--cluster-data",
+        default=None,
+        metavar="DIR",
+        help="for a new expert id (= num_experts): its cluster's shard set (a cluster-k folder prepared "
+        "like the run's data), added to the run as a new cluster for the router and evaluation",
+    )
     sp = add("sample", cmd_sample, "sample a prompt grid from an assembled run (RUN/experts + RUN/router)")
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--prompt", action="append", help="a prompt (repeatable; default: the config's prompts)")
     sp.add_argument("--out", help="PNG path (default RUN/samples-cli.png)")
-    sp = sub.add_parser("convert-dit", help="ImageNet DiT checkpoint → PixArt AdaLN-Single expert initialisation",
-                        description="Convert an original DiT .pt (or .safetensors) or a diffusers DiTTransformer2DModel "
-                                    "folder into a diffusers PixArt folder usable as expert.init.")
+    sp = sub.add_parser(
+        "convert-dit",
+        help="ImageNet DiT checkpoint → PixArt AdaLN-Single expert initialisation",
+        description="Convert an original DiT .pt (or .safetensors) or a diffusers DiTTransformer2DModel "
+        "folder into a diffusers PixArt folder usable as expert.init.",
+    )
     sp.add_argument("source", help="DiT-XL-2-256x256.pt, a .safetensors file, or a diffusers DiT folder")
     sp.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
     sp.add_argument("--objective", choices=OBJECTIVES, default="fm")
     sp.add_argument("--caption-channels", type=int, default=768, help="width of the text states (CLIP L/14: 768)")
-    sp.add_argument("--reference-timestep", type=float, default=500.0,
-                    help="DiT timestep at which the converted modulations equal the source's (null class)")
+    sp.add_argument(
+        "--reference-timestep",
+        type=float,
+        default=500.0,
+        help="DiT timestep at which the converted modulations equal the source's (null class)",
+    )
     sp.add_argument("--num-heads", type=int, default=None, help="attention heads (original .pt files do not say)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the re-initialised text path")
     sp.set_defaults(fn=cmd_convert_dit)

@@ -30,8 +30,8 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 
 FEATURES = ("dinov2", "pixels", "caption")
 CLUSTER_FORMAT_VERSION = 1
-_STOP = set("a an the of in on at with and or to for from by is are this that it its as over under near into "
-            "out up down off - & his her their our your my".split())
+_STOP = set(
+    "a an the of in on at with and or to for from by is are this that it its as over under near into "
+    "out up down off - & his her their our your my".split()
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -59,8 +61,7 @@ class Dinov2Features:
 
         self.path = Path(path)
         if not (self.path / "config.json").exists():
-            raise FileNotFoundError(f"DINOv2 directory {self.path} does not hold a transformers model "
-                                    "(no config.json)")
+            raise FileNotFoundError(f"DINOv2 directory {self.path} does not hold a transformers model (no config.json)")
         self.processor = AutoImageProcessor.from_pretrained(self.path)
         self.model = AutoModel.from_pretrained(self.path).to(device).eval()
         self.device = device
@@ -132,17 +133,25 @@ def merge_manifests(encoded_dirs: list[Path]) -> dict:
     for d, m in zip(encoded_dirs[1:], manifests[1:]):
         for key in SAME_ENCODING:
             a = {k: v for k, v in (m[key] or {}).items() if k != "path"} if isinstance(m[key], dict) else m[key]
-            b = ({k: v for k, v in (first[key] or {}).items() if k != "path"} if isinstance(first[key], dict)
-                 else first[key])
+            b = (
+                {k: v for k, v in (first[key] or {}).items() if k != "path"}
+                if isinstance(first[key], dict)
+                else first[key]
+            )
             if a != b:
-                raise ValueError(f"{d} was prepared with another {key} than {encoded_dirs[0]}; "
-                                 "cluster only outputs of the same settings together")
+                raise ValueError(
+                    f"{d} was prepared with another {key} than {encoded_dirs[0]}; "
+                    "cluster only outputs of the same settings together"
+                )
     skipped = Counter()
     for m in manifests:
         skipped.update(m["skipped"])
-    return first | {"num_samples": sum(m["num_samples"] for m in manifests), "skipped": dict(skipped),
-                    "skipped_shards": [x for m in manifests for x in m["skipped_shards"]],
-                    "sources": [m["source"] for m in manifests]}
+    return first | {
+        "num_samples": sum(m["num_samples"] for m in manifests),
+        "skipped": dict(skipped),
+        "skipped_shards": [x for m in manifests for x in m["skipped_shards"]],
+        "sources": [m["source"] for m in manifests],
+    }
 
 
 def iter_raw(urls: list[str]) -> Iterator[dict]:
@@ -171,8 +180,9 @@ def detail_scores(images: np.ndarray) -> np.ndarray:
 # The passes
 
 
-def compute_features(urls: list[str], n: int, model, path: Path, *, batch_size: int = 64,
-                     progress: bool = False) -> tuple[np.memmap, np.ndarray]:
+def compute_features(
+    urls: list[str], n: int, model, path: Path, *, batch_size: int = 64, progress: bool = False
+) -> tuple[np.memmap, np.ndarray]:
     """Pass 1: L2-normalised features (float16 memmap at ``path``, N × D) and detail scores (N,)."""
     from tqdm.auto import tqdm
 
@@ -188,8 +198,8 @@ def compute_features(urls: list[str], n: int, model, path: Path, *, batch_size: 
         ims = np.stack(images)
         f = np.asarray(model(ims, texts), np.float32)
         f /= np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
-        feats[row:row + len(f)] = f
-        detail[row:row + len(f)] = detail_scores(ims)
+        feats[row : row + len(f)] = f
+        detail[row : row + len(f)] = detail_scores(ims)
         row += len(f)
         images.clear()
         texts.clear()
@@ -208,9 +218,16 @@ def compute_features(urls: list[str], n: int, model, path: Path, *, batch_size: 
     return feats, detail
 
 
-def fit_hierarchical(feats: np.ndarray, *, num_clusters: int, fine_clusters: int, seed: int,
-                     fit_samples: int = 262144, chunk: int = 65536,
-                     progress: bool = False) -> tuple[np.ndarray, np.ndarray, dict]:
+def fit_hierarchical(
+    feats: np.ndarray,
+    *,
+    num_clusters: int,
+    fine_clusters: int,
+    seed: int,
+    fit_samples: int = 262144,
+    chunk: int = 65536,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """Passes 2–3: fine MiniBatchKMeans on a subsample, chunked assignment, count-weighted coarse KMeans.
 
     Returns (cluster per sample ordered by size with 0 = largest, fine centroid per sample, info).
@@ -227,30 +244,43 @@ def fit_hierarchical(feats: np.ndarray, *, num_clusters: int, fine_clusters: int
     take = np.sort(rng.choice(n, size=min(n, max(fit_samples, f)), replace=False))
     sample = np.asarray(feats[take], np.float32)
     with threadpool_limits(limits=max(1, torch.get_num_threads())):
-        fine = MiniBatchKMeans(f, batch_size=min(len(sample), 4096), n_init=3, max_iter=100, random_state=seed,
-                               reassignment_ratio=0.0).fit(sample)
+        fine = MiniBatchKMeans(
+            f, batch_size=min(len(sample), 4096), n_init=3, max_iter=100, random_state=seed, reassignment_ratio=0.0
+        ).fit(sample)
         del sample
         fine_labels = np.empty(n, np.int32)
         for s in tqdm(range(0, n, chunk), desc="assign", unit="chunk", disable=not progress):
-            fine_labels[s:s + chunk] = fine.predict(np.asarray(feats[s:s + chunk], np.float32))
+            fine_labels[s : s + chunk] = fine.predict(np.asarray(feats[s : s + chunk], np.float32))
         counts = np.bincount(fine_labels, minlength=f)
         used = np.flatnonzero(counts)
         if len(used) < num_clusters:
-            raise ValueError(f"the features form only {len(used)} distinct fine clusters, fewer than the "
-                             f"{num_clusters} clusters asked for (too few or too similar images)")
-        coarse = KMeans(num_clusters, n_init=10, random_state=seed).fit(
-            fine.cluster_centers_[used], sample_weight=counts[used]).labels_
+            raise ValueError(
+                f"the features form only {len(used)} distinct fine clusters, fewer than the "
+                f"{num_clusters} clusters asked for (too few or too similar images)"
+            )
+        coarse = (
+            KMeans(num_clusters, n_init=10, random_state=seed)
+            .fit(fine.cluster_centers_[used], sample_weight=counts[used])
+            .labels_
+        )
     fine_to_coarse = np.full(f, -1, np.int64)
     fine_to_coarse[used] = coarse
     raw = fine_to_coarse[fine_labels]
     sizes = np.bincount(raw, minlength=num_clusters)
     if (sizes == 0).any():
-        raise ValueError(f"cluster(s) {np.flatnonzero(sizes == 0).tolist()} of {num_clusters} are empty; "
-                         "lower num_experts or add data")
+        raise ValueError(
+            f"cluster(s) {np.flatnonzero(sizes == 0).tolist()} of {num_clusters} are empty; "
+            "lower num_experts or add data"
+        )
     order = np.argsort(-sizes, kind="stable")
     labels = np.argsort(order)[raw].astype(np.int16)
-    info = {"fine_clusters": int(f), "fine_clusters_used": int(len(used)), "fit_samples": int(len(take)),
-            "fine": "MiniBatchKMeans(n_init=3, batch_size=4096)", "coarse": "KMeans(n_init=10) weighted by counts"}
+    info = {
+        "fine_clusters": int(f),
+        "fine_clusters_used": int(len(used)),
+        "fit_samples": int(len(take)),
+        "fine": "MiniBatchKMeans(n_init=3, batch_size=4096)",
+        "coarse": "KMeans(n_init=10) weighted by counts",
+    }
     return labels, fine_labels, info
 
 
@@ -275,7 +305,7 @@ def _grid(images_per_cluster: list[list[np.ndarray]], path: Path, scale: int = 1
     grid = np.full((len(images_per_cluster) * (h + pad) + pad, cols * (w + pad) + pad, 3), 255, np.uint8)
     for r, ims in enumerate(images_per_cluster):
         for c, im in enumerate(ims):
-            grid[pad + r * (h + pad): pad + r * (h + pad) + h, pad + c * (w + pad): pad + c * (w + pad) + w] = im
+            grid[pad + r * (h + pad) : pad + r * (h + pad) + h, pad + c * (w + pad) : pad + c * (w + pad) + w] = im
     img = Image.fromarray(grid)
     if scale > 1:
         img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
@@ -286,9 +316,19 @@ def _words(caption: str) -> list[str]:
     return [w for w in re.findall(r"[a-z][a-z']+", caption.lower()) if w not in _STOP]
 
 
-def write_shard_sets(urls: list[str], tmp: Path, labels: np.ndarray, fine_labels: np.ndarray, val: np.ndarray,
-                     num_clusters: int, *, shard_size: int, grid_per_cluster: int = 8, key_prefix: dict | None = None,
-                     progress: bool = False) -> dict:
+def write_shard_sets(
+    urls: list[str],
+    tmp: Path,
+    labels: np.ndarray,
+    fine_labels: np.ndarray,
+    val: np.ndarray,
+    num_clusters: int,
+    *,
+    shard_size: int,
+    grid_per_cluster: int = 8,
+    key_prefix: dict | None = None,
+    progress: bool = False,
+) -> dict:
     """Pass 4: copy each sample into its cluster's shard set; assignments.csv; examples for the grid."""
     import webdataset as wds
     from tqdm.auto import tqdm
@@ -296,8 +336,7 @@ def write_shard_sets(urls: list[str], tmp: Path, labels: np.ndarray, fine_labels
     writers = []
     for k in range(num_clusters):
         (tmp / f"cluster-{k}").mkdir()
-        writers.append(wds.ShardWriter(str(tmp / f"cluster-{k}" / "shard-%06d.tar"), maxcount=shard_size,
-                                       verbose=0))
+        writers.append(wds.ShardWriter(str(tmp / f"cluster-{k}" / "shard-%06d.tar"), maxcount=shard_size, verbose=0))
     grid = [[] for _ in range(num_clusters)]
     words = [Counter() for _ in range(num_clusters)]
     categories = [Counter() for _ in range(num_clusters)]
@@ -306,8 +345,9 @@ def write_shard_sets(urls: list[str], tmp: Path, labels: np.ndarray, fine_labels
         with open(tmp / "assignments.csv", "w", newline="") as fh:
             out = csv.writer(fh)
             out.writerow(["key", "source_key", "cluster", "fine", "split"])
-            for i, s in enumerate(tqdm(iter_raw(urls), total=len(labels), desc="shard sets", unit="img",
-                                       disable=not progress)):
+            for i, s in enumerate(
+                tqdm(iter_raw(urls), total=len(labels), desc="shard sets", unit="img", disable=not progress)
+            ):
                 k = int(labels[i])
                 info = json.loads(s["json"])
                 info |= {"cluster": k, "fine": int(fine_labels[i]), "split": "val" if val[i] else "train"}
@@ -329,15 +369,32 @@ def write_shard_sets(urls: list[str], tmp: Path, labels: np.ndarray, fine_labels
     finally:
         for w in writers:
             w.close()
-    return {"grid": grid, "examples": examples,
-            "categories": [dict(categories[k].most_common()) or
-                           {f"'{w}'": n for w, n in words[k].most_common(5)} for k in range(num_clusters)]}
+    return {
+        "grid": grid,
+        "examples": examples,
+        "categories": [
+            dict(categories[k].most_common()) or {f"'{w}'": n for w, n in words[k].most_common(5)}
+            for k in range(num_clusters)
+        ],
+    }
 
 
-def cluster_encoded(encoded_dir: str | os.PathLike | list, out: str | os.PathLike, *, num_clusters: int,
-                    features: str = "dinov2", dinov2: str = "", fine_clusters: int = 1024, seed: int = 0,
-                    val_fraction: float = 0.05, shard_size: int = 1000, batch_size: int = 64,
-                    fit_samples: int = 262144, device: str = "cpu", progress: bool = False) -> Path:
+def cluster_encoded(
+    encoded_dir: str | os.PathLike | list,
+    out: str | os.PathLike,
+    *,
+    num_clusters: int,
+    features: str = "dinov2",
+    dinov2: str = "",
+    fine_clusters: int = 1024,
+    seed: int = 0,
+    val_fraction: float = 0.05,
+    shard_size: int = 1000,
+    batch_size: int = 64,
+    fit_samples: int = 262144,
+    device: str = "cpu",
+    progress: bool = False,
+) -> Path:
     """Cluster the output of `hddm prepare` in ``encoded_dir`` (or a list of such folders, e.g. one per machine)
     into ``out`` (a dataset directory that :func:`hddm_flower.data.load_split` reads). Written to a temporary
     folder beside ``out`` and renamed when complete; an existing finished ``out`` is an error."""
@@ -356,41 +413,76 @@ def cluster_encoded(encoded_dir: str | os.PathLike | list, out: str | os.PathLik
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     clock = {"start": time.perf_counter()}
     try:
-        feats, detail = compute_features(urls, n, model, tmp / "features.npy", batch_size=batch_size,
-                                         progress=progress)
+        feats, detail = compute_features(urls, n, model, tmp / "features.npy", batch_size=batch_size, progress=progress)
         clock["features"] = time.perf_counter()
-        labels, fine_labels, info = fit_hierarchical(feats, num_clusters=num_clusters, fine_clusters=fine_clusters,
-                                                     seed=seed, fit_samples=fit_samples, progress=progress)
+        labels, fine_labels, info = fit_hierarchical(
+            feats,
+            num_clusters=num_clusters,
+            fine_clusters=fine_clusters,
+            seed=seed,
+            fit_samples=fit_samples,
+            progress=progress,
+        )
         del feats
         (tmp / "features.npy").unlink()
         clock["kmeans"] = time.perf_counter()
         val = split_of(labels, num_clusters, val_fraction, seed)
-        written = write_shard_sets(urls, tmp, labels, fine_labels, val, num_clusters, shard_size=shard_size,
-                                   key_prefix=key_prefix, progress=progress)
+        written = write_shard_sets(
+            urls,
+            tmp,
+            labels,
+            fine_labels,
+            val,
+            num_clusters,
+            shard_size=shard_size,
+            key_prefix=key_prefix,
+            progress=progress,
+        )
         clock["shards"] = time.perf_counter()
         clusters = []
         for k in range(num_clusters):
             rows = labels == k
-            clusters.append({"id": k, "size": int(rows.sum()), "val": int((val & rows).sum()),
-                             "detail": float(detail[rows].mean()), "categories": written["categories"][k],
-                             "examples": written["examples"][k],
-                             "shards": sorted(p.name for p in (tmp / f"cluster-{k}").glob("shard-*.tar"))})
+            clusters.append(
+                {
+                    "id": k,
+                    "size": int(rows.sum()),
+                    "val": int((val & rows).sum()),
+                    "detail": float(detail[rows].mean()),
+                    "categories": written["categories"][k],
+                    "examples": written["examples"][k],
+                    "shards": sorted(p.name for p in (tmp / f"cluster-{k}").glob("shard-*.tar")),
+                }
+            )
         latent = manifest.get("latent")
         meta = {
-            "name": manifest["source"]["kind"], "version": CLUSTER_FORMAT_VERSION,
-            "image_size": manifest["image_size"], "channels": manifest["channels"],
-            "pixel_size": manifest["pixel_size"], "latent": latent, "num_images": n,
-            "num_clusters": num_clusters, "seed": seed, "text_encoder": manifest["text_encoder"]["name"],
-            "text_dim": manifest["text_encoder"]["dim"], "max_caption_tokens": manifest["text_encoder"]["max_tokens"],
-            "cluster_features": (f"hierarchical k-means ({info['fine_clusters']} fine → {num_clusters} coarse) on "
-                                 f"L2-normalised {model.name}"),
-            "feature_model": model.name, "kmeans": info, "license": manifest["source"].get("license", "see source"),
+            "name": manifest["source"]["kind"],
+            "version": CLUSTER_FORMAT_VERSION,
+            "image_size": manifest["image_size"],
+            "channels": manifest["channels"],
+            "pixel_size": manifest["pixel_size"],
+            "latent": latent,
+            "num_images": n,
+            "num_clusters": num_clusters,
+            "seed": seed,
+            "text_encoder": manifest["text_encoder"]["name"],
+            "text_dim": manifest["text_encoder"]["dim"],
+            "max_caption_tokens": manifest["text_encoder"]["max_tokens"],
+            "cluster_features": (
+                f"hierarchical k-means ({info['fine_clusters']} fine → {num_clusters} coarse) on "
+                f"L2-normalised {model.name}"
+            ),
+            "feature_model": model.name,
+            "kmeans": info,
+            "license": manifest["source"].get("license", "see source"),
             "encoded_from": [str(d) for d in dirs] if len(dirs) > 1 else str(encoded_dir),
-            "source": manifest["sources"] if len(dirs) > 1 else manifest["source"], "skipped": manifest["skipped"],
+            "source": manifest["sources"] if len(dirs) > 1 else manifest["source"],
+            "skipped": manifest["skipped"],
             "clusters": clusters,
-            "seconds": {"features": round(clock["features"] - clock["start"], 3),
-                        "kmeans": round(clock["kmeans"] - clock["features"], 3),
-                        "shard_sets": round(clock["shards"] - clock["kmeans"], 3)},
+            "seconds": {
+                "features": round(clock["features"] - clock["start"], 3),
+                "kmeans": round(clock["kmeans"] - clock["features"], 3),
+                "shard_sets": round(clock["shards"] - clock["kmeans"], 3),
+            },
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         shutil.copy(encoded_dir / "uncond.safetensors", tmp / "uncond.safetensors")
@@ -411,17 +503,21 @@ def cluster_encoded(encoded_dir: str | os.PathLike | list, out: str | os.PathLik
 def render_report(meta: dict) -> str:
     ranked = sorted(meta["clusters"], key=lambda c: -c["detail"])
     source = meta["encoded_from"]
-    lines = [f"# Clusters of {', '.join(source) if isinstance(source, list) else source}", "",
-             f"{meta['num_images']} samples, {meta['num_clusters']} clusters: {meta['cluster_features']}.", "",
-             "Detail = mean squared Laplacian of the grey images (higher = more fine detail); the paper gave its "
-             "DDPM experts to the most detail-heavy clusters (`objectives.ddpm_clusters: auto` does the same).", "",
-             "| cluster | size | val | detail | detail rank | top categories / words | example |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Clusters of {', '.join(source) if isinstance(source, list) else source}",
+        "",
+        f"{meta['num_images']} samples, {meta['num_clusters']} clusters: {meta['cluster_features']}.",
+        "",
+        "Detail = mean squared Laplacian of the grey images (higher = more fine detail); the paper gave its "
+        "DDPM experts to the most detail-heavy clusters (`objectives.ddpm_clusters: auto` does the same).",
+        "",
+        "| cluster | size | val | detail | detail rank | top categories / words | example |",
+        "|---|---|---|---|---|---|---|",
+    ]
     rank = {c["id"]: i + 1 for i, c in enumerate(ranked)}
     for c in meta["clusters"]:
         cats = ", ".join(list(c["categories"])[:3])
         ex = (c["examples"] or [""])[0].replace("|", "/")[:60]
-        lines.append(f"| {c['id']} | {c['size']} | {c['val']} | {c['detail']:.4f} | {rank[c['id']]} | {cats} "
-                     f"| {ex} |")
+        lines.append(f"| {c['id']} | {c['size']} | {c['val']} | {c['detail']:.4f} | {rank[c['id']]} | {cats} | {ex} |")
     lines += ["", "![samples per cluster, one row each](clusters.png)", ""]
     return "\n".join(lines)

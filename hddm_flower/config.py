@@ -168,8 +168,9 @@ class Config:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
 
-    def validate(self, source: str = "<config>") -> "Config":
+    def validate(self, source: str = "<config>") -> Config:
         """Cross-field checks; raises :class:`ConfigError` naming the key and ``source``."""
+
         def fail(key: str, msg: str):
             raise ConfigError(f"{source}: {key}: {msg}")
 
@@ -195,13 +196,22 @@ class Config:
         if d.name not in DATASETS:
             fail("data.name", f"unknown dataset {d.name!r}; expected one of {DATASETS}")
         if d.name == "webdataset" and not d.shards.strip():
-            fail("data.shards", "name: webdataset needs the shard paths (a brace pattern, e.g. /data/{00000..00099}.tar)")
+            fail(
+                "data.shards", "name: webdataset needs the shard paths (a brace pattern, e.g. /data/{00000..00099}.tar)"
+            )
         if d.name == "folder" and not d.folder:
             fail("data.folder", "name: folder needs the image folder")
         if d.cluster_features == "dinov2" and not d.dinov2:
             fail("data.dinov2", "cluster_features: dinov2 needs a local DINOv2 folder")
-        for key in ("image_size", "fine_clusters", "kmeans_fit_samples", "encode_batch_size", "shard_size",
-                    "max_caption_tokens", "decode_threads"):
+        for key in (
+            "image_size",
+            "fine_clusters",
+            "kmeans_fit_samples",
+            "encode_batch_size",
+            "shard_size",
+            "max_caption_tokens",
+            "decode_threads",
+        ):
             if getattr(d, key) < 1:
                 fail(f"data.{key}", "must be ≥ 1")
         if d.fine_clusters < self.num_experts:
@@ -209,8 +219,10 @@ class Config:
         if not 0 <= d.val_fraction < 1:
             fail("data.val_fraction", "must be in [0, 1)")
         if self.data.cluster_features not in ("caption", "pixels", "dinov2"):
-            fail("data.cluster_features", f"unknown features {self.data.cluster_features!r}; "
-                                          "expected caption, pixels or dinov2")
+            fail(
+                "data.cluster_features",
+                f"unknown features {self.data.cluster_features!r}; expected caption, pixels or dinov2",
+            )
         if self.ddpm.schedule not in SCHEDULES:
             fail("ddpm.schedule", f"unknown schedule {self.ddpm.schedule!r}; expected one of {SCHEDULES}")
         s = self.sampling
@@ -225,12 +237,20 @@ class Config:
         ev = self.evaluation
         for i, mode in enumerate(ev.routing_modes):
             if not _routing_mode_ok(mode):
-                fail(f"evaluation.routing_modes[{i}]", f"unknown mode {mode!r}; expected top1, top2, …, full, "
-                                                       "threshold, sample or oracle")
+                fail(
+                    f"evaluation.routing_modes[{i}]",
+                    f"unknown mode {mode!r}; expected top1, top2, …, full, threshold, sample or oracle",
+                )
         if ev.samples_per_prompt < 2:
             fail("evaluation.samples_per_prompt", "must be ≥ 2 (diversity is measured between samples of a prompt)")
-        for key in ("num_prompts", "per_expert_samples", "batch_size", "feature_steps", "kid_subset_size",
-                    "kid_subsets"):
+        for key in (
+            "num_prompts",
+            "per_expert_samples",
+            "batch_size",
+            "feature_steps",
+            "kid_subset_size",
+            "kid_subsets",
+        ):
             if getattr(ev, key) < 1:
                 fail(f"evaluation.{key}", "must be ≥ 1")
         for key in ("num_steps", "grid_prompts", "reference_images"):
@@ -255,7 +275,14 @@ class Config:
         for key, value in init.items():
             if not isinstance(value, str) or not (key == "all" or key in OBJECTIVES or isinstance(key, int)):
                 fail("expert.init", f"entry {key!r}: {value!r} is not a path or 'random' for an objective or expert id")
-        for key in ("expert.grad_accumulation", "expert.steps", "router.steps", "sampling.num_steps", "expert.batch_size", "router.batch_size"):
+        for key in (
+            "expert.grad_accumulation",
+            "expert.steps",
+            "router.steps",
+            "sampling.num_steps",
+            "expert.batch_size",
+            "router.batch_size",
+        ):
             section, name = key.split(".")
             if getattr(getattr(self, section), name) < 1:
                 fail(key, "must be ≥ 1")
@@ -320,8 +347,13 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         return [_coerce(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if tp is bool and not isinstance(value, bool) or tp is not bool and isinstance(value, bool) \
-            or not isinstance(value, tp):
+    if (
+        tp is bool
+        and not isinstance(value, bool)
+        or tp is not bool
+        and isinstance(value, bool)
+        or not isinstance(value, tp)
+    ):
         raise ConfigError(f"{source}: {key}: expected {tp.__name__}, got {value!r}")
     return value
 
@@ -394,8 +426,10 @@ def _with_base(values: dict, path: Path, seen: tuple[Path, ...]) -> dict:
     parent = _with_base(parent, base, seen + (base.resolve(),))
 
     def merge(a: dict, b: dict) -> dict:
-        return {**a, **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
-                        for k, v in b.items()}}
+        return {
+            **a,
+            **{k: merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v for k, v in b.items()},
+        }
 
     return merge(parent, values)
 

@@ -84,11 +84,13 @@ def _diffusers_dit_to_original(s: dict[str, Tensor], config: dict) -> dict[str, 
     """diffusers ``DiTTransformer2DModel`` keys → facebookresearch/DiT keys (every key consumed)."""
     s, out = dict(s), {}
     emb = "transformer_blocks.0.norm1.emb"
-    copies = {"timestep_embedder.linear_1.weight": "t_embedder.mlp.0.weight",
-              "timestep_embedder.linear_1.bias": "t_embedder.mlp.0.bias",
-              "timestep_embedder.linear_2.weight": "t_embedder.mlp.2.weight",
-              "timestep_embedder.linear_2.bias": "t_embedder.mlp.2.bias",
-              "class_embedder.embedding_table.weight": "y_embedder.embedding_table.weight"}
+    copies = {
+        "timestep_embedder.linear_1.weight": "t_embedder.mlp.0.weight",
+        "timestep_embedder.linear_1.bias": "t_embedder.mlp.0.bias",
+        "timestep_embedder.linear_2.weight": "t_embedder.mlp.2.weight",
+        "timestep_embedder.linear_2.bias": "t_embedder.mlp.2.bias",
+        "class_embedder.embedding_table.weight": "y_embedder.embedding_table.weight",
+    }
     for src_name, dst_name in copies.items():
         out[dst_name] = s.pop(f"{emb}.{src_name}")
     for n in ("weight", "bias"):
@@ -114,8 +116,14 @@ def _diffusers_dit_to_original(s: dict[str, Tensor], config: dict) -> dict[str, 
     return out
 
 
-def convert_dit(src: DiTSource, *, objective: str, caption_channels: int,
-                reference_timestep: float = REFERENCE_TIMESTEP, seed: int = 0) -> tuple[dict, dict, dict]:
+def convert_dit(
+    src: DiTSource,
+    *,
+    objective: str,
+    caption_channels: int,
+    reference_timestep: float = REFERENCE_TIMESTEP,
+    seed: int = 0,
+) -> tuple[dict, dict, dict]:
     """Convert a DiT into a PixArt transformer state dict for an ``fm`` or ``ddpm`` expert.
 
     Returns (state dict, diffusers config, conversion report).
@@ -124,10 +132,20 @@ def convert_dit(src: DiTSource, *, objective: str, caption_channels: int,
         raise ValueError(f"unknown objective {objective!r}; expected fm or ddpm")
     a = src.arch
     D, C, p, depth = a["hidden_size"], a["in_channels"], a["patch_size"], a["depth"]
-    config = dict(num_layers=depth, num_attention_heads=a["num_heads"], attention_head_dim=D // a["num_heads"],
-                  patch_size=p, sample_size=a["input_size"], in_channels=C, out_channels=C,
-                  caption_channels=caption_channels, cross_attention_dim=D, norm_type="ada_norm_single",
-                  use_additional_conditions=False, num_embeds_ada_norm=1000)
+    config = dict(
+        num_layers=depth,
+        num_attention_heads=a["num_heads"],
+        attention_head_dim=D // a["num_heads"],
+        patch_size=p,
+        sample_size=a["input_size"],
+        in_channels=C,
+        out_channels=C,
+        caption_channels=caption_channels,
+        cross_attention_dim=D,
+        norm_type="ada_norm_single",
+        use_additional_conditions=False,
+        num_embeds_ada_norm=1000,
+    )
     torch.manual_seed(seed)
     fresh = PixArtTransformer2DModel.from_config(config).state_dict()
     s = {k: v.float() for k, v in src.state.items()}
@@ -210,18 +228,29 @@ def convert_dit(src: DiTSource, *, objective: str, caption_channels: int,
     for k, v in out.items():
         if v.shape != fresh[k].shape:
             raise AssertionError(f"{k}: shape {tuple(v.shape)}, PixArt expects {tuple(fresh[k].shape)}")
-    report = {"source": src.path, "format": src.format, "arch": a, "objective": objective,
-              "reference_timestep": float(reference_timestep), "kept": kept, "dropped": dropped,
-              "reinitialised": reinit,
-              "time_mapping": ("fm: the network's timestep is 999·t (t = 1 noise), the DiT's own scale"
-                               if objective == "fm" else "ddpm: the network's timestep is the DDPM τ ∈ [0, 999]"),
-              "check": conversion_check(src, out, config, reference_timestep)}
+    report = {
+        "source": src.path,
+        "format": src.format,
+        "arch": a,
+        "objective": objective,
+        "reference_timestep": float(reference_timestep),
+        "kept": kept,
+        "dropped": dropped,
+        "reinitialised": reinit,
+        "time_mapping": (
+            "fm: the network's timestep is 999·t (t = 1 noise), the DiT's own scale"
+            if objective == "fm"
+            else "ddpm: the network's timestep is the DDPM τ ∈ [0, 999]"
+        ),
+        "check": conversion_check(src, out, config, reference_timestep),
+    }
     return out, config, report
 
 
 @torch.no_grad()
-def conversion_check(src: DiTSource, state: dict, config: dict, reference_timestep: float,
-                     batch: int = 2) -> dict[str, float]:
+def conversion_check(
+    src: DiTSource, state: dict, config: dict, reference_timestep: float, batch: int = 2
+) -> dict[str, float]:
     """At the reference timestep with the null class: the largest difference between the converted and the
     source blocks' modulations, and (ε head kept) between their outputs on random inputs."""
     model = PixArtTransformer2DModel.from_config(config)
@@ -229,13 +258,22 @@ def conversion_check(src: DiTSource, state: dict, config: dict, reference_timest
     model.eval()
     D, depth = src.arch["hidden_size"], src.arch["depth"]
     t = torch.full((batch,), float(reference_timestep))
-    timestep, embedded = model.adaln_single(t, {"resolution": None, "aspect_ratio": None}, batch_size=batch,
-                                           hidden_dtype=torch.float32)
+    timestep, embedded = model.adaln_single(
+        t, {"resolution": None, "aspect_ratio": None}, batch_size=batch, hidden_dtype=torch.float32
+    )
     null = torch.full((batch,), len(src.state["y_embedder.embedding_table.weight"]) - 1)
     c = dit_conditioning(src.state, t, null, src.freq_shift)
-    mod_diff = max((model.transformer_blocks[i].scale_shift_table[None] + timestep.reshape(batch, 6, D)
-                    - dit_modulation(src.state, f"blocks.{i}", c).reshape(batch, 6, D)).abs().max().item()
-                   for i in range(depth))
+    mod_diff = max(
+        (
+            model.transformer_blocks[i].scale_shift_table[None]
+            + timestep.reshape(batch, 6, D)
+            - dit_modulation(src.state, f"blocks.{i}", c).reshape(batch, 6, D)
+        )
+        .abs()
+        .max()
+        .item()
+        for i in range(depth)
+    )
     g = torch.Generator().manual_seed(0)
     size, C = src.arch["input_size"], src.arch["in_channels"]
     x = torch.randn(batch, C, size, size, generator=g)
@@ -243,8 +281,14 @@ def conversion_check(src: DiTSource, state: dict, config: dict, reference_timest
     result = {"max_modulation_diff": mod_diff, "max_patch_embedding_diff": patch_diff}
     if torch.count_nonzero(state["proj_out.weight"]):
         text = torch.zeros(batch, 1, config["caption_channels"])
-        y = model(x, encoder_hidden_states=text, encoder_attention_mask=torch.ones(batch, 1), timestep=t,
-                  added_cond_kwargs={"resolution": None, "aspect_ratio": None}, return_dict=False)[0]
+        y = model(
+            x,
+            encoder_hidden_states=text,
+            encoder_attention_mask=torch.ones(batch, 1),
+            timestep=t,
+            added_cond_kwargs={"resolution": None, "aspect_ratio": None},
+            return_dict=False,
+        )[0]
         ref = dit_forward(src.state, x, t, null, src.arch["num_heads"], src.freq_shift)[:, :C]
         result["max_output_diff"] = (y - ref).abs().max().item()
     return result
@@ -263,8 +307,12 @@ def write_converted(out_dir: str | Path, state: dict, config: dict, report: dict
     model.load_state_dict(state)
     model.save_pretrained(out_dir)
     (out_dir / "conversion_report.json").write_text(json.dumps(report, indent=2))
-    (out_dir / "hddm_init.json").write_text(json.dumps({"objective": report["objective"], "source": report["source"],
-                                                        "time_mapping": report["time_mapping"]}, indent=2))
+    (out_dir / "hddm_init.json").write_text(
+        json.dumps(
+            {"objective": report["objective"], "source": report["source"], "time_mapping": report["time_mapping"]},
+            indent=2,
+        )
+    )
     return out_dir
 
 
@@ -277,8 +325,7 @@ def load_init(folder: str | Path, model_config: dict) -> tuple[dict[str, Tensor]
         raise FileNotFoundError(f"expert.init: {folder} is not a diffusers model folder (no config.json)")
     src = PixArtTransformer2DModel.from_pretrained(folder)
     sc, notes = src.config, []
-    for key in ("sample_size", "in_channels", "patch_size", "num_layers", "num_attention_heads",
-                "attention_head_dim"):
+    for key in ("sample_size", "in_channels", "patch_size", "num_layers", "num_attention_heads", "attention_head_dim"):
         if sc[key] != model_config[key]:
             raise ValueError(f"expert.init: {folder} has {key}={sc[key]}, the expert needs {model_config[key]}")
     state = src.state_dict()
@@ -291,8 +338,10 @@ def load_init(folder: str | Path, model_config: dict) -> tuple[dict[str, Tensor]
     if sc["caption_channels"] != model_config["caption_channels"]:
         for k in [k for k in fresh if k.startswith("caption_projection.")]:
             state[k] = fresh[k]
-        notes.append(f"re-initialised caption_projection ({sc['caption_channels']} → "
-                     f"{model_config['caption_channels']} text channels)")
+        notes.append(
+            f"re-initialised caption_projection ({sc['caption_channels']} → "
+            f"{model_config['caption_channels']} text channels)"
+        )
     bad = [k for k in fresh if k not in state or state[k].shape != fresh[k].shape]
     if bad:
         raise ValueError(f"expert.init: {folder} does not fit the expert: {bad[:3]}")

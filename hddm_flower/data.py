@@ -17,9 +17,9 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -29,8 +29,7 @@ from .models import TextCond
 
 log = logging.getLogger(__name__)
 
-SKIN_TONES = {"1F3FB": "light", "1F3FC": "medium-light", "1F3FD": "medium", "1F3FE": "medium-dark",
-              "1F3FF": "dark"}
+SKIN_TONES = {"1F3FB": "light", "1F3FC": "medium-light", "1F3FD": "medium", "1F3FE": "medium-dark", "1F3FF": "dark"}
 DATASET_VERSION = 4  # 4: each cluster-k folder carries meta.json and uncond.safetensors
 
 
@@ -117,8 +116,13 @@ class TextEncoder:
         """Per-token states (N, max_length, dim) with their mask, and pooled embeddings (N, dim)."""
         states, masks, pooled = [], [], []
         for i in range(0, len(texts), batch_size):
-            tok = self.tokenizer(texts[i : i + batch_size], padding="max_length", truncation=True,
-                                 max_length=self.max_length, return_tensors="pt")
+            tok = self.tokenizer(
+                texts[i : i + batch_size],
+                padding="max_length",
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            )
             h = self.model(**tok).last_hidden_state  # (b, L, dim)
             m = tok["attention_mask"].to(h.dtype)  # (b, L)
             states.append(h * m[..., None])
@@ -134,8 +138,9 @@ class TextEncoder:
 CLUSTER_FEATURES = ("caption", "pixels")  # what `prepare_embedded` computes; the config also names "dinov2"
 
 
-def cluster_features(kind: str, images: np.ndarray, captions: list[str], categories: list[str],
-                     encoder: "TextEncoder") -> tuple[np.ndarray, str]:
+def cluster_features(
+    kind: str, images: np.ndarray, captions: list[str], categories: list[str], encoder: TextEncoder
+) -> tuple[np.ndarray, str]:
     """Features for k-means and a description of them.
 
     ``caption``: MiniLM embedding of "category: caption" (skin tones removed, so variants share their base's
@@ -144,11 +149,13 @@ def cluster_features(kind: str, images: np.ndarray, captions: list[str], categor
     router that sees only x_t can recognise, with mixed semantics (the visual analogue of DINOv2 clustering).
     """
     if kind == "caption":
-        texts = [f"{g.lower()}: {c.split(', ')[0] if c.endswith('skin tone') else c}"
-                 for c, g in zip(captions, categories)]
+        texts = [
+            f"{g.lower()}: {c.split(', ')[0] if c.endswith('skin tone') else c}" for c, g in zip(captions, categories)
+        ]
         _, features = encoder.encode(texts)
-        return features.numpy().astype(np.float64), (f"L2-normalised mean-pooled {encoder.name} embeddings of "
-                                                     "'category: caption' (skin tones removed)")
+        return features.numpy().astype(np.float64), (
+            f"L2-normalised mean-pooled {encoder.name} embeddings of 'category: caption' (skin tones removed)"
+        )
     if kind == "pixels":
         from sklearn.decomposition import PCA
 
@@ -159,10 +166,18 @@ def cluster_features(kind: str, images: np.ndarray, captions: list[str], categor
     raise ValueError(f"unknown cluster features {kind!r}; expected one of {CLUSTER_FEATURES}")
 
 
-def embedded_dataset_dir(cache_dir: str | os.PathLike, image_size: int, num_clusters: int, seed: int,
-                         skin_tones: bool, limit: int = 0, features: str = "pixels") -> Path:
-    name = (f"twemoji-v{DATASET_VERSION}-{image_size}px-k{num_clusters}-{features}-seed{seed}"
-            + ("-tones" if skin_tones else ""))
+def embedded_dataset_dir(
+    cache_dir: str | os.PathLike,
+    image_size: int,
+    num_clusters: int,
+    seed: int,
+    skin_tones: bool,
+    limit: int = 0,
+    features: str = "pixels",
+) -> Path:
+    name = f"twemoji-v{DATASET_VERSION}-{image_size}px-k{num_clusters}-{features}-seed{seed}" + (
+        "-tones" if skin_tones else ""
+    )
     return Path(cache_dir) / (name + (f"-first{limit}" if limit else ""))
 
 
@@ -173,9 +188,19 @@ def detail_score(images: np.ndarray) -> float:
     return float((lap**2).mean())
 
 
-def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_clusters: int = 8, seed: int = 0,
-                     skin_tones: bool = False, val_fraction: float = 0.05, max_caption_tokens: int = 16,
-                     limit: int = 0, encoder_path: str | None = None, features: str = "pixels") -> Path:
+def prepare_embedded(
+    cache_dir: str | os.PathLike,
+    *,
+    image_size: int = 16,
+    num_clusters: int = 8,
+    seed: int = 0,
+    skin_tones: bool = False,
+    val_fraction: float = 0.05,
+    max_caption_tokens: int = 16,
+    limit: int = 0,
+    encoder_path: str | None = None,
+    features: str = "pixels",
+) -> Path:
     """Build (once) the embedded dataset's per-cluster shards; returns the dataset directory.
 
     Safe to call from many processes at once: one builds while the others wait; a crash leaves no partial
@@ -228,23 +253,46 @@ def prepare_embedded(cache_dir: str | os.PathLike, *, image_size: int = 16, num_
                 with wds.ShardWriter(str(tmp / f"cluster-{k}" / "shard-%06d.tar"), maxcount=1000, verbose=0) as w:
                     for i in idx:
                         n = int(cond.mask[i].sum())
-                        w.write({"__key__": f"{i:06d}", "png": images[i], "txt": captions[i],
-                                 "emb.npy": cond.states[i, :n].numpy().astype(np.float16),
-                                 "json": {"category": categories[i], "cluster": k, "split": str(split[i])}})
+                        w.write(
+                            {
+                                "__key__": f"{i:06d}",
+                                "png": images[i],
+                                "txt": captions[i],
+                                "emb.npy": cond.states[i, :n].numpy().astype(np.float16),
+                                "json": {"category": categories[i], "cluster": k, "split": str(split[i])},
+                            }
+                        )
                 cats, counts = np.unique([categories[i] for i in idx], return_counts=True)
-                clusters.append({"id": k, "size": int(len(idx)), "val": int((split[idx] == "val").sum()),
-                                 "detail": detail_score(images[idx]),
-                                 "categories": {str(c): int(n) for c, n in sorted(zip(cats, counts), key=lambda x: -x[1])},
-                                 "examples": [captions[i] for i in idx[:5]]})
-            save_file({"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()},
-                      tmp / "uncond.safetensors")
-            meta = {"name": "twemoji", "version": DATASET_VERSION, "image_size": image_size, "channels": 3,
-                    "num_images": len(images), "num_clusters": num_clusters, "seed": seed,
-                    "skin_tones": skin_tones, "text_encoder": encoder.name, "text_dim": encoder.dim,
-                    "max_caption_tokens": max_caption_tokens,
-                    "cluster_features": f"k-means (k={num_clusters}, n_init=10) on {described}",
-                    "license": "Twemoji graphics (c) Twitter, Inc. and other contributors, CC-BY 4.0",
-                    "clusters": clusters}
+                clusters.append(
+                    {
+                        "id": k,
+                        "size": int(len(idx)),
+                        "val": int((split[idx] == "val").sum()),
+                        "detail": detail_score(images[idx]),
+                        "categories": {str(c): int(n) for c, n in sorted(zip(cats, counts), key=lambda x: -x[1])},
+                        "examples": [captions[i] for i in idx[:5]],
+                    }
+                )
+            save_file(
+                {"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()},
+                tmp / "uncond.safetensors",
+            )
+            meta = {
+                "name": "twemoji",
+                "version": DATASET_VERSION,
+                "image_size": image_size,
+                "channels": 3,
+                "num_images": len(images),
+                "num_clusters": num_clusters,
+                "seed": seed,
+                "skin_tones": skin_tones,
+                "text_encoder": encoder.name,
+                "text_dim": encoder.dim,
+                "max_caption_tokens": max_caption_tokens,
+                "cluster_features": f"k-means (k={num_clusters}, n_init=10) on {described}",
+                "license": "Twemoji graphics (c) Twitter, Inc. and other contributors, CC-BY 4.0",
+                "clusters": clusters,
+            }
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
             for k in range(num_clusters):  # each cluster folder stands alone: an institution needs only its own
                 (tmp / f"cluster-{k}" / "meta.json").write_text(json.dumps(meta | {"cluster_set": k}, indent=2))
@@ -287,8 +335,9 @@ def cluster_shards(dataset_dir: str | os.PathLike, cluster: int, meta: dict | No
         raise ValueError(f"cluster {cluster} does not exist in {dataset_dir} (it has {meta['num_clusters']})")
     if "cluster_set" in meta:
         if meta["cluster_set"] != cluster:
-            raise ValueError(f"{dataset_dir} is the shard set of cluster {meta['cluster_set']}, not of cluster "
-                             f"{cluster}")
+            raise ValueError(
+                f"{dataset_dir} is the shard set of cluster {meta['cluster_set']}, not of cluster {cluster}"
+            )
         folder = Path(dataset_dir)
     else:
         folder = Path(dataset_dir) / f"cluster-{cluster}"
@@ -341,8 +390,15 @@ def load_split(dataset_dir: str | os.PathLike, clusters: list[int] | None = None
     return Split(x, cond, torch.tensor(labels), captions)
 
 
-def stream_batches(dataset_dir: str | os.PathLike, cluster: int, *, batch_size: int, seed: int = 0,
-                   split: str = "train", shuffle_buffer: int = 1000) -> Iterator[tuple[Tensor, TextCond]]:
+def stream_batches(
+    dataset_dir: str | os.PathLike,
+    cluster: int,
+    *,
+    batch_size: int,
+    seed: int = 0,
+    split: str = "train",
+    shuffle_buffer: int = 1000,
+) -> Iterator[tuple[Tensor, TextCond]]:
     """An endless stream of ``(x0, cond)`` batches from one cluster's shards, for data that does not fit in RAM.
 
     webdataset with explicit shard shuffling (seeded, reshuffled each epoch), a sample shuffle buffer, and no
@@ -353,10 +409,12 @@ def stream_batches(dataset_dir: str | os.PathLike, cluster: int, *, batch_size: 
     meta = read_meta(dataset_dir)
     urls = cluster_shards(dataset_dir, cluster, meta)
     L, dim = meta["max_caption_tokens"], meta["text_dim"]
-    ds = (wds.WebDataset(urls, shardshuffle=len(urls), detshuffle=True, nodesplitter=None, empty_check=False,
-                         seed=seed)
-          .decode("rgb8").select(lambda s: s["json"]["split"] == split)
-          .shuffle(shuffle_buffer, rng=random.Random(seed)))
+    ds = (
+        wds.WebDataset(urls, shardshuffle=len(urls), detshuffle=True, nodesplitter=None, empty_check=False, seed=seed)
+        .decode("rgb8")
+        .select(lambda s: s["json"]["split"] == split)
+        .shuffle(shuffle_buffer, rng=random.Random(seed))
+    )
     xs, sts, ms = [], [], []
     while True:  # epochs: each pass reshuffles the shard order (deterministically, from seed and epoch)
         n = 0
@@ -367,8 +425,10 @@ def stream_batches(dataset_dir: str | os.PathLike, cluster: int, *, batch_size: 
             ms.append(mask)
             n += 1
             if len(xs) == batch_size:
-                yield (torch.from_numpy(np.stack(xs)),
-                       TextCond(torch.from_numpy(np.stack(sts)), torch.from_numpy(np.stack(ms)).float()))
+                yield (
+                    torch.from_numpy(np.stack(xs)),
+                    TextCond(torch.from_numpy(np.stack(sts)), torch.from_numpy(np.stack(ms)).float()),
+                )
                 xs, sts, ms = [], [], []
         if n == 0:
             raise ValueError(f"no {split!r} samples in cluster {cluster} of {dataset_dir}")
@@ -397,8 +457,9 @@ class StreamingSplit:
     def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
         if self._stream is None or self._batch_size != len(idx):
             self._batch_size = len(idx)
-            self._stream = stream_batches(self.dataset_dir, self.cluster, batch_size=len(idx), seed=self.seed,
-                                          shuffle_buffer=self.shuffle_buffer)
+            self._stream = stream_batches(
+                self.dataset_dir, self.cluster, batch_size=len(idx), seed=self.seed, shuffle_buffer=self.shuffle_buffer
+            )
         return next(self._stream)
 
 
@@ -419,18 +480,25 @@ def extend_dataset(base: str | os.PathLike, cluster_dir: str | os.PathLike, out:
     if "cluster_set" in bmeta:
         raise ValueError(f"{base} is one cluster's shard set; expected the whole clustered dataset")
     if "cluster_set" not in cmeta:
-        raise ValueError(f"{cluster_dir} is not one cluster's shard set (its meta.json has no cluster_set): pass "
-                         f"a cluster-k folder of a prepared dataset")
+        raise ValueError(
+            f"{cluster_dir} is not one cluster's shard set (its meta.json has no cluster_set): pass "
+            f"a cluster-k folder of a prepared dataset"
+        )
     diff = [k for k in (*SAME_ENCODING, "text_dim", "max_caption_tokens") if bmeta.get(k) != cmeta.get(k)]
     if diff:
-        raise ValueError(f"{cluster_dir} does not match the run's dataset {base} in {diff}: "
-                         + ", ".join(f"{k} {cmeta.get(k)!r} ≠ {bmeta.get(k)!r}" for k in diff[:2]))
+        raise ValueError(
+            f"{cluster_dir} does not match the run's dataset {base} in {diff}: "
+            + ", ".join(f"{k} {cmeta.get(k)!r} ≠ {bmeta.get(k)!r}" for k in diff[:2])
+        )
     k_new, source = bmeta["num_clusters"], cmeta["cluster_set"]
     entry = next(c for c in cmeta["clusters"] if c["id"] == source)
     entry = entry | {"id": k_new, "source": str(cluster_dir), "source_cluster": source}
-    meta = bmeta | {"num_clusters": k_new + 1, "num_images": bmeta["num_images"] + entry["size"],
-                    "clusters": bmeta["clusters"] + [entry],
-                    "extended": bmeta.get("extended", []) + [{"cluster": k_new, "from": str(cluster_dir)}]}
+    meta = bmeta | {
+        "num_clusters": k_new + 1,
+        "num_images": bmeta["num_images"] + entry["size"],
+        "clusters": bmeta["clusters"] + [entry],
+        "extended": bmeta.get("extended", []) + [{"cluster": k_new, "from": str(cluster_dir)}],
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

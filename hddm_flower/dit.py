@@ -24,10 +24,16 @@ def dit_arch(state: dict[str, Tensor], num_heads: int | None = None) -> dict:
     num_patches = state["pos_embed"].shape[1]
     if num_heads is None:
         num_heads = {1152: 16, 1024: 16, 768: 12, 384: 6}.get(hidden, max(1, hidden // 64))
-    return {"hidden_size": hidden, "in_channels": in_channels, "patch_size": p, "depth": depth,
-            "num_heads": num_heads, "learn_sigma": out == 2 * in_channels,
-            "input_size": int(math.isqrt(num_patches)) * p,
-            "num_classes": state["y_embedder.embedding_table.weight"].shape[0]}
+    return {
+        "hidden_size": hidden,
+        "in_channels": in_channels,
+        "patch_size": p,
+        "depth": depth,
+        "num_heads": num_heads,
+        "learn_sigma": out == 2 * in_channels,
+        "input_size": int(math.isqrt(num_patches)) * p,
+        "num_classes": state["y_embedder.embedding_table.weight"].shape[0],
+    }
 
 
 def timestep_frequencies(t: Tensor, dim: int = 256, max_period: float = 10000.0, freq_shift: int = 0) -> Tensor:
@@ -41,8 +47,9 @@ def timestep_frequencies(t: Tensor, dim: int = 256, max_period: float = 10000.0,
 
 def dit_timestep_embedding(state: dict[str, Tensor], t: Tensor, freq_shift: int = 0) -> Tensor:
     """``t_embedder(t)`` (B, D)."""
-    h = F.linear(timestep_frequencies(t, freq_shift=freq_shift), state["t_embedder.mlp.0.weight"],
-                 state["t_embedder.mlp.0.bias"])
+    h = F.linear(
+        timestep_frequencies(t, freq_shift=freq_shift), state["t_embedder.mlp.0.weight"], state["t_embedder.mlp.0.bias"]
+    )
     return F.linear(F.silu(h), state["t_embedder.mlp.2.weight"], state["t_embedder.mlp.2.bias"])
 
 
@@ -63,9 +70,11 @@ def dit_patch_embed(state: dict[str, Tensor], x: Tensor) -> Tensor:
     return h.flatten(2).transpose(1, 2) + state["pos_embed"]
 
 
-def dit_forward(state: dict[str, Tensor], x: Tensor, t: Tensor, y: Tensor, num_heads: int,
-                freq_shift: int = 0) -> Tensor:
+def dit_forward(
+    state: dict[str, Tensor], x: Tensor, t: Tensor, y: Tensor, num_heads: int, freq_shift: int = 0
+) -> Tensor:
     """The DiT forward pass: (B, C, H, W) → (B, out_channels, H, W)."""
+
     def modulate(h, shift, scale):
         return h * (1 + scale[:, None]) + shift[:, None]
 
@@ -98,8 +107,9 @@ def dit_pos_embed(dim: int, grid: int) -> Tensor:
     """DiT's fixed 2-D sin-cos position embedding (N, dim): half the channels encode the column, half the row;
     each half is ``[sin(pos·ω), cos(pos·ω)]`` with ``ω_i = 10000^(−i/(dim/4))``."""
     omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim / 4))
-    rows, cols = torch.meshgrid(torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64),
-                                indexing="ij")
+    rows, cols = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64), indexing="ij"
+    )
 
     def one_d(pos: Tensor) -> Tensor:
         out = pos.reshape(-1, 1) * omega[None]
@@ -108,9 +118,18 @@ def dit_pos_embed(dim: int, grid: int) -> Tensor:
     return torch.cat([one_d(cols), one_d(rows)], dim=1).float()
 
 
-def init_dit_state(*, input_size: int, in_channels: int, patch_size: int, hidden_size: int, depth: int,
-                   num_classes: int = 1000, learn_sigma: bool = True, generator: torch.Generator | None = None,
-                   std: float = 0.02) -> dict[str, Tensor]:
+def init_dit_state(
+    *,
+    input_size: int,
+    in_channels: int,
+    patch_size: int,
+    hidden_size: int,
+    depth: int,
+    num_classes: int = 1000,
+    learn_sigma: bool = True,
+    generator: torch.Generator | None = None,
+    std: float = 0.02,
+) -> dict[str, Tensor]:
     """A random original-format DiT state dict (every tensor non-zero, so conversions are tested for real)."""
     D, p, C = hidden_size, patch_size, in_channels
     out = 2 * C if learn_sigma else C
@@ -119,19 +138,34 @@ def init_dit_state(*, input_size: int, in_channels: int, patch_size: int, hidden
         return torch.randn(*shape, generator=generator) * std
 
     pos = dit_pos_embed(D, input_size // p)[None]
-    s = {"x_embedder.proj.weight": r(D, C, p, p), "x_embedder.proj.bias": r(D), "pos_embed": pos,
-         "t_embedder.mlp.0.weight": r(D, 256), "t_embedder.mlp.0.bias": r(D),
-         "t_embedder.mlp.2.weight": r(D, D), "t_embedder.mlp.2.bias": r(D),
-         "y_embedder.embedding_table.weight": r(num_classes + 1, D),
-         "final_layer.linear.weight": r(p * p * out, D), "final_layer.linear.bias": r(p * p * out),
-         "final_layer.adaLN_modulation.1.weight": r(2 * D, D), "final_layer.adaLN_modulation.1.bias": r(2 * D)}
+    s = {
+        "x_embedder.proj.weight": r(D, C, p, p),
+        "x_embedder.proj.bias": r(D),
+        "pos_embed": pos,
+        "t_embedder.mlp.0.weight": r(D, 256),
+        "t_embedder.mlp.0.bias": r(D),
+        "t_embedder.mlp.2.weight": r(D, D),
+        "t_embedder.mlp.2.bias": r(D),
+        "y_embedder.embedding_table.weight": r(num_classes + 1, D),
+        "final_layer.linear.weight": r(p * p * out, D),
+        "final_layer.linear.bias": r(p * p * out),
+        "final_layer.adaLN_modulation.1.weight": r(2 * D, D),
+        "final_layer.adaLN_modulation.1.bias": r(2 * D),
+    }
     for i in range(depth):
         pre = f"blocks.{i}"
-        s |= {f"{pre}.attn.qkv.weight": r(3 * D, D), f"{pre}.attn.qkv.bias": r(3 * D),
-              f"{pre}.attn.proj.weight": r(D, D), f"{pre}.attn.proj.bias": r(D),
-              f"{pre}.mlp.fc1.weight": r(4 * D, D), f"{pre}.mlp.fc1.bias": r(4 * D),
-              f"{pre}.mlp.fc2.weight": r(D, 4 * D), f"{pre}.mlp.fc2.bias": r(D),
-              f"{pre}.adaLN_modulation.1.weight": r(6 * D, D), f"{pre}.adaLN_modulation.1.bias": r(6 * D)}
+        s |= {
+            f"{pre}.attn.qkv.weight": r(3 * D, D),
+            f"{pre}.attn.qkv.bias": r(3 * D),
+            f"{pre}.attn.proj.weight": r(D, D),
+            f"{pre}.attn.proj.bias": r(D),
+            f"{pre}.mlp.fc1.weight": r(4 * D, D),
+            f"{pre}.mlp.fc1.bias": r(4 * D),
+            f"{pre}.mlp.fc2.weight": r(D, 4 * D),
+            f"{pre}.mlp.fc2.bias": r(D),
+            f"{pre}.adaLN_modulation.1.weight": r(6 * D, D),
+            f"{pre}.adaLN_modulation.1.bias": r(6 * D),
+        }
     return s
 
 
@@ -141,8 +175,12 @@ class TinyDiT(nn.Module):
     def __init__(self, num_heads: int, **arch):
         super().__init__()
         self.num_heads = num_heads
-        self.params = nn.ParameterDict({k.replace(".", "__"): nn.Parameter(v, requires_grad=k != "pos_embed")
-                                        for k, v in init_dit_state(**arch).items()})
+        self.params = nn.ParameterDict(
+            {
+                k.replace(".", "__"): nn.Parameter(v, requires_grad=k != "pos_embed")
+                for k, v in init_dit_state(**arch).items()
+            }
+        )
 
     def state(self) -> dict[str, Tensor]:
         return {k.replace("__", "."): v for k, v in self.params.items()}

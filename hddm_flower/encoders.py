@@ -23,13 +23,14 @@ class LatentCodec:
     ``decode`` maps them back. The scaling factor comes from the folder's config (0.18215 for sd-vae-ft-mse).
     """
 
-    def __init__(self, path: str | os.PathLike, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32):
+    def __init__(self, path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
         from diffusers import AutoencoderKL
 
         self.path = Path(path)
         if not (self.path / "config.json").exists():
-            raise FileNotFoundError(f"VAE directory {self.path} does not hold a diffusers AutoencoderKL (no config.json)")
+            raise FileNotFoundError(
+                f"VAE directory {self.path} does not hold a diffusers AutoencoderKL (no config.json)"
+            )
         self.vae = AutoencoderKL.from_pretrained(self.path, torch_dtype=dtype).to(device).eval()
         self.scaling_factor = float(self.vae.config.scaling_factor)
         self.name = f"AutoencoderKL:{self.path.name}"

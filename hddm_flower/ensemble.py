@@ -7,7 +7,8 @@ FM velocity through the same interface (:mod:`hddm_flower.experts`), whatever it
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -65,8 +66,16 @@ class Ensemble(nn.Module):
     ``router(x_t, t) → logits (B, num_experts)``.
     """
 
-    def __init__(self, experts: Mapping[int, nn.Module], router: Callable[[Tensor, Tensor], Tensor],
-                 num_experts: int, *, routing: str = "top_k", k: int = 2, threshold: float = 0.2):
+    def __init__(
+        self,
+        experts: Mapping[int, nn.Module],
+        router: Callable[[Tensor, Tensor], Tensor],
+        num_experts: int,
+        *,
+        routing: str = "top_k",
+        k: int = 2,
+        threshold: float = 0.2,
+    ):
         super().__init__()
         if not experts:
             raise ValueError("an ensemble needs at least one expert")
@@ -88,22 +97,38 @@ class Ensemble(nn.Module):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return logits.masked_fill(~self.present, float("-inf")).softmax(-1)
 
-    def velocity(self, x_t: Tensor, t: Tensor, cond: Any, uncond: Any = None, cfg_scale: float = 1.0, *,
-                 routing: str | None = None, labels: Tensor | None = None,
-                 generator: torch.Generator | None = None) -> Tensor:
+    def velocity(
+        self,
+        x_t: Tensor,
+        t: Tensor,
+        cond: Any,
+        uncond: Any = None,
+        cfg_scale: float = 1.0,
+        *,
+        routing: str | None = None,
+        labels: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
         """Mixed FM velocity; ``routing`` overrides the ensemble's mode for this call (e.g. "oracle")."""
         t = torch.as_tensor(t, dtype=x_t.dtype, device=x_t.device).expand(x_t.shape[0])
         # route
-        w = routing_weights(self.posterior(x_t, t), routing or self.routing, k=self.k, threshold=self.threshold,
-                            labels=labels, generator=generator).to(x_t.dtype)
+        w = routing_weights(
+            self.posterior(x_t, t),
+            routing or self.routing,
+            k=self.k,
+            threshold=self.threshold,
+            labels=labels,
+            generator=generator,
+        ).to(x_t.dtype)
         # per-expert (guided) velocity, evaluated only on the rows routed to it; then combine
         v = torch.zeros_like(x_t)
         for key, expert in self.experts.items():
             rows = (w[:, int(key)] > 0).nonzero().squeeze(1)
             if rows.numel() == 0:
                 continue
-            v_k = expert.velocity(x_t[rows], t[rows], map_cond(lambda c: c[rows], cond),
-                                  map_cond(lambda c: c[rows], uncond), cfg_scale)
+            v_k = expert.velocity(
+                x_t[rows], t[rows], map_cond(lambda c: c[rows], cond), map_cond(lambda c: c[rows], uncond), cfg_scale
+            )
             v[rows] += w[rows, int(key)].reshape(-1, *([1] * (x_t.ndim - 1))) * v_k
         return v
 
@@ -119,10 +144,20 @@ def euler_sample(velocity: Callable[[Tensor, Tensor], Tensor], x1: Tensor, num_s
 
 
 @torch.no_grad()
-def sample_ensemble(ensemble: Ensemble, noise: Tensor, cond: Any, uncond: Any = None, *, num_steps: int = 50,
-                    cfg_scale: float = 1.0, labels: Tensor | None = None,
-                    generator: torch.Generator | None = None) -> Tensor:
+def sample_ensemble(
+    ensemble: Ensemble,
+    noise: Tensor,
+    cond: Any,
+    uncond: Any = None,
+    *,
+    num_steps: int = 50,
+    cfg_scale: float = 1.0,
+    labels: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Sample from the ensemble: FM Euler from ``noise`` (t = 1) to data (t = 0), CFG per expert."""
     return euler_sample(
         lambda x, t: ensemble.velocity(x, t, cond, uncond, cfg_scale, labels=labels, generator=generator),
-        noise, num_steps)
+        noise,
+        num_steps,
+    )

@@ -58,8 +58,12 @@ class Prompts:
 def all_images(dataset_dir: Path) -> Split:
     """Train and validation splits together: the reference distribution of FID/KID (the experts' data)."""
     a, b = load_split(dataset_dir, None, "train"), load_split(dataset_dir, None, "val")
-    return Split(torch.cat([a.images, b.images]), TextCond(*(torch.cat([x, y]) for x, y in zip(a.cond, b.cond))),
-                 torch.cat([a.labels, b.labels]), a.captions + b.captions)
+    return Split(
+        torch.cat([a.images, b.images]),
+        TextCond(*(torch.cat([x, y]) for x, y in zip(a.cond, b.cond))),
+        torch.cat([a.labels, b.labels]),
+        a.captions + b.captions,
+    )
 
 
 def choose_prompts(dataset_dir: Path, n: int, seed: int, clusters: list[int] | None = None) -> Prompts:
@@ -81,8 +85,11 @@ def choose_prompts(dataset_dir: Path, n: int, seed: int, clusters: list[int] | N
     if not idx_all:
         raise ValueError(f"no captions in clusters {clusters} of {dataset_dir}")
     pick = lambda f: torch.stack([f(pools[s_i])[i] for s_i, i in idx_all])  # noqa: E731
-    return Prompts([pools[s_i].captions[i] for s_i, i in idx_all],
-                   TextCond(pick(lambda s: s.cond.states), pick(lambda s: s.cond.mask)), pick(lambda s: s.labels))
+    return Prompts(
+        [pools[s_i].captions[i] for s_i, i in idx_all],
+        TextCond(pick(lambda s: s.cond.states), pick(lambda s: s.cond.mask)),
+        pick(lambda s: s.labels),
+    )
 
 
 class _TracedRouter(nn.Module):
@@ -104,20 +111,33 @@ def _ddpm_experts(experts) -> list[DDPMExpert]:
 
 
 @torch.no_grad()
-def sample_mode(ensemble: Ensemble, mode: str, prompts: Prompts, uncond: TextCond, *, samples_per_prompt: int,
-                num_steps: int, cfg_scale: float, threshold: float, seed: int, batch_size: int = 256,
-                progress: bool = False) -> tuple[Tensor, dict]:
+def sample_mode(
+    ensemble: Ensemble,
+    mode: str,
+    prompts: Prompts,
+    uncond: TextCond,
+    *,
+    samples_per_prompt: int,
+    num_steps: int,
+    cfg_scale: float,
+    threshold: float,
+    seed: int,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> tuple[Tensor, dict]:
     """Samples (P, S, C, H, W) of one routing mode, plus its trace: mean mixing weight and usage per expert and
     step, and the conversion's clamp counts. The noise depends only on ``seed``: every mode sees the same."""
     spec = parse_mode(mode)
     experts = {int(k): e for k, e in ensemble.experts.items()}
     traced = _TracedRouter(ensemble.router, ensemble.present)
-    ens = Ensemble(experts, traced, ensemble.num_experts, routing=spec["routing"], k=spec.get("k", 1),
-                   threshold=threshold)
+    ens = Ensemble(
+        experts, traced, ensemble.num_experts, routing=spec["routing"], k=spec.get("k", 1), threshold=threshold
+    )
     P, S = len(prompts.captions), samples_per_prompt
     cfg = ensemble.router.config
-    noise = torch.randn(P * S, cfg.in_channels, cfg.sample_size, cfg.sample_size,
-                        generator=torch.Generator().manual_seed(seed))
+    noise = torch.randn(
+        P * S, cfg.in_channels, cfg.sample_size, cfg.sample_size, generator=torch.Generator().manual_seed(seed)
+    )
     cond = map_cond(lambda c: c.repeat_interleave(S, 0), prompts.cond)
     labels = prompts.labels.repeat_interleave(S, 0)
     counts = {}
@@ -131,8 +151,18 @@ def sample_mode(ensemble: Ensemble, mode: str, prompts: Prompts, uncond: TextCon
             n = len(noise[rows])
             traced.labels = labels[rows]
             un = TextCond(uncond.states.expand(n, -1, -1), uncond.mask.expand(n, -1))
-            out.append(sample_ensemble(ens, noise[rows], map_cond(lambda c: c[rows], cond), un, num_steps=num_steps,
-                                       cfg_scale=cfg_scale, labels=labels[rows], generator=g))
+            out.append(
+                sample_ensemble(
+                    ens,
+                    noise[rows],
+                    map_cond(lambda c: c[rows], cond),
+                    un,
+                    num_steps=num_steps,
+                    cfg_scale=cfg_scale,
+                    labels=labels[rows],
+                    generator=g,
+                )
+            )
     finally:
         for e in _ddpm_experts(experts.values()):
             e.clamp_counts = None
@@ -143,15 +173,20 @@ def sample_mode(ensemble: Ensemble, mode: str, prompts: Prompts, uncond: TextCon
         if spec["routing"] == "sample":
             w = probs
         else:
-            w = routing_weights(probs.double(), spec["routing"], k=spec.get("k", 1), threshold=threshold,
-                                labels=chunk_labels)
+            w = routing_weights(
+                probs.double(), spec["routing"], k=spec.get("k", 1), threshold=threshold, labels=chunk_labels
+            )
         steps.setdefault(round(t, 6), []).append((w.sum(0), (w > 0).double().sum(0), len(w)))
     times = sorted(steps, reverse=True)
     weights = [(sum(s[0] for s in steps[t]) / sum(s[2] for s in steps[t])).tolist() for t in times]
     usage = [(sum(s[1] for s in steps[t]) / sum(s[2] for s in steps[t])).tolist() for t in times]
-    trace = {"times": times, "mean_weight": weights,
-             "usage": np.mean(usage, axis=0).tolist(),  # fraction of (row, step) pairs each expert evaluated
-             "clamps": counts, "seconds": round(seconds, 2)}
+    trace = {
+        "times": times,
+        "mean_weight": weights,
+        "usage": np.mean(usage, axis=0).tolist(),  # fraction of (row, step) pairs each expert evaluated
+        "clamps": counts,
+        "seconds": round(seconds, 2),
+    }
     return torch.cat(out).reshape(P, S, *noise.shape[1:]), trace
 
 
@@ -164,20 +199,29 @@ def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None
     if (folder / "config.json").exists():
         info = json.loads((folder / "hddm_feature_net.json").read_text())
         if (info.get("steps"), info.get("seed"), info.get("trained_on")) != (ev.feature_steps, ev.seed, desc):
-            raise ConfigError(f"{folder} holds a feature network trained with other settings ({info.get('steps')} "
-                              f"steps, seed {info.get('seed')}, {info.get('trained_on')}); remove it or set "
-                              f"evaluation.feature_steps/seed to match")
+            raise ConfigError(
+                f"{folder} holds a feature network trained with other settings ({info.get('steps')} "
+                f"steps, seed {info.get('seed')}, {info.get('trained_on')}); remove it or set "
+                f"evaluation.feature_steps/seed to match"
+            )
         net = M.FeatureClassifier.from_pretrained(folder).eval()
     else:
         data = all_images(dataset_dir)
         train = load_split(dataset_dir, None, "train")
         images = decode(train.images) if decode is not None else train.images  # pixels, also for latent data
-        net, stats = M.train_feature_classifier(images, train.labels, M.pooled_caption(*train.cond),
-                                                meta["num_clusters"], steps=ev.feature_steps, seed=ev.seed,
-                                                progress=progress)
+        net, stats = M.train_feature_classifier(
+            images,
+            train.labels,
+            M.pooled_caption(*train.cond),
+            meta["num_clusters"],
+            steps=ev.feature_steps,
+            seed=ev.seed,
+            progress=progress,
+        )
         net.save_pretrained(folder)
-        (folder / "hddm_feature_net.json").write_text(json.dumps(
-            {**stats, "trained_on": desc, "num_images": len(train), "reference_images": len(data)}, indent=2))
+        (folder / "hddm_feature_net.json").write_text(
+            json.dumps({**stats, "trained_on": desc, "num_images": len(train), "reference_images": len(data)}, indent=2)
+        )
     classifier_fx = M.classifier_features(net, desc)
     fx = M.inception_features(ev.inception_weights) if ev.inception_weights else classifier_fx
     return fx, net, desc
@@ -185,15 +229,30 @@ def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None
 
 def _quality(fx: M.FeatureExtractor, ref_feats: Tensor, images: Tensor, ev) -> dict:
     feats = fx(images)
-    kid, kid_std, size = M.kernel_distance(ref_feats, feats, subset_size=ev.kid_subset_size, subsets=ev.kid_subsets,
-                                           seed=ev.seed)
-    return {"fid": M.frechet_distance(ref_feats, feats), "kid": kid, "kid_std": kid_std, "kid_subset_size": size,
-            "num_samples": len(images), "num_reference": len(ref_feats)}
+    kid, kid_std, size = M.kernel_distance(
+        ref_feats, feats, subset_size=ev.kid_subset_size, subsets=ev.kid_subsets, seed=ev.seed
+    )
+    return {
+        "fid": M.frechet_distance(ref_feats, feats),
+        "kid": kid,
+        "kid_std": kid_std,
+        "kid_subset_size": size,
+        "num_samples": len(images),
+        "num_reference": len(ref_feats),
+    }
 
 
-def evaluate_run(cfg: Config, ensemble: Ensemble, dataset_dir: Path, out_dir: Path, *,
-                 feature_dir: Path | None = None, modes: list[str] | None = None, per_expert: bool = True,
-                 progress: bool = False) -> dict[str, Any]:
+def evaluate_run(
+    cfg: Config,
+    ensemble: Ensemble,
+    dataset_dir: Path,
+    out_dir: Path,
+    *,
+    feature_dir: Path | None = None,
+    modes: list[str] | None = None,
+    per_expert: bool = True,
+    progress: bool = False,
+) -> dict[str, Any]:
     """All metrics of one ensemble; writes grids and plots into ``out_dir``. Returns the ``evaluation`` block of
     report.json (the feature network and the distance are named in it)."""
     ev, s = cfg.evaluation, cfg.sampling
@@ -202,59 +261,96 @@ def evaluate_run(cfg: Config, ensemble: Ensemble, dataset_dir: Path, out_dir: Pa
     from .pipeline import pixel_decoder
 
     decode = pixel_decoder(cfg, dataset_dir)  # every metric, plot and grid works on pixels (latents decoded)
-    fx, classifier, desc = feature_network(cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, decode=decode,
-                                           progress=progress)
+    fx, classifier, desc = feature_network(
+        cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress
+    )
     distance = M.lpips_distance(ev.alexnet_weights or None, fallback=classifier, fallback_description=desc)
     ref = all_images(dataset_dir)
     subset = 0 < ev.reference_images < len(ref)
     if subset:
         keep = torch.randperm(len(ref), generator=torch.Generator().manual_seed(ev.seed))[: ev.reference_images]
-        ref = Split(ref.images[keep], TextCond(ref.cond.states[keep], ref.cond.mask[keep]), ref.labels[keep],
-                    [ref.captions[i] for i in keep.tolist()])
+        ref = Split(
+            ref.images[keep],
+            TextCond(ref.cond.states[keep], ref.cond.mask[keep]),
+            ref.labels[keep],
+            [ref.captions[i] for i in keep.tolist()],
+        )
     ref = dataclasses.replace(ref, images=decode(ref.images))
     ref_feats = fx(ref.images)
     prompts = choose_prompts(dataset_dir, ev.num_prompts, ev.seed)
     uncond = load_uncond(dataset_dir)
     result: dict[str, Any] = {
-        "feature_network": fx.name, "diversity_distance": distance.name,
-        "protocol": {"prompts": len(prompts.captions), "samples_per_prompt": ev.samples_per_prompt,
-                     "num_steps": steps, "cfg_scale": s.cfg_scale, "threshold": s.threshold, "seed": ev.seed,
-                     "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing", "conversion": s.conversion,
-                     "reference": f"{len(ref)} images of the dataset (train + val"
-                                  f"{', seeded subset' if subset else ''})",
-                     "prompt_source": "held-out captions first (val split), then training captions"},
-        "prompts": prompts.captions, "modes": {},
+        "feature_network": fx.name,
+        "diversity_distance": distance.name,
+        "protocol": {
+            "prompts": len(prompts.captions),
+            "samples_per_prompt": ev.samples_per_prompt,
+            "num_steps": steps,
+            "cfg_scale": s.cfg_scale,
+            "threshold": s.threshold,
+            "seed": ev.seed,
+            "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing",
+            "conversion": s.conversion,
+            "reference": f"{len(ref)} images of the dataset (train + val{', seeded subset' if subset else ''})",
+            "prompt_source": "held-out captions first (val split), then training captions",
+        },
+        "prompts": prompts.captions,
+        "modes": {},
     }
     samples = {}
     for mode in modes:
-        images, trace = sample_mode(ensemble, mode, prompts, uncond, samples_per_prompt=ev.samples_per_prompt,
-                                    num_steps=steps, cfg_scale=s.cfg_scale, threshold=s.threshold, seed=ev.seed,
-                                    batch_size=ev.batch_size, progress=progress)
+        images, trace = sample_mode(
+            ensemble,
+            mode,
+            prompts,
+            uncond,
+            samples_per_prompt=ev.samples_per_prompt,
+            num_steps=steps,
+            cfg_scale=s.cfg_scale,
+            threshold=s.threshold,
+            seed=ev.seed,
+            batch_size=ev.batch_size,
+            progress=progress,
+        )
         flat = decode(images.flatten(0, 1))
         images = flat.reshape(*images.shape[:2], *flat.shape[1:])
         samples[mode] = images
         r = _quality(fx, ref_feats, flat, ev) | {"lpips": M.intra_prompt_diversity(images, distance)} | trace
         r["lpips"].pop("distance")
         if ev.clip:
-            r["clip_score"] = M.clip_score(flat, [c for c in prompts.captions for _ in range(ev.samples_per_prompt)],
-                                           ev.clip)
+            r["clip_score"] = M.clip_score(
+                flat, [c for c in prompts.captions for _ in range(ev.samples_per_prompt)], ev.clip
+            )
         result["modes"][mode] = r
-        log.info("%s: FID %.2f KID %.4f LPIPS %.3f (%.0f s)", mode, r["fid"], r["kid"], r["lpips"]["mean"],
-                 r["seconds"])
+        log.info(
+            "%s: FID %.2f KID %.4f LPIPS %.3f (%.0f s)", mode, r["fid"], r["kid"], r["lpips"]["mean"], r["seconds"]
+        )
     result["grids"] = save_prompt_grids(samples, prompts.captions[: ev.grid_prompts], out_dir / "grids")
-    result["plots"] = {"router_weights": plot_router_weights(result["modes"], ensemble.num_experts,
-                                                             out_dir / "router-weights.png"),
-                       "expert_usage": plot_usage(result["modes"], ensemble.num_experts, out_dir / "expert-usage.png")}
+    result["plots"] = {
+        "router_weights": plot_router_weights(result["modes"], ensemble.num_experts, out_dir / "router-weights.png"),
+        "expert_usage": plot_usage(result["modes"], ensemble.num_experts, out_dir / "expert-usage.png"),
+    }
     if per_expert:
-        result["per_expert"] = per_expert_quality(cfg, ensemble, dataset_dir, fx, ref, ref_feats, uncond, steps,
-                                                  decode=decode, progress=progress)
+        result["per_expert"] = per_expert_quality(
+            cfg, ensemble, dataset_dir, fx, ref, ref_feats, uncond, steps, decode=decode, progress=progress
+        )
     return result
 
 
 @torch.no_grad()
-def per_expert_quality(cfg: Config, ensemble: Ensemble, dataset_dir: Path, fx: M.FeatureExtractor, ref: Split,
-                       ref_feats: Tensor, uncond: TextCond, steps: int, *, decode=None,
-                       progress: bool = False) -> dict:
+def per_expert_quality(
+    cfg: Config,
+    ensemble: Ensemble,
+    dataset_dir: Path,
+    fx: M.FeatureExtractor,
+    ref: Split,
+    ref_feats: Tensor,
+    uncond: TextCond,
+    steps: int,
+    *,
+    decode=None,
+    progress: bool = False,
+) -> dict:
     """Each expert alone, one sample for each of ``per_expert_samples`` captions of its own cluster, against the
     images of that cluster (FID/KID with few samples: compare experts of one run, not to the paper)."""
     ev, s = cfg.evaluation, cfg.sampling
@@ -264,13 +360,21 @@ def per_expert_quality(cfg: Config, ensemble: Ensemble, dataset_dir: Path, fx: M
         prompts = choose_prompts(dataset_dir, ev.per_expert_samples, ev.seed + 1 + k, clusters=[k])
         n, mine = len(prompts.captions), ref.labels == k
         if min(n, int(mine.sum())) < 2:  # FID/KID need two samples on each side
-            out[key] = {"objective": expert.objective, "clamps": {},
-                        "skipped": f"cluster {k} has {n} held-out captions and {int(mine.sum())} reference images "
-                                   f"(FID/KID need ≥ 2 of each)"}
+            out[key] = {
+                "objective": expert.objective,
+                "clamps": {},
+                "skipped": f"cluster {k} has {n} held-out captions and {int(mine.sum())} reference images "
+                f"(FID/KID need ≥ 2 of each)",
+            }
             continue
         cfg_r = ensemble.router.config
-        noise = torch.randn(n, cfg_r.in_channels, cfg_r.sample_size, cfg_r.sample_size,
-                            generator=torch.Generator().manual_seed(ev.seed + 1 + k))
+        noise = torch.randn(
+            n,
+            cfg_r.in_channels,
+            cfg_r.sample_size,
+            cfg_r.sample_size,
+            generator=torch.Generator().manual_seed(ev.seed + 1 + k),
+        )
         un = TextCond(uncond.states.expand(n, -1, -1), uncond.mask.expand(n, -1))
         counts = {}
         if isinstance(expert, DDPMExpert):
@@ -282,16 +386,25 @@ def per_expert_quality(cfg: Config, ensemble: Ensemble, dataset_dir: Path, fx: M
             if isinstance(expert, DDPMExpert):
                 expert.clamp_counts = None
         ev_small = dataclasses.replace(ev, kid_subset_size=min(ev.kid_subset_size, n))
-        out[key] = _quality(fx, ref_feats[mine], images, ev_small) | {"objective": expert.objective,
-                                                                      "clamps": counts}
+        out[key] = _quality(fx, ref_feats[mine], images, ev_small) | {"objective": expert.objective, "clamps": counts}
     return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Pictures (PIL only)
 
-PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
-           (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+PALETTE = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+    (188, 189, 34),
+    (23, 190, 207),
+]
 
 
 def _to_uint8(images: Tensor) -> np.ndarray:
@@ -314,8 +427,9 @@ def save_prompt_grids(samples: dict[str, Tensor], captions: list[str], folder: P
             y = 16 + r * (h * scale + pad)
             draw.text((2, y + h * scale // 2 - 5), mode, fill="black")
             for j in range(S):
-                tile = Image.fromarray(x[j].squeeze(-1) if c == 1 else x[j]).resize((w * scale, h * scale),
-                                                                                     Image.NEAREST)
+                tile = Image.fromarray(x[j].squeeze(-1) if c == 1 else x[j]).resize(
+                    (w * scale, h * scale), Image.NEAREST
+                )
                 img.paste(tile, (label_w + j * (w * scale + pad), y))
         name = f"prompt-{p:02d}-{re.sub(r'[^a-z0-9]+', '-', caption.lower()).strip('-')[:40]}.png"
         img.save(folder / name)
@@ -366,8 +480,14 @@ def plot_usage(modes: dict[str, dict], num_experts: int, path: Path) -> str:
     img = Image.new("RGB", (m + num_experts * group + 2 * m, ph + 2 * m + 40), "white")
     draw = ImageDraw.Draw(img)
     box = (m, m, m + num_experts * group, m + ph)
-    _axes(draw, box, "expert", "fraction of (sample, step) pairs evaluated",
-          [((k + 0.5) / num_experts, str(k)) for k in range(num_experts)], [(0, "0"), (0.5, "0.5"), (1, "1")])
+    _axes(
+        draw,
+        box,
+        "expert",
+        "fraction of (sample, step) pairs evaluated",
+        [((k + 0.5) / num_experts, str(k)) for k in range(num_experts)],
+        [(0, "0"), (0.5, "0.5"), (1, "1")],
+    )
     for i, (mode, r) in enumerate(modes.items()):
         for k, u in enumerate(r["usage"]):
             x = m + k * group + gap // 2 + i * bw

@@ -8,7 +8,8 @@ output space, before any conversion. Nothing outside this module asks which obje
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -84,8 +85,9 @@ class Expert(nn.Module):
         if uncond is None or cfg_scale == 1.0:
             out = self.net(x_in, timestep, cond)
         else:
-            out_c, out_u = self.net(torch.cat([x_in, x_in]), torch.cat([timestep, timestep]),
-                                    cat_cond(cond, uncond)).chunk(2)
+            out_c, out_u = self.net(
+                torch.cat([x_in, x_in]), torch.cat([timestep, timestep]), cat_cond(cond, uncond)
+            ).chunk(2)
             out = out_u + cfg_scale * (out_c - out_u)
         return self.to_velocity(x_t, t, out)
 
@@ -118,8 +120,16 @@ class DDPMExpert(Expert):
 
     objective = "ddpm"
 
-    def __init__(self, net: Net, schedule: str = "cosine", num_train_timesteps: int = 1000, *,
-                 conversion: str = "schedule_aware", t_eps: float = 0.01, x0_clamp: float = 20.0):
+    def __init__(
+        self,
+        net: Net,
+        schedule: str = "cosine",
+        num_train_timesteps: int = 1000,
+        *,
+        conversion: str = "schedule_aware",
+        t_eps: float = 0.01,
+        x0_clamp: float = 20.0,
+    ):
         super().__init__(net)
         if conversion not in CONVERSIONS:
             raise ValueError(f"unknown conversion {conversion!r}; expected one of {CONVERSIONS}")
@@ -148,14 +158,19 @@ class DDPMExpert(Expert):
         tb = t.reshape(-1, *([1] * (x_t.ndim - 1)))
         x0_raw = (x_t - tb * eps_hat) / (1 - tb).clamp(min=self.t_eps)
         c = self.clamp_counts
-        for key, value in (("rows", len(t)), ("t_eps_rows", int((1 - t < self.t_eps).sum())),
-                           ("elements", x0_raw.numel()), ("x0_clamp_elements", int((x0_raw.abs() > self.x0_clamp).sum()))):
+        for key, value in (
+            ("rows", len(t)),
+            ("t_eps_rows", int((1 - t < self.t_eps).sum())),
+            ("elements", x0_raw.numel()),
+            ("x0_clamp_elements", int((x0_raw.abs() > self.x0_clamp).sum())),
+        ):
             c[key] = c.get(key, 0) + value
 
     def training_loss(self, x0, cond, generator=None):
         device = generator.device if generator is not None else x0.device
-        tau = torch.randint(0, self.num_train_timesteps, (x0.shape[0],), generator=generator,
-                            device=device).to(x0.device)
+        tau = torch.randint(0, self.num_train_timesteps, (x0.shape[0],), generator=generator, device=device).to(
+            x0.device
+        )
         eps = _draw(torch.randn, x0.shape, generator, x0)
         z = ddpm_noise(x0, eps, tau, self.alpha_bar.to(x0.dtype))
         return ddpm_loss(self.net(z, tau.to(x0.dtype), cond), eps)

@@ -24,11 +24,11 @@ import logging
 import os
 import tarfile
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -196,12 +196,15 @@ def folder_units(folder: str | os.PathLike, unit_size: int) -> list[Unit]:
             caption, why = _caption_of(parts)
             yield RawSample(key, parts["img"], caption, why)
 
-    return [Unit(f"{root}#{i // unit_size:06d}", lambda c=files[i:i + unit_size]: read(c))
-            for i in range(0, len(files), unit_size)]
+    return [
+        Unit(f"{root}#{i // unit_size:06d}", lambda c=files[i : i + unit_size]: read(c))
+        for i in range(0, len(files), unit_size)
+    ]
 
 
-def twemoji_units(pixel_size: int, unit_size: int, repeat: int = 1, skin_tones: bool = False,
-                  limit: int = 0, seed: int = 0) -> list[Unit]:
+def twemoji_units(
+    pixel_size: int, unit_size: int, repeat: int = 1, skin_tones: bool = False, limit: int = 0, seed: int = 0
+) -> list[Unit]:
     """The embedded dataset as input (already RGB arrays at ``pixel_size``), repeated ``repeat`` times."""
     from .data import load_twemoji
 
@@ -215,12 +218,13 @@ def twemoji_units(pixel_size: int, unit_size: int, repeat: int = 1, skin_tones: 
         for j in range(start, stop):
             rep, i = divmod(j, n)
             i = order[i]
-            yield RawSample(f"twemoji-r{rep:03d}-{i:05d}", images[i], captions[i],
-                            extra={"category": categories[i]})
+            yield RawSample(f"twemoji-r{rep:03d}-{i:05d}", images[i], captions[i], extra={"category": categories[i]})
 
     total = n * repeat
-    return [Unit(f"twemoji-{pixel_size}px#{s // unit_size:06d}", lambda s=s: read(s, min(s + unit_size, total)))
-            for s in range(0, total, unit_size)]
+    return [
+        Unit(f"twemoji-{pixel_size}px#{s // unit_size:06d}", lambda s=s: read(s, min(s + unit_size, total)))
+        for s in range(0, total, unit_size)
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -295,21 +299,34 @@ class Encoders:
 
     def describe(self) -> dict:
         t = self.text
-        d = {"text_encoder": {"name": t.name, "path": str(t.path), "dim": t.dim, "max_tokens": t.max_length,
-                              "states": "last_hidden_state, padding dropped, float16"}}
+        d = {
+            "text_encoder": {
+                "name": t.name,
+                "path": str(t.path),
+                "dim": t.dim,
+                "max_tokens": t.max_length,
+                "states": "last_hidden_state, padding dropped, float16",
+            }
+        }
         if self.codec is not None:
             c = self.codec.vae.config
-            d["latent"] = {"name": self.codec.name, "path": str(self.codec.path),
-                           "scaling_factor": self.codec.scaling_factor, "channels": int(c.latent_channels),
-                           "downsample": self.codec.downsample, "stored": "posterior mean × scaling_factor, float16"}
+            d["latent"] = {
+                "name": self.codec.name,
+                "path": str(self.codec.path),
+                "scaling_factor": self.codec.scaling_factor,
+                "channels": int(c.latent_channels),
+                "downsample": self.codec.downsample,
+                "stored": "posterior mean × scaling_factor, float16",
+            }
         else:
             d["latent"] = None
         return d
 
     @torch.no_grad()
     def encode_text(self, captions: list[str]) -> list[np.ndarray]:
-        tok = self.text.tokenizer(captions, padding="longest", truncation=True, max_length=self.text.max_length,
-                                  return_tensors="pt").to(self.device)
+        tok = self.text.tokenizer(
+            captions, padding="longest", truncation=True, max_length=self.text.max_length, return_tensors="pt"
+        ).to(self.device)
         h = self.text.model(**tok).last_hidden_state.float().cpu()
         lengths = tok["attention_mask"].sum(1).tolist()
         return [h[i, :n].numpy().astype(np.float16) for i, n in enumerate(lengths)]
@@ -338,15 +355,26 @@ def _settings_check(out: Path, settings: dict) -> None:
         old = json.loads(path.read_text())
         if old != settings:
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-            raise ValueError(f"{out} was prepared with other settings ({', '.join(diff)} differ); "
-                             "use another output folder")
+            raise ValueError(
+                f"{out} was prepared with other settings ({', '.join(diff)} differ); use another output folder"
+            )
     else:
         path.write_text(json.dumps(settings, indent=2))
 
 
-def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int, encoders: Encoders,
-                   source: dict, batch_size: int = 64, skip_bad_shards: bool = False, decode_threads: int = 4,
-                   progress: bool = False, stop_after_units: int | None = None) -> dict:
+def prepare_shards(
+    units: list[Unit],
+    out: str | os.PathLike,
+    *,
+    pixel_size: int,
+    encoders: Encoders,
+    source: dict,
+    batch_size: int = 64,
+    skip_bad_shards: bool = False,
+    decode_threads: int = 4,
+    progress: bool = False,
+    stop_after_units: int | None = None,
+) -> dict:
     """Encode ``units`` into ``out``: one ``shard-NNNNNN.tar`` per unit, ``progress.jsonl``, ``uncond.safetensors``
     and, when every unit is done, ``manifest.json`` (returned).
 
@@ -359,8 +387,7 @@ def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     enc_desc = encoders.describe()
-    _settings_check(out, {"source": source, "pixel_size": pixel_size, **enc_desc,
-                          "units": [u.name for u in units]})
+    _settings_check(out, {"source": source, "pixel_size": pixel_size, **enc_desc, "units": [u.name for u in units]})
     for partial in out.glob("*.partial"):  # an interrupted unit: redone from scratch below
         partial.unlink()
     done = _read_progress(out)
@@ -405,8 +432,12 @@ def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int
                     states = encoders.encode_text([s.caption for s, _ in batch])
                     latents = encoders.encode_images(images) if latent else None
                     for i, (s, img) in enumerate(batch):
-                        rec = {"__key__": f"{index:06d}-{count:07d}", "txt": s.caption, "emb.npy": states[i],
-                               "json": {"source_key": s.key, "unit": unit.name, **(s.extra or {})}}
+                        rec = {
+                            "__key__": f"{index:06d}-{count:07d}",
+                            "txt": s.caption,
+                            "emb.npy": states[i],
+                            "json": {"source_key": s.key, "unit": unit.name, **(s.extra or {})},
+                        }
                         if latent:
                             rec["latent.npy"] = latents[i]
                             rec["jpg"] = _jpeg(img)
@@ -415,7 +446,7 @@ def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int
                         sink.write(rec)
                         count += 1
 
-                for s in (_chain(first, samples) if first is not None else ()):
+                for s in _chain(first, samples) if first is not None else ():
                     if s.skip is not None:
                         skipped[s.skip] += 1
                         continue
@@ -429,29 +460,37 @@ def prepare_shards(units: list[Unit], out: str | os.PathLike, *, pixel_size: int
             progress_file.flush()
             done[unit.name] = rec
             written += 1
-            bar.set_postfix(samples=sum(r["count"] for r in done.values()),
-                            skipped=sum(sum(r["skipped"].values()) for r in done.values()), refresh=False)
+            bar.set_postfix(
+                samples=sum(r["count"] for r in done.values()),
+                skipped=sum(sum(r["skipped"].values()) for r in done.values()),
+                refresh=False,
+            )
             bar.update(1)
     bar.close()
     if len(done) < len(units):
         return {"complete": False, "units_done": len(done), "units": len(units)}
     uncond = encoders.text.encode([""])[0]
-    save_file({"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()},
-              out / "uncond.safetensors")
+    save_file(
+        {"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()}, out / "uncond.safetensors"
+    )
     records = [done[u.name] for u in units]
     skipped = Counter()
     for r in records:
         skipped.update(r["skipped"])
     manifest = {
-        "format": FORMAT, "version": FORMAT_VERSION, "created_at": _dt.datetime.now(_dt.timezone.utc)
-        .isoformat(timespec="seconds"), "source": source,
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "source": source,
         "num_samples": sum(r["count"] for r in records),
         "skipped": {k: skipped.get(k, 0) for k in SKIP_REASONS},
         "skipped_shards": [{"shard": r["unit"], "error": r["error"]} for r in records if r.get("error")],
-        "pixel_size": pixel_size, "channels": enc_desc["latent"]["channels"] if latent else 3,
+        "pixel_size": pixel_size,
+        "channels": enc_desc["latent"]["channels"] if latent else 3,
         "image_size": pixel_size // enc_desc["latent"]["downsample"] if latent else pixel_size,
         "stored": ("latent.npy (C, h, w) float16 + jpg preview" if latent else "png") + " + txt + emb.npy + json",
-        **enc_desc, "versions": _versions(),
+        **enc_desc,
+        "versions": _versions(),
         "shards": [{"name": r["output"], "count": r["count"], "unit": r["unit"]} for r in records if r["output"]],
     }
     (out / "manifest.json.partial").write_text(json.dumps(manifest, indent=2))
@@ -481,29 +520,57 @@ def default_device(device: str = "") -> str:
 def units_for(data, pixel_size: int, repeat: int = 1) -> tuple[list[Unit], dict]:
     """The input units and a description of the source for a :class:`~hddm_flower.config.DataConfig`."""
     if data.name == "webdataset":
-        return (tar_units(data.shards, data.skip_bad_shards),
-                {"kind": "webdataset", "shards": data.shards, "license": "see the source shards"})
+        return (
+            tar_units(data.shards, data.skip_bad_shards),
+            {"kind": "webdataset", "shards": data.shards, "license": "see the source shards"},
+        )
     if data.name == "folder":
-        return (folder_units(data.folder, data.shard_size),
-                {"kind": "folder", "folder": str(data.folder), "license": "see the source folder"})
+        return (
+            folder_units(data.folder, data.shard_size),
+            {"kind": "folder", "folder": str(data.folder), "license": "see the source folder"},
+        )
     if data.name == "twemoji":
-        return (twemoji_units(pixel_size, data.shard_size, repeat, data.skin_tones, data.limit, data.seed),
-                {"kind": "twemoji", "repeat": repeat, "limit": data.limit, "skin_tones": data.skin_tones,
-                 "license": "Twemoji graphics (c) Twitter, Inc. and other contributors, CC-BY 4.0"})
+        return (
+            twemoji_units(pixel_size, data.shard_size, repeat, data.skin_tones, data.limit, data.seed),
+            {
+                "kind": "twemoji",
+                "repeat": repeat,
+                "limit": data.limit,
+                "skin_tones": data.skin_tones,
+                "license": "Twemoji graphics (c) Twitter, Inc. and other contributors, CC-BY 4.0",
+            },
+        )
     raise ValueError(f"unknown dataset {data.name!r}")
 
 
-def prepare_from_config(data, out: str | os.PathLike, *, repeat: int = 1, progress: bool = False,
-                        stop_after_units: int | None = None) -> dict:
+def prepare_from_config(
+    data, out: str | os.PathLike, *, repeat: int = 1, progress: bool = False, stop_after_units: int | None = None
+) -> dict:
     """`hddm prepare` for a data config: load the encoders, list the input, encode (resuming) into ``out``."""
     if data.vae and not (Path(data.vae) / "config.json").exists():
         raise FileNotFoundError(f"data.vae: {data.vae} does not hold a diffusers AutoencoderKL (no config.json)")
-    downsample = 2 ** (len(json.loads((Path(data.vae) / "config.json").read_text())["block_out_channels"]) - 1) \
-        if data.vae else 1
+    downsample = (
+        2 ** (len(json.loads((Path(data.vae) / "config.json").read_text())["block_out_channels"]) - 1)
+        if data.vae
+        else 1
+    )
     pixel_size = data.image_size * downsample
     units, source = units_for(data, pixel_size, repeat)  # a missing shard fails here, before loading models
-    encoders = Encoders(text_encoder=data.text_encoder or None, max_caption_tokens=data.max_caption_tokens,
-                        vae=data.vae or None, device=default_device(data.device))
-    return prepare_shards(units, out, pixel_size=pixel_size, encoders=encoders, source=source,
-                          batch_size=data.encode_batch_size, skip_bad_shards=data.skip_bad_shards,
-                          decode_threads=data.decode_threads, progress=progress, stop_after_units=stop_after_units)
+    encoders = Encoders(
+        text_encoder=data.text_encoder or None,
+        max_caption_tokens=data.max_caption_tokens,
+        vae=data.vae or None,
+        device=default_device(data.device),
+    )
+    return prepare_shards(
+        units,
+        out,
+        pixel_size=pixel_size,
+        encoders=encoders,
+        source=source,
+        batch_size=data.encode_batch_size,
+        skip_bad_shards=data.skip_bad_shards,
+        decode_threads=data.decode_threads,
+        progress=progress,
+        stop_after_units=stop_after_units,
+    )

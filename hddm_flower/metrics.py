@@ -18,9 +18,9 @@ local CLIP folder is configured.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +44,9 @@ class FeatureExtractor:
     @torch.no_grad()
     def __call__(self, images: Tensor) -> Tensor:
         """Features (N, d) in float64, computed in batches."""
-        return torch.cat([self.fn(images[i: i + self.batch_size]).double()
-                          for i in range(0, len(images), self.batch_size)])
+        return torch.cat(
+            [self.fn(images[i : i + self.batch_size]).double() for i in range(0, len(images), self.batch_size)]
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -60,8 +61,9 @@ def inception_features(weights_path: str | os.PathLike) -> FeatureExtractor:
     if not path.is_file():
         raise FileNotFoundError(f"Inception weights file {path} does not exist")
     torch.load(path, map_location="cpu", weights_only=True)  # refuse a pickle with code before torch-fidelity loads it
-    net = NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"],
-                             feature_extractor_weights_path=str(path)).eval()
+    net = NoTrainInceptionV3(
+        name="inception-v3-compat", features_list=["2048"], feature_extractor_weights_path=str(path)
+    ).eval()
 
     def fn(images: Tensor) -> Tensor:
         x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
@@ -77,13 +79,27 @@ class FeatureClassifier(ModelMixin, ConfigMixin):
     ``feature_dim`` embedding that FID/KID use. ``layers`` returns the activations the LPIPS-style fallback uses."""
 
     @register_to_config
-    def __init__(self, in_channels: int = 3, num_classes: int = 8, text_dim: int = 384, feature_dim: int = 64,
-                 widths: tuple[int, ...] = (32, 64, 128)):
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 8,
+        text_dim: int = 384,
+        feature_dim: int = 64,
+        widths: tuple[int, ...] = (32, 64, 128),
+    ):
         super().__init__()
         blocks, c = [], in_channels
         for w in widths:
-            blocks.append(nn.Sequential(nn.Conv2d(c, w, 3, padding=1), nn.GroupNorm(8, w), nn.SiLU(),
-                                        nn.Conv2d(w, w, 3, padding=1, stride=2), nn.GroupNorm(8, w), nn.SiLU()))
+            blocks.append(
+                nn.Sequential(
+                    nn.Conv2d(c, w, 3, padding=1),
+                    nn.GroupNorm(8, w),
+                    nn.SiLU(),
+                    nn.Conv2d(w, w, 3, padding=1, stride=2),
+                    nn.GroupNorm(8, w),
+                    nn.SiLU(),
+                )
+            )
             c = w
         self.blocks = nn.ModuleList(blocks)
         self.embed = nn.Linear(c, feature_dim)
@@ -111,9 +127,18 @@ def pooled_caption(states: Tensor, mask: Tensor) -> Tensor:
     return F.normalize((states * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
 
 
-def train_feature_classifier(images: Tensor, labels: Tensor, caption_emb: Tensor, num_classes: int, *,
-                             steps: int = 600, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
-                             progress: bool = False) -> tuple[FeatureClassifier, dict]:
+def train_feature_classifier(
+    images: Tensor,
+    labels: Tensor,
+    caption_emb: Tensor,
+    num_classes: int,
+    *,
+    steps: int = 600,
+    batch_size: int = 64,
+    lr: float = 2e-3,
+    seed: int = 0,
+    progress: bool = False,
+) -> tuple[FeatureClassifier, dict]:
     """Train :class:`FeatureClassifier` on (images, cluster labels, caption embeddings): cross-entropy on the
     labels plus cosine distance to the caption embedding, with random horizontal flips. Returns (net, stats)."""
     from .training import fit
@@ -131,19 +156,37 @@ def train_feature_classifier(images: Tensor, labels: Tensor, caption_emb: Tensor
 
     net.train()
     with torch.enable_grad():
-        stats, _ = fit(net, loss_fn, steps=steps, lr=lr, warmup_steps=min(50, steps), seed=seed,
-                       log_every=max(1, steps // 5), name="feature classifier", progress=progress)
+        stats, _ = fit(
+            net,
+            loss_fn,
+            steps=steps,
+            lr=lr,
+            warmup_steps=min(50, steps),
+            seed=seed,
+            log_every=max(1, steps // 5),
+            name="feature classifier",
+            progress=progress,
+        )
     net.eval()
     with torch.no_grad():
-        acc = torch.cat([net(images[i: i + 512])[0].argmax(-1) for i in range(0, len(images), 512)])
-    return net, {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
-                 "final_loss": stats.final_loss, "train_accuracy": (acc == labels).float().mean().item(),
-                 "device_seconds": round(stats.device_seconds, 3)}
+        acc = torch.cat([net(images[i : i + 512])[0].argmax(-1) for i in range(0, len(images), 512)])
+    return net, {
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "final_loss": stats.final_loss,
+        "train_accuracy": (acc == labels).float().mean().item(),
+        "device_seconds": round(stats.device_seconds, 3),
+    }
 
 
 def classifier_features(net: FeatureClassifier, description: str) -> FeatureExtractor:
-    return FeatureExtractor(f"hddm feature classifier {net.config.feature_dim}-d ({description})",
-                            net.config.feature_dim, lambda x: net.features(x))
+    return FeatureExtractor(
+        f"hddm feature classifier {net.config.feature_dim}-d ({description})",
+        net.config.feature_dim,
+        lambda x: net.features(x),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -179,8 +222,9 @@ def frechet_distance(real: Tensor, fake: Tensor) -> float:
     return float(m.compute())
 
 
-def kernel_distance(real: Tensor, fake: Tensor, *, subset_size: int = 100, subsets: int = 100,
-                    seed: int = 0) -> tuple[float, float, int]:
+def kernel_distance(
+    real: Tensor, fake: Tensor, *, subset_size: int = 100, subsets: int = 100, seed: int = 0
+) -> tuple[float, float, int]:
     """KID (unbiased squared MMD, cubic polynomial kernel) averaged over random subsets; returns (mean, std,
     subset size used = min(subset_size, both set sizes)). Seeded: the subsets do not depend on global state."""
     from torchmetrics.image.kid import KernelInceptionDistance
@@ -243,34 +287,46 @@ def lpips_alexnet(weights_path: str | os.PathLike) -> Distance:
     for name in ("slice1", "slice2", "slice3", "slice4", "slice5"):  # the slices hold AlexNet's features by index
         for idx, module in getattr(model.net, name).named_children():
             module.load_state_dict(alex.features[int(idx)].state_dict())
-    return Distance(f"LPIPS v0.1 AlexNet ({Path(weights_path).name}; inputs upsampled to ≥{LPIPS_MIN_SIZE} px)",
-                    lambda a, b: model(_upsample(a), _upsample(b)))
+    return Distance(
+        f"LPIPS v0.1 AlexNet ({Path(weights_path).name}; inputs upsampled to ≥{LPIPS_MIN_SIZE} px)",
+        lambda a, b: model(_upsample(a), _upsample(b)),
+    )
 
 
 def classifier_distance(net: FeatureClassifier, description: str) -> Distance:
     """LPIPS-style fallback on the project's classifier: channel-normalised activations of each block, squared
     differences averaged over space, summed over blocks with equal (unlearned) weights. Not LPIPS: its values are
     comparable only between runs that share the same classifier."""
+
     def fn(a: Tensor, b: Tensor) -> Tensor:
         d = 0
         for fa, fb in zip(net.layers(a), net.layers(b)):
             d = d + (F.normalize(fa, dim=1) - F.normalize(fb, dim=1)).square().sum(1).mean((1, 2))
         return d
 
-    return Distance(f"FALLBACK (not LPIPS; no AlexNet weights): LPIPS-style distance on the hddm feature classifier "
-                    f"({description})", fn)
+    return Distance(
+        f"FALLBACK (not LPIPS; no AlexNet weights): LPIPS-style distance on the hddm feature classifier "
+        f"({description})",
+        fn,
+    )
 
 
-def lpips_distance(alexnet_weights: str | os.PathLike | None = None, *,
-                   fallback: FeatureClassifier | None = None, fallback_description: str = "") -> Distance:
+def lpips_distance(
+    alexnet_weights: str | os.PathLike | None = None,
+    *,
+    fallback: FeatureClassifier | None = None,
+    fallback_description: str = "",
+) -> Distance:
     """LPIPS-AlexNet when its weights are found (a given file or torchvision's cache); otherwise the named
     classifier fallback; with neither, an error (never a silently random backbone)."""
     path = find_alexnet_weights(alexnet_weights)
     if path is not None:
         return lpips_alexnet(path)
     if fallback is None:
-        raise FileNotFoundError(f"no AlexNet weights for LPIPS ({Path(torch.hub.get_dir()) / 'checkpoints' / ALEXNET_FILE}"
-                                f" is absent) and no fallback network given")
+        raise FileNotFoundError(
+            f"no AlexNet weights for LPIPS ({Path(torch.hub.get_dir()) / 'checkpoints' / ALEXNET_FILE}"
+            f" is absent) and no fallback network given"
+        )
     return classifier_distance(fallback, fallback_description)
 
 
@@ -285,8 +341,13 @@ def intra_prompt_diversity(images: Tensor, distance: Distance) -> dict:
     for p in range(P):
         per_prompt.append(distance(images[p, i], images[p, j]).mean().item())
     v = torch.tensor(per_prompt, dtype=torch.float64)
-    return {"mean": v.mean().item(), "std": v.std(unbiased=False).item(), "per_prompt": per_prompt,
-            "pairs_per_prompt": len(i), "distance": distance.name}
+    return {
+        "mean": v.mean().item(),
+        "std": v.std(unbiased=False).item(),
+        "per_prompt": per_prompt,
+        "pairs_per_prompt": len(i),
+        "distance": distance.name,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -313,10 +374,12 @@ def clip_score(images: Tensor, prompts: list[str], clip_path: str | os.PathLike,
     x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     scores = []
     for i in range(0, len(x), batch_size):
-        pix = processor(images=list(x[i: i + batch_size]), return_tensors="pt")["pixel_values"]
-        txt = processor(text=prompts[i: i + batch_size], return_tensors="pt", padding=True, truncation=True)
+        pix = processor(images=list(x[i : i + batch_size]), return_tensors="pt")["pixel_values"]
+        txt = processor(text=prompts[i : i + batch_size], return_tensors="pt", padding=True, truncation=True)
         img_emb = F.normalize(_embedding(model.get_image_features(pixel_values=pix)), dim=-1)
-        txt_emb = F.normalize(_embedding(model.get_text_features(input_ids=txt["input_ids"],
-                                                                 attention_mask=txt["attention_mask"])), dim=-1)
+        txt_emb = F.normalize(
+            _embedding(model.get_text_features(input_ids=txt["input_ids"], attention_mask=txt["attention_mask"])),
+            dim=-1,
+        )
         scores.append((100 * (img_emb * txt_emb).sum(-1)).clamp(min=0))
     return {"value": torch.cat(scores).mean().item(), "model": str(path), "num_images": len(images)}

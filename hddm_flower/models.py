@@ -52,9 +52,17 @@ def expert_config(preset: str, *, sample_size: int, in_channels: int, caption_ch
     """The diffusers ``PixArtTransformer2DModel`` config of an expert preset at the given input shapes."""
     arch = _preset(EXPERT_PRESETS, preset, "expert")
     width = arch["num_attention_heads"] * arch["attention_head_dim"]
-    return dict(arch, sample_size=sample_size, in_channels=in_channels, out_channels=in_channels,
-                caption_channels=caption_channels, cross_attention_dim=width, norm_type="ada_norm_single",
-                use_additional_conditions=False, num_embeds_ada_norm=1000)
+    return dict(
+        arch,
+        sample_size=sample_size,
+        in_channels=in_channels,
+        out_channels=in_channels,
+        caption_channels=caption_channels,
+        cross_attention_dim=width,
+        norm_type="ada_norm_single",
+        use_additional_conditions=False,
+        num_embeds_ada_norm=1000,
+    )
 
 
 class ExpertNet(nn.Module):
@@ -65,7 +73,7 @@ class ExpertNet(nn.Module):
         self.transformer = transformer
 
     @classmethod
-    def from_config(cls, config: dict) -> "ExpertNet":
+    def from_config(cls, config: dict) -> ExpertNet:
         return cls(PixArtTransformer2DModel.from_config(config))
 
     def forward(self, x: Tensor, timestep: Tensor, cond: TextCond) -> Tensor:
@@ -95,8 +103,11 @@ class RouterBlock(nn.Module):
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.attn = nn.MultiheadAttention(hidden_size, num_heads, batch_first=True)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.mlp = nn.Sequential(nn.Linear(hidden_size, 4 * hidden_size), nn.GELU(approximate="tanh"),
-                                 nn.Linear(4 * hidden_size, hidden_size))
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden_size, 4 * hidden_size),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(4 * hidden_size, hidden_size),
+        )
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
         nn.init.zeros_(self.adaLN_modulation[1].weight)  # adaLN-Zero: every block starts as the identity
         nn.init.zeros_(self.adaLN_modulation[1].bias)
@@ -116,8 +127,16 @@ class Router(ModelMixin, ConfigMixin):
     """
 
     @register_to_config
-    def __init__(self, num_experts: int = 8, sample_size: int = 16, in_channels: int = 3, patch_size: int = 2,
-                 hidden_size: int = 96, depth: int = 3, num_heads: int = 4):
+    def __init__(
+        self,
+        num_experts: int = 8,
+        sample_size: int = 16,
+        in_channels: int = 3,
+        patch_size: int = 2,
+        hidden_size: int = 96,
+        depth: int = 3,
+        num_heads: int = 4,
+    ):
         super().__init__()
         num_patches = (sample_size // patch_size) ** 2
         self.patch_embed = nn.Conv2d(in_channels, hidden_size, patch_size, stride=patch_size)
@@ -142,5 +161,9 @@ class Router(ModelMixin, ConfigMixin):
 
 
 def router_config(preset: str, *, num_experts: int, sample_size: int, in_channels: int) -> dict:
-    return dict(_preset(ROUTER_PRESETS, preset, "router"), num_experts=num_experts, sample_size=sample_size,
-                in_channels=in_channels)
+    return dict(
+        _preset(ROUTER_PRESETS, preset, "router"),
+        num_experts=num_experts,
+        sample_size=sample_size,
+        in_channels=in_channels,
+    )

@@ -163,9 +163,7 @@ def naive_timestep(t: Tensor, num_train_timesteps: int = 1000) -> Tensor:
     return torch.round((num_train_timesteps - 1) * torch.as_tensor(t, dtype=torch.float64))
 
 
-def ddpm_eps_to_velocity(
-    x_t: Tensor, t: Tensor, eps_hat: Tensor, *, t_eps: float, x0_clamp: float
-) -> Tensor:
+def ddpm_eps_to_velocity(x_t: Tensor, t: Tensor, eps_hat: Tensor, *, t_eps: float, x0_clamp: float) -> Tensor:
     """FM velocity from a noise prediction at FM state ``(x_t, t)``.
 
     ``x0_hat = (x_t − t·eps_hat) / max(1 − t, t_eps)``, clamped to ``±x0_clamp``; ``v_hat = eps_hat − x0_hat``.

@@ -15,11 +15,11 @@
 from __future__ import annotations
 
 import copy
-import os
-import resource
 import hashlib
 import json
 import logging
+import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -35,11 +35,20 @@ from .config import Config, ConfigError, config_from_dict
 from .data import load_split, load_uncond, read_meta
 from .ensemble import Ensemble
 from .evaluate import FEATURE_NET, evaluate_run, feature_network
-from .pipeline import (_now, _write_atomic, build_expert, evaluate_and_report, fit_router, pixel_decoder,
-                       train_one_expert, versions)
+from .pipeline import (
+    _now,
+    _write_atomic,
+    build_expert,
+    evaluate_and_report,
+    fit_router,
+    pixel_decoder,
+    train_one_expert,
+    versions,
+)
 from .training import train_expert
 
 log = logging.getLogger(__name__)
+
 
 def default_configs(k: int) -> dict[str, int]:
     """Name → number of DDPM experts: ``{K}FM``, ``2DDPM:{K−2}FM`` and ``{K/2}DDPM:{K/2}FM`` (8FM, 2DDPM:6FM, 4DDPM:4FM
@@ -55,8 +64,14 @@ def default_configs(k: int) -> dict[str, int]:
 # 50 steps, FID-50K; LPIPS mean ± std), HDDM table 2 (DiT-B/2 experts, LAION-Art 3.9M, FID-50K) and DDM's
 # ImageNet table 1 (8 experts, FID).
 PAPER_HETERO = {"8FM": (12.45, "0.617 ± 0.074"), "2DDPM:6FM": (11.88, "0.631 ± 0.078")}
-PAPER_ROUTING = {"monolith": (29.64, 12.81), "top1": (30.60, 9.84), "top2": (22.60, 10.31), "full": (47.89, 10.52),
-                 "threshold": (None, 10.46), "oracle": (None, 10.46)}
+PAPER_ROUTING = {
+    "monolith": (29.64, 12.81),
+    "top1": (30.60, 9.84),
+    "top2": (22.60, 10.31),
+    "full": (47.89, 10.52),
+    "threshold": (None, 10.46),
+    "oracle": (None, 10.46),
+}
 
 
 def tensor_sha256(path: str | os.PathLike) -> str:
@@ -78,8 +93,7 @@ def _fingerprint(*parts: Any) -> str:
 def config_for(cfg: Config, num_ddpm: int) -> Config:
     """``cfg`` with ``num_ddpm`` DDPM experts on the most detailed clusters and FM elsewhere."""
     d = copy.deepcopy(cfg.to_dict())
-    d["objectives"] = {"ddpm": num_ddpm, "fm": cfg.num_experts - num_ddpm, "ddpm_clusters": "auto",
-                       "per_expert": None}
+    d["objectives"] = {"ddpm": num_ddpm, "fm": cfg.num_experts - num_ddpm, "ddpm_clusters": "auto", "per_expert": None}
     return config_from_dict(d, "reproduce")
 
 
@@ -109,8 +123,12 @@ def _run_jobs(fn, args: list[tuple], jobs: int, progress: bool, what: str) -> li
 
     with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
         futures = [pool.submit(fn, a) for a in args]
-        for f in tqdm(as_completed(futures), total=len(futures), disable=not progress,
-                      desc=f"{what}: {len(args)} jobs in {jobs} processes"):
+        for f in tqdm(
+            as_completed(futures),
+            total=len(futures),
+            disable=not progress,
+            desc=f"{what}: {len(args)} jobs in {jobs} processes",
+        ):
             f.result()
         return [f.result() for f in futures]
 
@@ -124,17 +142,37 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
     cfg, run_dir, dataset_dir = config_from_dict(cfg_dict, "reproduce"), Path(run_dir), Path(dataset_dir)
     if objectives is None:
         meta = read_meta(dataset_dir)
-        mono, _ = load_expert(run_dir.parent.parent / "monolith", conversion=cfg.sampling.conversion,
-                              t_eps=cfg.sampling.t_eps, x0_clamp=cfg.sampling.x0_clamp)
+        mono, _ = load_expert(
+            run_dir.parent.parent / "monolith",
+            conversion=cfg.sampling.conversion,
+            t_eps=cfg.sampling.t_eps,
+            x0_clamp=cfg.sampling.x0_clamp,
+        )
         ens = Ensemble({0: mono}, _OneExpertRouter(meta["channels"], meta["image_size"]), 1, routing="top_k", k=1)
         run_dir.mkdir(parents=True, exist_ok=True)
-        return name, evaluate_run(cfg, ens, dataset_dir, run_dir, feature_dir=Path(feature_dir), modes=["top1"],
-                                  per_expert=False, progress=progress)
-    report = evaluate_and_report(cfg, run_dir, dataset_dir, [], feature_dir=Path(feature_dir), progress=progress,
-                                 extra={"reproduce": {"config": name, "objectives": objectives}})
+        return name, evaluate_run(
+            cfg,
+            ens,
+            dataset_dir,
+            run_dir,
+            feature_dir=Path(feature_dir),
+            modes=["top1"],
+            per_expert=False,
+            progress=progress,
+        )
+    report = evaluate_and_report(
+        cfg,
+        run_dir,
+        dataset_dir,
+        [],
+        feature_dir=Path(feature_dir),
+        progress=progress,
+        extra={"reproduce": {"config": name, "objectives": objectives}},
+    )
     result = report["metrics"]["evaluation"]
-    result["router_top1_accuracy"] = dict(zip(map(str, report["metrics"]["times"]),
-                                              report["metrics"]["router_top1_accuracy"]))
+    result["router_top1_accuracy"] = dict(
+        zip(map(str, report["metrics"]["times"]), report["metrics"]["router_top1_accuracy"])
+    )
     return name, result
 
 
@@ -159,17 +197,29 @@ def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None 
     if (folder / "hddm_expert.json").exists():
         meta = read_expert_meta(folder)
         if meta.get("reproduce_fingerprint") != fingerprint:
-            raise ConfigError(f"{folder} was trained with another config (fingerprint "
-                              f"{meta.get('reproduce_fingerprint')} ≠ {fingerprint}); use a new --out")
-        return {"sha256": meta["sha256"], "tensor_sha256": tensor_sha256(folder / WEIGHTS), "reused": True,
-                "device_seconds": meta["device_seconds"], "final_loss": meta.get("final_loss")}
+            raise ConfigError(
+                f"{folder} was trained with another config (fingerprint "
+                f"{meta.get('reproduce_fingerprint')} ≠ {fingerprint}); use a new --out"
+            )
+        return {
+            "sha256": meta["sha256"],
+            "tensor_sha256": tensor_sha256(folder / WEIGHTS),
+            "reused": True,
+            "device_seconds": meta["device_seconds"],
+            "final_loss": meta.get("final_loss"),
+        }
     if train is None:
         raise _Missing(folder)
     state, model_config, meta = train()
     meta["reproduce_fingerprint"] = fingerprint
     digest = save_expert(folder, state, model_config, meta, dtype=dtype)
-    return {"sha256": digest, "tensor_sha256": tensor_sha256(folder / WEIGHTS), "reused": False,
-            "device_seconds": meta["device_seconds"], "final_loss": meta.get("final_loss")}
+    return {
+        "sha256": digest,
+        "tensor_sha256": tensor_sha256(folder / WEIGHTS),
+        "reused": False,
+        "device_seconds": meta["device_seconds"],
+        "final_loss": meta.get("final_loss"),
+    }
 
 
 def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) -> tuple[dict, dict, dict]:
@@ -181,19 +231,50 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
     data = load_split(dataset_dir, None, "train")
     torch.manual_seed(e.seed + 1000)
     expert, model_config, meta = build_expert(cfg, dataset_meta, "fm")
-    stats = train_expert(expert, data, load_uncond(dataset_dir), steps=steps, batch_size=e.batch_size, lr=e.lr,
-                         weight_decay=e.weight_decay, warmup_steps=e.warmup_steps, grad_clip=e.grad_clip,
-                         caption_dropout=e.caption_dropout, seed=e.seed + 1000, ema_decay=e.ema_decay,
-                         optimizer=e.optimizer, log_every=e.log_every, name="monolith [fm]", progress=progress)
-    meta |= {"expert_id": 0, "cluster_id": "all", "monolith": True, "steps": stats.steps,
-             "images_seen": stats.images_seen, "device_seconds": round(stats.device_seconds, 3),
-             "final_loss": stats.final_loss, "cluster_size": len(data), "batch_size": e.batch_size, "lr": e.lr}
+    stats = train_expert(
+        expert,
+        data,
+        load_uncond(dataset_dir),
+        steps=steps,
+        batch_size=e.batch_size,
+        lr=e.lr,
+        weight_decay=e.weight_decay,
+        warmup_steps=e.warmup_steps,
+        grad_clip=e.grad_clip,
+        caption_dropout=e.caption_dropout,
+        seed=e.seed + 1000,
+        ema_decay=e.ema_decay,
+        optimizer=e.optimizer,
+        log_every=e.log_every,
+        name="monolith [fm]",
+        progress=progress,
+    )
+    meta |= {
+        "expert_id": 0,
+        "cluster_id": "all",
+        "monolith": True,
+        "steps": stats.steps,
+        "images_seen": stats.images_seen,
+        "device_seconds": round(stats.device_seconds, 3),
+        "final_loss": stats.final_loss,
+        "cluster_size": len(data),
+        "batch_size": e.batch_size,
+        "lr": e.lr,
+    }
     state = {k: v.detach().cpu() for k, v in expert.net.transformer.state_dict().items()}
     return state, model_config, meta
 
 
-def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, int] | None = None,
-              jobs: int = 1, command: str = "", progress: bool = False) -> dict:
+def reproduce(
+    cfg: Config,
+    out: Path,
+    dataset_dir: Path,
+    *,
+    configs: dict[str, int] | None = None,
+    jobs: int = 1,
+    command: str = "",
+    progress: bool = False,
+) -> dict:
     """Train or reuse everything, evaluate every configuration and the monolith, write tables and manifest.
 
     ``jobs`` > 1 trains the experts and the monolith, then evaluates the configurations and the monolith, in that
@@ -205,8 +286,11 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
     details = [c["detail"] for c in meta["clusters"]]
     plans = {name: config_for(cfg, n) for name, n in configs.items()}
     objectives = {name: c.objective_of(details) for name, c in plans.items()}
-    data_id = {"dataset": Path(dataset_dir).name, "version": meta["version"],
-               "meta_sha256": sha256_file(Path(dataset_dir) / "meta.json")}
+    data_id = {
+        "dataset": Path(dataset_dir).name,
+        "version": meta["version"],
+        "meta_sha256": sha256_file(Path(dataset_dir) / "meta.json"),
+    }
     fp_expert = _fingerprint(cfg.expert, cfg.ddpm, data_id)
     artefacts: dict[str, Any] = {"experts": {}}
     timings: dict[str, float] = {}
@@ -222,8 +306,10 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
             _train_or_reuse(folders[name], fp_expert, None)
         except _Missing:
             pending.append((name, k, obj))
-    args = [(cfg.to_dict(), str(dataset_dir), k, obj, str(folders[name]), fp_expert, jobs > 1, progress)
-            for name, k, obj in pending]
+    args = [
+        (cfg.to_dict(), str(dataset_dir), k, obj, str(folders[name]), fp_expert, jobs > 1, progress)
+        for name, k, obj in pending
+    ]
     _run_jobs(_train_job, args, jobs, progress, "training")
     for name, k, obj in todo:
         info = _train_or_reuse(folders[name], fp_expert, None)
@@ -240,8 +326,9 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
     router_meta = out / "router" / "hddm_router.json"
     if not router_meta.exists() or json.loads(router_meta.read_text()).get("reproduce_fingerprint") != fp_router:
         fit_router(cfg, dataset_dir, out, progress=progress)
-        router_meta.write_text(json.dumps(json.loads(router_meta.read_text()) | {"reproduce_fingerprint": fp_router},
-                                          indent=2))
+        router_meta.write_text(
+            json.dumps(json.loads(router_meta.read_text()) | {"reproduce_fingerprint": fp_router}, indent=2)
+        )
     artefacts["router"] = {"tensor_sha256": tensor_sha256(out / "router" / WEIGHTS)}
     timings["router"] = time.perf_counter() - t0
 
@@ -257,30 +344,54 @@ def reproduce(cfg: Config, out: Path, dataset_dir: Path, *, configs: dict[str, i
         for k, obj in enumerate(objectives[name]):
             _symlink(run_dir / "experts" / f"expert-{k}", out / "experts" / f"cluster-{k}-{obj}")
         _symlink(run_dir / "router", out / "router")
-        (run_dir / "config.yaml").write_text(f"# hddm reproduce: {name}\n" + yaml.safe_dump(c.to_dict(),
-                                                                                           sort_keys=False))
-        eval_args.append((c.to_dict(), name, str(run_dir), str(dataset_dir), str(feature_dir), objectives[name],
-                          jobs > 1, progress))
-    eval_args.append((cfg.to_dict(), "monolith", str(out / "runs" / "monolith"), str(dataset_dir), str(feature_dir),
-                      None, jobs > 1, progress))
+        (run_dir / "config.yaml").write_text(
+            f"# hddm reproduce: {name}\n" + yaml.safe_dump(c.to_dict(), sort_keys=False)
+        )
+        eval_args.append(
+            (c.to_dict(), name, str(run_dir), str(dataset_dir), str(feature_dir), objectives[name], jobs > 1, progress)
+        )
+    eval_args.append(
+        (
+            cfg.to_dict(),
+            "monolith",
+            str(out / "runs" / "monolith"),
+            str(dataset_dir),
+            str(feature_dir),
+            None,
+            jobs > 1,
+            progress,
+        )
+    )
     results = dict(_run_jobs(_eval_job, eval_args, jobs, progress, "evaluating"))
     timings["evaluation"] = time.perf_counter() - t0
     seconds = time.perf_counter() - start
 
     manifest = {
-        "created_at": _now(), "command": command or "hddm " + " ".join(sys.argv[1:]), "seconds": round(seconds, 1),
+        "created_at": _now(),
+        "command": command or "hddm " + " ".join(sys.argv[1:]),
+        "seconds": round(seconds, 1),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
-        "torch_threads": torch.get_num_threads(), "training_processes": jobs, "device": "cpu",
-        "cpu_seconds": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-                             + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]), 1),  # user + system
+        "torch_threads": torch.get_num_threads(),
+        "training_processes": jobs,
+        "device": "cpu",
+        "cpu_seconds": round(
+            sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]), 1
+        ),  # user + system
         "load_average": {"start": [round(x, 2) for x in load_start], "end": [round(x, 2) for x in os.getloadavg()]},
-        "config": cfg.to_dict(), "configurations": {n: {"ddpm": configs[n], "objectives": objectives[n]}
-                                                   for n in plans},
-        "seeds": {"data": cfg.data.seed, "experts": f"expert.seed + expert id ({cfg.expert.seed} + k)",
-                  "monolith": cfg.expert.seed + 1000, "router": cfg.router.seed, "evaluation": cfg.evaluation.seed,
-                  "sampling": cfg.sampling.seed},
-        "fingerprints": {"experts": fp_expert, "router": fp_router}, "dataset": data_id,
-        "artefacts": artefacts, "versions": versions(),
+        "config": cfg.to_dict(),
+        "configurations": {n: {"ddpm": configs[n], "objectives": objectives[n]} for n in plans},
+        "seeds": {
+            "data": cfg.data.seed,
+            "experts": f"expert.seed + expert id ({cfg.expert.seed} + k)",
+            "monolith": cfg.expert.seed + 1000,
+            "router": cfg.router.seed,
+            "evaluation": cfg.evaluation.seed,
+            "sampling": cfg.sampling.seed,
+        },
+        "fingerprints": {"experts": fp_expert, "router": fp_router},
+        "dataset": data_id,
+        "artefacts": artefacts,
+        "versions": versions(),
         "results": {n: _summary(r) for n, r in results.items()},
     }
     _write_atomic(out / "manifest.json", json.dumps(manifest, indent=2))
@@ -298,9 +409,11 @@ def _symlink(link: Path, target: Path) -> None:
 
 
 def _summary(r: dict) -> dict:
-    return {mode: {k: x[k] for k in ("fid", "kid", "kid_std")} | {"diversity": x["lpips"]["mean"],
-                                                                  "diversity_std": x["lpips"]["std"]}
-            for mode, x in r["modes"].items()}
+    return {
+        mode: {k: x[k] for k in ("fid", "kid", "kid_std")}
+        | {"diversity": x["lpips"]["mean"], "diversity_std": x["lpips"]["std"]}
+        for mode, x in r["modes"].items()
+    }
 
 
 def _f(x: float | None, spec: str = ".2f") -> str:
@@ -328,25 +441,39 @@ def render_tables(manifest: dict, results: dict) -> str:
         f"Aligned inference: {p['prompts']} prompts × {p['samples_per_prompt']} samples, the same noise for every "
         f"row, {p['sampler']}, {p['num_steps']} steps, CFG {p['cfg_scale']}, threshold {p['threshold']}; "
         f"reference: {p['reference']}.",
-        f"FID/KID features: **{anyr['feature_network']}**. Diversity: {anyr['diversity_distance']}.", "",
-        "**Table 1 — heterogeneous vs homogeneous (top-2 routing).**", "",
+        f"FID/KID features: **{anyr['feature_network']}**. Diversity: {anyr['diversity_distance']}.",
+        "",
+        "**Table 1 — heterogeneous vs homogeneous (top-2 routing).**",
+        "",
         "| configuration | FID ↓ | KID ↓ | intra-prompt diversity ↑ | paper FID-50K | paper intra-prompt LPIPS |",
-        "|---|---|---|---|---|---|"]
+        "|---|---|---|---|---|---|",
+    ]
     for n in names:
         x = results[n]["modes"].get("top2")
         if x is None:
             continue
         paper = PAPER_HETERO.get(n, (None, "–"))
-        lines.append(f"| {n} | {x['fid']:.2f} | {x['kid']:.4f} ± {x['kid_std']:.4f} | {x['lpips']['mean']:.3f} ± "
-                     f"{x['lpips']['std']:.3f} | {_f(paper[0])} | {paper[1]} |")
-    lines.append(f"| monolith (equal compute) | {mono['fid']:.2f} | {mono['kid']:.4f} ± {mono['kid_std']:.4f} | "
-                 f"{mono['lpips']['mean']:.3f} ± {mono['lpips']['std']:.3f} | – | – |")
-    lines += ["", "**Table 2 — routing vs a monolith of equal compute (FID ↓; KID in brackets).**", "",
-              "| inference | " + " | ".join(names) + " | paper HDDM (DiT-B/2, FID-50K) | paper DDM (ImageNet, FID) |",
-              "|---" * (len(names) + 3) + "|"]
+        lines.append(
+            f"| {n} | {x['fid']:.2f} | {x['kid']:.4f} ± {x['kid_std']:.4f} | {x['lpips']['mean']:.3f} ± "
+            f"{x['lpips']['std']:.3f} | {_f(paper[0])} | {paper[1]} |"
+        )
+    lines.append(
+        f"| monolith (equal compute) | {mono['fid']:.2f} | {mono['kid']:.4f} ± {mono['kid_std']:.4f} | "
+        f"{mono['lpips']['mean']:.3f} ± {mono['lpips']['std']:.3f} | – | – |"
+    )
+    lines += [
+        "",
+        "**Table 2 — routing vs a monolith of equal compute (FID ↓; KID in brackets).**",
+        "",
+        "| inference | " + " | ".join(names) + " | paper HDDM (DiT-B/2, FID-50K) | paper DDM (ImageNet, FID) |",
+        "|---" * (len(names) + 3) + "|",
+    ]
     paper = PAPER_ROUTING["monolith"]
-    lines.append(f"| monolith | " + " | ".join(f"{mono['fid']:.2f} ({mono['kid']:.4f})" for _ in names)
-                 + f" | {_f(paper[0])} | {_f(paper[1])} |")
+    lines.append(
+        "| monolith | "
+        + " | ".join(f"{mono['fid']:.2f} ({mono['kid']:.4f})" for _ in names)
+        + f" | {_f(paper[0])} | {_f(paper[1])} |"
+    )
     modes = list(anyr["modes"])
     for mode in modes:
         paper = PAPER_ROUTING.get(mode, (None, None))
@@ -356,10 +483,15 @@ def render_tables(manifest: dict, results: dict) -> str:
             cells.append(f"{x['fid']:.2f} ({x['kid']:.4f})" if x else "–")
         lines.append(f"| {mode} | " + " | ".join(cells) + f" | {_f(paper[0])} | {_f(paper[1])} |")
     acc = results[names[0]]["router_top1_accuracy"]
-    lines += ["", "Paper columns: HDDM's routing table has no threshold/oracle rows (its threshold ablation, at "
-                  "another scale, gives FID 38.28 at 0.2); DDM's threshold row is Threshold-0.01. The paper's numbers "
-                  "come from 50K samples of 256² LAION/ImageNet images with Inception features: compare orderings, "
-                  "not values.",
-              "", "Router top-1 accuracy against the cluster labels by t (held-out images; the router is shared by "
-                  "all configurations): " + ", ".join(f"t={t}: {a:.2f}" for t, a in acc.items()), ""]
+    lines += [
+        "",
+        "Paper columns: HDDM's routing table has no threshold/oracle rows (its threshold ablation, at "
+        "another scale, gives FID 38.28 at 0.2); DDM's threshold row is Threshold-0.01. The paper's numbers "
+        "come from 50K samples of 256² LAION/ImageNet images with Inception features: compare orderings, "
+        "not values.",
+        "",
+        "Router top-1 accuracy against the cluster labels by t (held-out images; the router is shared by "
+        "all configurations): " + ", ".join(f"t={t}: {a:.2f}" for t, a in acc.items()),
+        "",
+    ]
     return "\n".join(lines)

@@ -12,9 +12,10 @@ import logging
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -58,8 +59,10 @@ def _drop_captions(cond: TextCond, uncond: TextCond, p: float, generator: torch.
         return cond
     drop = drop.to(cond.mask.device)
     keep = ~drop[:, None]
-    return TextCond(torch.where(keep[..., None], cond.states, uncond.states.expand_as(cond.states)),
-                    torch.where(keep, cond.mask, uncond.mask.expand_as(cond.mask)))
+    return TextCond(
+        torch.where(keep[..., None], cond.states, uncond.states.expand_as(cond.states)),
+        torch.where(keep, cond.mask, uncond.mask.expand_as(cond.mask)),
+    )
 
 
 def make_optimizer(params, lr: float, weight_decay: float, impl: str, device: torch.device) -> torch.optim.AdamW:
@@ -73,11 +76,26 @@ def make_optimizer(params, lr: float, weight_decay: float, impl: str, device: to
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kw)
 
 
-def fit(model: torch.nn.Module, loss_fn: Callable[[torch.Generator], Tensor], *, steps: int, lr: float,
-        weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float | None = 1.0, seed: int = 0,
-        accumulation: int = 1, ema_decay: float = 0.0, mixed_precision: str = "no", optimizer: str = "auto",
-        checkpoint: str | Path | None = None, checkpoint_every: int = 0, log_every: int = 100,
-        name: str = "train", progress: bool = False) -> tuple[TrainStats, EMAModel | None]:
+def fit(
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.Generator], Tensor],
+    *,
+    steps: int,
+    lr: float,
+    weight_decay: float = 0.0,
+    warmup_steps: int = 0,
+    grad_clip: float | None = 1.0,
+    seed: int = 0,
+    accumulation: int = 1,
+    ema_decay: float = 0.0,
+    mixed_precision: str = "no",
+    optimizer: str = "auto",
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 0,
+    log_every: int = 100,
+    name: str = "train",
+    progress: bool = False,
+) -> tuple[TrainStats, EMAModel | None]:
     """The one optimisation loop over ``loss_fn(generator)`` (one micro-batch per call).
 
     AdamW with linear warm-up, gradient clipping, ``accumulation`` micro-batches per step, optional bf16 autocast
@@ -114,8 +132,7 @@ def fit(model: torch.nn.Module, loss_fn: Callable[[torch.Generator], Tensor], *,
         log.info("%s resumed from %s at step %d", name, checkpoint, first)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
     start = time.perf_counter() - elapsed
-    for step in tqdm(range(first, steps), desc=name, disable=not progress, mininterval=1.0, initial=first,
-                     total=steps):
+    for step in tqdm(range(first, steps), desc=name, disable=not progress, mininterval=1.0, initial=first, total=steps):
         opt.zero_grad(set_to_none=True)
         total = torch.zeros((), device=device)  # the loss stays on the device: no host sync per step
         for _ in range(accumulation):
@@ -132,11 +149,27 @@ def fit(model: torch.nn.Module, loss_fn: Callable[[torch.Generator], Tensor], *,
         loss_ema = total if loss_ema is None else 0.98 * loss_ema.to(device) + 0.02 * total
         if (step + 1) % log_every == 0 or step + 1 == steps:
             stats.loss_curve.append((step + 1, loss_ema.item()))
-            log.info("%s step %d/%d loss %.4f (%.1f s)", name, step + 1, steps, stats.loss_curve[-1][1],
-                     time.perf_counter() - start)
+            log.info(
+                "%s step %d/%d loss %.4f (%.1f s)",
+                name,
+                step + 1,
+                steps,
+                stats.loss_curve[-1][1],
+                time.perf_counter() - start,
+            )
         if checkpoint is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
-            _save_training_state(checkpoint, model, opt, sched, ema, g, step + 1, loss_ema.item(),
-                                 time.perf_counter() - start, stats.loss_curve)
+            _save_training_state(
+                checkpoint,
+                model,
+                opt,
+                sched,
+                ema,
+                g,
+                step + 1,
+                loss_ema.item(),
+                time.perf_counter() - start,
+                stats.loss_curve,
+            )
     stats.final_loss = float("nan") if loss_ema is None else loss_ema.item()  # (waits for the device)
     stats.steps, stats.device_seconds = steps, time.perf_counter() - start
     return stats, ema
@@ -145,9 +178,16 @@ def fit(model: torch.nn.Module, loss_fn: Callable[[torch.Generator], Tensor], *,
 def _save_training_state(path: Path, model, opt, sched, ema, g, step, loss_ema, elapsed, curve) -> None:
     """Write the training state atomically (a local file of this node, read back with weights_only=True)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-             "generator": g.get_state(), "step": step, "loss_ema": loss_ema, "elapsed": elapsed,
-             "loss_curve": [list(x) for x in curve]}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "generator": g.get_state(),
+        "step": step,
+        "loss_ema": loss_ema,
+        "elapsed": elapsed,
+        "loss_curve": [list(x) for x in curve],
+    }
     if ema is not None:
         state["ema"] = ema.state_dict()
     tmp = path.with_name(path.name + ".tmp")
@@ -155,12 +195,31 @@ def _save_training_state(path: Path, model, opt, sched, ema, g, step, loss_ema, 
     os.replace(tmp, path)
 
 
-def train_expert(expert: Expert, data: Split, uncond: TextCond, *, steps: int, batch_size: int, lr: float,
-                 weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0,
-                 caption_dropout: float = 0.1, seed: int = 0, accumulation: int = 1, ema_decay: float = 0.0,
-                 mixed_precision: str = "no", gradient_checkpointing: bool = False, optimizer: str = "auto",
-                 checkpoint: str | Path | None = None, checkpoint_every: int = 0, log_every: int = 100,
-                 name: str = "expert", device: torch.device | str = "cpu", progress: bool = False) -> TrainStats:
+def train_expert(
+    expert: Expert,
+    data: Split,
+    uncond: TextCond,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float = 0.0,
+    warmup_steps: int = 0,
+    grad_clip: float = 1.0,
+    caption_dropout: float = 0.1,
+    seed: int = 0,
+    accumulation: int = 1,
+    ema_decay: float = 0.0,
+    mixed_precision: str = "no",
+    gradient_checkpointing: bool = False,
+    optimizer: str = "auto",
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 0,
+    log_every: int = 100,
+    name: str = "expert",
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+) -> TrainStats:
     """Train ``expert`` in isolation on ``data`` with its own objective (``expert.training_loss``).
 
     With ``ema_decay`` > 0 the expert ends holding the EMA weights (``stats.ema`` says so).
@@ -180,10 +239,25 @@ def train_expert(expert: Expert, data: Split, uncond: TextCond, *, steps: int, b
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    stats, ema = fit(expert, loss_fn, steps=steps, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
-                     grad_clip=grad_clip, seed=seed, accumulation=accumulation, ema_decay=ema_decay,
-                     mixed_precision=mixed_precision, optimizer=optimizer, checkpoint=checkpoint,
-                     checkpoint_every=checkpoint_every, log_every=log_every, name=name, progress=progress)
+    stats, ema = fit(
+        expert,
+        loss_fn,
+        steps=steps,
+        lr=lr,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        grad_clip=grad_clip,
+        seed=seed,
+        accumulation=accumulation,
+        ema_decay=ema_decay,
+        mixed_precision=mixed_precision,
+        optimizer=optimizer,
+        checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
+        log_every=log_every,
+        name=name,
+        progress=progress,
+    )
     if ema is not None:
         ema.copy_to([p for p in expert.parameters() if p.requires_grad])
         stats.ema = True
@@ -202,8 +276,17 @@ def router_loss(router: Router, x0: Tensor, labels: Tensor, generator: torch.Gen
     return torch.nn.functional.cross_entropy(router(x_t, t), labels)
 
 
-def train_router(router: Router, data: Split, *, steps: int, batch_size: int, lr: float, seed: int = 0,
-                 log_every: int = 100, progress: bool = False) -> TrainStats:
+def train_router(
+    router: Router,
+    data: Split,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int = 0,
+    log_every: int = 100,
+    progress: bool = False,
+) -> TrainStats:
     """Train the router on the coordinator's copy of the data (all clusters, labels = cluster ids)."""
     router.train()
 
@@ -211,8 +294,17 @@ def train_router(router: Router, data: Split, *, steps: int, batch_size: int, lr
         idx = torch.randint(0, len(data), (batch_size,), generator=g)
         return router_loss(router, data.images[idx], data.labels[idx], g)
 
-    stats, _ = fit(router, loss_fn, steps=steps, lr=lr, warmup_steps=min(50, steps // 10), seed=seed,
-                   log_every=log_every, name="router", progress=progress)
+    stats, _ = fit(
+        router,
+        loss_fn,
+        steps=steps,
+        lr=lr,
+        warmup_steps=min(50, steps // 10),
+        seed=seed,
+        log_every=log_every,
+        name="router",
+        progress=progress,
+    )
     stats.images_seen = steps * batch_size
     router.eval()
     return stats

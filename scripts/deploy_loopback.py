@@ -75,9 +75,14 @@ class Deployment:
     def __init__(self, work: str | os.PathLike, port: int = 19400, *, quiet: bool = True):
         self.work, self.port, self.quiet = Path(work), port, quiet
         self.work.mkdir(parents=True, exist_ok=True)
-        self.env = dict(os.environ, FLWR_HOME=str(self.work / "flwr"), FLWR_TELEMETRY_ENABLED="0",
-                        FLWR_DISABLE_UPDATE_CHECK="1", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-                        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        self.env = dict(
+            os.environ,
+            FLWR_HOME=str(self.work / "flwr"),
+            FLWR_TELEMETRY_ENABLED="0",
+            FLWR_DISABLE_UPDATE_CHECK="1",
+            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+            PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        )
         self.procs: dict[str, subprocess.Popen] = {}
 
     # -- certificates and keys ---------------------------------------------------------------------------------
@@ -85,17 +90,59 @@ class Deployment:
     def certificates(self) -> None:
         """A CA and a server certificate for localhost / 127.0.0.1, and the flwr connection that trusts the CA."""
         w = self.work
-        self._sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-                 "-days", "2", "-subj", "/CN=hddm-loopback-ca")
-        self._sh("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-                 "-subj", "/CN=localhost")
+        self._sh(
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=hddm-loopback-ca",
+        )
+        self._sh(
+            "openssl",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        )
         (w / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-        self._sh("openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.ext")
+        self._sh(
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        )
         (w / "flwr").mkdir(exist_ok=True)
         (w / "flwr" / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{w / "ca.crt"}"\n')
+            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{w / "ca.crt"}"\n'
+        )
 
     def node_key(self, name: str) -> Path:
         """An institution's EC key pair (OpenSSH format); returns the private key's path (``.pub`` beside it)."""
@@ -113,9 +160,22 @@ class Deployment:
     def start_superlink(self, timeout: float = 60.0) -> None:
         if not port_free(self.port):  # never talk to somebody else's SuperLink
             raise DeploymentError(f"port {self.port} is already in use")
-        self._start("superlink", "flower-superlink", "--ssl-ca-certfile", "ca.crt", "--ssl-certfile", "server.pem",
-                    "--ssl-keyfile", "server.key", "--enable-supernode-auth", "--host", "127.0.0.1",
-                    "--port", str(self.port), "--disable-runtime-dependency-installation")
+        self._start(
+            "superlink",
+            "flower-superlink",
+            "--ssl-ca-certfile",
+            "ca.crt",
+            "--ssl-certfile",
+            "server.pem",
+            "--ssl-keyfile",
+            "server.key",
+            "--enable-supernode-auth",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--disable-runtime-dependency-installation",
+        )
         deadline = time.monotonic() + timeout
         while True:
             self._alive("superlink")
@@ -124,25 +184,44 @@ class Deployment:
                     break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise DeploymentError(f"the SuperLink did not listen on port {self.port} within {timeout:.0f} s")
+                    raise DeploymentError(
+                        f"the SuperLink did not listen on port {self.port} within {timeout:.0f} s"
+                    ) from None
                 time.sleep(0.3)
-        self._wait(lambda: self._try_flwr("supernode", "ls", CONNECTION, "--format", "json"), timeout,
-                   "the SuperLink's control API did not answer")
+        self._wait(
+            lambda: self._try_flwr("supernode", "ls", CONNECTION, "--format", "json"),
+            timeout,
+            "the SuperLink's control API did not answer",
+        )
 
     def start_supernode(self, name: str, key: Path, node_config: dict, local_port: int) -> subprocess.Popen:
         """Start an institution's SuperNode (its ClientApp's local API on ``local_port``)."""
         config = " ".join(f"{k}={json.dumps(v)}" for k, v in node_config.items())
-        return self._start(name, "flower-supernode", "--root-certificates", "ca.crt", "--auth-supernode-private-key",
-                           str(key), "--superlink", f"127.0.0.1:{self.port}", "--port", str(local_port),
-                           "--node-config", config)
+        return self._start(
+            name,
+            "flower-supernode",
+            "--root-certificates",
+            "ca.crt",
+            "--auth-supernode-private-key",
+            str(key),
+            "--superlink",
+            f"127.0.0.1:{self.port}",
+            "--port",
+            str(local_port),
+            "--node-config",
+            config,
+        )
 
     def kill_clientapps(self, name: str) -> int:
         """SIGKILL the ClientApp processes under SuperNode ``name`` (what the kernel's OOM killer does to a process
         that outgrows its memory); the SuperNode itself lives on. Returns how many were killed."""
         import psutil
 
-        apps = [p for p in psutil.Process(self.procs[name].pid).children(recursive=True)
-                if any("flwr-clientapp" in part for part in p.cmdline())]
+        apps = [
+            p
+            for p in psutil.Process(self.procs[name].pid).children(recursive=True)
+            if any("flwr-clientapp" in part for part in p.cmdline())
+        ]
         for p in apps:
             p.send_signal(signal.SIGKILL)
         return len(apps)
@@ -178,7 +257,7 @@ class Deployment:
         for name in [n for n in self.procs if n != "superlink"] + ["superlink"]:
             self.stop(name)
 
-    def __enter__(self) -> "Deployment":
+    def __enter__(self) -> Deployment:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -215,8 +294,9 @@ class Deployment:
         if name in self.procs and self.procs[name].poll() is None:
             raise DeploymentError(f"{name} is already running")
         log = open(self.work / f"{name}.log", "ab")
-        proc = subprocess.Popen(cmd, cwd=self.work, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # its own process group: stopped with all it spawns
+        proc = subprocess.Popen(
+            cmd, cwd=self.work, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )  # its own process group: stopped with all it spawns
         log.close()
         self.procs[name] = proc
         return proc
@@ -249,9 +329,19 @@ class Deployment:
             time.sleep(interval)
 
 
-def deploy(nodes: int, port: int, work: Path, *, config: str, overrides: str, cache_dir: Path,
-           timeout: float = 900.0, drill: bool = False, data_dir: str = "",
-           objectives: list[str] | None = None) -> dict:
+def deploy(
+    nodes: int,
+    port: int,
+    work: Path,
+    *,
+    config: str,
+    overrides: str,
+    cache_dir: Path,
+    timeout: float = 900.0,
+    drill: bool = False,
+    data_dir: str = "",
+    objectives: list[str] | None = None,
+) -> dict:
     """The whole story for ``nodes`` institutions (expert k on node k), then optionally the fault drill; returns
     what happened (also written to ``work/deploy.json``)."""
     out: dict = {"nodes": nodes, "port": port, "work": str(work)}
@@ -263,8 +353,12 @@ def deploy(nodes: int, port: int, work: Path, *, config: str, overrides: str, ca
             d.register(key)
 
         def node(k: int) -> None:
-            config = {"expert-id": k, "num-threads": 1, "cache-dir": str(cache_dir),
-                      "work-dir": str(work / f"work-{k}")}
+            config = {
+                "expert-id": k,
+                "num-threads": 1,
+                "cache-dir": str(cache_dir),
+                "work-dir": str(work / f"work-{k}"),
+            }
             if data_dir:  # the institution's own prepared data
                 config["data-dir"] = data_dir
             if objectives and objectives[k]:  # the institution insists on its objective
@@ -279,15 +373,16 @@ def deploy(nodes: int, port: int, work: Path, *, config: str, overrides: str, ca
             out["drill"] = fault_drill(d, nodes, node, run_config, overrides, work, timeout)
             out["run"] = {"status": out["drill"]["resumed_run"]["status"], "run_dir": str(work / "run")}
         else:
-            run_id = d.submit(run_config | {"run-dir": str(work / "run"),
-                                            "overrides": f"federation.min_nodes={nodes} {overrides}".strip()})
+            run_id = d.submit(
+                run_config
+                | {"run-dir": str(work / "run"), "overrides": f"federation.min_nodes={nodes} {overrides}".strip()}
+            )
             out["run"] = {"status": d.wait_run(run_id, timeout), "run_dir": str(work / "run")}
     (work / "deploy.json").write_text(json.dumps(out, indent=2))
     return out
 
 
-def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: str, work: Path,
-                timeout: float) -> dict:
+def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: str, work: Path, timeout: float) -> dict:
     """On the running deployment (≥ 3 nodes):
 
     1. a SuperNode with an unregistered key must be refused;
@@ -315,8 +410,10 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
     # the train timeout is generous: the SuperNode reports the dead ClientApp (code 8) and the SuperLink the dead
     # node (code 5) ≤ 60 s after the kills, so the run does not wait for them, and a slow machine does not turn the
     # live node into a timeout
-    drill = (f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 federation.train_timeout=180 "
-             f"expert.steps=1000 expert.checkpoint_every=10 expert.log_every=500")
+    drill = (
+        f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 federation.train_timeout=180 "
+        f"expert.steps=1000 expert.checkpoint_every=10 expert.log_every=500"
+    )
     run_a = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill})
     deadline = time.monotonic() + timeout
     for k in (crashed, lost):
@@ -326,24 +423,37 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
             time.sleep(0.2)
     result["clientapps_killed"] = d.kill_clientapps(f"supernode-{crashed}")
     d.stop(f"supernode-{lost}", signal.SIGKILL)  # the machine is gone: SuperNode, SuperExec and ClientApp
-    result["killed_run"] = {"status": d.wait_run(run_a, timeout),
-                            "report": json.loads((run_dir / "report.json").read_text())}
+    result["killed_run"] = {
+        "status": d.wait_run(run_a, timeout),
+        "report": json.loads((run_dir / "report.json").read_text()),
+    }
     d.wait_offline(nodes - 1)  # until then the SuperLink refuses the same key (exit 305, code 2004)
     node(lost)  # the institution restarts its SuperNode: same key, same work-dir
     d.wait_nodes(nodes)
     run_b = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill, "experts": f"{crashed},{lost}"})
     # at the same time, on node 0 (which run_b leaves idle): a run whose train message expires before its reply
     expired_dir = work / "run-ttl"
-    run_c = d.submit(run_config | {"run-dir": str(expired_dir), "experts": "0", "overrides":
-                                   f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 "
-                                   f"federation.message_ttl=5 expert.steps=1500 expert.log_every=1000"})
-    result["resumed_run"] = {"status": d.wait_run(run_b, timeout),
-                             "report": json.loads((run_dir / "report.json").read_text()),
-                             "experts": {str(k): json.loads((run_dir / "experts" / f"expert-{k}" /
-                                                             "hddm_expert.json").read_text())
-                                         for k in (crashed, lost)}}
-    result["expired_run"] = {"status": d.wait_run(run_c, timeout),
-                             "report": json.loads((expired_dir / "report.json").read_text())}
+    run_c = d.submit(
+        run_config
+        | {
+            "run-dir": str(expired_dir),
+            "experts": "0",
+            "overrides": f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 "
+            f"federation.message_ttl=5 expert.steps=1500 expert.log_every=1000",
+        }
+    )
+    result["resumed_run"] = {
+        "status": d.wait_run(run_b, timeout),
+        "report": json.loads((run_dir / "report.json").read_text()),
+        "experts": {
+            str(k): json.loads((run_dir / "experts" / f"expert-{k}" / "hddm_expert.json").read_text())
+            for k in (crashed, lost)
+        },
+    }
+    result["expired_run"] = {
+        "status": d.wait_run(run_c, timeout),
+        "report": json.loads((expired_dir / "report.json").read_text()),
+    }
     return result
 
 
@@ -362,15 +472,22 @@ def check(out: dict) -> list[str]:
             problems.append("drill: a SuperNode with an unregistered key was not refused")
         killed = drill["killed_run"]
         missing = {m["expert_id"]: m["reason"] for m in killed["report"].get("missing", [])}
-        if killed["status"] != "finished:completed" or sorted(missing) != [crashed, lost] \
-                or "(code 8)" not in missing[crashed] or "(code 5)" not in missing[lost]:
-            problems.append(f"drill: the run with a killed ClientApp and a killed node ended {killed['status']}, "
-                            f"missing {missing}")
+        if (
+            killed["status"] != "finished:completed"
+            or sorted(missing) != [crashed, lost]
+            or "(code 8)" not in missing[crashed]
+            or "(code 5)" not in missing[lost]
+        ):
+            problems.append(
+                f"drill: the run with a killed ClientApp and a killed node ended {killed['status']}, missing {missing}"
+            )
         resumed = drill["resumed_run"]
         steps = {k: e.get("resumed_steps") for k, e in resumed["experts"].items()}
         if resumed["status"] != "finished:completed" or resumed["report"]["missing"] or not all(steps.values()):
-            problems.append(f"drill: the resumed run ended {resumed['status']}, missing "
-                            f"{resumed['report']['missing']}, resumed steps {steps}")
+            problems.append(
+                f"drill: the resumed run ended {resumed['status']}, missing "
+                f"{resumed['report']['missing']}, resumed steps {steps}"
+            )
         expired = drill["expired_run"]
         reasons = [m["reason"] for m in expired["report"]["missing"] if m["expert_id"] == 0]
         if expired["status"] != "finished:failed" or not reasons or "(code 3)" not in reasons[0]:
@@ -379,24 +496,40 @@ def check(out: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--nodes", type=int, default=2, help="institutions (SuperNodes), one expert each")
-    p.add_argument("--port", type=int, default=0,
-                   help="SuperLink port; SuperNodes use port+3+k (default: the first free block in 19400..19499)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="SuperLink port; SuperNodes use port+3+k (default: the first free block in 19400..19499)",
+    )
     p.add_argument("--work", type=Path, default=None, help="work directory (default: a new temporary one)")
     p.add_argument("--config", default="configs/default.yaml", help="experiment YAML (relative to the app)")
-    p.add_argument("--overrides", default=None,
-                   help="config overrides; default: a quick run with one DDPM expert and the rest FM")
+    p.add_argument(
+        "--overrides", default=None, help="config overrides; default: a quick run with one DDPM expert and the rest FM"
+    )
     p.add_argument("--cache-dir", type=Path, default=None, help="dataset cache shared by all (default: in --work)")
-    p.add_argument("--data-dir", default="", help="a prepared dataset directory every node trains from "
-                                                  "(node config data-dir; default: each prepares the embedded one)")
-    p.add_argument("--objectives", default="", help="per-node objective overrides, e.g. ',ddpm' (node config "
-                                                    "objective; empty = the server's assignment)")
-    p.add_argument("--drill", action="store_true",
-                   help="run the fault drill instead: an unregistered key, a ClientApp and a SuperNode killed "
-                        "mid-training, a run that targets only their experts resuming both, a message whose TTL "
-                        "expires (needs ≥ 3 nodes)")
+    p.add_argument(
+        "--data-dir",
+        default="",
+        help="a prepared dataset directory every node trains from "
+        "(node config data-dir; default: each prepares the embedded one)",
+    )
+    p.add_argument(
+        "--objectives",
+        default="",
+        help="per-node objective overrides, e.g. ',ddpm' (node config objective; empty = the server's assignment)",
+    )
+    p.add_argument(
+        "--drill",
+        action="store_true",
+        help="run the fault drill instead: an unregistered key, a ClientApp and a SuperNode killed "
+        "mid-training, a run that targets only their experts resuming both, a message whose TTL "
+        "expires (needs ≥ 3 nodes)",
+    )
     args = p.parse_args(argv)
     if args.nodes < 1 or (args.drill and args.nodes < 3):
         p.error("--nodes must be ≥ 1 (≥ 3 with --drill)")
@@ -410,27 +543,42 @@ def main(argv: list[str] | None = None) -> int:
         except DeploymentError as e:
             p.error(str(e))
     n = args.nodes
-    overrides = args.overrides if args.overrides is not None else (
-        f"num_experts={n} objectives={{ddpm: 1, fm: {n - 1}, ddpm_clusters: [0]}} expert.steps=30 router.steps=30 "
-        f"sampling.num_steps=10 sampling.samples_per_prompt=2 federation.min_experts={n}")
+    overrides = (
+        args.overrides
+        if args.overrides is not None
+        else (
+            f"num_experts={n} objectives={{ddpm: 1, fm: {n - 1}, ddpm_clusters: [0]}} expert.steps=30 router.steps=30 "
+            f"sampling.num_steps=10 sampling.samples_per_prompt=2 federation.min_experts={n}"
+        )
+    )
     try:
         objectives = args.objectives.split(",") if args.objectives else None
         if objectives is not None and len(objectives) != n:
             p.error(f"--objectives has {len(objectives)} entries for {n} nodes")
-        out = deploy(n, args.port, work, config=args.config, overrides=overrides,
-                     cache_dir=args.cache_dir or work / "cache", drill=args.drill, data_dir=args.data_dir,
-                     objectives=objectives)
+        out = deploy(
+            n,
+            args.port,
+            work,
+            config=args.config,
+            overrides=overrides,
+            cache_dir=args.cache_dir or work / "cache",
+            drill=args.drill,
+            data_dir=args.data_dir,
+            objectives=objectives,
+        )
     except DeploymentError as e:
         print(f"deploy: error: {e} (logs in {work})", file=sys.stderr)
         return 1
     print(f"run status: {out['run']['status']}; run directory: {out['run']['run_dir']}; logs: {work}")
     if args.drill:
         d = out["drill"]
-        print(f"drill: unregistered key refused: {d['intruder_refused']}; killed ClientApp and SuperNode: "
-              f"{d['killed_run']['report']['missing']}; after the restart: resumed steps "
-              f"{ {k: e.get('resumed_steps') for k, e in d['resumed_run']['experts'].items()} }, missing "
-              f"{d['resumed_run']['report']['missing']}; 5 s TTL: {d['expired_run']['status']}, "
-              f"{d['expired_run']['report']['missing'][:1]}")
+        print(
+            f"drill: unregistered key refused: {d['intruder_refused']}; killed ClientApp and SuperNode: "
+            f"{d['killed_run']['report']['missing']}; after the restart: resumed steps "
+            f"{ {k: e.get('resumed_steps') for k, e in d['resumed_run']['experts'].items()} }, missing "
+            f"{d['resumed_run']['report']['missing']}; 5 s TTL: {d['expired_run']['status']}, "
+            f"{d['expired_run']['report']['missing'][:1]}"
+        )
     problems = check(out)
     for problem in problems:
         print(f"deploy: FAILED: {problem}", file=sys.stderr)

@@ -20,7 +20,6 @@ from hddm_flower.checkpoints import REQUIRED_META, CheckpointRejected, install_e
 from hddm_flower.config import OBJECTIVES
 from strategies.spool import SpooledArray, discard, pull_replies, spooled_arrays
 
-
 WIRE_STYPE = "safetensors"  # the stype of the one array a train reply carries: the expert's safetensors bytes
 
 
@@ -70,19 +69,34 @@ class OneShotExperts(Strategy):
         Expert ids already in ``run_dir/experts`` (from an earlier run); they count towards ``min_experts``.
     """
 
-    def __init__(self, run_dir: Path, experiment: dict, objectives: list[str], *, min_nodes: int = 1,
-                 min_experts: int = 1, node_wait_timeout: float = 120.0, message_ttl: float | None = None,
-                 cache_dir: str = "", poll_interval: float = 1.0, model_config: dict | None = None,
-                 max_checkpoint_bytes: int = 0, experts: Iterable[int] | None = None,
-                 present: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        experiment: dict,
+        objectives: list[str],
+        *,
+        min_nodes: int = 1,
+        min_experts: int = 1,
+        node_wait_timeout: float = 120.0,
+        message_ttl: float | None = None,
+        cache_dir: str = "",
+        poll_interval: float = 1.0,
+        model_config: dict | None = None,
+        max_checkpoint_bytes: int = 0,
+        experts: Iterable[int] | None = None,
+        present: Iterable[int] = (),
+    ) -> None:
         bad = [o for o in objectives if o not in OBJECTIVES]
         if bad:
             raise ValueError(f"unknown objectives {bad}; expected {OBJECTIVES}")
         self.run_dir, self.experiment, self.objectives = Path(run_dir), experiment, list(objectives)
         self.min_nodes, self.min_experts = min_nodes, min_experts
         self.node_wait_timeout, self.message_ttl, self.cache_dir = node_wait_timeout, message_ttl, cache_dir
-        self.poll_interval, self.model_config, self.max_checkpoint_bytes = poll_interval, model_config, \
-            max_checkpoint_bytes
+        self.poll_interval, self.model_config, self.max_checkpoint_bytes = (
+            poll_interval,
+            model_config,
+            max_checkpoint_bytes,
+        )
         self.targets = sorted(set(range(len(objectives)) if experts is None else experts))
         self.present = set(present)
         out = [k for k in self.targets + sorted(self.present) if not 0 <= k < len(objectives)]
@@ -102,13 +116,22 @@ class OneShotExperts(Strategy):
     def summary(self) -> None:
         """Log the strategy's settings."""
         log(INFO, "\t├──> OneShotExperts settings:")
-        log(INFO, "\t│\t├── Experts: %d (%s)", self.num_experts,
-            ", ".join(f"{o}: {self.objectives.count(o)}" for o in OBJECTIVES))
+        log(
+            INFO,
+            "\t│\t├── Experts: %d (%s)",
+            self.num_experts,
+            ", ".join(f"{o}: {self.objectives.count(o)}" for o in OBJECTIVES),
+        )
         log(INFO, "\t│\t├── Objectives by expert id: %s", self.objectives)
         if self.targets != list(range(self.num_experts)):
             log(INFO, "\t│\t├── Training only experts %s (present: %s)", self.targets, sorted(self.present))
-        log(INFO, "\t│\t├── Min nodes: %d (wait ≤ %.0f s), min experts: %d", self.min_nodes,
-            self.node_wait_timeout, self.min_experts)
+        log(
+            INFO,
+            "\t│\t├── Min nodes: %d (wait ≤ %.0f s), min experts: %d",
+            self.min_nodes,
+            self.node_wait_timeout,
+            self.min_experts,
+        )
         log(INFO, "\t│\t└── Run directory: %s", self.run_dir)
 
     # -- the protocol ------------------------------------------------------------------------------------------
@@ -122,9 +145,16 @@ class OneShotExperts(Strategy):
         deadline, simulated = time.monotonic() + self.node_wait_timeout, None
         while len(node_ids := sorted(grid.get_node_ids())) < self.min_nodes and time.monotonic() < deadline:
             if node_ids and simulated is None:  # ask one node whether it is simulated, and how many there are
-                answers = [dict(r.content["node-info"]) for r in self._stream(
-                    grid, [Message(RecordDict(), dst_node_id=node_ids[0], message_type=MessageType.QUERY)],
-                    min(timeout, 60.0), {}) if not r.has_error()]
+                answers = [
+                    dict(r.content["node-info"])
+                    for r in self._stream(
+                        grid,
+                        [Message(RecordDict(), dst_node_id=node_ids[0], message_type=MessageType.QUERY)],
+                        min(timeout, 60.0),
+                        {},
+                    )
+                    if not r.has_error()
+                ]
                 simulated = int(answers[0].get("num-partitions", 0)) if answers else 0
             if simulated and len(node_ids) >= simulated:
                 break  # every simulated node is there; more will not come
@@ -147,16 +177,26 @@ class OneShotExperts(Strategy):
                 if expert_id not in self.targets and 0 <= expert_id < self.num_experts:
                     log(INFO, "node %d holds expert %d, not wanted in this run; skipped", node_id, expert_id)
                 elif not 0 <= expert_id < self.num_experts:
-                    log(WARNING, "node %d asks for expert %d outside 0..%d; skipped", node_id, expert_id,
-                        self.num_experts - 1)
+                    log(
+                        WARNING,
+                        "node %d asks for expert %d outside 0..%d; skipped",
+                        node_id,
+                        expert_id,
+                        self.num_experts - 1,
+                    )
                 elif expert_id in taken:
                     log(WARNING, "node %d asks for expert %d, already assigned; skipped", node_id, expert_id)
                 else:
                     self.assignment.setdefault(node_id, []).append(expert_id)
                     taken.add(expert_id)
         if any(len(experts) > 1 for experts in self.assignment.values()):
-            log(INFO, "OneShotExperts: %d simulated nodes for %d experts; each trains %s", len(self.assignment),
-                self.num_experts, "; ".join(f"node {n}: {e}" for n, e in sorted(self.assignment.items())))
+            log(
+                INFO,
+                "OneShotExperts: %d simulated nodes for %d experts; each trains %s",
+                len(self.assignment),
+                self.num_experts,
+                "; ".join(f"node {n}: {e}" for n, e in sorted(self.assignment.items())),
+            )
         for k in self.targets:
             if k not in taken:
                 self.missing[k] = "no node was assigned this expert (none connected, answered or claimed it)"
@@ -171,8 +211,9 @@ class OneShotExperts(Strategy):
         p, n = int(node_config["partition-id"]), int(node_config.get("num-partitions", 0))
         return [p] if not 0 < n < self.num_experts or not 0 <= p < n else list(range(p, self.num_experts, n))
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """One train message per assigned expert, to its node: the expert id, cluster, objective and the
         experiment, in a fresh record."""
         messages = []
@@ -185,13 +226,20 @@ class OneShotExperts(Strategy):
             task["objective"] = self.objectives[expert_id]
             task["experiment"] = json.dumps(self.experiment)
             task["cache-dir"] = self.cache_dir
-            messages.append(Message(RecordDict({"config": task}), dst_node_id=node_id,
-                                    message_type=MessageType.TRAIN, group_id=str(server_round),
-                                    ttl=self.message_ttl))
+            messages.append(
+                Message(
+                    RecordDict({"config": task}),
+                    dst_node_id=node_id,
+                    message_type=MessageType.TRAIN,
+                    group_id=str(server_round),
+                    ttl=self.message_ttl,
+                )
+            )
         return messages
 
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """No averaging: validate each reply and write it to disk as it arrives."""
         for reply in replies:
             expert_id = self._message_expert.get(reply.metadata.reply_to_message_id)
@@ -213,23 +261,39 @@ class OneShotExperts(Strategy):
                 discard(reply)  # whatever _save did not move into the expert's folder
                 del reply  # an in-memory checkpoint's bytes go with it: one at a time
             self.received[expert_id] = meta
-            log(INFO, "expert %d (%s) received: %d steps (%d resumed), %.0f device-s, %d bytes (%s)", expert_id,
-                meta["objective"], meta["steps"], meta.get("resumed_steps", 0), meta["device_seconds"],
-                meta["weights_bytes"], how)
+            log(
+                INFO,
+                "expert %d (%s) received: %d steps (%d resumed), %.0f device-s, %d bytes (%s)",
+                expert_id,
+                meta["objective"],
+                meta["steps"],
+                meta.get("resumed_steps", 0),
+                meta["device_seconds"],
+                meta["weights_bytes"],
+                how,
+            )
         return None, MetricRecord({"experts-received": len(self.received), "experts-missing": len(self.missing)})
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """No federated evaluation: the ensemble is evaluated on the server."""
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return None
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 1,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None, evaluate_fn: Callable | None = None,
-              ensemble_fn: Callable[[dict[int, dict], dict[int, str]], dict | None] | None = None) -> Result:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int = 1,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable | None = None,
+        ensemble_fn: Callable[[dict[int, dict], dict[int, str]], dict | None] | None = None,
+    ) -> Result:
         """Discover nodes, send one train message per node, collect the experts, then call
         ``ensemble_fn(received, missing)`` if at least ``min_experts`` arrived.
 
@@ -238,27 +302,30 @@ class OneShotExperts(Strategy):
         log(INFO, "Starting %s (one shot, no aggregation)", self.__class__.__name__)
         self.summary()
         self.discover(grid, timeout=min(timeout, 300.0))
-        messages = list(self.configure_train(1, initial_arrays or ArrayRecord(), train_config or ConfigRecord(),
-                                             grid))
+        messages = list(self.configure_train(1, initial_arrays or ArrayRecord(), train_config or ConfigRecord(), grid))
         _, metrics = self.aggregate_train(1, self._stream(grid, messages, timeout, self._message_expert))
         result = Result()
         result.train_metrics_clientapp[1] = metrics
         log(INFO, "OneShotExperts: %d experts received, %d missing", len(self.received), len(self.missing))
         if len(self.received) + len(self.present) < self.min_experts:
-            raise RuntimeError(f"only {len(self.received)} of {self.num_experts} experts arrived"
-                               f"{f' ({len(self.present)} already present)' if self.present else ''} "
-                               f"(min_experts={self.min_experts}); missing: {self.missing}")
+            raise RuntimeError(
+                f"only {len(self.received)} of {self.num_experts} experts arrived"
+                f"{f' ({len(self.present)} already present)' if self.present else ''} "
+                f"(min_experts={self.min_experts}); missing: {self.missing}"
+            )
         if ensemble_fn is not None:
             out = ensemble_fn(dict(self.received), dict(self.missing))
             if out:
                 result.evaluate_metrics_serverapp[1] = MetricRecord(
-                    {k: v for k, v in out.items() if isinstance(v, (int, float))})
+                    {k: v for k, v in out.items() if isinstance(v, (int, float))}
+                )
         return result
 
     # -- helpers -----------------------------------------------------------------------------------------------
 
-    def _stream(self, grid: Grid, messages: list[Message], timeout: float,
-                expert_of: dict[str, int]) -> Iterator[Message]:
+    def _stream(
+        self, grid: Grid, messages: list[Message], timeout: float, expert_of: dict[str, int]
+    ) -> Iterator[Message]:
         """Push ``messages`` and yield replies as they arrive, until all arrived or ``timeout`` passed.
         Fills ``expert_of`` (message id → expert id, for train messages) so replies map back by
         ``reply_to_message_id`` (error replies from the SuperLink carry node id 1)."""
@@ -277,8 +344,9 @@ class OneShotExperts(Strategy):
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for message_id in sorted(pending):  # one id per pull: one checkpoint at a time
-                for reply in pull_replies(grid, [message_id], self.run_dir / "experts",
-                                          max_bytes=self.max_checkpoint_bytes):
+                for reply in pull_replies(
+                    grid, [message_id], self.run_dir / "experts", max_bytes=self.max_checkpoint_bytes
+                ):
                     pending.discard(reply.metadata.reply_to_message_id)
                     yield reply
             if pending:
@@ -299,20 +367,25 @@ class OneShotExperts(Strategy):
         if meta["objective"] not in OBJECTIVES:
             raise CheckpointRejected(f"unknown objective {meta['objective']!r}")
         if self.model_config is not None and model_config != self.model_config:
-            diff = sorted(k for k in set(model_config) | set(self.model_config)
-                          if model_config.get(k) != self.model_config.get(k))
+            diff = sorted(
+                k for k in set(model_config) | set(self.model_config) if model_config.get(k) != self.model_config.get(k)
+            )
             preset = self.experiment["expert"]["preset"]
             raise CheckpointRejected(f"model config differs from the run's preset {preset!r} in {diff[:4]}")
         arrays = content.array_records.get("expert")
         if arrays is None or list(arrays) != ["weights"] or arrays["weights"].stype != WIRE_STYPE:
-            raise CheckpointRejected(f"the reply's 'expert' record must hold one array 'weights' of stype "
-                                     f"{WIRE_STYPE!r} (the safetensors file)")
+            raise CheckpointRejected(
+                f"the reply's 'expert' record must hold one array 'weights' of stype "
+                f"{WIRE_STYPE!r} (the safetensors file)"
+            )
         weights = arrays["weights"]
         spooled = isinstance(weights, SpooledArray)
         size = weights.nbytes if spooled else len(weights.data)
         if self.max_checkpoint_bytes and size > self.max_checkpoint_bytes:
-            raise CheckpointRejected(f"size {'> ' if spooled and weights.path is None else ''}{size} bytes exceeds "
-                                     f"the limit of {self.max_checkpoint_bytes} bytes")
+            raise CheckpointRejected(
+                f"size {'> ' if spooled and weights.path is None else ''}{size} bytes exceeds "
+                f"the limit of {self.max_checkpoint_bytes} bytes"
+            )
         incoming = self.run_dir / "experts"
         incoming.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".incoming-expert-{expert_id}-", suffix=".safetensors", dir=incoming)
@@ -325,9 +398,13 @@ class OneShotExperts(Strategy):
                 with os.fdopen(fd, "wb") as f:
                     f.write(weights.data)
             del weights, arrays, content["expert"]  # nothing holds the bytes in memory any more
-            meta["sha256"] = validate_weights_file(tmp, model_config, sha256=str(meta["sha256"]),
-                                                   dtype=meta.get("weights_dtype"),
-                                                   max_bytes=self.max_checkpoint_bytes)
+            meta["sha256"] = validate_weights_file(
+                tmp,
+                model_config,
+                sha256=str(meta["sha256"]),
+                dtype=meta.get("weights_dtype"),
+                max_bytes=self.max_checkpoint_bytes,
+            )
             meta["weights_bytes"] = os.path.getsize(tmp)
             install_expert(incoming / f"expert-{expert_id}", tmp, model_config, meta)
         finally:

@@ -11,8 +11,14 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from hddm_flower.config import TRAINING_SECTIONS, Config, ConfigError, load_config, parse_overrides
-from hddm_flower.pipeline import (assign_objectives, checkpoint_limit, expected_model_config, finish_run,
-                                  prepare_data, write_config)
+from hddm_flower.pipeline import (
+    assign_objectives,
+    checkpoint_limit,
+    expected_model_config,
+    finish_run,
+    prepare_data,
+    write_config,
+)
 
 from .one_shot import OneShotExperts
 
@@ -27,8 +33,9 @@ def resolve_run(run_config: dict, run_id: int) -> tuple[Config, Path, Path, str]
     cfg = load_config(path, parse_overrides(str(run_config.get("overrides", ""))))
     run_dir = str(run_config.get("run-dir", ""))
     if run_dir and not Path(run_dir).is_absolute():
-        raise ConfigError(f"run-dir must be an absolute path (the ServerApp's working directory is the "
-                          f"SuperLink's), got {run_dir!r}")
+        raise ConfigError(
+            f"run-dir must be an absolute path (the ServerApp's working directory is the SuperLink's), got {run_dir!r}"
+        )
     run_dir = Path(run_dir) if run_dir else Path.home() / "hddm-runs" / f"run-{run_id}"
     return cfg, path, run_dir, str(run_config.get("cache-dir", ""))
 
@@ -40,7 +47,7 @@ def parse_expert_ids(text: str, num_experts: int) -> list[int] | None:
     try:
         ids = sorted({int(x) for x in str(text).replace(" ", "").split(",")})
     except ValueError:
-        raise ConfigError(f"run config experts={text!r}: expected expert ids separated by commas, e.g. \"1,5\"")
+        raise ConfigError(f'run config experts={text!r}: expected expert ids separated by commas, e.g. "1,5"') from None
     bad = [k for k in ids if not 0 <= k < num_experts]
     if bad:
         raise ConfigError(f"run config experts={text!r}: ids {bad} outside 0..{num_experts - 1}")
@@ -57,8 +64,11 @@ def missing_report(num_experts: int, present: set[int], lost: dict[int, str], ru
     before = {}
     if (run_dir / "report.json").exists():
         before = {m["expert_id"]: m["reason"] for m in json.loads((run_dir / "report.json").read_text())["missing"]}
-    return [{"expert_id": k, "reason": lost.get(k) or before.get(k, "not trained in this run")}
-            for k in range(num_experts) if k not in present]
+    return [
+        {"expert_id": k, "reason": lost.get(k) or before.get(k, "not trained in this run")}
+        for k in range(num_experts)
+        if k not in present
+    ]
 
 
 @app.main()
@@ -67,17 +77,23 @@ def main(grid: Grid, context: Context) -> None:
     targets = parse_expert_ids(str(context.run_config.get("experts", "")), cfg.num_experts)
     present = present_experts(run_dir)
     if targets is None and present:
-        raise ConfigError(f"run-dir {run_dir} already holds experts from another run; choose a new run-dir, or "
-                          f"train only the missing ones with --run-config 'experts=\"…\"'")
+        raise ConfigError(
+            f"run-dir {run_dir} already holds experts from another run; choose a new run-dir, or "
+            f"train only the missing ones with --run-config 'experts=\"…\"'"
+        )
     if targets is not None and (run_dir / "config.yaml").exists():  # a later run adds experts to an earlier one
         earlier = load_config(run_dir / "config.yaml").to_dict()
         diff = [k for k in TRAINING_SECTIONS if earlier[k] != cfg.to_dict()[k]]
         if diff:
-            raise ConfigError(f"run-dir {run_dir} was trained with another {', '.join(diff)} configuration "
-                              f"(see its config.yaml); experts of one run must share it")
+            raise ConfigError(
+                f"run-dir {run_dir} was trained with another {', '.join(diff)} configuration "
+                f"(see its config.yaml); experts of one run must share it"
+            )
         if set(targets) & present:
-            raise ConfigError(f"experts {sorted(set(targets) & present)} are already in {run_dir / 'experts'}; "
-                              f"remove their folders to train them again")
+            raise ConfigError(
+                f"experts {sorted(set(targets) & present)} are already in {run_dir / 'experts'}; "
+                f"remove their folders to train them again"
+            )
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").exists() or targets is None:
         write_config(run_dir / "config.yaml", cfg, f"resolved from {path}")
@@ -87,28 +103,54 @@ def main(grid: Grid, context: Context) -> None:
     objectives = assign_objectives(cfg, dataset_dir)
     model_config = expected_model_config(cfg, dataset_dir)
     f = cfg.federation
-    strategy = OneShotExperts(run_dir, cfg.to_dict(), objectives, min_nodes=f.min_nodes, min_experts=f.min_experts,
-                              node_wait_timeout=f.node_wait_timeout, message_ttl=f.message_ttl or None,
-                              cache_dir=cache_dir, model_config=model_config,
-                              max_checkpoint_bytes=checkpoint_limit(cfg, model_config), experts=targets,
-                              present=present)
+    strategy = OneShotExperts(
+        run_dir,
+        cfg.to_dict(),
+        objectives,
+        min_nodes=f.min_nodes,
+        min_experts=f.min_experts,
+        node_wait_timeout=f.node_wait_timeout,
+        message_ttl=f.message_ttl or None,
+        cache_dir=cache_dir,
+        model_config=model_config,
+        max_checkpoint_bytes=checkpoint_limit(cfg, model_config),
+        experts=targets,
+        present=present,
+    )
 
     def ensemble_fn(received: dict, missing: dict) -> dict:
         log(INFO, "hddm-flower: training the router, assembling %d experts, sampling", len(received) + len(present))
-        report = finish_run(cfg, run_dir, dataset_dir,
-                            missing_report(cfg.num_experts, present_experts(run_dir), missing, run_dir),
-                            extra={"flower": {"run_id": context.run_id, "trained": strategy.targets,
-                                              "assignment": {str(n): e for n, e in strategy.assignment.items()}}})
+        report = finish_run(
+            cfg,
+            run_dir,
+            dataset_dir,
+            missing_report(cfg.num_experts, present_experts(run_dir), missing, run_dir),
+            extra={
+                "flower": {
+                    "run_id": context.run_id,
+                    "trained": strategy.targets,
+                    "assignment": {str(n): e for n, e in strategy.assignment.items()},
+                }
+            },
+        )
         log(INFO, "hddm-flower: report written to %s", run_dir / "report.json")
         m = report["metrics"]
-        return {"router-top1-accuracy-t0.5": m["router_top1_accuracy"][m["times"].index(0.5)],
-                "ensemble-velocity-mse-t0.5": m["ensemble_velocity_mse"][m["times"].index(0.5)]}
+        return {
+            "router-top1-accuracy-t0.5": m["router_top1_accuracy"][m["times"].index(0.5)],
+            "ensemble-velocity-mse-t0.5": m["ensemble_velocity_mse"][m["times"].index(0.5)],
+        }
 
     try:
         strategy.start(grid, timeout=f.train_timeout, ensemble_fn=ensemble_fn)
     except RuntimeError:
-        (run_dir / "report.json").write_text(json.dumps({
-            "status": "failed", "experts": list(strategy.received.values()),
-            "missing": missing_report(cfg.num_experts, present_experts(run_dir), strategy.missing, run_dir)},
-            indent=2))
+        (run_dir / "report.json").write_text(
+            json.dumps(
+                {
+                    "status": "failed",
+                    "experts": list(strategy.received.values()),
+                    "missing": missing_report(cfg.num_experts, present_experts(run_dir), strategy.missing, run_dir),
+                },
+                indent=2,
+            )
+        )
         raise

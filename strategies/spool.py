@@ -53,9 +53,15 @@ class SpooledArray(Array):
     nbytes: int
 
 
-def pull_replies(grid: Grid, message_ids: Iterable[str], spool_dir: Path, *,
-                 stypes: Iterable[str] = ("safetensors",), max_bytes: int = 0,
-                 max_inline_bytes: int = MAX_INLINE_BYTES) -> list[Message]:
+def pull_replies(
+    grid: Grid,
+    message_ids: Iterable[str],
+    spool_dir: Path,
+    *,
+    stypes: Iterable[str] = ("safetensors",),
+    max_bytes: int = 0,
+    max_inline_bytes: int = MAX_INLINE_BYTES,
+) -> list[Message]:
     """Pull the replies to ``message_ids``; arrays whose stype is in ``stypes`` are written to files in
     ``spool_dir`` (on an :class:`HttpGrid`) and stop being written after ``max_bytes`` bytes (0 = no limit).
     Everything else of a reply is held in memory and may not exceed ``max_inline_bytes`` (a hostile node could
@@ -78,15 +84,17 @@ def pull_replies(grid: Grid, message_ids: Iterable[str], spool_dir: Path, *,
         placeholders: dict[str, Array] = {}  # object id of a spooled array → its placeholder
         reply_to = msg_proto.metadata.reply_to_message_id
         try:
-            contents = _pull_tree(tree, pull_fn, spooled, placeholders, Path(spool_dir), frozenset(stypes),
-                                  max_bytes, max_inline_bytes)
+            contents = _pull_tree(
+                tree, pull_fn, spooled, placeholders, Path(spool_dir), frozenset(stypes), max_bytes, max_inline_bytes
+            )
         except (ObjectPullError, OSError, *MALFORMED) as e:
             for array in spooled.values():
                 _unlink(array)
             replies.append(_unavailable(run_id, grid.node.node_id, reply_to, e))
             continue
-        client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(node=grid.node, run_id=run_id,
-                                                                    message_object_id=msg_id))
+        client.ConfirmMessageReceived(
+            ConfirmMessageReceivedRequest(node=grid.node, run_id=run_id, message_object_id=msg_id)
+        )
         try:  # a peer's objects: malformed ones make an error reply, not a crash of the server
             message = cast(Message, inflate_object_from_contents(msg_id, contents, objects=placeholders))
         except MALFORMED as e:
@@ -108,8 +116,9 @@ def spooled_arrays(message: Message) -> list[SpooledArray]:
     """The spooled arrays of a reply (none for an error reply or one pulled in memory)."""
     if message.has_error():
         return []
-    return [a for record in message.content.array_records.values() for a in record.values()
-            if isinstance(a, SpooledArray)]
+    return [
+        a for record in message.content.array_records.values() for a in record.values() if isinstance(a, SpooledArray)
+    ]
 
 
 def discard(message: Message) -> None:
@@ -118,9 +127,16 @@ def discard(message: Message) -> None:
         _unlink(array)
 
 
-def _pull_tree(tree, pull_fn: Callable[[str], bytes], spooled: dict[bytes, SpooledArray],
-               placeholders: dict[str, Array], spool_dir: Path, stypes: frozenset[str],
-               max_bytes: int, max_inline_bytes: int) -> dict[str, bytes]:
+def _pull_tree(
+    tree,
+    pull_fn: Callable[[str], bytes],
+    spooled: dict[bytes, SpooledArray],
+    placeholders: dict[str, Array],
+    spool_dir: Path,
+    stypes: frozenset[str],
+    max_bytes: int,
+    max_inline_bytes: int,
+) -> dict[str, bytes]:
     """Pull the objects of a message's tree level by level; spool the chunks of matching arrays to files, each
     with a placeholder Array (no chunks, a unique token as data) for Flower to inflate in its place. Returns the
     contents of every object that was not spooled."""
@@ -128,7 +144,7 @@ def _pull_tree(tree, pull_fn: Callable[[str], bytes], spooled: dict[bytes, Spool
     level, inline = [tree], 0
     while level:
         for start in range(0, len(level), CHUNKS_IN_FLIGHT):  # a few at a time: the sum is checked as it grows
-            got = pull_objects([node.object_id for node in level[start:start + CHUNKS_IN_FLIGHT]], pull_fn)
+            got = pull_objects([node.object_id for node in level[start : start + CHUNKS_IN_FLIGHT]], pull_fn)
             inline += sum(len(c) for c in got.values())
             if inline > max_inline_bytes:
                 raise ValueError(f"the reply's objects other than spooled arrays exceed {max_inline_bytes} bytes")
@@ -142,8 +158,9 @@ def _pull_tree(tree, pull_fn: Callable[[str], bytes], spooled: dict[bytes, Spool
                     order = [chunk_ids[i] for i in head["arraychunk_ids"]]
                     token = f"hddm-spooled-array:{uuid.uuid4()}".encode()
                     spooled[token] = _spool(head, order, pull_fn, spool_dir, max_bytes)
-                    placeholders[node.object_id] = Array(dtype=head["dtype"], shape=tuple(head["shape"]),
-                                                         stype=head["stype"], data=token)
+                    placeholders[node.object_id] = Array(
+                        dtype=head["dtype"], shape=tuple(head["shape"]), stype=head["stype"], data=token
+                    )
                     del contents[node.object_id]
                     continue
             children.extend(node.children)
@@ -151,8 +168,9 @@ def _pull_tree(tree, pull_fn: Callable[[str], bytes], spooled: dict[bytes, Spool
     return contents
 
 
-def _spool(head: dict, chunk_ids: list[str], pull_fn: Callable[[str], bytes], spool_dir: Path,
-           max_bytes: int) -> SpooledArray:
+def _spool(
+    head: dict, chunk_ids: list[str], pull_fn: Callable[[str], bytes], spool_dir: Path, max_bytes: int
+) -> SpooledArray:
     """Write the chunks of one array, in order, to a new file in ``spool_dir``."""
     array = SpooledArray(dtype=head["dtype"], shape=tuple(head["shape"]), stype=head["stype"], data=b"")
     array.nbytes = 0
@@ -162,7 +180,7 @@ def _spool(head: dict, chunk_ids: list[str], pull_fn: Callable[[str], bytes], sp
     try:
         with os.fdopen(fd, "wb") as f:
             for start in range(0, len(chunk_ids), CHUNKS_IN_FLIGHT):
-                window = chunk_ids[start:start + CHUNKS_IN_FLIGHT]
+                window = chunk_ids[start : start + CHUNKS_IN_FLIGHT]
                 got = pull_objects(list(dict.fromkeys(window)), pull_fn)
                 for chunk_id in window:
                     data = get_object_body(got[chunk_id], ArrayChunk)
@@ -191,8 +209,16 @@ def _unlink(array: SpooledArray) -> None:
 
 def _unavailable(run_id: int, node_id: int, reply_to: str, e: Exception) -> Message:
     """The error reply flwr's own pull makes when a reply's objects cannot be pulled."""
-    metadata = Metadata(run_id=run_id, message_id="", src_node_id=node_id, dst_node_id=node_id,
-                        message_type=SYSTEM_MESSAGE_TYPE, group_id="", ttl=0, reply_to_message_id=reply_to,
-                        created_at=now().timestamp())
+    metadata = Metadata(
+        run_id=run_id,
+        message_id="",
+        src_node_id=node_id,
+        dst_node_id=node_id,
+        message_type=SYSTEM_MESSAGE_TYPE,
+        group_id="",
+        ttl=0,
+        reply_to_message_id=reply_to,
+        created_at=now().timestamp(),
+    )
     reason = f"the reply could not be pulled to disk: {e}"
     return make_message(metadata=metadata, error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason=reason))

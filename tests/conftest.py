@@ -17,8 +17,15 @@ TINY = {
     "expert": {"preset": "test", "steps": 3, "batch_size": 4, "warmup_steps": 1, "log_every": 1},
     "router": {"preset": "test", "steps": 3, "batch_size": 8},
     "sampling": {"num_steps": 2, "samples_per_prompt": 2, "prompts": ["dog face", "japan flag"]},
-    "evaluation": {"num_prompts": 3, "samples_per_prompt": 2, "per_expert_samples": 3, "grid_prompts": 2,
-                   "feature_steps": 3, "kid_subset_size": 4, "kid_subsets": 3},
+    "evaluation": {
+        "num_prompts": 3,
+        "samples_per_prompt": 2,
+        "per_expert_samples": 3,
+        "grid_prompts": 2,
+        "feature_steps": 3,
+        "kid_subset_size": 4,
+        "kid_subsets": 3,
+    },
     "federation": {"min_nodes": 4, "min_experts": 2, "node_wait_timeout": 5, "train_timeout": 60},
 }
 

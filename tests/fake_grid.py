@@ -19,14 +19,23 @@ class FakeGrid(Grid):
     instead of the node's reply (e.g. 3: TTL expired, 5: node unavailable; such errors carry node id 1);
     ``tamper(node_id, reply)`` may alter a reply in flight."""
 
-    def __init__(self, client_app, node_configs: dict[int, dict], run_config: dict | None = None, *,
-                 silent: Iterable[int] = (), tamper: Callable[[int, Message], Message] | None = None,
-                 link_errors: dict[int, tuple[int, str]] | None = None):
+    def __init__(
+        self,
+        client_app,
+        node_configs: dict[int, dict],
+        run_config: dict | None = None,
+        *,
+        silent: Iterable[int] = (),
+        tamper: Callable[[int, Message], Message] | None = None,
+        link_errors: dict[int, tuple[int, str]] | None = None,
+    ):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         self.client_app, self.silent, self.tamper = client_app, set(silent), tamper
         self.link_errors = dict(link_errors or {})
-        self.contexts = {n: Context(run_id=1, node_id=n, node_config=dict(c), state=RecordDict(),
-                                    run_config=dict(run_config or {})) for n, c in node_configs.items()}
+        self.contexts = {
+            n: Context(run_id=1, node_id=n, node_config=dict(c), state=RecordDict(), run_config=dict(run_config or {}))
+            for n, c in node_configs.items()
+        }
         self.replies: dict[str, Message] = {}
         self.sent: list[Message] = []
 
@@ -82,13 +91,15 @@ def set_reply_weights(reply: Message, blob: bytes, *, rehash: bool = True) -> Me
     sender is consistent, the content is bad), otherwise the old hash stays (corruption in transit)."""
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
-    reply.content["expert"] = ArrayRecord({"weights": Array(dtype="uint8", shape=(len(blob),), stype="safetensors",
-                                                            data=blob)})
+    reply.content["expert"] = ArrayRecord(
+        {"weights": Array(dtype="uint8", shape=(len(blob),), stype="safetensors", data=blob)}
+    )
     if rehash:
         meta = json.loads(str(reply.content["meta"]["meta"]))
         meta["sha256"] = hashlib.sha256(blob).hexdigest()
-        reply.content["meta"] = ConfigRecord({"meta": json.dumps(meta),
-                                              "model-config": str(reply.content["meta"]["model-config"])})
+        reply.content["meta"] = ConfigRecord(
+            {"meta": json.dumps(meta), "model-config": str(reply.content["meta"]["model-config"])}
+        )
     return reply
 
 
@@ -109,8 +120,14 @@ class WireRuntime:
     reply). ``message_id(proto)`` picks the id the SuperLink returns for a pushed message (default: the pushed id).
     Object ids in ``withhold`` are "not found" (an upload that never completed)."""
 
-    def __init__(self, node_ids: Iterable[int], deliver: Callable, *, message_id: Callable | None = None,
-                 withhold: Iterable[str] = ()):
+    def __init__(
+        self,
+        node_ids: Iterable[int],
+        deliver: Callable,
+        *,
+        message_id: Callable | None = None,
+        withhold: Iterable[str] = (),
+    ):
         self.node_ids, self.deliver = list(node_ids), deliver
         self.message_id = message_id or (lambda proto: proto.metadata.message_id)
         self.objects: dict = {}  # object id → bytes, or the Path of a file holding them
@@ -148,8 +165,10 @@ class WireRuntime:
             if message_id in self.pushed:
                 self.answer(message_id)
         found = [self.replies.pop(i) for i in request.message_ids if i in self.replies]  # pulled once, as on a
-        return PullAppMessagesResponse(messages_list=[p for p, _ in found],  # SuperLink
-                                       message_object_trees=[t for _, t in found])
+        return PullAppMessagesResponse(
+            messages_list=[p for p, _ in found],  # SuperLink
+            message_object_trees=[t for _, t in found],
+        )
 
     def PullObject(self, request):  # noqa: N802
         from flwr.proto.message_pb2 import PullObjectResponse
@@ -158,8 +177,11 @@ class WireRuntime:
         if content is None or request.object_id in self.withhold:
             return PullObjectResponse(object_found=False, object_available=False)
         self.pulled_objects += 1
-        return PullObjectResponse(object_found=True, object_available=True,
-                                  object_content=content.read_bytes() if isinstance(content, Path) else content)
+        return PullObjectResponse(
+            object_found=True,
+            object_available=True,
+            object_content=content.read_bytes() if isinstance(content, Path) else content,
+        )
 
     def ConfirmMessageReceived(self, request):  # noqa: N802
         from flwr.proto.message_pb2 import ConfirmMessageReceivedResponse
@@ -217,8 +239,8 @@ def store_reply(reply: Message, folder: Path) -> int:
 
 def wire_grid(runtime: WireRuntime):
     """flwr's real ``HttpGrid`` talking to ``runtime`` instead of a SuperLink over HTTP."""
-    from flwr.superlink.grid.http_grid import HttpGrid
     from flwr.supercore.run import Run
+    from flwr.superlink.grid.http_grid import HttpGrid
 
     grid = HttpGrid(token="wire")
     grid._client = runtime  # the connection HttpGrid would open to the SuperLink's Runtime API

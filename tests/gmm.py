@@ -20,7 +20,7 @@ class GaussianMixture:
         self.mu = torch.as_tensor(mu, dtype=torch.float64)  # (J, D)
         self.s = torch.as_tensor(s, dtype=torch.float64)  # (J,)
 
-    def component(self, j: int) -> "GaussianMixture":
+    def component(self, j: int) -> GaussianMixture:
         return GaussianMixture([1.0], self.mu[j : j + 1], self.s[j : j + 1])
 
     def _moments(self, x: Tensor, a: Tensor, b: Tensor):
@@ -29,8 +29,11 @@ class GaussianMixture:
         var = a**2 * self.s.reshape(1, -1, 1) ** 2 + b**2  # (B, J, 1)
         resid = x[:, None, :] - a * self.mu[None]  # (B, J, D)
         D = x.shape[-1]
-        log_p = (torch.log(self.pi)[None] - 0.5 * (resid**2).sum(-1) / var[..., 0]
-                 - 0.5 * D * torch.log(2 * math.pi * var[..., 0]))
+        log_p = (
+            torch.log(self.pi)[None]
+            - 0.5 * (resid**2).sum(-1) / var[..., 0]
+            - 0.5 * D * torch.log(2 * math.pi * var[..., 0])
+        )
         r = log_p.softmax(-1)
         e_eps = b / var * resid
         e_x0 = self.mu[None] + a * self.s.reshape(1, -1, 1) ** 2 / var * resid

@@ -16,29 +16,70 @@ def _load(name):
 
 def test_gpu_check_dry_run_on_cpu(tmp_path):
     out = tmp_path / "gpu.json"
-    result = _load("gpu_xl_step").main(["--device", "cpu", "--preset", "test", "--batch-size", "2", "--steps", "1",
-                                        "--out", str(out)])
+    result = _load("gpu_xl_step").main(
+        ["--device", "cpu", "--preset", "test", "--batch-size", "2", "--steps", "1", "--out", str(out)]
+    )
     assert json.loads(out.read_text())["model_flops_per_step"] == result["model_flops_per_step"] > 0
 
 
 def test_convert_init_benchmark_smoke(tiny_config_path, dataset_dir, cache_dir, tmp_path):
-    r = _load("convert_init").main(["--config", str(tiny_config_path), "--cache-dir", str(cache_dir),
-                                    "--pretrain-steps", "3", "--steps", "4", "--out", str(tmp_path / "ci")])
+    r = _load("convert_init").main(
+        [
+            "--config",
+            str(tiny_config_path),
+            "--cache-dir",
+            str(cache_dir),
+            "--pretrain-steps",
+            "3",
+            "--steps",
+            "4",
+            "--out",
+            str(tmp_path / "ci"),
+        ]
+    )
     assert set(r["runs"]) == {"fm/random", "fm/converted", "ddpm/random", "ddpm/converted"}
     assert r["runs"]["ddpm/converted"]["conversion_check"]["max_output_diff"] < 1e-4
     assert (tmp_path / "ci.md").read_text().startswith("Expert init from a converted tiny DiT")
 
 
 def test_train_step_benchmark_runs_both_loops(tiny_config_path, dataset_dir, cache_dir, tmp_path):
-    r = _load("train_step").main(["--config", str(tiny_config_path), "--cache-dir", str(cache_dir),
-                                  "--objective", "ddpm", "--steps", "2", "--reps", "2", "--out", str(tmp_path / "t.json")])
+    r = _load("train_step").main(
+        [
+            "--config",
+            str(tiny_config_path),
+            "--cache-dir",
+            str(cache_dir),
+            "--objective",
+            "ddpm",
+            "--steps",
+            "2",
+            "--reps",
+            "2",
+            "--out",
+            str(tmp_path / "t.json"),
+        ]
+    )
     assert r["samples_per_s"]["ours"] > 0 and r["samples_per_s"]["plain"] > 0
     assert len(r["ratios"]) == 2 and json.loads((tmp_path / "t.json").read_text())["objective"] == "ddpm"
 
 
 def test_sampling_benchmark_grouped_matches_the_per_sample_loop(tiny_config_path, tmp_path):
-    r = _load("sampling").main(["--config", str(tiny_config_path), "--batch-size", "6", "--steps", "2", "--reps", "2",
-                                "--set", "sampling.cfg_scale=1.0", "--out", str(tmp_path / "s.json")])
+    r = _load("sampling").main(
+        [
+            "--config",
+            str(tiny_config_path),
+            "--batch-size",
+            "6",
+            "--steps",
+            "2",
+            "--reps",
+            "2",
+            "--set",
+            "sampling.cfg_scale=1.0",
+            "--out",
+            str(tmp_path / "s.json"),
+        ]
+    )
     assert r["max_abs_diff_grouped_vs_per_sample"] < 1e-5  # same velocities, only the batching differs
     assert set(r["seconds_median"]) == {"grouped", "per_sample", "one_expert"}
 
@@ -51,8 +92,19 @@ def test_gpu_benchmark_dry_run(tmp_path):
 
 
 def test_bench_runner_writes_the_table(tiny_config_path, dataset_dir, cache_dir, tmp_path):
-    r = _load("bench").main(["--quick", "--skip", "federation", "--config", str(tiny_config_path),
-                             "--cache-dir", str(cache_dir), "--out-dir", str(tmp_path)])
+    r = _load("bench").main(
+        [
+            "--quick",
+            "--skip",
+            "federation",
+            "--config",
+            str(tiny_config_path),
+            "--cache-dir",
+            str(cache_dir),
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     md = (tmp_path / "bench.md").read_text()
     assert "training samples/s" in md and "grouped top-2 vs one expert" in md
     assert json.loads((tmp_path / "bench.json").read_text())["machine"] == r["machine"]

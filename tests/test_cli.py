@@ -19,26 +19,43 @@ def test_stages_without_flower(tiny_config_path, dataset_dir, cache_dir, tmp_pat
     assert "4 clusters" in capsys.readouterr().out
     run = tmp_path / "run"
     for k in (0, 1):
-        assert main(["train-expert", *common, "--expert-id", str(k), "--out", str(run / "experts" / f"expert-{k}"),
-                     "--set", "expert.steps=2"]) == 0
+        assert (
+            main(
+                [
+                    "train-expert",
+                    *common,
+                    "--expert-id",
+                    str(k),
+                    "--out",
+                    str(run / "experts" / f"expert-{k}"),
+                    "--set",
+                    "expert.steps=2",
+                ]
+            )
+            == 0
+        )
     meta = json.loads((run / "experts" / "expert-1" / "hddm_expert.json").read_text())
     assert meta["objective"] == "ddpm" and meta["steps"] == 2  # the config gives cluster 1 DDPM
     assert main(["assemble", *common, "--run-dir", str(run)]) == 0
     report = json.loads((run / "report.json").read_text())
     assert len(report["experts"]) == 2 and [m["expert_id"] for m in report["missing"]] == [2, 3]
-    assert main(["sample", *common, "--run-dir", str(run), "--prompt", "red apple", "--out",
-                 str(tmp_path / "apple.png")]) == 0
+    assert (
+        main(["sample", *common, "--run-dir", str(run), "--prompt", "red apple", "--out", str(tmp_path / "apple.png")])
+        == 0
+    )
     assert (tmp_path / "apple.png").exists()
     assert main(["train-router", *common, "--run-dir", str(tmp_path / "r2")]) == 0
     assert (tmp_path / "r2" / "router" / "diffusion_pytorch_model.safetensors").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--set", "expert.stpes=3", "--expert-id", "0", "--out", "X"], "unknown key expert.stpes"),
-    (["--expert-id", "7", "--out", "X"], "--expert-id 7 is outside 0..3"),
-])
-def test_bad_input_is_one_line_and_nonzero(tiny_config_path, dataset_dir, cache_dir, tmp_path, capsys, args,
-                                           message):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "expert.stpes=3", "--expert-id", "0", "--out", "X"], "unknown key expert.stpes"),
+        (["--expert-id", "7", "--out", "X"], "--expert-id 7 is outside 0..3"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(tiny_config_path, dataset_dir, cache_dir, tmp_path, capsys, args, message):
     out = str(tmp_path / "x")
     argv = ["train-expert", *_common(tiny_config_path, cache_dir), *[out if a == "X" else a for a in args]]
     assert main(argv) == 2
@@ -48,12 +65,29 @@ def test_bad_input_is_one_line_and_nonzero(tiny_config_path, dataset_dir, cache_
 
 
 def test_missing_files_exit_nonzero_in_a_real_process(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hddm_flower.cli", "sample", "--config", str(tmp_path / "no.yaml"),
-                           "--run-dir", str(tmp_path)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hddm_flower.cli",
+            "sample",
+            "--config",
+            str(tmp_path / "no.yaml"),
+            "--run-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"hddm sample: error: config file {tmp_path / 'no.yaml'} does not exist"]
-    proc = subprocess.run([sys.executable, "-m", "hddm_flower.cli", "assemble", "--run-dir", str(tmp_path)],
-                          capture_output=True, text=True)
+    assert proc.stderr.strip().splitlines() == [
+        f"hddm sample: error: config file {tmp_path / 'no.yaml'} does not exist"
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hddm_flower.cli", "assemble", "--run-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "no expert folders" in proc.stderr
 
 
@@ -66,5 +100,7 @@ def test_paper_config_without_its_local_files_fails_clearly(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "/models/sd-vae-ft-mse does not hold" in err and not any(tmp_path.iterdir())
     assert main(["prepare", "--config", str(paper), "--cache-dir", str(tmp_path), "--set", "data.vae=''"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("hddm prepare: error: shard /data/laion-aesthetics/00000.tar does not exist "
-                   "(set data.skip_bad_shards: true to skip it)") and not any(tmp_path.iterdir())
+    assert err == (
+        "hddm prepare: error: shard /data/laion-aesthetics/00000.tar does not exist "
+        "(set data.skip_bad_shards: true to skip it)"
+    ) and not any(tmp_path.iterdir())

@@ -19,16 +19,23 @@ ADDED = {"resolution": None, "aspect_ratio": None}
 def original(tmp_path_factory):
     state = init_dit_state(**ARCH, generator=torch.Generator().manual_seed(0), std=0.1)
     path = tmp_path_factory.mktemp("dit") / "DiT-tiny.pt"
-    torch.save({"model": {k: v + 1 for k, v in state.items()}, "ema": state, "args": {"note": "training ckpt"}},
-               path)
+    torch.save({"model": {k: v + 1 for k, v in state.items()}, "ema": state, "args": {"note": "training ckpt"}}, path)
     return path, state
 
 
 @pytest.fixture(scope="module")
 def diffusers_dit(tmp_path_factory):
     torch.manual_seed(0)
-    model = DiTTransformer2DModel(num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=8,
-                                  num_layers=3, sample_size=8, patch_size=2, num_embeds_ada_norm=10)
+    model = DiTTransformer2DModel(
+        num_attention_heads=4,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=8,
+        num_layers=3,
+        sample_size=8,
+        patch_size=2,
+        num_embeds_ada_norm=10,
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.1)
@@ -62,8 +69,9 @@ def test_original_format(original, objective):
     timestep, embedded = model.adaln_single(t, ADDED, batch_size=2, hidden_dtype=torch.float32)
     for i, block in enumerate(model.transformer_blocks):
         converted = block.scale_shift_table[None] + timestep.reshape(2, 6, 64)
-        torch.testing.assert_close(converted, dit_modulation(source, f"blocks.{i}", c).reshape(2, 6, 64),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            converted, dit_modulation(source, f"blocks.{i}", c).reshape(2, 6, 64), atol=1e-5, rtol=0
+        )
     final = model.scale_shift_table[None] + embedded[:, None]
     torch.testing.assert_close(final, dit_modulation(source, "final_layer", c).reshape(2, 2, 64), atol=1e-5, rtol=0)
     # away from the reference the modulations differ (it is a re-parameterisation, not a copy)
@@ -76,8 +84,7 @@ def test_original_format(original, objective):
     ref = torch.nn.functional.conv2d(x, w, source["x_embedder.proj.bias"], stride=2).flatten(2).transpose(1, 2)
     torch.testing.assert_close(model.pos_embed(x), ref + source["pos_embed"], atol=1e-6, rtol=0)
     # the whole network: DDPM keeps the ε head and computes what the source computed; FM starts at zero
-    y = model(x, encoder_hidden_states=torch.randn(2, 3, 24), timestep=t, added_cond_kwargs=ADDED,
-              return_dict=False)[0]
+    y = model(x, encoder_hidden_states=torch.randn(2, 3, 24), timestep=t, added_cond_kwargs=ADDED, return_dict=False)[0]
     if objective == "ddpm":
         torch.testing.assert_close(y, dit_forward(source, x, t, torch.full((2,), 10), 4)[:, :4], atol=1e-5, rtol=0)
         assert report["check"]["max_output_diff"] < 1e-5
@@ -97,14 +104,17 @@ def test_diffusers_format(diffusers_dit):
     with torch.no_grad():
         for i, block in enumerate(model.transformer_blocks):
             src_mod = source.transformer_blocks[i].norm1.linear(
-                torch.nn.functional.silu(source.transformer_blocks[i].norm1.emb(t, null, hidden_dtype=torch.float32)))
+                torch.nn.functional.silu(source.transformer_blocks[i].norm1.emb(t, null, hidden_dtype=torch.float32))
+            )
             timestep, _ = model.adaln_single(t, ADDED, batch_size=2, hidden_dtype=torch.float32)
-            torch.testing.assert_close(block.scale_shift_table[None] + timestep.reshape(2, 6, 64),
-                                       src_mod.reshape(2, 6, 64), atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                block.scale_shift_table[None] + timestep.reshape(2, 6, 64), src_mod.reshape(2, 6, 64), atol=1e-5, rtol=0
+            )
         torch.testing.assert_close(model.pos_embed(x), source.pos_embed(x), atol=1e-6, rtol=0)
         y_src = source(x, timestep=t, class_labels=null, return_dict=False)[0][:, :4]
-        y = model(x, encoder_hidden_states=torch.zeros(2, 1, 24), timestep=t, added_cond_kwargs=ADDED,
-                  return_dict=False)[0]
+        y = model(
+            x, encoder_hidden_states=torch.zeros(2, 1, 24), timestep=t, added_cond_kwargs=ADDED, return_dict=False
+        )[0]
     torch.testing.assert_close(y, y_src, atol=1e-4, rtol=0)  # layer-norm eps: diffusers DiT 1e-5, PixArt 1e-6
 
 
@@ -119,14 +129,34 @@ def test_pos_embed_matches_diffusers():
 def test_cli_convert_and_init(original, tmp_path, capsys):
     path, _ = original
     out = tmp_path / "fm-init"
-    assert main(["convert-dit", str(path), "--out", str(out), "--objective", "fm", "--caption-channels", "24",
-                 "--num-heads", "4"]) == 0
+    assert (
+        main(
+            [
+                "convert-dit",
+                str(path),
+                "--out",
+                str(out),
+                "--objective",
+                "fm",
+                "--caption-channels",
+                "24",
+                "--num-heads",
+                "4",
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "conversion_report.json").read_text())
     assert report["objective"] == "fm" and "999·t" in report["time_mapping"]
     PixArtTransformer2DModel.from_pretrained(out)  # a plain diffusers folder
     # an expert config with the same architecture initialises from it; a different one is refused by name
-    cfg = dict(expert_config("test", sample_size=8, in_channels=4, caption_channels=24),
-               num_layers=3, num_attention_heads=4, attention_head_dim=16, cross_attention_dim=64)
+    cfg = dict(
+        expert_config("test", sample_size=8, in_channels=4, caption_channels=24),
+        num_layers=3,
+        num_attention_heads=4,
+        attention_head_dim=16,
+        cross_attention_dim=64,
+    )
     state, notes = load_init(out, cfg)
     assert torch.count_nonzero(state["proj_out.weight"]) == 0 and notes == []
     _, notes = load_init(out, dict(cfg, caption_channels=384))
@@ -145,11 +175,33 @@ def test_expert_init_from_a_converted_dit(original, tiny_config, dataset_dir, tm
     from hddm_flower.pipeline import build_expert
 
     meta = read_meta(dataset_dir)  # 16×16 RGB pixels, 384-d MiniLM states
-    state = init_dit_state(input_size=16, in_channels=3, patch_size=2, hidden_size=32, depth=1, num_classes=4,
-                           generator=torch.Generator().manual_seed(3))
+    state = init_dit_state(
+        input_size=16,
+        in_channels=3,
+        patch_size=2,
+        hidden_size=32,
+        depth=1,
+        num_classes=4,
+        generator=torch.Generator().manual_seed(3),
+    )
     torch.save(state, tmp_path / "dit.pt")
-    assert main(["convert-dit", str(tmp_path / "dit.pt"), "--out", str(tmp_path / "init"), "--objective", "ddpm",
-                 "--caption-channels", "384", "--num-heads", "2"]) == 0
+    assert (
+        main(
+            [
+                "convert-dit",
+                str(tmp_path / "dit.pt"),
+                "--out",
+                str(tmp_path / "init"),
+                "--objective",
+                "ddpm",
+                "--caption-channels",
+                "384",
+                "--num-heads",
+                "2",
+            ]
+        )
+        == 0
+    )
     cfg = dataclasses.replace(tiny_config, expert=dataclasses.replace(tiny_config.expert, init=str(tmp_path / "init")))
     expert, _, info = build_expert(cfg, meta, "fm")
     loaded = expert.net.transformer.state_dict()

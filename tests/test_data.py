@@ -65,8 +65,9 @@ def test_text_encoder_from_a_local_directory(tmp_path):
 
     default = TextEncoder()
     AutoTokenizer.from_pretrained(default.path).save_pretrained(tmp_path)
-    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
-              ).save_pretrained(tmp_path)
+    BertModel(
+        BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    ).save_pretrained(tmp_path)
     enc = TextEncoder(tmp_path, max_length=6)
     cond, pooled = enc.encode(["a dog", "japan flag"])
     assert enc.dim == 32 and cond.states.shape == (2, 6, 32) and pooled.shape == (2, 32)
@@ -84,8 +85,10 @@ def test_concurrent_prepare_builds_once_and_failure_leaves_nothing(tmp_path, mon
 
     monkeypatch.setattr(data_mod, "load_twemoji", counting)
     out = []
-    threads = [threading.Thread(target=lambda: out.append(prepare_embedded(tmp_path, num_clusters=2, limit=24)))
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: out.append(prepare_embedded(tmp_path, num_clusters=2, limit=24)))
+        for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -86,23 +86,43 @@ def shards(tmp_path_factory):
     start = data.index(b"0000300005.jpg")
     path.write_bytes(data[: start + 512 + 700])
     good.append("0000300004")
-    counts = {"num_samples": n + 1, "skipped": {"corrupt_image": 1, "missing_image": 1, "missing_caption": 1,
-                                                "empty_caption": 1, "truncated_member": 1}}
+    counts = {
+        "num_samples": n + 1,
+        "skipped": {
+            "corrupt_image": 1,
+            "missing_image": 1,
+            "missing_caption": 1,
+            "empty_caption": 1,
+            "truncated_member": 1,
+        },
+    }
     return root, counts, good
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return {"vae": save_tiny_vae(root / "vae"), "clip": save_tiny_clip_text(root / "clip"),
-            "dinov2": save_tiny_dinov2(root / "dinov2")}
+    return {
+        "vae": save_tiny_vae(root / "vae"),
+        "clip": save_tiny_clip_text(root / "clip"),
+        "dinov2": save_tiny_dinov2(root / "dinov2"),
+    }
 
 
 def _data(shards_root: Path, **kw):
-    d = {"name": "webdataset", "shards": str(shards_root / "{00000..00003}.tar"), "image_size": 16,
-         "max_caption_tokens": 8, "encode_batch_size": 4, "fine_clusters": 6, "shard_size": 4, "device": "cpu"}
-    return config_from_dict({"num_experts": 3, "objectives": {"ddpm": 1, "fm": 2},
-                             "federation": {"min_experts": 1}, "data": d | kw}).data
+    d = {
+        "name": "webdataset",
+        "shards": str(shards_root / "{00000..00003}.tar"),
+        "image_size": 16,
+        "max_caption_tokens": 8,
+        "encode_batch_size": 4,
+        "fine_clusters": 6,
+        "shard_size": 4,
+        "device": "cpu",
+    }
+    return config_from_dict(
+        {"num_experts": 3, "objectives": {"ddpm": 1, "fm": 2}, "federation": {"min_experts": 1}, "data": d | kw}
+    ).data
 
 
 def _keys(encoded: Path) -> list[str]:
@@ -133,16 +153,18 @@ def test_missing_shard_is_a_one_line_error_or_skipped_with_the_flag(shards, tmp_
         prepare_from_config(_data(root, shards=pattern), tmp_path / "a")
     assert "\n" not in str(e.value)
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 10)
-    m = prepare_from_config(_data(root, shards=f"{pattern} {tmp_path / 'junk.tar'}", skip_bad_shards=True),
-                            tmp_path / "b")
+    m = prepare_from_config(
+        _data(root, shards=f"{pattern} {tmp_path / 'junk.tar'}", skip_bad_shards=True), tmp_path / "b"
+    )
     assert m["num_samples"] == counts["num_samples"]
     assert [s["shard"].split("/")[-1] for s in m["skipped_shards"]] == ["00004.tar", "junk.tar"]
     assert "not a readable tar" in m["skipped_shards"][1]["error"]
     # the shard appears later: a rerun encodes it and nothing else twice
     (root / "00004.tar").write_bytes((root / "00000.tar").read_bytes())
     try:
-        m2 = prepare_from_config(_data(root, shards=f"{pattern} {tmp_path / 'junk.tar'}", skip_bad_shards=True),
-                                 tmp_path / "b")
+        m2 = prepare_from_config(
+            _data(root, shards=f"{pattern} {tmp_path / 'junk.tar'}", skip_bad_shards=True), tmp_path / "b"
+        )
     finally:
         (root / "00004.tar").unlink()
     assert m2["num_samples"] == counts["num_samples"] + 6 and len(m2["skipped_shards"]) == 1
@@ -175,16 +197,38 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     from hddm_flower.pipeline import prepare_data, to_pixels, train_one_expert
 
     root, counts, good = shards
-    cfg = config_from_dict({
-        "num_experts": 2, "objectives": {"ddpm": 1, "fm": 1, "ddpm_clusters": "auto"},
-        "federation": {"min_experts": 1, "min_nodes": 1},
-        "evaluation": {"num_prompts": 3, "samples_per_prompt": 2, "per_expert_samples": 3, "grid_prompts": 1,
-                       "feature_steps": 3, "kid_subset_size": 2, "kid_subsets": 2, "routing_modes": ["top1", "top2"]},
-        "expert": {"preset": "test", "steps": 2, "batch_size": 2, "warmup_steps": 1, "log_every": 1},
-        "data": {"name": "webdataset", "shards": str(root / "{00000..00003}.tar"), "image_size": 8,
-                 "vae": str(models["vae"]), "text_encoder": str(models["clip"]), "max_caption_tokens": 77,
-                 "cluster_features": "dinov2", "dinov2": str(models["dinov2"]), "fine_clusters": 6,
-                 "encode_batch_size": 4, "shard_size": 3, "device": "cpu"}})
+    cfg = config_from_dict(
+        {
+            "num_experts": 2,
+            "objectives": {"ddpm": 1, "fm": 1, "ddpm_clusters": "auto"},
+            "federation": {"min_experts": 1, "min_nodes": 1},
+            "evaluation": {
+                "num_prompts": 3,
+                "samples_per_prompt": 2,
+                "per_expert_samples": 3,
+                "grid_prompts": 1,
+                "feature_steps": 3,
+                "kid_subset_size": 2,
+                "kid_subsets": 2,
+                "routing_modes": ["top1", "top2"],
+            },
+            "expert": {"preset": "test", "steps": 2, "batch_size": 2, "warmup_steps": 1, "log_every": 1},
+            "data": {
+                "name": "webdataset",
+                "shards": str(root / "{00000..00003}.tar"),
+                "image_size": 8,
+                "vae": str(models["vae"]),
+                "text_encoder": str(models["clip"]),
+                "max_caption_tokens": 77,
+                "cluster_features": "dinov2",
+                "dinov2": str(models["dinov2"]),
+                "fine_clusters": 6,
+                "encode_batch_size": 4,
+                "shard_size": 3,
+                "device": "cpu",
+            },
+        }
+    )
     d = prepare_data(cfg, tmp_path / "cache")
     meta = read_meta(d)
     assert meta["channels"] == 4 and meta["image_size"] == 8 and meta["pixel_size"] == 16
@@ -228,26 +272,44 @@ def test_clustering_is_deterministic_and_each_sample_lands_in_one_shard_set(tmp_
     """The embedded dataset through the same path (ingest + cluster), pixel features, twice with one seed."""
     import webdataset as wds
 
-    data = config_from_dict({"num_experts": 4, "objectives": {"ddpm": 0, "fm": 4}, "federation": {"min_experts": 1},
-                             "data": {"limit": 120, "max_caption_tokens": 8, "fine_clusters": 16, "shard_size": 10,
-                                      "encode_batch_size": 32, "device": "cpu"}}).data
+    data = config_from_dict(
+        {
+            "num_experts": 4,
+            "objectives": {"ddpm": 0, "fm": 4},
+            "federation": {"min_experts": 1},
+            "data": {
+                "limit": 120,
+                "max_caption_tokens": 8,
+                "fine_clusters": 16,
+                "shard_size": 10,
+                "encode_batch_size": 32,
+                "device": "cpu",
+            },
+        }
+    ).data
     enc = tmp_path / "enc"
     m = prepare_from_config(data, enc)
     assert m["num_samples"] == 120 and m["source"]["kind"] == "twemoji"
-    outs = [cluster_encoded(enc, tmp_path / f"c{i}", num_clusters=4, features="pixels", fine_clusters=16, seed=3,
-                            shard_size=10) for i in range(2)]
+    outs = [
+        cluster_encoded(
+            enc, tmp_path / f"c{i}", num_clusters=4, features="pixels", fine_clusters=16, seed=3, shard_size=10
+        )
+        for i in range(2)
+    ]
     rows = [list(csv.reader((o / "assignments.csv").open()))[1:] for o in outs]
     assert rows[0] == rows[1]
-    assert cluster_encoded(enc, tmp_path / "c2", num_clusters=4, features="pixels", fine_clusters=16,
-                           seed=4, shard_size=10).exists()
+    assert cluster_encoded(
+        enc, tmp_path / "c2", num_clusters=4, features="pixels", fine_clusters=16, seed=4, shard_size=10
+    ).exists()
     meta = read_meta(outs[0])
     keys = []
     for k in range(4):
         urls = cluster_shards(outs[0], k)
         ks = [s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
         assert len(ks) == meta["clusters"][k]["size"] > 0
-        assert all(json.loads(s["json"])["cluster"] == k
-                   for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False))
+        assert all(
+            json.loads(s["json"])["cluster"] == k for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        )
         keys += ks
     assert len(keys) == len(set(keys)) == 120 and sorted(keys) == sorted(r[0] for r in rows[0])
     sizes = [c["size"] for c in meta["clusters"]]
@@ -257,8 +319,10 @@ def test_clustering_is_deterministic_and_each_sample_lands_in_one_shard_set(tmp_
     # each cluster folder stands alone
     own = read_meta(outs[0] / "cluster-2")
     assert own["cluster_set"] == 2 and (outs[0] / "cluster-2" / "uncond.safetensors").exists()
-    assert len(load_split(outs[0] / "cluster-2", None, "train")) + len(load_split(outs[0] / "cluster-2", [2], "val")) \
+    assert (
+        len(load_split(outs[0] / "cluster-2", None, "train")) + len(load_split(outs[0] / "cluster-2", [2], "val"))
         == sizes[2]
+    )
     with pytest.raises(ValueError, match="shard set of cluster 2, not of cluster 1"):
         load_split(outs[0] / "cluster-2", [1])
     with pytest.raises(FileExistsError, match="already holds"):
@@ -278,8 +342,10 @@ def test_caption_features_and_empty_clusters(tmp_path):
         fit_hierarchical(feats, num_clusters=3, fine_clusters=8, seed=0)
     with pytest.raises(ValueError, match="2 samples cannot make 3 clusters"):
         fit_hierarchical(feats[:2], num_clusters=3, fine_clusters=8, seed=0)
-    meta = {"num_clusters": 3, "clusters": [{"id": 0, "size": 5, "val": 1}, {"id": 1, "size": 1, "val": 1},
-                                            {"id": 2, "size": 4, "val": 0}]}
+    meta = {
+        "num_clusters": 3,
+        "clusters": [{"id": 0, "size": 5, "val": 1}, {"id": 1, "size": 1, "val": 1}, {"id": 2, "size": 4, "val": 0}],
+    }
     with pytest.raises(ValueError, match=r"cluster\(s\) \[1\] in /x have no training samples"):
         check_clusters(meta, 3, "/x")
     with pytest.raises(ValueError, match="has 3 clusters but num_experts is 8"):
@@ -298,22 +364,61 @@ def test_cli_prepare_and_cluster(shards, tmp_path, capsys):
     from hddm_flower.cli import main
 
     root, counts, _ = shards
-    base = ["--set", "data.name=webdataset", "--set", f"data.shards={root}/{{00000..00003}}.tar",
-            "--set", "num_experts=2", "--set", "objectives.ddpm=0", "--set", "objectives.fm=2",
-            "--set", "federation.min_experts=1", "--set", "data.fine_clusters=4", "--set", "data.max_caption_tokens=8"]
+    base = [
+        "--set",
+        "data.name=webdataset",
+        "--set",
+        f"data.shards={root}/{{00000..00003}}.tar",
+        "--set",
+        "num_experts=2",
+        "--set",
+        "objectives.ddpm=0",
+        "--set",
+        "objectives.fm=2",
+        "--set",
+        "federation.min_experts=1",
+        "--set",
+        "data.fine_clusters=4",
+        "--set",
+        "data.max_caption_tokens=8",
+    ]
     assert main(["prepare", *base, "--out", str(tmp_path / "enc")]) == 0
     out = capsys.readouterr().out
     assert f"{counts['num_samples']} samples in 4 shards" in out and "corrupt_image 1" in out
     assert main(["cluster", *base, "--encoded", str(tmp_path / "enc"), "--out", str(tmp_path / "clu")]) == 0
     assert "cluster 1:" in capsys.readouterr().out and (tmp_path / "clu" / "cluster-1" / "meta.json").exists()
     # the later stages use that folder as is
-    train = ["--set", f"data.prepared={tmp_path / 'clu'}", "--set", "expert.preset=test", "--set", "expert.steps=1",
-             "--set", "expert.batch_size=2", "--cache-dir", str(tmp_path / "unused")]
+    train = [
+        "--set",
+        f"data.prepared={tmp_path / 'clu'}",
+        "--set",
+        "expert.preset=test",
+        "--set",
+        "expert.steps=1",
+        "--set",
+        "expert.batch_size=2",
+        "--cache-dir",
+        str(tmp_path / "unused"),
+    ]
     assert main(["train-expert", *base, *train, "--expert-id", "1", "--out", str(tmp_path / "e1")]) == 0
     assert (tmp_path / "e1" / "hddm_expert.json").exists() and not (tmp_path / "unused").exists()
     capsys.readouterr()
-    assert main(["train-expert", *base, "--set", f"data.prepared={tmp_path}", *train[2:],
-                 "--expert-id", "1", "--out", str(tmp_path / "e2")]) == 2
+    assert (
+        main(
+            [
+                "train-expert",
+                *base,
+                "--set",
+                f"data.prepared={tmp_path}",
+                *train[2:],
+                "--expert-id",
+                "1",
+                "--out",
+                str(tmp_path / "e2"),
+            ]
+        )
+        == 2
+    )
     assert "is not a clustered dataset" in capsys.readouterr().err
     bad = base[:2] + ["--set", f"data.shards={root}/{{00000..00009}}.tar"] + base[4:]
     assert main(["prepare", *bad, "--out", str(tmp_path / "enc2")]) == 2
@@ -329,8 +434,22 @@ def test_throughput_benchmark_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("data_throughput", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    r = module.main(["--repeat", "2", "--small-repeat", "2", "--limit", "30", "--fine-clusters", "8",
-                     "--num-clusters", "2", "--out", str(tmp_path / "bench")])  # one scale: two processes
+    r = module.main(
+        [
+            "--repeat",
+            "2",
+            "--small-repeat",
+            "2",
+            "--limit",
+            "30",
+            "--fine-clusters",
+            "8",
+            "--num-clusters",
+            "2",
+            "--out",
+            str(tmp_path / "bench"),
+        ]
+    )  # one scale: two processes
     assert [run["prepare"]["samples"] for run in r["runs"]] == [60]
     assert r["runs"][0]["cluster"]["samples"] == 60 and sum(r["runs"][0]["cluster"]["cluster_sizes"]) == 60
     assert r["runs"][0]["prepare"]["rss_trace"][-1][0] == 60
@@ -355,9 +474,16 @@ def test_nodes_train_from_their_own_shard_set_only(tiny_config, dataset_dir, tmp
         shutil.copytree(dataset_dir / f"cluster-{k}", sites[k])
     nodes = {200 + k: {"partition-id": k, "num-partitions": 4, "shard-set": str(sites[k])} for k in range(3)}
     nodes[203] = {"partition-id": 3, "num-partitions": 4, "shard-set": str(sites[1])}  # the wrong folder
-    strategy = OneShotExperts(tmp_path / "run", cfg.to_dict(), cfg.objective_of(), min_nodes=4,
-                              min_experts=cfg.federation.min_experts, node_wait_timeout=1.0,
-                              cache_dir=str(tmp_path / "no-cache"), poll_interval=0.05)
+    strategy = OneShotExperts(
+        tmp_path / "run",
+        cfg.to_dict(),
+        cfg.objective_of(),
+        min_nodes=4,
+        min_experts=cfg.federation.min_experts,
+        node_wait_timeout=1.0,
+        cache_dir=str(tmp_path / "no-cache"),
+        poll_interval=0.05,
+    )
     strategy.start(FakeGrid(client_app, nodes), timeout=30.0, ensemble_fn=lambda received, missing: {})
     assert sorted(strategy.received) == [0, 1, 2]
     assert "shard set of cluster 1, not of cluster 3" in strategy.missing[3]
@@ -397,8 +523,14 @@ def test_outputs_of_several_machines_cluster_together(shards, tmp_path):
     a = prepare_from_config(_data(root, shards=str(root / "{00000..00001}.tar")), tmp_path / "a")
     b = prepare_from_config(_data(root, shards=str(root / "{00002..00003}.tar")), tmp_path / "b")
     assert a["num_samples"] + b["num_samples"] == counts["num_samples"]
-    out = cluster_encoded([tmp_path / "a", tmp_path / "b"], tmp_path / "c", num_clusters=3, features="pixels",
-                          fine_clusters=6, shard_size=4)
+    out = cluster_encoded(
+        [tmp_path / "a", tmp_path / "b"],
+        tmp_path / "c",
+        num_clusters=3,
+        features="pixels",
+        fine_clusters=6,
+        shard_size=4,
+    )
     meta = read_meta(out)
     assert meta["num_images"] == counts["num_samples"] and meta["skipped"] == counts["skipped"]
     keys, sources = [], []
@@ -410,16 +542,20 @@ def test_outputs_of_several_machines_cluster_together(shards, tmp_path):
     assert {k[:4] for k in keys} == {"000-", "001-"}
     prepare_from_config(_data(root, shards=str(root / "00003.tar"), max_caption_tokens=6), tmp_path / "d")
     with pytest.raises(ValueError, match="prepared with another text_encoder"):
-        cluster_encoded([tmp_path / "a", tmp_path / "d"], tmp_path / "e", num_clusters=3, features="pixels",
-                        fine_clusters=6)
+        cluster_encoded(
+            [tmp_path / "a", tmp_path / "d"], tmp_path / "e", num_clusters=3, features="pixels", fine_clusters=6
+        )
 
 
-@pytest.mark.parametrize("where, expected", [
-    ("inside the next sample's first header", [("a", None), ("a+next", "truncated_member")]),
-    ("inside an image", [("a", None), ("b", "truncated_member")]),
-    ("inside the caption's header", [("a", None), ("b", "truncated_member")]),
-    ("in the end-of-archive padding", [("a", None), ("b", None)]),
-])
+@pytest.mark.parametrize(
+    "where, expected",
+    [
+        ("inside the next sample's first header", [("a", None), ("a+next", "truncated_member")]),
+        ("inside an image", [("a", None), ("b", "truncated_member")]),
+        ("inside the caption's header", [("a", None), ("b", "truncated_member")]),
+        ("in the end-of-archive padding", [("a", None), ("b", None)]),
+    ],
+)
 def test_truncated_tar_members_are_counted_once(tmp_path, where, expected):
     from hddm_flower.ingest import read_tar_shard
 
@@ -427,8 +563,12 @@ def test_truncated_tar_members_are_counted_once(tmp_path, where, expected):
     _write_shard(path, [{"key": k, "jpg": b"x" * 3000, "txt": b"a caption"} for k in "ab"])
     data = path.read_bytes()
     b = data.index(b"b.jpg")
-    cut = {"inside the next sample's first header": b + 100, "inside an image": b + 512 + 10,
-           "inside the caption's header": b + 512 + 3072 + 100, "in the end-of-archive padding": len(data) - 100}
+    cut = {
+        "inside the next sample's first header": b + 100,
+        "inside an image": b + 512 + 10,
+        "inside the caption's header": b + 512 + 3072 + 100,
+        "in the end-of-archive padding": len(data) - 100,
+    }
     path.write_bytes(data[: cut[where]])
     assert [(s.key, s.skip) for s in read_tar_shard(str(path))] == expected
 
@@ -443,12 +583,25 @@ def test_a_folder_of_images_with_captions_beside_them(tmp_path):
     (folder / "sub" / "broken.webp").write_bytes(b"RIFF....WEBPVP8 nope")
     (folder / "sub" / "broken.txt").write_text("a broken square")
     (folder / "notes.md").write_text("not an image")
-    data = config_from_dict({"num_experts": 2, "objectives": {"ddpm": 0, "fm": 2}, "federation": {"min_experts": 1},
-                             "data": {"name": "folder", "folder": str(folder), "max_caption_tokens": 8,
-                                      "shard_size": 2, "fine_clusters": 2, "device": "cpu"}}).data
+    data = config_from_dict(
+        {
+            "num_experts": 2,
+            "objectives": {"ddpm": 0, "fm": 2},
+            "federation": {"min_experts": 1},
+            "data": {
+                "name": "folder",
+                "folder": str(folder),
+                "max_caption_tokens": 8,
+                "shard_size": 2,
+                "fine_clusters": 2,
+                "device": "cpu",
+            },
+        }
+    ).data
     m = prepare_from_config(data, tmp_path / "enc")
     assert m["num_samples"] == 3 and m["skipped"]["missing_caption"] == 1 and m["skipped"]["corrupt_image"] == 1
     assert len(m["shards"]) == 3 and sorted(_keys(tmp_path / "enc")) == ["blue", "green", "red"]
     with pytest.raises(ShardError, match="image folder .*nowhere does not exist"):
-        prepare_from_config(config_from_dict({"data": {"name": "folder", "folder": str(tmp_path / "nowhere")}}).data,
-                            tmp_path / "x")
+        prepare_from_config(
+            config_from_dict({"data": {"name": "folder", "folder": str(tmp_path / "nowhere")}}).data, tmp_path / "x"
+        )

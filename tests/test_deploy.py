@@ -25,8 +25,7 @@ def _tools():
             pytest.fail(f"{tool} is needed for the deployment tests")
 
 
-def test_deployment_script_with_tls_node_auth_and_its_fault_drill(tiny_config_path, dataset_dir, cache_dir,
-                                                                   tmp_path):
+def test_deployment_script_with_tls_node_auth_and_its_fault_drill(tiny_config_path, dataset_dir, cache_dir, tmp_path):
     """`scripts/deploy-loopback-tls.sh 3 --drill`: a TLS SuperLink with SuperNode authentication and 3 registered
     SuperNodes; a SuperNode with an unregistered key is refused; the run starts, node 1's ClientApp is SIGKILLed
     (code 8) and node 2's SuperNode is SIGKILLed (code 5) mid-training, both end up in `missing` while the run
@@ -35,10 +34,26 @@ def test_deployment_script_with_tls_node_auth_and_its_fault_drill(tiny_config_pa
     whose message TTL (5 s) is shorter than its training records the expiry (code 3). Every process the script
     started is gone afterwards."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    res = subprocess.run([str(ROOT / "scripts" / "deploy-loopback-tls.sh"), "3", "0", "--work", str(tmp_path),
-                          "--config", str(tiny_config_path), "--cache-dir", str(cache_dir),
-                          "--overrides", f"{THREE} federation.min_experts=3", "--drill"],
-                         env=env, capture_output=True, text=True, timeout=560)
+    res = subprocess.run(
+        [
+            str(ROOT / "scripts" / "deploy-loopback-tls.sh"),
+            "3",
+            "0",
+            "--work",
+            str(tmp_path),
+            "--config",
+            str(tiny_config_path),
+            "--cache-dir",
+            str(cache_dir),
+            "--overrides",
+            f"{THREE} federation.min_experts=3",
+            "--drill",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=560,
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert "run status: finished:completed" in res.stdout
     out = json.loads((tmp_path / "deploy.json").read_text())
@@ -71,8 +86,10 @@ def test_deployment_script_with_tls_node_auth_and_its_fault_drill(tiny_config_pa
         assert expert["steps"] == 1000 and 10 <= expert["resumed_steps"] < 1000, (k, expert)
         in_report = resumed["report"]["experts"][int(k)]
         assert in_report["resumed_steps"] == expert["resumed_steps"]
-        assert in_report["weights_bytes"] == (tmp_path / "run" / "experts" / f"expert-{k}" /
-                                              "diffusion_pytorch_model.safetensors").stat().st_size
+        assert (
+            in_report["weights_bytes"]
+            == (tmp_path / "run" / "experts" / f"expert-{k}" / "diffusion_pytorch_model.safetensors").stat().st_size
+        )
         assert in_report["weights_dtype"] == expert["weights_dtype"]
     assert not list((tmp_path / "run" / "experts").glob(".*"))  # no spooled or incoming file left behind
     logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("run-*.log"))

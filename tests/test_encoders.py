@@ -13,9 +13,17 @@ def tiny_vae(tmp_path_factory):
     from diffusers import AutoencoderKL
 
     torch.manual_seed(0)
-    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16),
-                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                        norm_num_groups=8, sample_size=16, scaling_factor=0.18215)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(8, 16),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=8,
+        sample_size=16,
+        scaling_factor=0.18215,
+    )
     path = tmp_path_factory.mktemp("vae")
     vae.save_pretrained(path)
     return path, vae.eval()
@@ -59,10 +67,20 @@ def test_full_clip_folder_loads_its_text_tower(tmp_path):
     save_tiny_clip_text(tmp_path / "text")
     text_config = CLIPTextModel.from_pretrained(tmp_path / "text").config.to_dict()
     torch.manual_seed(0)
-    full = CLIPModel(CLIPConfig(text_config=text_config,
-                                vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                                               "num_attention_heads": 2, "image_size": 32, "patch_size": 16},
-                                projection_dim=16))
+    full = CLIPModel(
+        CLIPConfig(
+            text_config=text_config,
+            vision_config={
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "image_size": 32,
+                "patch_size": 16,
+            },
+            projection_dim=16,
+        )
+    )
     full.save_pretrained(tmp_path / "full")
     for f in (tmp_path / "text").glob("*"):
         if "token" in f.name or f.name in ("vocab.json", "merges.txt"):

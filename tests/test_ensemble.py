@@ -21,8 +21,12 @@ def _oracle_experts(gmm: GaussianMixture, objectives, t_eps=1e-12, x0_clamp=1e12
             experts[j] = FlowMatchingExpert(lambda x, ts, c, comp=comp: comp.fm_velocity_star(x, ts / 999))
         else:
             ab = ddpm_alpha_bar(objective)
-            experts[j] = DDPMExpert(lambda z, tau, c, comp=comp, ab=ab: comp.ddpm_eps_star(z, tau, ab), objective,
-                                    t_eps=t_eps, x0_clamp=x0_clamp)
+            experts[j] = DDPMExpert(
+                lambda z, tau, c, comp=comp, ab=ab: comp.ddpm_eps_star(z, tau, ab),
+                objective,
+                t_eps=t_eps,
+                x0_clamp=x0_clamp,
+            )
     return experts
 
 
@@ -41,17 +45,25 @@ def test_ddm_decomposition_with_exact_posterior_gives_global_velocity(objectives
 
 def test_routing_modes():
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.1, 0.2, 0.6]], dtype=F64)
-    torch.testing.assert_close(routing_weights(p, "top_k", k=2),
-                               torch.tensor([[0.625, 0.375, 0, 0], [0, 0, 0.25, 0.75]], dtype=F64))
-    torch.testing.assert_close(routing_weights(p, "top_k", k=1),
-                               torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]], dtype=F64))
+    torch.testing.assert_close(
+        routing_weights(p, "top_k", k=2), torch.tensor([[0.625, 0.375, 0, 0], [0, 0, 0.25, 0.75]], dtype=F64)
+    )
+    torch.testing.assert_close(
+        routing_weights(p, "top_k", k=1), torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]], dtype=F64)
+    )
     torch.testing.assert_close(routing_weights(p, "full"), p)
-    torch.testing.assert_close(routing_weights(p, "threshold", threshold=0.2),
-                               torch.tensor([[0.625, 0.375, 0, 0], [0, 0, 0.25, 0.75]], dtype=F64))
-    torch.testing.assert_close(routing_weights(p, "threshold", threshold=0.9),  # arg-max always kept
-                               torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]], dtype=F64))
-    torch.testing.assert_close(routing_weights(p, "oracle", labels=torch.tensor([2, 0])),
-                               torch.tensor([[0, 0, 1.0, 0], [1.0, 0, 0, 0]], dtype=F64))
+    torch.testing.assert_close(
+        routing_weights(p, "threshold", threshold=0.2),
+        torch.tensor([[0.625, 0.375, 0, 0], [0, 0, 0.25, 0.75]], dtype=F64),
+    )
+    torch.testing.assert_close(
+        routing_weights(p, "threshold", threshold=0.9),  # arg-max always kept
+        torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]], dtype=F64),
+    )
+    torch.testing.assert_close(
+        routing_weights(p, "oracle", labels=torch.tensor([2, 0])),
+        torch.tensor([[0, 0, 1.0, 0], [1.0, 0, 0, 0]], dtype=F64),
+    )
     # sampling: one-hot rows, frequencies follow the probabilities
     rows = p[:1].expand(20000, 4)
     w = routing_weights(rows, "sample", generator=torch.Generator().manual_seed(0))
@@ -72,8 +84,10 @@ def test_missing_experts_are_masked_and_renormalised():
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]], dtype=F64)).expand(4, 3)
     ens = Ensemble({0: expert(0), 2: expert(2)}, lambda x, t: logits, 3, routing="full")  # expert 1 missing
-    torch.testing.assert_close(ens.posterior(torch.zeros(4, 1, dtype=F64), torch.zeros(4, dtype=F64)),
-                               torch.tensor([[5 / 7, 0, 2 / 7]], dtype=F64).expand(4, 3))
+    torch.testing.assert_close(
+        ens.posterior(torch.zeros(4, 1, dtype=F64), torch.zeros(4, dtype=F64)),
+        torch.tensor([[5 / 7, 0, 2 / 7]], dtype=F64).expand(4, 3),
+    )
     v = ens.velocity(torch.zeros(4, 1, dtype=F64), torch.full((4,), 0.5, dtype=F64), None)
     torch.testing.assert_close(v, torch.full((4, 1), 4 / 7, dtype=F64))
     assert 1 not in calls
@@ -89,6 +103,7 @@ def test_top_k_only_evaluates_selected_experts_and_cfg_is_per_expert():
         def net(x, ts, c):
             seen[j] += x.shape[0]
             return c.expand_as(x) + j  # conditional output c + j, unconditional u + j
+
         return FlowMatchingExpert(net)
 
     logits = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.1, 0.3, 0.6]], dtype=F64))
@@ -96,8 +111,9 @@ def test_top_k_only_evaluates_selected_experts_and_cfg_is_per_expert():
     cond, uncond = torch.ones(2, 1, dtype=F64), torch.zeros(2, 1, dtype=F64)
     v = ens.velocity(torch.zeros(2, 1, dtype=F64), torch.full((2,), 0.5, dtype=F64), cond, uncond, cfg_scale=3.0)
     # guided v_j = (0 + j) + 3·((1 + j) − (0 + j)) = 3 + j; mixed with renormalised top-2 weights
-    torch.testing.assert_close(v, torch.tensor([[3 + (0.6 * 0 + 0.3 * 1) / 0.9], [3 + (0.3 * 1 + 0.6 * 2) / 0.9]],
-                                               dtype=F64))
+    torch.testing.assert_close(
+        v, torch.tensor([[3 + (0.6 * 0 + 0.3 * 1) / 0.9], [3 + (0.3 * 1 + 0.6 * 2) / 0.9]], dtype=F64)
+    )
     assert seen == {0: 2, 1: 4, 2: 2}  # rows × (cond + uncond)
 
 
@@ -107,8 +123,10 @@ def test_euler_sampler_on_analytic_fields():
     c = torch.tensor([0.5, -1.0, 2.0], dtype=F64)
     torch.testing.assert_close(euler_sample(lambda x, t: c.expand_as(x), x1, 7), x1 - c)
     # v = 3t²: x_0 = x_1 − 1 exactly in the limit; Euler's error is first order in the step size
-    errs = [(euler_sample(lambda x, t: 3 * t[:, None] ** 2 * torch.ones_like(x), x1, n) - (x1 - 1)).abs().max()
-            for n in (100, 200)]
+    errs = [
+        (euler_sample(lambda x, t: 3 * t[:, None] ** 2 * torch.ones_like(x), x1, n) - (x1 - 1)).abs().max()
+        for n in (100, 200)
+    ]
     assert errs[1] < 1e-2 and 1.9 < errs[0] / errs[1] < 2.1
 
 
@@ -158,8 +176,11 @@ def _tiny_ensemble(routing: str, k: int):
     torch.manual_seed(0)
     mc = expert_config("test", sample_size=8, in_channels=3, caption_channels=12)
     nets = [ExpertNet.from_config(mc).double().eval() for _ in range(3)]
-    experts = {0: FlowMatchingExpert(nets[0]), 1: DDPMExpert(nets[1], "cosine", x0_clamp=1.0),
-               2: FlowMatchingExpert(nets[2])}
+    experts = {
+        0: FlowMatchingExpert(nets[0]),
+        1: DDPMExpert(nets[1], "cosine", x0_clamp=1.0),
+        2: FlowMatchingExpert(nets[2]),
+    }
     # a router whose posterior depends on x_t and t (an untrained Router's does not: its blocks start as identities)
     proj = torch.randn(3 * 8 * 8, 4, generator=torch.Generator().manual_seed(2), dtype=F64)
     router = lambda x_t, t: (x_t.flatten(1) @ proj) * (1 + t[:, None])  # noqa: E731
@@ -185,13 +206,16 @@ def test_grouped_sampling_equals_the_naive_per_sample_loop(routing, k):
     naive = []
     with torch.no_grad():
         for i in range(len(noise)):
-            c_i, u_i = (map_cond(lambda c: c[i: i + 1], x) for x in (cond, uncond))
+            c_i, u_i = (map_cond(lambda c: c[i : i + 1], x) for x in (cond, uncond))
 
             def velocity(x, t):
                 w = routing_weights(ens.posterior(x, t), routing, k=k, threshold=0.3)[0]
-                return sum(w[j] * e.velocity(x, t, c_i, u_i, cfg_scale) for j, e in
-                           ((int(key), e) for key, e in ens.experts.items()) if w[j] > 0)
+                return sum(
+                    w[j] * e.velocity(x, t, c_i, u_i, cfg_scale)
+                    for j, e in ((int(key), e) for key, e in ens.experts.items())
+                    if w[j] > 0
+                )
 
-            naive.append(euler_sample(velocity, noise[i: i + 1], steps))
+            naive.append(euler_sample(velocity, noise[i : i + 1], steps))
     torch.testing.assert_close(grouped, torch.cat(naive), rtol=0, atol=1e-6)
     assert not torch.allclose(grouped, noise)

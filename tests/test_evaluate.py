@@ -60,7 +60,8 @@ def test_reproduce_writes_tables_manifest_and_runs(reproduced):
     objs = manifest["configurations"]["2DDPM:2FM"]["objectives"]
     assert objs.count("ddpm") == 2 and manifest["configurations"]["4FM"]["objectives"] == ["fm"] * 4
     assert sorted(manifest["artefacts"]["experts"]) == sorted(
-        [f"cluster-{k}-fm" for k in range(4)] + [f"cluster-{k}-ddpm" for k, o in enumerate(objs) if o == "ddpm"])
+        [f"cluster-{k}-fm" for k in range(4)] + [f"cluster-{k}-ddpm" for k, o in enumerate(objs) if o == "ddpm"]
+    )
     assert set(manifest["results"]) == {"4FM", "2DDPM:2FM", "monolith"}
     assert set(manifest["results"]["4FM"]) == {"top1", "top2", "full", "threshold", "oracle"}
     assert {"versions", "seeds", "config", "fingerprints", "dataset"} <= set(manifest)
@@ -97,8 +98,9 @@ def test_reproduce_reuses_experts_and_refuses_a_changed_config(reproduced, datas
     cfg, out, manifest = reproduced
     from hddm_flower.reproduce import _train_or_reuse
 
-    again = _train_or_reuse(out / "experts" / "cluster-0-fm", manifest["fingerprints"]["experts"],
-                            lambda: pytest.fail("retrained"))
+    again = _train_or_reuse(
+        out / "experts" / "cluster-0-fm", manifest["fingerprints"]["experts"], lambda: pytest.fail("retrained")
+    )
     assert again["reused"] and again["sha256"] == manifest["artefacts"]["experts"]["cluster-0-fm"]["sha256"]
     with pytest.raises(ConfigError, match="trained with another config"):
         _train_or_reuse(out / "experts" / "cluster-0-fm", "other", lambda: None)

@@ -30,8 +30,15 @@ GRIDS = {"memory": lambda fake: fake, "wire": fake_over_wire}
 
 def _strategy(cfg, run_dir, cache_dir, dataset_dir, **kw):
     model_config = expected_model_config(cfg, dataset_dir)
-    args = dict(min_nodes=1, min_experts=1, node_wait_timeout=0.5, cache_dir=str(cache_dir), poll_interval=0.05,
-                model_config=model_config, max_checkpoint_bytes=checkpoint_limit(cfg, model_config))
+    args = dict(
+        min_nodes=1,
+        min_experts=1,
+        node_wait_timeout=0.5,
+        cache_dir=str(cache_dir),
+        poll_interval=0.05,
+        model_config=model_config,
+        max_checkpoint_bytes=checkpoint_limit(cfg, model_config),
+    )
     return OneShotExperts(run_dir, cfg.to_dict(), cfg.objective_of(), **(args | kw))
 
 
@@ -50,13 +57,15 @@ def _flip_byte(reply):
 
 
 def _nan(reply):
-    return rewrite_weights(reply, lambda s: {k: v.clone().fill_(float("nan")) if "proj_out" in k else v
-                                             for k, v in s.items()})
+    return rewrite_weights(
+        reply, lambda s: {k: v.clone().fill_(float("nan")) if "proj_out" in k else v for k, v in s.items()}
+    )
 
 
 def _wrong_shape(reply):
-    return rewrite_weights(reply, lambda s: {k: v[..., :1].contiguous() if k == "proj_out.weight" else v
-                                             for k, v in s.items()})
+    return rewrite_weights(
+        reply, lambda s: {k: v[..., :1].contiguous() if k == "proj_out.weight" else v for k, v in s.items()}
+    )
 
 
 def _renamed(reply):
@@ -64,8 +73,9 @@ def _renamed(reply):
 
 
 def _mixed_dtype(reply):
-    return rewrite_weights(reply, lambda s: {k: v.to(torch.bfloat16) if k == "proj_out.weight" else v
-                                             for k, v in s.items()})
+    return rewrite_weights(
+        reply, lambda s: {k: v.to(torch.bfloat16) if k == "proj_out.weight" else v for k, v in s.items()}
+    )
 
 
 def _no_hash(reply):
@@ -116,22 +126,36 @@ def test_bad_checkpoint_is_rejected_with_its_reason(kind, grid, tiny_config, dat
 
 
 @pytest.mark.parametrize("grid_kind", list(GRIDS))
-def test_lost_experts_each_with_its_reason_and_the_ensemble_built_from_the_rest(grid_kind, tiny_config, dataset_dir,
-                                                                                cache_dir, tmp_path):
+def test_lost_experts_each_with_its_reason_and_the_ensemble_built_from_the_rest(
+    grid_kind, tiny_config, dataset_dir, cache_dir, tmp_path
+):
     """A client that raises, a message whose TTL expired, a SuperNode that vanished, one that never replies and
     an expert no node ever claimed: all five reasons are kept and the run goes on with the one that came
     (test_strategy.py builds the ensemble from what arrived)."""
     from hddm_flower.config import config_from_dict
     from strategies.server_app import missing_report
 
-    cfg = config_from_dict(tiny_config.to_dict() | {"num_experts": 6, "objectives": {"ddpm": 1, "fm": 5,
-                                                                                     "ddpm_clusters": [1]}})
-    nodes = {10: {"partition-id": 0}, 11: {"partition-id": 1, "objective": "edm"}, 12: {"partition-id": 2},
-             13: {"partition-id": 3}, 14: {"partition-id": 4}}
-    grid = GRIDS[grid_kind](FakeGrid(client_app, nodes, silent=[14], link_errors={
-        12: (3, "Message has expired (TTL)."),
-        13: (5, "Node 13 failed to report a heartbeat within 2 × its expected interval."),
-    }))
+    cfg = config_from_dict(
+        tiny_config.to_dict() | {"num_experts": 6, "objectives": {"ddpm": 1, "fm": 5, "ddpm_clusters": [1]}}
+    )
+    nodes = {
+        10: {"partition-id": 0},
+        11: {"partition-id": 1, "objective": "edm"},
+        12: {"partition-id": 2},
+        13: {"partition-id": 3},
+        14: {"partition-id": 4},
+    }
+    grid = GRIDS[grid_kind](
+        FakeGrid(
+            client_app,
+            nodes,
+            silent=[14],
+            link_errors={
+                12: (3, "Message has expired (TTL)."),
+                13: (5, "Node 13 failed to report a heartbeat within 2 × its expected interval."),
+            },
+        )
+    )
     strategy = _strategy(cfg, tmp_path, cache_dir, dataset_dir, min_nodes=6)
     calls = []
     strategy.start(grid, timeout=1.5, ensemble_fn=lambda received, missing: calls.append((received, missing)))
@@ -161,8 +185,9 @@ def test_only_the_targeted_experts_are_trained(tiny_config, dataset_dir, cache_d
 def test_bf16_weights_travel_and_rest_as_bf16(tiny_config, dataset_dir, cache_dir, tmp_path):
     from hddm_flower.config import config_from_dict
 
-    cfg = config_from_dict(tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"]
-                                                    | {"weights_dtype": "bfloat16"}})
+    cfg = config_from_dict(
+        tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"] | {"weights_dtype": "bfloat16"}}
+    )
     sizes = {}
 
     def measure(node, reply):
@@ -230,8 +255,12 @@ def test_killed_client_resumes_from_its_last_checkpoint(tiny_config, dataset_dir
     cfg = config_from_dict(values)
     node = {"partition-id": 0, "work-dir": str(tmp_path / "work"), "cache-dir": str(cache_dir), "num-threads": 1}
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(cfg.to_dict()), json.dumps(node)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, json.dumps(cfg.to_dict()), json.dumps(node)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
     while not list((tmp_path / "work").glob("expert-0-*.pt")) and time.monotonic() < deadline:
         assert child.poll() is None, child.stderr.read().decode()[-2000:]
@@ -246,8 +275,10 @@ def test_killed_client_resumes_from_its_last_checkpoint(tiny_config, dataset_dir
     strategy.start(FakeGrid(client_app, {7: node}), timeout=120.0)
     meta = strategy.received[0]
     assert meta["steps"] == 400 and meta["resumed_steps"] >= state["step"] > 0
-    assert json.loads((tmp_path / "run" / "experts" / "expert-0" / "hddm_expert.json").read_text())[
-        "resumed_steps"] == meta["resumed_steps"]
+    assert (
+        json.loads((tmp_path / "run" / "experts" / "expert-0" / "hddm_expert.json").read_text())["resumed_steps"]
+        == meta["resumed_steps"]
+    )
     assert not list((tmp_path / "work").glob("*.pt"))  # the training state is gone, the final weights are kept
 
     # the reply got lost (e.g. the server stopped waiting): asked again, the node sends what it kept, no training
@@ -273,8 +304,21 @@ def test_add_expert_to_an_assembled_run(tiny_config_path, dataset_dir, cache_dir
         assert main(["train-expert", *common, "--expert-id", str(k), "--out", str(out)]) == 0
     assert main(["assemble", *common, "--run-dir", str(run)]) == 0
     first = (run / "experts" / "expert-0" / "diffusion_pytorch_model.safetensors").read_bytes()
-    assert main(["train-expert", *common, "--expert-id", "2", "--out", str(tmp_path / "late-2"),
-                 "--set", "expert.weights_dtype=bfloat16"]) == 0  # a late institution that saves bf16
+    assert (
+        main(
+            [
+                "train-expert",
+                *common,
+                "--expert-id",
+                "2",
+                "--out",
+                str(tmp_path / "late-2"),
+                "--set",
+                "expert.weights_dtype=bfloat16",
+            ]
+        )
+        == 0
+    )  # a late institution that saves bf16
     from safetensors import safe_open
 
     with safe_open(tmp_path / "late-2" / "diffusion_pytorch_model.safetensors", "pt") as f:
@@ -306,9 +350,28 @@ def test_add_expert_to_an_assembled_run(tiny_config_path, dataset_dir, cache_dir
     save_file(state, weights)
     fails([str(run), str(tmp_path / "late-2"), "--replace"], "sha256 mismatch")
     assert json.loads((run / "report.json").read_text())["added_experts"][-1]["expert_id"] == 2  # unchanged
-    assert main(["add-expert", str(run), str(tmp_path / "late-2"), "--replace", "--set", "num_experts=2",
-                 "--set", "objectives.ddpm=1", "--set", "objectives.fm=1", "--set", "objectives.ddpm_clusters=[1]",
-                 "--set", "federation.min_experts=1", *common]) == 2
+    assert (
+        main(
+            [
+                "add-expert",
+                str(run),
+                str(tmp_path / "late-2"),
+                "--replace",
+                "--set",
+                "num_experts=2",
+                "--set",
+                "objectives.ddpm=1",
+                "--set",
+                "objectives.fm=1",
+                "--set",
+                "objectives.ddpm_clusters=[1]",
+                "--set",
+                "federation.min_experts=1",
+                *common,
+            ]
+        )
+        == 2
+    )
     assert "expert 2 is new to this run (0..1); pass --cluster-data" in capsys.readouterr().err
 
 
@@ -351,9 +414,13 @@ def test_in_simulation_a_crashed_client_loses_only_its_expert(tiny_config_path, 
     monkeypatch.setenv("HDDM_CACHE", str(tmp_path / "home-cache"))  # the nodes' default work-dir lives here
     work = tmp_path / "home-cache" / "work"
     run_dir = tmp_path / "run"
-    run_config = {"config": str(tiny_config_path), "run-dir": str(run_dir), "cache-dir": str(cache_dir),
-                  "overrides": "num_experts=2 objectives={ddpm: 1, fm: 1, ddpm_clusters: [1]} federation.min_nodes=2 "
-                               "federation.min_experts=1 expert.steps=300 expert.checkpoint_every=10"}
+    run_config = {
+        "config": str(tiny_config_path),
+        "run-dir": str(run_dir),
+        "cache-dir": str(cache_dir),
+        "overrides": "num_experts=2 objectives={ddpm: 1, fm: 1, ddpm_clusters: [1]} federation.min_nodes=2 "
+        "federation.min_experts=1 expert.steps=300 expert.checkpoint_every=10",
+    }
     server = ServerApp()
 
     @server.main()
@@ -362,15 +429,28 @@ def test_in_simulation_a_crashed_client_loses_only_its_expert(tiny_config_path, 
         server_main(grid, context)
 
     stop, killed = threading.Event(), []
-    watcher = threading.Thread(target=_kill_worker_when, daemon=True, args=(
-        lambda spec: spec["expert_id"] == 1 and str(work) in str(spec["checkpoint"])
-        and Path(spec["checkpoint"]).exists(), stop, killed))
+    watcher = threading.Thread(
+        target=_kill_worker_when,
+        daemon=True,
+        args=(
+            lambda spec: (
+                spec["expert_id"] == 1 and str(work) in str(spec["checkpoint"]) and Path(spec["checkpoint"]).exists()
+            ),
+            stop,
+            killed,
+        ),
+    )
     watcher.start()
     try:
-        run_simulation(server_app=server, client_app=client_app, num_supernodes=2,
-                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                       "init_args": {"num_cpus": 2, "logging_level": "ERROR",
-                                                     "log_to_driver": False}})
+        run_simulation(
+            server_app=server,
+            client_app=client_app,
+            num_supernodes=2,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False},
+            },
+        )
     finally:
         stop.set()
     assert killed
@@ -380,8 +460,9 @@ def test_in_simulation_a_crashed_client_loses_only_its_expert(tiny_config_path, 
     assert lost["expert_id"] == 1 and "killed by SIGKILL" in lost["reason"], lost
 
 
-def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(tiny_config, tiny_config_path, cache_dir,
-                                                                       tmp_path, capsys):
+def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(
+    tiny_config, tiny_config_path, cache_dir, tmp_path, capsys
+):
     """A run of 3 experts on a 3-cluster dataset; a fourth institution, with data the run never had (here: cluster
     3 of the 4-cluster clustering), trains expert 3 and is added with its cluster's shard set: the run grows to 4
     experts, the router is retrained with 4 classes on the old clusters plus the new one, and nothing else changes."""
@@ -389,9 +470,9 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(tiny_conf
 
     import yaml
 
+    from hddm_flower.checkpoints import load_router
     from hddm_flower.cli import main
     from hddm_flower.data import read_meta
-    from hddm_flower.checkpoints import load_router
     from hddm_flower.pipeline import prepare_data
 
     common = ["--config", str(tiny_config_path), "--cache-dir", str(cache_dir)]
@@ -400,16 +481,45 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(tiny_conf
     for k in range(3):
         assert main(["train-expert", *three, "--expert-id", str(k), "--out", str(run / "experts" / f"expert-{k}")]) == 0
     assert main(["assemble", *three, "--run-dir", str(run)]) == 0
-    before = {k: (run / "experts" / f"expert-{k}" / "diffusion_pytorch_model.safetensors").read_bytes()
-              for k in range(3)}
+    before = {
+        k: (run / "experts" / f"expert-{k}" / "diffusion_pytorch_model.safetensors").read_bytes() for k in range(3)
+    }
     cluster = prepare_data(tiny_config, cache_dir) / "cluster-3"  # the newcomer's own shard set
     capsys.readouterr()
     # the newcomer trains with the run's config on its own shard set
-    assert main(["train-expert", *three, "--expert-id", "3", "--cluster-data", str(cluster), "--out",
-                 str(tmp_path / "new-3")]) == 2
+    assert (
+        main(
+            [
+                "train-expert",
+                *three,
+                "--expert-id",
+                "3",
+                "--cluster-data",
+                str(cluster),
+                "--out",
+                str(tmp_path / "new-3"),
+            ]
+        )
+        == 2
+    )
     assert "--cluster-data needs --objective" in capsys.readouterr().err
-    assert main(["train-expert", *three, "--expert-id", "3", "--cluster-data", str(cluster), "--objective", "fm",
-                 "--out", str(tmp_path / "new-3")]) == 0
+    assert (
+        main(
+            [
+                "train-expert",
+                *three,
+                "--expert-id",
+                "3",
+                "--cluster-data",
+                str(cluster),
+                "--objective",
+                "fm",
+                "--out",
+                str(tmp_path / "new-3"),
+            ]
+        )
+        == 0
+    )
     new_meta = json.loads((tmp_path / "new-3" / "hddm_expert.json").read_text())
     assert (new_meta["expert_id"], new_meta["data_cluster"], new_meta["objective"]) == (3, 3, "fm")
     capsys.readouterr()
@@ -421,8 +531,19 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(tiny_conf
 
     fails([str(run), str(tmp_path / "new-3")], "expert 3 is new to this run (0..2); pass --cluster-data")
     fails([str(run), str(tmp_path / "new-3"), "--cluster-data", str(cluster.parent)], "is not one cluster's shard set")
-    fails([str(run), str(tmp_path / "new-3"), "--set", "num_experts=2", "--set", "objectives={ddpm: 1, fm: 1, "
-           "ddpm_clusters: [1]}", "--set", "federation.min_experts=1"], "outside this run's 0..1 and is not the next")
+    fails(
+        [
+            str(run),
+            str(tmp_path / "new-3"),
+            "--set",
+            "num_experts=2",
+            "--set",
+            "objectives={ddpm: 1, fm: 1, ddpm_clusters: [1]}",
+            "--set",
+            "federation.min_experts=1",
+        ],
+        "outside this run's 0..1 and is not the next",
+    )
     other = tmp_path / "other-size"  # a shard set prepared at another resolution
     shutil.copytree(cluster, other)
     (other / "meta.json").write_text(json.dumps(json.loads((other / "meta.json").read_text()) | {"image_size": 32}))
@@ -430,8 +551,20 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(tiny_conf
     assert not (run / "dataset-4").exists() and "num_experts: 3" in (run / "config.yaml").read_text()
     assert not list(run.glob("config.before-*")) and (run / "feature-net").is_dir()  # nothing half-done
 
-    assert main(["add-expert", str(run), str(tmp_path / "new-3"), "--cluster-data", str(cluster),
-                 "--cache-dir", str(cache_dir)]) == 0
+    assert (
+        main(
+            [
+                "add-expert",
+                str(run),
+                str(tmp_path / "new-3"),
+                "--cluster-data",
+                str(cluster),
+                "--cache-dir",
+                str(cache_dir),
+            ]
+        )
+        == 0
+    )
     assert "expert 3 (fm) added" in capsys.readouterr().out
     report = json.loads((run / "report.json").read_text())
     assert [e["expert_id"] for e in report["experts"]] == [0, 1, 2, 3] and report["missing"] == []
@@ -450,7 +583,10 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(tiny_conf
     fails([str(run), str(tmp_path / "new-3"), "--cluster-data", str(cluster)], "expert 3 already has its cluster")
     fails([str(run), str(tmp_path / "new-3")], "already exists; pass --replace")
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(("dataset", "feature-net"))) == [
-        "dataset-4", "feature-net", "feature-net.before-expert-3"]
+        "dataset-4",
+        "feature-net",
+        "feature-net.before-expert-3",
+    ]
 
 
 def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config, dataset_dir, tmp_path):
@@ -486,7 +622,8 @@ def test_fewer_simulated_nodes_than_experts_each_train_several(tiny_config, data
     assert sorted(strategy.received) == [0, 1, 2, 3]
     assert [strategy.received[k]["objective"] for k in range(4)] == ["fm", "ddpm", "ddpm", "fm"]
     one_each = _strategy(tiny_config, tmp_path / "b", cache_dir, dataset_dir, node_wait_timeout=0.1)
-    assert one_each._claims({"partition-id": 2}) == [2] and one_each._claims({"expert-id": 3, "partition-id": 0,
-                                                                             "num-partitions": 2}) == [3]
+    assert one_each._claims({"partition-id": 2}) == [2] and one_each._claims(
+        {"expert-id": 3, "partition-id": 0, "num-partitions": 2}
+    ) == [3]
     assert [one_each._claims({"partition-id": p, "num-partitions": 3}) for p in range(3)] == [[0, 3], [1], [2]]
     assert one_each._claims({"partition-id": 1, "num-partitions": 8}) == [1]  # enough nodes: one expert each

@@ -26,10 +26,12 @@ def _sqrtm(a: torch.Tensor) -> torch.Tensor:
 def test_frechet_distance_of_gaussians_with_known_moments():
     g = torch.Generator().manual_seed(0)
     # 1-d: (μ1 − μ2)² + (σ1 − σ2)²
-    a = _with_moments(torch.randn(500, 1, generator=g, dtype=F64), torch.tensor([1.0], dtype=F64),
-                      torch.tensor([[4.0]], dtype=F64))
-    b = _with_moments(torch.randn(700, 1, generator=g, dtype=F64), torch.tensor([-2.0], dtype=F64),
-                      torch.tensor([[9.0]], dtype=F64))
+    a = _with_moments(
+        torch.randn(500, 1, generator=g, dtype=F64), torch.tensor([1.0], dtype=F64), torch.tensor([[4.0]], dtype=F64)
+    )
+    b = _with_moments(
+        torch.randn(700, 1, generator=g, dtype=F64), torch.tensor([-2.0], dtype=F64), torch.tensor([[9.0]], dtype=F64)
+    )
     assert M.frechet_distance(a, b) == pytest.approx(9.0 + 1.0, abs=1e-9)
     # d = 4, non-commuting covariances: ‖μ1 − μ2‖² + Tr(Σ1 + Σ2 − 2 (Σ1^½ Σ2 Σ1^½)^½)
     A, B = torch.randn(4, 4, generator=g, dtype=F64), torch.randn(4, 4, generator=g, dtype=F64)
@@ -59,8 +61,9 @@ def test_kernel_distance_of_identical_sets_is_zero_up_to_its_closed_form_bias():
     same = M.kernel_distance(a, b, subset_size=500, subsets=20)[0]
     far = M.kernel_distance(a, b + 1.0, subset_size=500, subsets=20)[0]
     assert abs(same) < 0.02 * far and far > 0.5
-    assert M.kernel_distance(a, b, subset_size=100, subsets=5, seed=3) == \
-        M.kernel_distance(a, b, subset_size=100, subsets=5, seed=3)  # seeded subsets
+    assert M.kernel_distance(a, b, subset_size=100, subsets=5, seed=3) == M.kernel_distance(
+        a, b, subset_size=100, subsets=5, seed=3
+    )  # seeded subsets
     assert M.kernel_distance(a, b, subset_size=5000)[2] == 1000  # subset size capped by the sets
     with pytest.raises(ValueError, match="same d"):
         M.kernel_distance(a, b[:, :4])
@@ -116,6 +119,7 @@ def test_lpips_alexnet_loads_a_local_weights_file(tmp_path, monkeypatch):
     assert M.intra_prompt_diversity(x.unsqueeze(0), d)["mean"] > 0
     # the random file's weights really are the ones used
     from lpips import LPIPS
+
     ref = LPIPS(net="alex", pnet_rand=True, verbose=False)
     assert not torch.equal(ref.net.slice1[0].weight, alex.features[0].weight)
 
@@ -127,8 +131,9 @@ def test_inception_features_from_a_local_file(tmp_path):
     empty = tmp_path / "empty.pth"
     torch.save({}, empty)
     with mock.patch.object(NoTrainInceptionV3, "load_state_dict", lambda self, sd: None):
-        net = NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"],
-                                 feature_extractor_weights_path=str(empty))
+        net = NoTrainInceptionV3(
+            name="inception-v3-compat", features_list=["2048"], feature_extractor_weights_path=str(empty)
+        )
     torch.save(net.state_dict(), tmp_path / "inception.pth")
     fx = M.inception_features(tmp_path / "inception.pth")
     f = fx(torch.rand(2, 3, 16, 16) * 2 - 1)
@@ -151,6 +156,7 @@ def _tiny_clip(folder):
     import json
 
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
     chars = [chr(b) for b in bs] + [chr(256 + i) for i in range(256 - len(bs))]  # GPT-2's byte → unicode map
     vocab = {c: i for i, c in enumerate(chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"])}
@@ -160,9 +166,17 @@ def _tiny_clip(folder):
     tok = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
     images = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     small = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2)
-    cfg = CLIPConfig(text_config=dict(small, vocab_size=len(vocab), max_position_embeddings=77,
-                                      bos_token_id=vocab["<|startoftext|>"], eos_token_id=vocab["<|endoftext|>"]),
-                     vision_config=dict(small, image_size=32, patch_size=8), projection_dim=16)
+    cfg = CLIPConfig(
+        text_config=dict(
+            small,
+            vocab_size=len(vocab),
+            max_position_embeddings=77,
+            bos_token_id=vocab["<|startoftext|>"],
+            eos_token_id=vocab["<|endoftext|>"],
+        ),
+        vision_config=dict(small, image_size=32, patch_size=8),
+        projection_dim=16,
+    )
     torch.manual_seed(0)
     CLIPModel(cfg).save_pretrained(folder)
     CLIPProcessor(image_processor=images, tokenizer=tok).save_pretrained(folder)

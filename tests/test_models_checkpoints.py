@@ -29,8 +29,16 @@ def _cond(b, length=5, dim=24):
 
 
 def _meta(objective, **extra):
-    meta = {"expert_id": 1, "cluster_id": 1, "objective": objective, "preset": "test", "time_convention": "fm",
-            "steps": 3, "images_seen": 12, "device_seconds": 0.1}
+    meta = {
+        "expert_id": 1,
+        "cluster_id": 1,
+        "objective": objective,
+        "preset": "test",
+        "time_convention": "fm",
+        "steps": 3,
+        "images_seen": 12,
+        "device_seconds": 0.1,
+    }
     if objective == "ddpm":
         meta |= {"schedule": "linear", "num_train_timesteps": 1000}
     return meta | extra
@@ -122,8 +130,9 @@ def test_unknown_preset_is_named():
 def test_paper_scale_presets_match_the_paper_without_allocating():
     """XL/2 expert ≈ 605M and B/2 router ≈ 129M parameters at the paper's shapes (4×32×32, CLIP width 768)."""
     with torch.device("meta"):
-        xl = PixArtTransformer2DModel.from_config(expert_config("XL/2", sample_size=32, in_channels=4,
-                                                                caption_channels=768))
+        xl = PixArtTransformer2DModel.from_config(
+            expert_config("XL/2", sample_size=32, in_channels=4, caption_channels=768)
+        )
         router = Router(**router_config("B/2", num_experts=8, sample_size=32, in_channels=4))
     n_xl = sum(p.numel() for p in xl.parameters())
     n_router = sum(p.numel() for p in router.parameters())

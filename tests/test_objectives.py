@@ -103,8 +103,9 @@ def test_ddpm_adapter_turns_exact_eps_into_exact_velocity(schedule):
     expert = DDPMExpert(lambda z, tau, cond: gmm.ddpm_eps_star(z, tau, ab), schedule, t_eps=1e-12, x0_clamp=1e12)
     t_lo, t_hi = _representable(ab)
     g = torch.Generator().manual_seed(2)
-    for t in torch.cat([torch.tensor([t_lo, t_hi], dtype=torch.float64),
-                        torch.linspace(0.0, 1.0, 41, dtype=torch.float64)[1:-1]]):
+    for t in torch.cat(
+        [torch.tensor([t_lo, t_hi], dtype=torch.float64), torch.linspace(0.0, 1.0, 41, dtype=torch.float64)[1:-1]]
+    ):
         if not t_lo <= t <= t_hi:
             continue
         x0 = gmm.sample(64, g)
@@ -143,8 +144,9 @@ def test_endpoint_guards():
     torch.testing.assert_close(v_free, velocity_from_eps(x_t, t, eps_hat))
     # t = 0: x0_hat = x_t (clamped), whatever eps_hat says
     t0 = torch.tensor([0.0], dtype=torch.float64)
-    torch.testing.assert_close(ddpm_eps_to_velocity(x_t, t0, eps_hat, t_eps=0.01, x0_clamp=2.0),
-                               eps_hat - x_t.clamp(-2, 2))
+    torch.testing.assert_close(
+        ddpm_eps_to_velocity(x_t, t0, eps_hat, t_eps=0.01, x0_clamp=2.0), eps_hat - x_t.clamp(-2, 2)
+    )
     # the adapter stays finite on the whole grid including both endpoints
     ab = ddpm_alpha_bar("linear")
     gmm = three_blobs()
@@ -169,8 +171,9 @@ def test_naive_variant_maps_time_linearly_without_rescale():
     torch.testing.assert_close(naive_timestep(t), seen["timestep"])
     # and it is *not* exact: on the mixture the naive velocity is off where the schedule differs from FM's SNR
     gmm, ab = three_blobs(), ddpm_alpha_bar("cosine")
-    naive = DDPMExpert(lambda z, tau, c: gmm.ddpm_eps_star(z, tau, ab), "cosine", conversion="naive",
-                       t_eps=1e-12, x0_clamp=1e12)
+    naive = DDPMExpert(
+        lambda z, tau, c: gmm.ddpm_eps_star(z, tau, ab), "cosine", conversion="naive", t_eps=1e-12, x0_clamp=1e12
+    )
     x_t = torch.randn(32, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     t = torch.full((32,), 0.3, dtype=torch.float64)
     assert (naive.velocity(x_t, t, None) - gmm.fm_velocity_star(x_t, t)).abs().max() > 1e-2
@@ -183,8 +186,12 @@ def test_training_losses_vanish_for_exact_predictors(schedule):
     x0 = torch.randn(8, 3, dtype=torch.float64, generator=g)
     ab = ddpm_alpha_bar(schedule)
     # a DDPM "network" that knows x0 recovers eps from z exactly
-    ddpm = DDPMExpert(lambda z, tau, c: (z - alpha_bar_at(tau, ab).sqrt()[:, None] * x0)
-                      / (1 - alpha_bar_at(tau, ab)).sqrt()[:, None], schedule)
+    ddpm = DDPMExpert(
+        lambda z, tau, c: (
+            (z - alpha_bar_at(tau, ab).sqrt()[:, None] * x0) / (1 - alpha_bar_at(tau, ab)).sqrt()[:, None]
+        ),
+        schedule,
+    )
     assert ddpm.training_loss(x0, None, generator=g).item() < 1e-20
     # an FM "network" that knows x0 recovers v from x_t and t
     fm = FlowMatchingExpert(lambda x_t, ts, c: velocity_from_x0(x_t, ts / 999, x0))
@@ -192,5 +199,6 @@ def test_training_losses_vanish_for_exact_predictors(schedule):
     # and the DDPM noising is the VP formula
     eps = torch.randn(8, 3, dtype=torch.float64, generator=g)
     tau = torch.arange(8) * 100
-    torch.testing.assert_close(ddpm_noise(x0, eps, tau, ab),
-                               ab[tau].sqrt()[:, None] * x0 + (1 - ab[tau]).sqrt()[:, None] * eps)
+    torch.testing.assert_close(
+        ddpm_noise(x0, eps, tau, ab), ab[tau].sqrt()[:, None] * x0 + (1 - ab[tau]).sqrt()[:, None] * eps
+    )

@@ -20,8 +20,10 @@ def test_simulation_two_nodes_for_four_experts(tiny_config_path, cache_dir, tmp_
     2 threads; the server does not wait for federation.min_nodes."""
     run_dir = tmp_path / "run"
     run_config = {
-        "config": str(tiny_config_path), "overrides": "federation.min_nodes=4 federation.node_wait_timeout=120",
-        "run-dir": str(run_dir), "cache-dir": str(cache_dir),
+        "config": str(tiny_config_path),
+        "overrides": "federation.min_nodes=4 federation.node_wait_timeout=120",
+        "run-dir": str(run_dir),
+        "cache-dir": str(cache_dir),
     }
     server = ServerApp()
 
@@ -31,16 +33,28 @@ def test_simulation_two_nodes_for_four_experts(tiny_config_path, cache_dir, tmp_
         server_main(grid, context)
 
     started = time.monotonic()
-    run_simulation(server_app=server, client_app=client_app, num_supernodes=2,
-                   backend_config={"client_resources": {"num_cpus": 2, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False}})
+    run_simulation(
+        server_app=server,
+        client_app=client_app,
+        num_supernodes=2,
+        backend_config={
+            "client_resources": {"num_cpus": 2, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False},
+        },
+    )
     assert time.monotonic() - started < 110  # it did not wait node_wait_timeout for 4 nodes
     report = json.loads((run_dir / "report.json").read_text())
     assert sorted((e["expert_id"], e["objective"]) for e in report["experts"]) == [
-        (0, "fm"), (1, "ddpm"), (2, "ddpm"), (3, "fm")]
+        (0, "fm"),
+        (1, "ddpm"),
+        (2, "ddpm"),
+        (3, "fm"),
+    ]
     assert report["missing"] == []
     assert sorted(sorted(e) for e in report["flower"]["assignment"].values()) == [[0, 2], [1, 3]]
-    threads = {json.loads((run_dir / "experts" / f"expert-{k}" / "hddm_expert.json").read_text())["cpu_threads"]
-               for k in range(4)}
+    threads = {
+        json.loads((run_dir / "experts" / f"expert-{k}" / "hddm_expert.json").read_text())["cpu_threads"]
+        for k in range(4)
+    }
     assert threads == {2}  # the actor's CPUs, in the forked training process too
     assert (run_dir / "samples.png").exists() and (run_dir / "config.yaml").exists()

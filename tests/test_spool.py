@@ -21,12 +21,19 @@ CHUNK = 5 * 2**20  # flwr's ArrayChunk size
 
 def _reply_with(blob: bytes):
     def deliver(message):
-        return Message(RecordDict({
-            "expert": ArrayRecord({"weights": Array(dtype="uint8", shape=(len(blob),), stype="safetensors",
-                                                    data=blob)}),
-            "small": ArrayRecord({"bias": Array(dtype="uint8", shape=(3,), stype="raw", data=b"abc")}),
-            "meta": ConfigRecord({"meta": json.dumps({"sha256": hashlib.sha256(blob).hexdigest()})})}),
-            reply_to=message)
+        return Message(
+            RecordDict(
+                {
+                    "expert": ArrayRecord(
+                        {"weights": Array(dtype="uint8", shape=(len(blob),), stype="safetensors", data=blob)}
+                    ),
+                    "small": ArrayRecord({"bias": Array(dtype="uint8", shape=(3,), stype="raw", data=b"abc")}),
+                    "meta": ConfigRecord({"meta": json.dumps({"sha256": hashlib.sha256(blob).hexdigest()})}),
+                }
+            ),
+            reply_to=message,
+        )
+
     return deliver
 
 

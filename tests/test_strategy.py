@@ -16,13 +16,19 @@ from .fake_grid import FakeGrid, rewrite_weights
 
 def _strategy(cfg, run_dir, cache_dir, **kw):
     objectives = cfg.objective_of()
-    args = dict(min_nodes=len(objectives), min_experts=cfg.federation.min_experts, node_wait_timeout=1.0,
-                cache_dir=str(cache_dir), poll_interval=0.05)
+    args = dict(
+        min_nodes=len(objectives),
+        min_experts=cfg.federation.min_experts,
+        node_wait_timeout=1.0,
+        cache_dir=str(cache_dir),
+        poll_interval=0.05,
+    )
     return OneShotExperts(run_dir, cfg.to_dict(), objectives, **(args | kw))
 
 
-def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(tiny_config, dataset_dir, cache_dir,
-                                                                            tmp_path):
+def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(
+    tiny_config, dataset_dir, cache_dir, tmp_path
+):
     cfg = tiny_config
     assert cfg.objective_of() == ["fm", "ddpm", "ddpm", "fm"]
     nodes = {
@@ -37,8 +43,9 @@ def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(tiny
     reports = []
 
     def ensemble_fn(received, missing):
-        reports.append(finish_run(cfg, tmp_path, dataset_dir,
-                                  [{"expert_id": k, "reason": r} for k, r in missing.items()]))
+        reports.append(
+            finish_run(cfg, tmp_path, dataset_dir, [{"expert_id": k, "reason": r} for k, r in missing.items()])
+        )
         return {"experts": len(received)}
 
     result = strategy.start(grid, timeout=2.0, ensemble_fn=ensemble_fn)
@@ -49,7 +56,11 @@ def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(tiny
     tasks = {m.metadata.dst_node_id: m.content["config"] for m in train}
     assert len({id(t) for t in tasks.values()}) == 4
     assert {n: (t["expert-id"], t["cluster-id"], t["objective"]) for n, t in tasks.items()} == {
-        101: (0, 0, "fm"), 102: (1, 1, "ddpm"), 103: (2, 2, "ddpm"), 104: (3, 3, "fm")}
+        101: (0, 0, "fm"),
+        102: (1, 1, "ddpm"),
+        103: (2, 2, "ddpm"),
+        104: (3, 3, "fm"),
+    }
 
     # the error reply and the silent node end up in `missing`; the rest was written to disk
     assert sorted(strategy.received) == [0, 1]
@@ -103,8 +114,9 @@ def test_server_run_config_resolution(tiny_config_path, tmp_path):
     from hddm_flower.config import ConfigError
     from strategies.server_app import resolve_run
 
-    cfg, path, run_dir, cache = resolve_run({"config": str(tiny_config_path), "overrides": "expert.steps=5",
-                                             "run-dir": "", "cache-dir": ""}, 42)
+    cfg, path, run_dir, cache = resolve_run(
+        {"config": str(tiny_config_path), "overrides": "expert.steps=5", "run-dir": "", "cache-dir": ""}, 42
+    )
     assert cfg.expert.steps == 5 and run_dir.name == "run-42" and run_dir.is_absolute()
     _, default_path, _, _ = resolve_run({}, 1)
     assert default_path.name == "default.yaml" and default_path.is_file()
@@ -121,8 +133,9 @@ def test_server_memory_benchmark_runs_small(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("server_memory", Path(__file__).parent.parent / "benchmarks"
-                                                  / "server_memory.py")
+    spec = importlib.util.spec_from_file_location(
+        "server_memory", Path(__file__).parent.parent / "benchmarks" / "server_memory.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     sent = [bench.produce(tmp_path / "store", k, layers=1) for k in range(2)]
@@ -133,7 +146,9 @@ def test_server_memory_benchmark_runs_small(tmp_path):
     for mode in bench.MODES:
         result = bench.serve(tmp_path / "store", 2, 1, mode, tmp_path / mode)
         assert result["peak_rss_mib"] > 0 and sorted(p.name for p in (tmp_path / mode / "experts").iterdir()) == [
-            "expert-0", "expert-1"]
+            "expert-0",
+            "expert-1",
+        ]
         assert result["objects_pulled"] > 2 * 3  # every reply crossed as wire objects
 
 
@@ -155,8 +170,16 @@ def test_server_refuses_mixing_runs_and_parses_target_ids(tiny_config_path, tmp_
     (run / "config.yaml").write_text(yaml.safe_dump(load_config(tiny_config_path).to_dict()))
 
     def start(**run_config):
-        main(None, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                           run_config={"config": str(tiny_config_path), "run-dir": str(run)} | run_config))
+        main(
+            None,
+            Context(
+                run_id=1,
+                node_id=0,
+                node_config={},
+                state=RecordDict(),
+                run_config={"config": str(tiny_config_path), "run-dir": str(run)} | run_config,
+            ),
+        )
 
     with pytest.raises(ConfigError, match="already holds experts from another run"):
         start()

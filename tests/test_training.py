@@ -11,8 +11,9 @@ from hddm_flower.training import fit, train_expert
 
 def _expert(seed=0):
     torch.manual_seed(seed)
-    return FlowMatchingExpert(ExpertNet.from_config(expert_config("test", sample_size=16, in_channels=3,
-                                                                  caption_channels=384)))
+    return FlowMatchingExpert(
+        ExpertNet.from_config(expert_config("test", sample_size=16, in_channels=3, caption_channels=384))
+    )
 
 
 @pytest.fixture(scope="module")
