@@ -27,7 +27,16 @@ import torch.nn.functional as F
 from diffusers import PixArtTransformer2DModel
 from torch import Tensor
 
-from .dit import dit_arch, dit_conditioning, dit_forward, dit_modulation, dit_pos_embed, dit_timestep_embedding
+from .dit import (
+    DIT_PRESET_HEADS,
+    dit_arch,
+    dit_conditioning,
+    dit_depth,
+    dit_forward,
+    dit_modulation,
+    dit_pos_embed,
+    dit_timestep_embedding,
+)
 
 REFERENCE_TIMESTEP = 500
 
@@ -42,11 +51,16 @@ class DiTSource:
     format: str
     freq_shift: int
     path: str
+    heads_from: str  # where ``arch["num_heads"]`` came from: the diffusers config, the user, or a published preset
 
 
 def read_dit(path: str | Path, num_heads: int | None = None) -> DiTSource:
     """Read a DiT checkpoint: an original ``.pt`` (state dict, or a training checkpoint with ``ema``/``model``;
-    loaded with ``weights_only=True``), a ``.safetensors`` file, or a diffusers ``DiTTransformer2DModel`` folder."""
+    loaded with ``weights_only=True``), a ``.safetensors`` file, or a diffusers ``DiTTransformer2DModel`` folder.
+
+    The attention heads of an original checkpoint are not stored in it: ``num_heads`` gives them, else the
+    published DiT of that depth and width does (:data:`DIT_PRESET_HEADS`); any other shape is refused rather than
+    guessed. A diffusers folder's config says its heads; a ``num_heads`` that disagrees with it is an error."""
     path = Path(path)
     if path.is_dir():
         config = json.loads((path / "config.json").read_text())
@@ -54,7 +68,10 @@ def read_dit(path: str | Path, num_heads: int | None = None) -> DiTSource:
             raise ValueError(f"{path} holds a {config.get('_class_name')!r}, not a DiTTransformer2DModel")
         state = _load_weights(path)
         state = _diffusers_dit_to_original(state, config)
-        return DiTSource(state, dit_arch(state, config["num_attention_heads"]), "diffusers", 1, str(path))
+        heads = config["num_attention_heads"]
+        if num_heads is not None and num_heads != heads:
+            raise ValueError(f"{path}/config.json says num_attention_heads={heads}, not {num_heads}")
+        return DiTSource(state, dit_arch(state, heads), "diffusers", 1, str(path), f"{path}/config.json")
     if not path.is_file():
         raise FileNotFoundError(f"DiT checkpoint {path} does not exist")
     state = _load_weights(path)
@@ -64,7 +81,18 @@ def read_dit(path: str | Path, num_heads: int | None = None) -> DiTSource:
             break
     if "x_embedder.proj.weight" not in state:
         raise ValueError(f"{path} is not an original-format DiT state dict (no x_embedder.proj.weight)")
-    return DiTSource(dict(state), dit_arch(state, num_heads), "original", 0, str(path))
+    width, depth = state["x_embedder.proj.weight"].shape[0], dit_depth(state)
+    if num_heads is not None:
+        heads_from = "given (--num-heads)"
+    elif (depth, width) in DIT_PRESET_HEADS:
+        num_heads = DIT_PRESET_HEADS[depth, width]
+        heads_from = f"the published DiT of depth {depth} and width {width}"
+    else:
+        raise ValueError(
+            f"{path}: a DiT of depth {depth} and width {width} is not a published model and an original checkpoint "
+            "does not store its attention heads: pass --num-heads"
+        )
+    return DiTSource(dict(state), dit_arch(state, num_heads), "original", 0, str(path), heads_from)
 
 
 def _load_weights(path: Path) -> dict:
@@ -232,6 +260,8 @@ def convert_dit(
         "source": src.path,
         "format": src.format,
         "arch": a,
+        "num_heads": a["num_heads"],
+        "num_heads_from": src.heads_from,
         "objective": objective,
         "reference_timestep": float(reference_timestep),
         "kept": kept,
@@ -289,9 +319,25 @@ def conversion_check(
             added_cond_kwargs={"resolution": None, "aspect_ratio": None},
             return_dict=False,
         )[0]
-        ref = dit_forward(src.state, x, t, null, src.arch["num_heads"], src.freq_shift)[:, :C]
-        result["max_output_diff"] = (y - ref).abs().max().item()
+        result["max_output_diff"] = (y - _source_output(src, x, t, null)[:, :C]).abs().max().item()
+        result["reference"] = (
+            "the diffusers DiTTransformer2DModel itself"
+            if src.format == "diffusers"
+            else f"dit_forward with {src.arch['num_heads']} heads ({src.heads_from})"
+        )
     return result
+
+
+def _source_output(src: DiTSource, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
+    """The source network's output. A diffusers folder is run by diffusers itself, so the check shares nothing
+    with the conversion (its heads included); an original checkpoint by :func:`dit_forward` with the heads
+    :func:`read_dit` was told or found in the published presets — never guessed."""
+    if src.format == "diffusers":
+        from diffusers import DiTTransformer2DModel
+
+        model = DiTTransformer2DModel.from_pretrained(src.path).eval()
+        return model(x, timestep=t, class_labels=y, return_dict=False)[0]
+    return dit_forward(src.state, x, t, y, src.arch["num_heads"], src.freq_shift)
 
 
 def _source_patch(src: DiTSource, x: Tensor) -> Tensor:

@@ -15,15 +15,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+# The published DiT models (Peebles & Xie, Table 1): (depth, width) → attention heads. An original ``.pt`` stores
+# no head count; these are the only ones known without being told.
+DIT_PRESET_HEADS = {(28, 1152): 16, (24, 1024): 16, (12, 768): 12, (12, 384): 6}
 
-def dit_arch(state: dict[str, Tensor], num_heads: int | None = None) -> dict:
-    """Architecture of an original-format DiT state dict (heads are not stored: default hidden // 64 or 72)."""
+
+def dit_depth(state: dict[str, Tensor]) -> int:
+    """Number of transformer blocks of an original-format DiT state dict."""
+    return 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
+
+
+def dit_arch(state: dict[str, Tensor], num_heads: int) -> dict:
+    """Architecture of an original-format DiT state dict. The attention heads are not stored in it: the caller
+    says how many (a diffusers config, the user, or :data:`DIT_PRESET_HEADS`)."""
     hidden, in_channels, p, _ = state["x_embedder.proj.weight"].shape
-    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
+    if num_heads < 1 or hidden % num_heads:
+        raise ValueError(f"{num_heads} attention heads do not divide the DiT width {hidden}")
+    depth = dit_depth(state)
     out = state["final_layer.linear.weight"].shape[0] // (p * p)
     num_patches = state["pos_embed"].shape[1]
-    if num_heads is None:
-        num_heads = {1152: 16, 1024: 16, 768: 12, 384: 6}.get(hidden, max(1, hidden // 64))
     return {
         "hidden_size": hidden,
         "in_channels": in_channels,
@@ -84,7 +94,7 @@ def dit_forward(
     c = dit_conditioning(state, t, y, freq_shift)  # (B, D)
     h = dit_patch_embed(state, x)  # (B, N, D)
     B, N, D = h.shape
-    depth = dit_arch(state)["depth"]
+    depth = dit_depth(state)
     for i in range(depth):
         pre = f"blocks.{i}"
         shift1, scale1, gate1, shift2, scale2, gate2 = dit_modulation(state, pre, c).chunk(6, dim=-1)

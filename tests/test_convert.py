@@ -6,8 +6,9 @@ import pytest
 import torch
 from diffusers import DiTTransformer2DModel, PixArtTransformer2DModel
 
+from hddm_flower import dit
 from hddm_flower.cli import main
-from hddm_flower.convert import convert_dit, load_init, read_dit
+from hddm_flower.convert import REFERENCE_TIMESTEP, conversion_check, convert_dit, load_init, read_dit
 from hddm_flower.dit import dit_conditioning, dit_forward, dit_modulation, dit_pos_embed, init_dit_state
 from hddm_flower.models import expert_config
 
@@ -116,6 +117,37 @@ def test_diffusers_format(diffusers_dit):
             x, encoder_hidden_states=torch.zeros(2, 1, 24), timestep=t, added_cond_kwargs=ADDED, return_dict=False
         )[0]
     torch.testing.assert_close(y, y_src, atol=1e-4, rtol=0)  # layer-norm eps: diffusers DiT 1e-5, PixArt 1e-6
+
+
+def test_heads_are_told_never_guessed(original, diffusers_dit, tmp_path, capsys, monkeypatch):
+    """An original checkpoint stores no head count: an unpublished shape without --num-heads is refused, a published
+    one takes the paper's count, and the report records the count and where it came from."""
+    path, _ = original
+    with pytest.raises(ValueError, match="depth 3 and width 64 is not a published model.*pass --num-heads"):
+        read_dit(path)
+    assert main(["convert-dit", str(path), "--out", str(tmp_path / "x"), "--caption-channels", "24"]) == 2
+    assert "--num-heads" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    with pytest.raises(ValueError, match="3 attention heads do not divide the DiT width 64"):
+        read_dit(path, num_heads=3)
+    monkeypatch.setitem(dit.DIT_PRESET_HEADS, (3, 64), 8)  # as if DiT-tiny were a published model
+    src = read_dit(path)
+    assert src.arch["num_heads"] == 8 and "published DiT of depth 3 and width 64" in src.heads_from
+    _, config, report = convert_dit(src, objective="ddpm", caption_channels=24)
+    assert config["num_attention_heads"] == 8 and config["attention_head_dim"] == 8
+    assert report["num_heads"] == 8 and "published" in report["num_heads_from"]
+    assert report["check"]["max_output_diff"] < 1e-5 and "8 heads" in report["check"]["reference"]
+    # a diffusers folder says its heads; a contradicting --num-heads is refused; the check runs diffusers' own DiT
+    dpath, _ = diffusers_dit
+    with pytest.raises(ValueError, match="num_attention_heads=4, not 2"):
+        read_dit(dpath, num_heads=2)
+    src = read_dit(dpath)
+    state, config, report = convert_dit(src, objective="ddpm", caption_channels=24)
+    assert report["num_heads"] == 4 and report["num_heads_from"].endswith("config.json")
+    assert "diffusers DiTTransformer2DModel" in report["check"]["reference"]
+    assert report["check"]["max_output_diff"] < 1e-4
+    # that check would see a wrong head count in the converted model
+    wrong = dict(config, num_attention_heads=2, attention_head_dim=32)
+    assert conversion_check(src, state, wrong, REFERENCE_TIMESTEP)["max_output_diff"] > 1e-2
 
 
 def test_pos_embed_matches_diffusers():
