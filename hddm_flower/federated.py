@@ -1,0 +1,221 @@
+"""What a node computes on its own data so that the router and the evaluation need no pooled data (framework-free).
+
+Three pieces, each a pure function of one node's data; the Flower adapters (``clients/federated.py``,
+``strategies/federated_router.py``) move only their results:
+
+* :class:`FeatureSums`: FID reference statistics as sums, ``(n, Σf, Σffᵀ)`` in float64. Sums of disjoint sets add,
+  so the server's total equals the statistics of the pooled images exactly (up to float64 rounding), and
+  :func:`frechet_distance_from_sums` gives the same FID as :func:`hddm_flower.metrics.frechet_distance` on the
+  pooled features (both go through torchmetrics' FID; only its reference state is set from the sums).
+* :func:`router_local_update`: a few SGD steps of the router on one node's clusters (often a single cluster: every
+  label the same, the hardest non-IID case), returning the new weights for the server to average.
+* :func:`router_confusion`: the router's confusion counts on one node's held-out images at given times; counts
+  add across nodes, so the server's accuracy is exactly the pooled accuracy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .models import Router
+from .objectives import fm_interpolate
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reference statistics as sums
+
+
+@dataclass
+class FeatureSums:
+    """Sufficient statistics of a feature set: ``count`` = n, ``total`` = Σf (d,), ``outer`` = Σffᵀ (d, d),
+    float64. ``a + b`` is the statistics of the union of two disjoint sets."""
+
+    count: int
+    total: Tensor
+    outer: Tensor
+
+    @classmethod
+    def of(cls, features: Tensor) -> FeatureSums:
+        """The sums of a feature matrix (N, d)."""
+        if features.ndim != 2:
+            raise ValueError(f"features must be (N, d), got {tuple(features.shape)}")
+        f = features.double()
+        return cls(len(f), f.sum(0), f.T @ f)
+
+    @classmethod
+    def zeros(cls, dim: int) -> FeatureSums:
+        return cls(0, torch.zeros(dim, dtype=torch.float64), torch.zeros(dim, dim, dtype=torch.float64))
+
+    @property
+    def dim(self) -> int:
+        return int(self.total.shape[0])
+
+    def __add__(self, other: FeatureSums) -> FeatureSums:
+        if self.dim != other.dim:
+            raise ValueError(f"cannot add feature sums of dimension {self.dim} and {other.dim}")
+        return FeatureSums(self.count + other.count, self.total + other.total, self.outer + other.outer)
+
+    def mean_cov(self) -> tuple[Tensor, Tensor]:
+        """μ = Σf / n and the unbiased covariance (Σffᵀ − n μμᵀ) / (n − 1)."""
+        if self.count < 2:
+            raise ValueError(f"need at least 2 samples for a covariance, got {self.count}")
+        mu = self.total / self.count
+        return mu, (self.outer - self.count * torch.outer(mu, mu)) / (self.count - 1)
+
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        """Plain arrays (for the wire): ``count`` (1,) int64, ``total`` (d,), ``outer`` (d, d) float64."""
+        return {
+            "count": np.array([self.count], dtype=np.int64),
+            "total": self.total.numpy(),
+            "outer": self.outer.numpy(),
+        }
+
+    @classmethod
+    def from_numpy(cls, arrays: dict[str, np.ndarray], source: str = "feature sums") -> FeatureSums:
+        """The inverse of :meth:`to_numpy`, checking what a peer sent: shapes, dtype, finiteness, symmetry."""
+        try:
+            count, total, outer = (np.asarray(arrays[k]) for k in ("count", "total", "outer"))
+        except KeyError as e:
+            raise ValueError(f"{source}: missing array {e.args[0]!r}") from None
+        if count.shape != (1,) or count.dtype.kind not in "iu" or int(count[0]) < 0:
+            raise ValueError(f"{source}: count must be one non-negative integer, got {count!r}")
+        d = total.shape[0] if total.ndim == 1 else -1
+        if total.ndim != 1 or outer.shape != (d, d):
+            raise ValueError(f"{source}: expected total (d,) and outer (d, d), got {total.shape} and {outer.shape}")
+        if total.dtype != np.float64 or outer.dtype != np.float64:
+            raise ValueError(f"{source}: sums must be float64, got {total.dtype} and {outer.dtype}")
+        if not (np.isfinite(total).all() and np.isfinite(outer).all()):
+            raise ValueError(f"{source}: sums are not finite")
+        if not np.allclose(outer, outer.T, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(outer).max(initial=0)))):
+            raise ValueError(f"{source}: Σffᵀ is not symmetric")
+        return cls(int(count[0]), torch.from_numpy(total.copy()), torch.from_numpy(outer.copy()))
+
+
+def feature_sums(fx, images: Tensor, batch_size: int = 512) -> FeatureSums:
+    """Sums of ``fx``'s features over ``images``, accumulated per batch (the images never need to be in one
+    feature matrix)."""
+    out = FeatureSums.zeros(fx.num_features)
+    for i in range(0, len(images), batch_size):
+        out = out + FeatureSums.of(fx(images[i : i + batch_size]))
+    return out
+
+
+def frechet_distance_from_sums(reference: FeatureSums, fake: Tensor) -> float:
+    """FID between the reference given by its sums and a generated feature set (N, d): torchmetrics' FID with its
+    reference state set from the sums (the same float64 computation as :func:`metrics.frechet_distance`)."""
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    from .metrics import _Given
+
+    if fake.ndim != 2 or fake.shape[1] != reference.dim:
+        raise ValueError(f"generated features must be (N, {reference.dim}), got {tuple(fake.shape)}")
+    if reference.count < 2 or len(fake) < 2:
+        raise ValueError(f"need at least 2 samples per set, got {reference.count} reference and {len(fake)} generated")
+    m = FrechetInceptionDistance(feature=_Given(reference.dim)).double()
+    m.real_features_sum = reference.total.clone()
+    m.real_features_cov_sum = reference.outer.clone()
+    m.real_features_num_samples = torch.tensor(reference.count)
+    m.update(fake.double(), real=False)
+    return float(m.compute())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The router on one node
+
+
+def restricted_logits(logits: Tensor, local: Tensor, alpha: float) -> Tensor:
+    """Restricted softmax (FedRS, Li & Zhan 2021): the logits of classes absent from this node scaled by ``alpha``
+    (1 = plain softmax), so that a node with one class does not push the other classes' logits down as hard."""
+    if alpha == 1.0:
+        return logits
+    scale = torch.full((logits.shape[-1],), float(alpha), dtype=logits.dtype, device=logits.device)
+    scale[local] = 1.0
+    return logits * scale
+
+
+def router_loss_local(
+    router: Router, x0: Tensor, labels: Tensor, generator: torch.Generator, local: Tensor, alpha: float
+) -> Tensor:
+    """:func:`hddm_flower.training.router_loss` (cross-entropy of the cluster from ``(x_t, t)``, t ~ U(0, 1)) with
+    the restricted softmax of :func:`restricted_logits` over the node's classes ``local``."""
+    t = torch.rand(len(x0), generator=generator, dtype=x0.dtype)
+    x_t = fm_interpolate(x0, torch.randn(x0.shape, generator=generator, dtype=x0.dtype), t)
+    return F.cross_entropy(restricted_logits(router(x_t, t), local, alpha), labels)
+
+
+def router_local_update(
+    router: Router,
+    images: Tensor,
+    labels: Tensor,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    alpha: float = 1.0,
+    grad_clip: float | None = None,
+) -> dict:
+    """``steps`` plain SGD steps of ``router`` (in place) on one node's images and cluster labels.
+
+    SGD without momentum keeps no state between rounds, so with one local step the average of the nodes' new
+    weights (weighted by their number of images) is exactly one central SGD step on the union of their batches;
+    a server optimiser (FedAdam) then turns these averaged steps into central Adam on cluster-stratified batches.
+    Returns ``{"loss": mean loss, "num-examples": images the step saw}``.
+    """
+    if len(images) == 0:
+        raise ValueError("no training images on this node")
+    local = torch.unique(labels)
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(router.parameters(), lr=lr)
+    router.train()
+    losses = []
+    with torch.enable_grad():
+        for _ in range(steps):
+            idx = torch.randint(0, len(images), (batch_size,), generator=g)
+            loss = router_loss_local(router, images[idx], labels[idx], g, local, alpha)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(router.parameters(), grad_clip)
+            opt.step()
+            losses.append(loss.item())
+    router.eval()
+    return {"loss": float(np.mean(losses)), "num-examples": steps * batch_size}
+
+
+@torch.no_grad()
+def router_confusion(
+    router: Router,
+    images: Tensor,
+    labels: Tensor,
+    times: Sequence[float],
+    *,
+    seed: int,
+    batch_size: int = 256,
+) -> tuple[Tensor, Tensor]:
+    """Confusion counts of the router's top-1 prediction, (T, K, K) int64 (row: true cluster, column:
+    predicted), and top-2 hits per time (T,), on ``images`` noised to each t with seeded noise."""
+    k = router.config.num_experts
+    g = torch.Generator().manual_seed(seed)
+    conf = torch.zeros(len(times), k, k, dtype=torch.int64)
+    top2 = torch.zeros(len(times), dtype=torch.int64)
+    router.eval()
+    for i, t in enumerate(times):
+        for j in range(0, len(images), batch_size):
+            x0, y = images[j : j + batch_size], labels[j : j + batch_size]
+            x_t = fm_interpolate(x0, torch.randn(x0.shape, generator=g, dtype=x0.dtype), torch.tensor(float(t)))
+            pred = router(x_t, torch.full((len(x0),), float(t))).topk(min(2, k), -1).indices
+            conf[i] += torch.bincount(y * k + pred[:, 0], minlength=k * k).reshape(k, k)
+            top2[i] += (pred == y[:, None]).any(-1).sum()
+    return conf, top2
+
+
+def accuracy_from_confusion(conf: Tensor) -> list[float]:
+    """Top-1 accuracy per time from summed confusion counts (T, K, K)."""
+    n = conf.sum((1, 2)).clamp(min=1).double()
+    return (conf.diagonal(dim1=1, dim2=2).sum(-1).double() / n).tolist()

@@ -1,0 +1,142 @@
+"""The federated core against closed forms and the pooled computation (float64): feature sums, FID from sums, the
+router's local update (one step averaged = one central step) and confusion counts."""
+
+import numpy as np
+import pytest
+import torch
+
+from hddm_flower import metrics as M
+from hddm_flower.federated import (
+    FeatureSums,
+    accuracy_from_confusion,
+    feature_sums,
+    frechet_distance_from_sums,
+    restricted_logits,
+    router_confusion,
+    router_local_update,
+    router_loss_local,
+)
+from hddm_flower.models import Router
+from tests.test_metrics import _sqrtm, _with_moments
+
+F64 = torch.float64
+
+
+def test_sums_of_disjoint_parts_equal_the_pooled_statistics():
+    g = torch.Generator().manual_seed(0)
+    f = torch.randn(1000, 16, generator=g, dtype=F64) * 3 + 5  # a large mean: the cancellation in Σffᵀ − nμμᵀ
+    cuts = [0, 1, 130, 600, 1000]  # one part holds a single sample
+    parts = [FeatureSums.of(f[a:b]) for a, b in zip(cuts, cuts[1:])]
+    total = sum(parts[1:], parts[0])
+    pooled = FeatureSums.of(f)
+    assert total.count == 1000
+    mu, cov = total.mean_cov()
+    torch.testing.assert_close(mu, f.mean(0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(cov, torch.cov(f.T), rtol=0, atol=1e-9)
+    torch.testing.assert_close(total.outer, pooled.outer, rtol=1e-12, atol=0)
+    # the wire form round-trips exactly
+    back = FeatureSums.from_numpy(total.to_numpy())
+    assert back.count == total.count and torch.equal(back.outer, total.outer) and torch.equal(back.total, total.total)
+
+
+def test_fid_from_sums_equals_the_pooled_fid_and_the_closed_form():
+    g = torch.Generator().manual_seed(1)
+    A, B = torch.randn(4, 4, generator=g, dtype=F64), torch.randn(4, 4, generator=g, dtype=F64)
+    s1, s2 = A @ A.T + 0.5 * torch.eye(4, dtype=F64), B @ B.T + 0.1 * torch.eye(4, dtype=F64)
+    m1, m2 = torch.randn(4, generator=g, dtype=F64), torch.randn(4, generator=g, dtype=F64)
+    r1 = _sqrtm(s1)
+    expected = ((m1 - m2).square().sum() + torch.trace(s1 + s2 - 2 * _sqrtm(r1 @ s2 @ r1))).item()
+    x = _with_moments(torch.randn(300, 4, generator=g, dtype=F64), m1, s1)
+    y = _with_moments(torch.randn(400, 4, generator=g, dtype=F64), m2, s2)
+    nodes = [FeatureSums.of(x[:50]), FeatureSums.of(x[50:51]), FeatureSums.of(x[51:])]  # three institutions
+    ref = nodes[0] + nodes[1] + nodes[2]
+    assert frechet_distance_from_sums(ref, y) == pytest.approx(expected, rel=1e-9)
+    assert frechet_distance_from_sums(ref, y) == pytest.approx(M.frechet_distance(x, y), abs=1e-6)
+
+
+def test_feature_sums_of_a_network_are_batch_independent():
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5)).double()
+    fx = M.FeatureExtractor("test", 5, net, batch_size=7)
+    images = torch.randn(33, 3, 2, 2, dtype=F64, generator=torch.Generator().manual_seed(2))
+    a, b = feature_sums(fx, images, batch_size=4), FeatureSums.of(fx(images))
+    assert a.count == b.count == 33
+    torch.testing.assert_close(a.outer, b.outer, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "bad, what",
+    [
+        ({"count": np.array([-1]), "total": np.zeros(2), "outer": np.zeros((2, 2))}, "count"),
+        ({"count": np.array([3]), "total": np.zeros(2), "outer": np.zeros((3, 3))}, "expected total"),
+        ({"count": np.array([3]), "total": np.zeros(2, np.float32), "outer": np.zeros((2, 2))}, "float64"),
+        ({"count": np.array([3]), "total": np.array([np.nan, 0]), "outer": np.zeros((2, 2))}, "finite"),
+        ({"count": np.array([3]), "total": np.zeros(2), "outer": np.array([[0, 1.0], [0, 0]])}, "symmetric"),
+        ({"count": np.array([3]), "total": np.zeros(2)}, "outer"),
+    ],
+)
+def test_a_peers_malformed_sums_are_refused_with_a_reason(bad, what):
+    with pytest.raises(ValueError, match=what):
+        FeatureSums.from_numpy(bad, source="node 7")
+
+
+def _router(seed=0):
+    torch.manual_seed(seed)
+    return Router(num_experts=3, sample_size=4, in_channels=1, patch_size=2, hidden_size=8, depth=1, num_heads=2)
+
+
+def test_one_local_step_averaged_over_nodes_is_one_central_step():
+    """Single-class nodes, one SGD step each, averaged by image count = one SGD step on the pooled batches."""
+    g = torch.Generator().manual_seed(3)
+    nodes = [(torch.randn(10, 1, 4, 4, generator=g, dtype=F64), torch.full((10,), k)) for k in range(3)]
+    base = _router().double()
+    w0 = {k: v.clone() for k, v in base.state_dict().items()}
+    lr, batch = 0.5, (4, 4, 8)
+    updated, counts = [], []
+    for (x, y), b, seed in zip(nodes, batch, (10, 11, 12)):
+        r = _router().double()
+        r.load_state_dict(w0)
+        counts.append(router_local_update(r, x, y, steps=1, batch_size=b, lr=lr, seed=seed)["num-examples"])
+        updated.append(r.state_dict())
+    avg = {k: sum(n * s[k] for n, s in zip(counts, updated)) / sum(counts) for k in w0}
+    # the central step: the same batches and noise (same generators), the loss of the pooled batch
+    central = _router().double()
+    central.load_state_dict(w0)
+    central.train()
+    total = 0
+    for (x, y), b, seed in zip(nodes, batch, (10, 11, 12)):
+        gen = torch.Generator().manual_seed(seed)
+        idx = torch.randint(0, len(x), (b,), generator=gen)
+        total = total + b * router_loss_local(central, x[idx], y[idx], gen, torch.arange(3), 1.0)
+    (total / sum(batch)).backward()
+    with torch.no_grad():
+        for name, p in central.named_parameters():
+            torch.testing.assert_close(avg[name], p - lr * p.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_restricted_softmax_scales_only_absent_classes():
+    logits = torch.tensor([[1.0, 2.0, -3.0, 4.0]], dtype=F64)
+    out = restricted_logits(logits, torch.tensor([1]), 0.25)
+    torch.testing.assert_close(out, torch.tensor([[0.25, 2.0, -0.75, 1.0]], dtype=F64))
+    assert restricted_logits(logits, torch.tensor([1]), 1.0) is logits
+
+
+def test_confusion_counts_add_up_to_the_pooled_accuracy():
+    router = _router(1).double().eval()
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(30, 1, 4, 4, generator=g, dtype=F64)
+    y = torch.randint(0, 3, (30,), generator=g)
+    times = (0.0, 0.5, 1.0)
+    conf, top2 = router_confusion(router, x, y, times, seed=5, batch_size=7)
+    assert conf.dtype == torch.int64 and conf.shape == (3, 3, 3)
+    assert conf.sum((1, 2)).tolist() == [30, 30, 30]
+    torch.testing.assert_close(conf.sum(1 + 1), torch.bincount(y, minlength=3).expand(3, 3))  # rows: true cluster
+    # the same seeded noise, computed in one batch, gives the accuracy directly
+    gen = torch.Generator().manual_seed(5)
+    direct = []
+    with torch.no_grad():
+        for t in times:
+            chunks = [torch.randn(x[j : j + 7].shape, generator=gen, dtype=F64) for j in range(0, 30, 7)]
+            x_t = (1 - t) * x + t * torch.cat(chunks)
+            direct.append((router(x_t, torch.full((30,), t)).argmax(-1) == y).double().mean().item())
+    assert accuracy_from_confusion(conf) == pytest.approx(direct, abs=1e-12)
+    assert (top2 >= conf.diagonal(dim1=1, dim2=2).sum(-1)).all()
