@@ -223,8 +223,9 @@ def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None 
 
 
 def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) -> tuple[dict, dict, dict]:
-    """An FM expert of the experts' size on all clusters for K × ``expert.steps`` steps (equal training compute:
-    the same number of images seen as all K experts together)."""
+    """An FM expert of the experts' size on all clusters for K × ``expert.steps`` optimiser steps, trained exactly
+    as the experts are (micro-batches, gradient accumulation, precision, checkpointing, optimiser): equal training
+    compute, i.e. as many images seen as all K experts together."""
     e = cfg.expert
     steps = cfg.num_experts * e.steps
     dataset_meta = read_meta(dataset_dir)
@@ -243,7 +244,10 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
         grad_clip=e.grad_clip,
         caption_dropout=e.caption_dropout,
         seed=e.seed + 1000,
+        accumulation=e.grad_accumulation,
         ema_decay=e.ema_decay,
+        mixed_precision=e.mixed_precision,
+        gradient_checkpointing=e.gradient_checkpointing,
         optimizer=e.optimizer,
         log_every=e.log_every,
         name="monolith [fm]",
@@ -254,6 +258,8 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
         "cluster_id": "all",
         "monolith": True,
         "steps": stats.steps,
+        "grad_accumulation": e.grad_accumulation,
+        "mixed_precision": e.mixed_precision,
         "images_seen": stats.images_seen,
         "device_seconds": round(stats.device_seconds, 3),
         "final_loss": stats.final_loss,

@@ -133,3 +133,17 @@ def test_a_feature_network_trained_with_other_settings_is_refused(reproduced, da
     other = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, feature_steps=7))
     with pytest.raises(ConfigError, match="trained with other settings"):
         feature_network(other, dataset_dir, out / "feature-net")
+
+
+def test_monolith_sees_what_the_experts_saw(tiny_config, dataset_dir):
+    """Equal compute: with gradient accumulation the monolith takes K × steps optimiser steps of batch × accumulation
+    images, like the experts, not K × steps micro-batches."""
+    import dataclasses
+
+    from hddm_flower.reproduce import train_monolith
+
+    e = dataclasses.replace(tiny_config.expert, steps=1, grad_accumulation=3)
+    cfg = dataclasses.replace(tiny_config, expert=e)
+    _, _, meta = train_monolith(cfg, dataset_dir)
+    assert meta["steps"] == cfg.num_experts * e.steps and meta["grad_accumulation"] == 3
+    assert meta["images_seen"] == cfg.num_experts * e.steps * e.batch_size * e.grad_accumulation
