@@ -1,7 +1,7 @@
-"""All the performance figures in one command, written as JSON and as the Markdown table README shows.
+"""All the performance figures in one command, written as JSON and as the Markdown table docs/performance.md shows.
 
     python benchmarks/bench.py                 # CPU figures (≈ 25 min on 2 cores, most of it the federation runs)
-    python benchmarks/bench.py --quick         # fewer steps and repetitions (≈ 3 min): a smoke run, not for README
+    python benchmarks/bench.py --quick         # fewer steps and repetitions (≈ 3 min): a smoke run, not for docs/performance.md
     python benchmarks/bench.py --skip federation
 
 Parts (each a script of its own in ``benchmarks/``, runnable alone):

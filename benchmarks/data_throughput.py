@@ -238,7 +238,7 @@ PER_SAMPLE = 2 + 4 + 4 + 1  # bytes held in RAM per sample by `hddm cluster`: cl
 
 
 def cluster_memory_model(n: int, dim: int, fit_samples: int) -> dict:
-    """RAM of `hddm cluster` beyond the models, from the code's plan (README "Data at scale"), in bytes."""
+    """RAM of `hddm cluster` beyond the models, from the code's plan (docs/data.md), in bytes."""
     fit = min(n, fit_samples) * dim * 4  # the fine k-means fit sample, float32
     return {
         "fit_sample": fit,
@@ -310,7 +310,7 @@ def render(r: dict) -> str:
                 f"Prepare, {run['prepare']['samples']} samples: resident MiB after each resumed step "
                 "(samples done → VmRSS): " + ", ".join(f"{n} → {v:.0f}" for n, v in trace),
             ]
-    lines += ["", 'Extrapolation to 11M samples (linear in N: every pass streams; see README "Data at scale"):', ""]
+    lines += ["", "Extrapolation to 11M samples (linear in N: every pass streams; see docs/data.md):", ""]
     for k, v in ex.items():
         lines.append(
             f"- {k}: {v:,.3f}" if isinstance(v, float) else f"- {k}: {v:,}" if isinstance(v, int) else f"- {k}: {v}"

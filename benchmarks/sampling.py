@@ -13,7 +13,7 @@ The ensemble is the config's: K experts with the config's objective mix (DDPM ex
 and router preset, random weights (speed does not depend on them) or a trained run (``--run-dir``). Each
 repetition times each sampler once (order rotating); figures are medians over ``--reps``, ratios are taken within
 a repetition; on CPU the clock is the process's CPU time (robust on a shared machine), on a GPU wall time.
-Goals (issue 7): grouped ≥ 3× faster than the loop at batch 64; grouped ≤ 2.2× one expert for top-2.
+Goals: grouped ≥ 3× faster than the loop at batch 64; grouped ≤ 2.2× one expert for top-2.
 
     python benchmarks/sampling.py                       # default config, batch 64, 10 steps, 1 thread
     python benchmarks/sampling.py --run-dir ~/hddm-runs/run-1 --threads 2

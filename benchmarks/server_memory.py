@@ -74,7 +74,7 @@ def produce(store: Path, k: int, layers: int) -> dict:
     try:
         ArrayRecord(state)
         numpy_path = "accepted"
-    except TypeError as e:  # what DESIGN §6 measured: bf16 has no numpy dtype
+    except TypeError as e:  # flwr 1.42: bf16 has no numpy dtype
         numpy_path = f"TypeError: {e}"
     blob = weights_bytes(state)
     fp32_bytes = sum(t.numel() * 4 for t in state.values())

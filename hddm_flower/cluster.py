@@ -1,6 +1,6 @@
 """Clustering (`hddm cluster`): encoded shards → K per-cluster shard sets, one per institution.
 
-Four streaming passes over the encoded shards of `hddm prepare` (memory plan in README, "Data at scale"):
+Four streaming passes over the encoded shards of `hddm prepare` (memory plan in docs/data.md):
 
 1. **Features**: an image feature model (DINOv2 through transformers from a local folder, CLS token after the
    final layer norm), or offline stand-ins (``pixels``: 8×8 RGB thumbnails; ``caption``: the mean of the stored

@@ -1,6 +1,6 @@
 """Training objectives and the DDPM → velocity conversion, as pure tensor functions.
 
-Conventions (DESIGN.md §2), used everywhere in this package:
+Conventions (docs/design.md), used everywhere in this package:
 
 * FM time ``t ∈ [0, 1]`` with **t = 1 pure noise**; the Flow-Matching path is ``x_t = (1 − t)·x0 + t·eps``.
 * "velocity" is the FM velocity ``v = eps − x0`` = dx_t/dt. It is *not* diffusers' ``v_prediction``.

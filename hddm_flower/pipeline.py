@@ -1,7 +1,7 @@
 """The stages of a run, framework-free: the Flower apps and the ``hddm`` command line both call these.
 
 prepare data → train one expert (per client) → [server] train the router → assemble the ensemble → evaluate and
-sample → write the run directory (DESIGN.md §4).
+sample → write the run directory (docs/design.md, "The run directory").
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def train_one_expert(
     ``objective``, in isolation.
 
     ``checkpoint``: where the training state is saved every ``expert.checkpoint_every`` steps and resumed from.
-    Returns the transformer's state dict, its diffusers config and the checkpoint metadata (DESIGN.md §2).
+    Returns the transformer's state dict, its diffusers config and the checkpoint metadata (docs/design.md).
     """
     dataset_meta = read_meta(dataset_dir)
     source = {} if cluster is None else {"data_cluster": cluster, "data_dir": str(dataset_dir)}

@@ -60,7 +60,7 @@ def default_configs(k: int) -> dict[str, int]:
     return out
 
 
-# The paper's numbers (notes/PAPER.md §7): HDDM table 1 (DiT-XL/2 experts, LAION-Aesthetics 11M, top-2, CFG 7.5,
+# The paper's numbers (arXiv 2603.06741): HDDM table 1 (DiT-XL/2 experts, LAION-Aesthetics 11M, top-2, CFG 7.5,
 # 50 steps, FID-50K; LPIPS mean ± std), HDDM table 2 (DiT-B/2 experts, LAION-Art 3.9M, FID-50K) and DDM's
 # ImageNet table 1 (8 experts, FID).
 PAPER_HETERO = {"8FM": (12.45, "0.617 ± 0.074"), "2DDPM:6FM": (11.88, "0.631 ± 0.078")}

@@ -67,7 +67,7 @@ def _drop_captions(cond: TextCond, uncond: TextCond, p: float, generator: torch.
 
 def make_optimizer(params, lr: float, weight_decay: float, impl: str, device: torch.device) -> torch.optim.AdamW:
     """AdamW; ``auto`` picks the fused kernel where torch has one (CPU, CUDA, MPS, XPU; on CPU it is 3–4× faster
-    than foreach for the tiny expert, benchmarks/README) and the foreach one elsewhere."""
+    than foreach for the tiny expert, docs/performance.md) and the foreach one elsewhere."""
     if impl not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer implementation {impl!r}; expected one of {OPTIMIZERS}")
     if impl == "auto":
