@@ -1,7 +1,11 @@
-"""Ground rules of the house that a test can hold: the core never imports flwr; CI runs README's test command."""
+"""Ground rules of the house that a test can hold: the core never imports flwr; CI runs README's test command;
+the documents link only to what exists and speak of the project, not of how it was built."""
 
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parent.parent
 
@@ -26,3 +30,77 @@ def test_ci_runs_the_readme_test_command():
 
 def test_pyproject_has_no_legacy_federations_block():
     assert "[tool.flwr.federations" not in (ROOT / "pyproject.toml").read_text()
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+REPO_PATH = re.compile(r"`((?:hddm_flower|strategies|clients|tests|benchmarks|scripts|configs|docs|\.ci)/[^`\s:]*)`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _tracked_text_files() -> list[Path]:
+    """The repository's text files (``git ls-files``: what a clone has, no build outputs)."""
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    skip = {".png", ".jpg", ".jpeg", ".json", ".tar", ".safetensors", ".pt"}
+    return [ROOT / f for f in out.splitlines() if Path(f).suffix not in skip and (ROOT / f).is_file()]
+
+
+def test_readme_is_a_front_door():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_documents_link_only_to_what_exists():
+    bad = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for url in LINK.findall(text):
+            if url.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = url.partition("#")
+            target = (doc.parent / path).resolve() if path else doc
+            if not target.exists():
+                bad.append(f"{doc.name}: {url}")
+            elif anchor and target.suffix == ".md":
+                headings = re.findall(r"^#+ (.*)$", target.read_text(), re.M)
+                if anchor not in {_anchor(h) for h in headings}:
+                    bad.append(f"{doc.name}: {url} (no such heading)")
+        for path in REPO_PATH.findall(text):
+            if any(c in path for c in "{*<"):  # a pattern, not a path
+                continue
+            module = path.split(".", 1)[0] + ".py"  # `clients/client_app._workers`: a name in a module
+            if not (ROOT / path).exists() and not (ROOT / module).exists():
+                bad.append(f"{doc.name}: `{path}`")
+    assert bad == []
+
+
+def test_no_file_cites_documents_outside_the_repository():
+    pattern = re.compile(r"DESIGN(\.md)?\s*§|DESIGN\.md|\bnotes/[A-Z]+\.md|PAPER\.md|FLOWER\.md|benchmarks/README")
+    offenders = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in _tracked_text_files()
+        if p != Path(__file__)
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert offenders == []
+
+
+def test_no_file_tells_work_history():
+    """The project speaks of itself: no sessions, engineers or issue numbers (pytest's session scope is fine)."""
+    pattern = re.compile(r"\bsessions?\b|\bengineers?\b|\bissue #?[0-9]+", re.I)
+    allowed = re.compile(r'scope="session"|test session')
+    offenders = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in _tracked_text_files()
+        if p != Path(__file__)
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if pattern.search(line) and not allowed.search(line)
+    ]
+    assert offenders == []
