@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from .ensemble import ROUTING_MODES
-from .objectives import CONVERSIONS, SCHEDULES
+from .objectives import CONVERSIONS, SCHEDULES, VELOCITY_SCALINGS
 
 OBJECTIVES = ("fm", "ddpm")
 DATASETS = ("twemoji", "webdataset", "folder")
@@ -119,6 +119,11 @@ class SamplingConfig:
     conversion: str = "schedule_aware"  # or "naive" (the paper's round(999·t) mapping, for ablations)
     t_eps: float = 0.01  # guard of 1 − t in the DDPM → velocity conversion
     x0_clamp: float = 1.0  # bound on the DDPM expert's clean estimate (pixels live in [−1, 1])
+    # adaptive velocity scaling of converted DDPM velocities at t > velocity_scaling_t: "off" or "fm_rms" (cap
+    # their per-sample RMS at the FM experts' of the same sample and step, else at √(1 + x0_variance))
+    velocity_scaling: str = "off"
+    velocity_scaling_t: float = 0.85
+    x0_variance: float = 1.0  # per-element variance of the data (≈ 1 for SD-VAE latents × 0.18215)
     samples_per_prompt: int = 8
     seed: int = 0
     prompts: list[str] = field(default_factory=lambda: ["grinning face", "japan flag", "hot dog", "dog face"])
@@ -234,6 +239,15 @@ class Config:
             fail("sampling.t_eps", "must be in (0, 1)")
         if s.x0_clamp <= 0:
             fail("sampling.x0_clamp", "must be > 0")
+        if s.velocity_scaling not in VELOCITY_SCALINGS:
+            fail(
+                "sampling.velocity_scaling",
+                f"unknown velocity scaling {s.velocity_scaling!r}; expected one of {VELOCITY_SCALINGS}",
+            )
+        if not 0 <= s.velocity_scaling_t < 1:
+            fail("sampling.velocity_scaling_t", "must be in [0, 1)")
+        if s.x0_variance < 0:
+            fail("sampling.x0_variance", "must be ≥ 0")
         ev = self.evaluation
         for i, mode in enumerate(ev.routing_modes):
             if not _routing_mode_ok(mode):
@@ -317,7 +331,8 @@ class Config:
 
 
 def _routing_mode_ok(mode: str) -> bool:
-    """``top<k>`` (k ≥ 1) or a routing mode other than ``top_k``."""
+    """``top<k>`` (k ≥ 1) or a routing mode other than ``top_k``, optionally with ``+vscale``."""
+    mode = mode.removesuffix("+vscale")
     if mode.startswith("top") and mode[3:].isdigit():
         return int(mode[3:]) >= 1
     return mode in ROUTING_MODES and mode != "top_k"

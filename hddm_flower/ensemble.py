@@ -8,12 +8,14 @@ FM velocity through the same interface (:mod:`hddm_flower.experts`), whatever it
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from .experts import map_cond
+from .objectives import VELOCITY_SCALINGS, cap_velocity_rms, velocity_rms, velocity_rms_prior
 
 ROUTING_MODES = ("top_k", "full", "threshold", "sample", "oracle")
 
@@ -58,12 +60,34 @@ def routing_weights(
     return w / w.sum(-1, keepdim=True)
 
 
+@dataclass(frozen=True)
+class VelocityScaling:
+    """Adaptive velocity scaling of converted (DDPM) velocities at high noise, where their clean estimate is
+    poorest. ``mode="fm_rms"``: at ``t > t_min`` each converted velocity's per-sample RMS is capped at the
+    mixing-weighted RMS of the FM experts routed to the same sample at the same step; a sample routed to no FM
+    expert is capped at ``√(1 + x0_variance)``, the RMS of the true velocity ``ε − x0``. ``mode="off"``: nothing."""
+
+    mode: str = "off"
+    t_min: float = 0.85
+    x0_variance: float = 1.0
+
+    def __post_init__(self):
+        if self.mode not in VELOCITY_SCALINGS:
+            raise ValueError(f"unknown velocity scaling {self.mode!r}; expected one of {VELOCITY_SCALINGS}")
+        if not 0 <= self.t_min < 1:
+            raise ValueError(f"velocity scaling t_min {self.t_min} is not in [0, 1)")
+        if self.x0_variance < 0:
+            raise ValueError(f"velocity scaling x0_variance {self.x0_variance} is negative")
+
+
 class Ensemble(nn.Module):
     """Experts (any objective) plus a router, exposing the same ``velocity`` face as a single expert.
 
     ``experts`` maps an expert id in ``0 … num_experts − 1`` to an adapter; ids without an expert (lost in the
     federation) are masked out of the router's posterior, which is renormalised over the experts present.
-    ``router(x_t, t) → logits (B, num_experts)``.
+    ``router(x_t, t) → logits (B, num_experts)``. ``velocity_scaling``: see :class:`VelocityScaling` (off by
+    default); when it is on, each converted expert's ``clamp_counts`` (if set) also counts its eligible and scaled
+    rows.
     """
 
     def __init__(
@@ -75,6 +99,7 @@ class Ensemble(nn.Module):
         routing: str = "top_k",
         k: int = 2,
         threshold: float = 0.2,
+        velocity_scaling: VelocityScaling = VelocityScaling(),
     ):
         super().__init__()
         if not experts:
@@ -87,6 +112,7 @@ class Ensemble(nn.Module):
         self.experts = nn.ModuleDict({str(i): e for i, e in sorted(experts.items())})
         self.router = router
         self.num_experts, self.routing, self.k, self.threshold = num_experts, routing, k, threshold
+        self.velocity_scaling = velocity_scaling
         present = torch.zeros(num_experts, dtype=torch.bool)
         present[list(experts)] = True
         self.register_buffer("present", present, persistent=False)
@@ -121,7 +147,7 @@ class Ensemble(nn.Module):
             generator=generator,
         ).to(x_t.dtype)
         # per-expert (guided) velocity, evaluated only on the rows routed to it; then combine
-        v = torch.zeros_like(x_t)
+        parts = []
         for key, expert in self.experts.items():
             rows = (w[:, int(key)] > 0).nonzero().squeeze(1)
             if rows.numel() == 0:
@@ -129,8 +155,41 @@ class Ensemble(nn.Module):
             v_k = expert.velocity(
                 x_t[rows], t[rows], map_cond(lambda c: c[rows], cond), map_cond(lambda c: c[rows], uncond), cfg_scale
             )
-            v[rows] += w[rows, int(key)].reshape(-1, *([1] * (x_t.ndim - 1))) * v_k
+            parts.append((int(key), expert, rows, v_k))
+        if self.velocity_scaling.mode != "off":
+            parts = self._scale_converted(parts, w, t)
+        v = torch.zeros_like(x_t)
+        for k, _, rows, v_k in parts:
+            v[rows] += w[rows, k].reshape(-1, *([1] * (x_t.ndim - 1))) * v_k
         return v
+
+    def _scale_converted(self, parts: list, w: Tensor, t: Tensor) -> list:
+        """:class:`VelocityScaling` ``fm_rms`` on the converted experts' velocities (no host sync unless counting)."""
+        vs = self.velocity_scaling
+        dtype = torch.promote_types(t.dtype, torch.float32)  # RMS in at least fp32 under bf16 autocast
+        num, den = torch.zeros(len(t), dtype=dtype, device=t.device), torch.zeros(len(t), dtype=dtype, device=t.device)
+        for k, expert, rows, v_k in parts:
+            if not expert.converted:
+                num[rows] += w[rows, k].to(dtype) * velocity_rms(v_k.to(dtype))
+                den[rows] += w[rows, k].to(dtype)
+        prior = torch.full_like(num, velocity_rms_prior(vs.x0_variance))
+        reference = torch.where(den > 0, num / den.clamp(min=1e-12), prior)
+        out = []
+        for k, expert, rows, v_k in parts:
+            if expert.converted:
+                capped, fired = cap_velocity_rms(v_k, reference[rows])
+                high = t[rows] > vs.t_min
+                v_k = torch.where(high.reshape(-1, *([1] * (v_k.ndim - 1))), capped, v_k)
+                counts = getattr(expert, "clamp_counts", None)
+                if counts is not None:
+                    for key, value in (
+                        ("velocity_scaling_rows", int(high.sum())),
+                        ("velocity_scaled_rows", int((high & fired).sum())),
+                        ("velocity_scaled_by_prior_rows", int((high & fired & (den[rows] == 0)).sum())),
+                    ):
+                        counts[key] = counts.get(key, 0) + value
+            out.append((k, expert, rows, v_k))
+        return out
 
 
 def euler_sample(velocity: Callable[[Tensor, Tensor], Tensor], x1: Tensor, num_steps: int) -> Tensor:

@@ -36,14 +36,27 @@ log = logging.getLogger(__name__)
 FEATURE_NET = "feature-net"  # folder of the run's own feature classifier
 
 
+VSCALE_SUFFIX = "+vscale"
+
+
 def parse_mode(mode: str) -> dict[str, Any]:
-    """``top2`` → ``{"routing": "top_k", "k": 2}``; ``full``, ``threshold``, ``sample``, ``oracle`` as they are."""
-    m = re.fullmatch(r"top(\d+)", mode)
-    if m:
-        return {"routing": "top_k", "k": int(m.group(1))}
-    if mode in ("full", "threshold", "sample", "oracle"):
-        return {"routing": mode}
-    raise ValueError(f"unknown routing mode {mode!r}; expected top1, top2, …, full, threshold, sample or oracle")
+    """``top2`` → ``{"routing": "top_k", "k": 2}``; ``full``, ``threshold``, ``sample``, ``oracle`` as they are.
+
+    A ``+vscale`` suffix (``top2+vscale``) turns the adaptive velocity scaling of converted DDPM velocities on
+    for that mode (``"velocity_scaling": True``; its threshold and prior from ``sampling``): the ablation of that
+    option next to the same mode without it. Without the suffix a mode samples as ``sampling.velocity_scaling``
+    says."""
+    base, vscale = (mode[: -len(VSCALE_SUFFIX)], True) if mode.endswith(VSCALE_SUFFIX) else (mode, False)
+    extra = {"velocity_scaling": True} if vscale else {}
+    m = re.fullmatch(r"top(\d+)", base)
+    if m and int(m.group(1)) >= 1:
+        return {"routing": "top_k", "k": int(m.group(1))} | extra
+    if base in ("full", "threshold", "sample", "oracle"):
+        return {"routing": base} | extra
+    raise ValueError(
+        f"unknown routing mode {mode!r}; expected top1, top2, …, full, threshold, sample or oracle, "
+        f"optionally with {VSCALE_SUFFIX}"
+    )
 
 
 @dataclass
@@ -130,8 +143,17 @@ def sample_mode(
     spec = parse_mode(mode)
     experts = {int(k): e for k, e in ensemble.experts.items()}
     traced = _TracedRouter(ensemble.router, ensemble.present)
+    scaling = ensemble.velocity_scaling
+    if spec.get("velocity_scaling"):
+        scaling = dataclasses.replace(scaling, mode="fm_rms")
     ens = Ensemble(
-        experts, traced, ensemble.num_experts, routing=spec["routing"], k=spec.get("k", 1), threshold=threshold
+        experts,
+        traced,
+        ensemble.num_experts,
+        routing=spec["routing"],
+        k=spec.get("k", 1),
+        threshold=threshold,
+        velocity_scaling=scaling,
     )
     P, S = len(prompts.captions), samples_per_prompt
     cfg = ensemble.router.config

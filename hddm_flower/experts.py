@@ -64,6 +64,7 @@ class Expert(nn.Module):
     """
 
     objective: str
+    converted = False  # True where ``velocity`` is converted from another output space (velocity scaling applies)
 
     def __init__(self, net: Net):
         super().__init__()
@@ -119,6 +120,7 @@ class DDPMExpert(Expert):
     """
 
     objective = "ddpm"
+    converted = True
 
     def __init__(
         self,

@@ -30,6 +30,10 @@ FM_TIME_SCALE = 999.0
 
 SCHEDULES = ("linear", "cosine")
 CONVERSIONS = ("schedule_aware", "naive")
+VELOCITY_SCALINGS = ("off", "fm_rms")
+"""Adaptive velocity scaling of converted DDPM velocities at high noise: ``off``, or ``fm_rms`` (cap each
+converted velocity's per-sample RMS at that of the FM experts mixed into the same sample at the same step, else at
+:func:`velocity_rms_prior`)."""
 
 
 def _bcast(t: Tensor, x: Tensor) -> Tensor:
@@ -175,3 +179,28 @@ def ddpm_eps_to_velocity(x_t: Tensor, t: Tensor, eps_hat: Tensor, *, t_eps: floa
     x0_hat = (x_t - tb * eps_hat) / (1 - tb).clamp(min=t_eps)
     x0_hat = x0_hat.clamp(-x0_clamp, x0_clamp)
     return eps_hat - x0_hat
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Adaptive velocity scaling (the paper's high-noise fix for converted DDPM velocities; its form is not published)
+
+
+def velocity_rms(v: Tensor) -> Tensor:
+    """Per-sample root mean square (B,) of a velocity (B, …)."""
+    return v.pow(2).flatten(1).mean(1).sqrt()
+
+
+def velocity_rms_prior(x0_variance: float) -> float:
+    """RMS of the true velocity ``ε − x0`` for ε ~ N(0, I) independent of zero-mean data of per-element variance
+    ``x0_variance``: ``E‖ε − x0‖²/d = 1 + Var x0``."""
+    return math.sqrt(1.0 + x0_variance)
+
+
+def cap_velocity_rms(v: Tensor, cap: Tensor) -> tuple[Tensor, Tensor]:
+    """Scale each sample of ``v`` (B, …) down so that its RMS is at most ``cap`` (B,); samples already below keep
+    their value. Returns the capped velocity and which samples were scaled (B,) bool."""
+    rms = velocity_rms(v)
+    cap = torch.as_tensor(cap, dtype=rms.dtype, device=rms.device).expand_as(rms)
+    fired = rms > cap
+    factor = torch.where(fired, cap / rms.clamp(min=torch.finfo(rms.dtype).tiny), torch.ones_like(rms))
+    return v * _bcast(factor.to(v.dtype), v), fired

@@ -53,7 +53,7 @@ from .data import (
     read_meta,
 )
 from .encoders import LatentCodec
-from .ensemble import Ensemble, sample_ensemble
+from .ensemble import Ensemble, VelocityScaling, sample_ensemble
 from .evaluate import FEATURE_NET
 from .experts import map_cond
 from .ingest import default_device, prepare_from_config
@@ -358,7 +358,11 @@ def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> t
         experts[int(meta["expert_id"])] = expert
         metas.append(meta)
     router = router if router is not None else load_router(run_dir / "router")
-    return Ensemble(experts, router, cfg.num_experts, routing=s.routing, k=s.top_k, threshold=s.threshold), metas
+    scaling = VelocityScaling(s.velocity_scaling, s.velocity_scaling_t, s.x0_variance)
+    ensemble = Ensemble(
+        experts, router, cfg.num_experts, routing=s.routing, k=s.top_k, threshold=s.threshold, velocity_scaling=scaling
+    )
+    return ensemble, metas
 
 
 def add_expert(

@@ -210,7 +210,7 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
                 "feature_steps": 3,
                 "kid_subset_size": 2,
                 "kid_subsets": 2,
-                "routing_modes": ["top1", "top2"],
+                "routing_modes": ["top1", "top2+vscale"],
             },
             "expert": {"preset": "test", "steps": 2, "batch_size": 2, "warmup_steps": 1, "log_every": 1},
             "data": {
@@ -265,7 +265,12 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
         assert grid.size == (4 * (2 + 2 * (16 + 2)), 4 * (2 + 16 + 2))  # 16×16 pixels per sample, not 8×8 latents
     # the evaluation works on pixels too: its feature classifier saw decoded 3-channel images, not 4-channel latents
     assert json.loads((run / "feature-net" / "config.json").read_text())["in_channels"] == 3
-    assert report["metrics"]["evaluation"]["modes"]
+    modes = report["metrics"]["evaluation"]["modes"]
+    assert set(modes) == {"top1", "top2+vscale"}  # the velocity-scaling ablation next to plain routing
+    assert (
+        "velocity_scaling_rows" in modes["top2+vscale"]["clamps"]
+        and "velocity_scaling_rows" not in modes["top1"]["clamps"]
+    )
 
 
 def test_clustering_is_deterministic_and_each_sample_lands_in_one_shard_set(tmp_path):

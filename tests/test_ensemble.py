@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from hddm_flower.ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
+from hddm_flower.ensemble import Ensemble, VelocityScaling, euler_sample, routing_weights, sample_ensemble
 from hddm_flower.experts import DDPMExpert, FlowMatchingExpert
-from hddm_flower.objectives import ddpm_alpha_bar, fm_interpolate
+from hddm_flower.objectives import cap_velocity_rms, ddpm_alpha_bar, fm_interpolate, velocity_rms, velocity_rms_prior
 
 from .gmm import GaussianMixture, three_blobs
 
@@ -219,3 +219,59 @@ def test_grouped_sampling_equals_the_naive_per_sample_loop(routing, k):
             naive.append(euler_sample(velocity, noise[i : i + 1], steps))
     torch.testing.assert_close(grouped, torch.cat(naive), rtol=0, atol=1e-6)
     assert not torch.allclose(grouped, noise)
+
+
+def test_cap_velocity_rms_closed_form():
+    v = torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]], dtype=F64)  # RMS √12.5, √0.125, 0
+    capped, fired = cap_velocity_rms(v, torch.tensor([1.0, 1.0, 1.0], dtype=F64))
+    assert fired.tolist() == [True, False, False]
+    torch.testing.assert_close(
+        velocity_rms(capped), torch.tensor([1.0, 0.125**0.5, 0.0], dtype=F64), rtol=0, atol=1e-15
+    )
+    torch.testing.assert_close(capped[0] / capped[0].norm(), v[0] / v[0].norm(), rtol=0, atol=1e-15)  # same direction
+    torch.testing.assert_close(capped[1:], v[1:], rtol=0, atol=0)
+    # the prior: E‖ε − x0‖²/d = 1 + Var x0 for ε ~ N(0, I) independent of zero-mean x0
+    g = torch.Generator().manual_seed(0)
+    x0 = 0.7 * torch.randn(400_000, generator=g, dtype=F64)
+    eps = torch.randn(400_000, generator=g, dtype=F64)
+    assert abs((eps - x0).pow(2).mean().sqrt().item() - velocity_rms_prior(0.49)) < 3e-3
+
+
+@pytest.mark.parametrize("routing", ["full", "top_k"])
+def test_velocity_scaling_caps_converted_velocities_at_high_noise(routing):
+    """fm_rms: above t_min each converted velocity's per-sample RMS is capped at the weighted RMS of the FM experts
+    mixed into the same sample; below it, and with the option off, the ensemble is unchanged. Exact experts on a
+    Gaussian mixture, float64, a grid of t with both endpoints."""
+    gmm = three_blobs()
+    experts = _oracle_experts(gmm, ("linear", "fm", "cosine"), t_eps=0.01, x0_clamp=20.0)
+    router = lambda x_t, t: torch.log(gmm.fm_posterior(x_t, t).clamp(min=1e-300))  # noqa: E731
+    vs = VelocityScaling("fm_rms", t_min=0.85, x0_variance=0.5)
+    plain = Ensemble(experts, router, 3, routing=routing)
+    scaled = Ensemble(experts, router, 3, routing=routing, velocity_scaling=vs)
+    counts = {}
+    experts[0].clamp_counts = experts[2].clamp_counts = counts
+    g = torch.Generator().manual_seed(0)
+    fired_somewhere = False
+    for t in [0.0, 0.3, 0.85, 0.86, 0.9, 0.95, 0.99, 1.0]:
+        t = torch.tensor(t, dtype=F64)
+        x_t = fm_interpolate(gmm.sample(256, g), 3 * torch.randn(256, 2, generator=g, dtype=F64), t)
+        w = routing_weights(gmm.fm_posterior(x_t, t.expand(256)), routing, k=2)
+        v = {k: e.velocity(x_t, t, None) for k, e in experts.items()}
+        fm_w = w[:, 1]
+        ref = torch.where(fm_w > 0, velocity_rms(v[1]), torch.full_like(fm_w, 1.5**0.5))
+        expected = torch.zeros_like(x_t)
+        for k in range(3):
+            v_k = v[k]
+            if k != 1 and t > 0.85:
+                factor = (ref / velocity_rms(v_k)).clamp(max=1)
+                fired_somewhere |= bool((factor < 1).any())
+                v_k = v_k * factor[:, None]
+            expected += w[:, k : k + 1] * v_k
+        torch.testing.assert_close(scaled.velocity(x_t, t, None), expected, rtol=0, atol=1e-10)
+        torch.testing.assert_close(plain.velocity(x_t, t, None), sum(w[:, k : k + 1] * v[k] for k in range(3)))
+    assert fired_somewhere and counts["velocity_scaled_rows"] > 0
+    assert counts["velocity_scaling_rows"] >= counts["velocity_scaled_rows"]
+    if routing == "top_k":  # some samples were routed to the two DDPM experts only: capped at the prior
+        assert counts["velocity_scaled_by_prior_rows"] > 0
+    with pytest.raises(ValueError, match="unknown velocity scaling 'rms'"):
+        VelocityScaling("rms")

@@ -19,6 +19,9 @@ from .conftest import TINY
 def test_parse_mode_and_default_configurations():
     assert parse_mode("top2") == {"routing": "top_k", "k": 2}
     assert parse_mode("oracle") == {"routing": "oracle"}
+    assert parse_mode("top2+vscale") == {"routing": "top_k", "k": 2, "velocity_scaling": True}
+    with pytest.raises(ValueError, match="unknown routing mode 'top0'"):
+        parse_mode("top0")
     with pytest.raises(ValueError, match="unknown routing mode 'top'"):
         parse_mode("top")
     assert default_configs(8) == {"8FM": 0, "2DDPM:6FM": 2, "4DDPM:4FM": 4}
