@@ -104,3 +104,27 @@ def test_no_file_tells_work_history():
         if pattern.search(line) and not allowed.search(line)
     ]
     assert offenders == []
+
+
+def test_configuration_reference_documents_every_key():
+    """docs/configuration.md has a row for every field of every config section, and no row for a field that is gone."""
+    import dataclasses
+
+    from hddm_flower.config import Config
+
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    documented: dict[str, set[str]] = {}
+    for title, body in re.findall(r"^### (.+?)\n(.*?)(?=^#|\Z)", text, re.M | re.S):
+        section = title.strip().strip("`")
+        rows = re.findall(r"^\| ([^|]+) \|", body, re.M)
+        documented[section] = {k for row in rows for k in re.findall(r"`([a-z_0-9]+)`", row)}
+    problems, cfg = [], Config()
+    for f in dataclasses.fields(cfg):
+        if dataclasses.is_dataclass(getattr(cfg, f.name)):
+            keys = {g.name for g in dataclasses.fields(getattr(cfg, f.name))}
+            have = documented.get(f.name, set())
+            problems += [f"{f.name}.{k} undocumented" for k in sorted(keys - have)]
+            problems += [f"{f.name}.{k} documented but not in the schema" for k in sorted(have - keys)]
+        elif f.name not in documented.get("Top level", set()):
+            problems.append(f"{f.name} undocumented")
+    assert problems == []
