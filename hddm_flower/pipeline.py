@@ -56,6 +56,7 @@ from .encoders import LatentCodec
 from .ensemble import Ensemble, VelocityScaling, sample_ensemble
 from .evaluate import FEATURE_NET
 from .experts import map_cond
+from .gmm_data import GMMSpec, prepare_gmm
 from .ingest import default_device, prepare_from_config
 from .models import ExpertNet, Router, TextCond, expert_config, router_config
 from .objectives import fm_interpolate
@@ -79,6 +80,22 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: 
         out = Path(d.prepared)
         if not (out / "meta.json").exists():
             raise FileNotFoundError(f"data.prepared: {out} is not a clustered dataset (no meta.json)")
+    elif d.name == "gmm":
+        out = prepare_gmm(
+            cache,
+            GMMSpec(
+                num_clusters=cfg.num_experts,
+                components_per_cluster=d.gmm_components,
+                image_size=d.image_size,
+                channels=d.gmm_channels,
+                rank=d.gmm_rank,
+                num_samples=d.gmm_samples,
+                seed=d.seed,
+            ),
+            val_fraction=d.val_fraction,
+            max_caption_tokens=d.max_caption_tokens,
+            encoder_path=d.text_encoder or None,
+        )
     elif d.name == "twemoji" and not d.vae and d.cluster_features != "dinov2":
         out = prepare_embedded(
             cache,

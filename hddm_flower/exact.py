@@ -1,0 +1,115 @@
+"""Exact experts and the exact router of a Gaussian-mixture dataset: the upper bound of the whole sampling stack.
+
+An exact expert is a network ``net(x, timestep, cond)`` computed in closed form from the mixture
+(:mod:`hddm_flower.gmm`), wrapped in the same adapters as a trained expert (:mod:`hddm_flower.experts`):
+
+* as FM it returns the exact velocity ``v*`` of its cluster at ``t = timestep / FM_TIME_SCALE``;
+* as DDPM it returns the exact ``ε*`` of its cluster on the VP path at (fractional) ``timestep`` of its discrete
+  schedule, so the ``schedule_aware`` and ``naive`` conversions can be compared on an exact network.
+
+The caption selects the component: a caption of one of the cluster's components conditions on that component; the
+empty caption, and a caption of another cluster (never seen by an expert trained on this cluster), give the
+cluster's unconditional density. The caption is recognised by the nearest pooled text embedding.
+
+The exact router returns ``log p(k | x_t, t)``: the responsibilities of the mixture summed over cluster k's
+components. It sees ``(x_t, t)`` only, as the paper's router does.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .experts import DDPMExpert, Expert, FlowMatchingExpert
+from .gmm_data import GMMReference
+from .metrics import pooled_caption
+from .models import TextCond
+from .objectives import FM_TIME_SCALE, alpha_bar_at, ddpm_alpha_bar
+
+
+class CaptionIndex(nn.Module):
+    """Maps text conditions to component ids by the nearest pooled embedding; −1 for the empty caption."""
+
+    def __init__(self, reference: GMMReference):
+        super().__init__()
+        keys = torch.cat([pooled_caption(*reference.cond), pooled_caption(*reference.uncond)]).float()
+        self.register_buffer("keys", keys, persistent=False)
+
+    def forward(self, cond: TextCond) -> Tensor:
+        q = pooled_caption(cond.states.float(), cond.mask.float())
+        j = (q @ self.keys.T).argmax(-1)
+        return torch.where(j == len(self.keys) - 1, -1, j)
+
+
+class ExactNet(nn.Module):
+    """The closed-form network of one cluster: ``v*`` (``objective="fm"``) or ``ε*`` (``"ddpm"``, on ``alpha_bar``)."""
+
+    def __init__(self, reference: GMMReference, cluster: int, objective: str, alpha_bar: Tensor | None = None):
+        super().__init__()
+        if objective not in ("fm", "ddpm") or (objective == "ddpm") != (alpha_bar is not None):
+            raise ValueError("an exact net is 'fm', or 'ddpm' with its alpha_bar table")
+        members = (reference.cluster_of == cluster).nonzero().squeeze(1)
+        if members.numel() == 0:
+            raise ValueError(f"cluster {cluster} has no components")
+        self.mixture = reference.mixture.subset(members)
+        self.objective, self.cluster, self.alpha_bar = objective, cluster, alpha_bar
+        local = torch.full((reference.mixture.num_components,), -1, dtype=torch.long)
+        local[members] = torch.arange(len(members))
+        self.register_buffer("local", local, persistent=False)
+        self.captions = CaptionIndex(reference)
+
+    def component_mask(self, cond: TextCond) -> Tensor:
+        """(B, J_k) bool: the caption's component, or all of the cluster's components."""
+        j = self.captions(cond)
+        loc = torch.where(j >= 0, self.local[j.clamp(min=0)], -1)
+        jk = self.mixture.num_components
+        return (loc[:, None] == torch.arange(jk)) | (loc[:, None] < 0)
+
+    def forward(self, x: Tensor, timestep: Tensor, cond: TextCond) -> Tensor:
+        flat = x.reshape(x.shape[0], -1)
+        mask = self.component_mask(cond)
+        tau = torch.as_tensor(timestep, dtype=torch.float64).reshape(-1).expand(x.shape[0])
+        if self.objective == "fm":
+            out = self.mixture.fm_velocity(flat, tau / FM_TIME_SCALE, mask)
+        else:
+            out = self.mixture.vp_eps(flat, alpha_bar_at(tau, self.alpha_bar), mask)
+        return out.reshape(x.shape).to(x.dtype)
+
+
+class ExactRouter(nn.Module):
+    """``router(x_t, t) → log p(k | x_t, t)`` (B, K) on the FM path, from the mixture in closed form."""
+
+    def __init__(self, reference: GMMReference):
+        super().__init__()
+        self.mixture, self.num_clusters = reference.mixture, reference.num_clusters
+        one_hot = nn.functional.one_hot(reference.cluster_of, self.num_clusters).double()
+        self.register_buffer("member", one_hot, persistent=False)  # (J, K)
+        C, S, _ = reference.shape
+        self.config = SimpleNamespace(in_channels=C, sample_size=S)  # what the samplers read off a router
+
+    def forward(self, x_t: Tensor, t: Tensor) -> Tensor:
+        t = torch.as_tensor(t, dtype=torch.float64).reshape(-1).expand(x_t.shape[0])
+        log_r = self.mixture.log_responsibilities(x_t.reshape(x_t.shape[0], -1), 1 - t, t)
+        log_member = torch.log(self.member)  # 0 for members, −inf elsewhere
+        return torch.logsumexp(log_r[:, :, None] + log_member[None], 1).to(x_t.dtype)
+
+
+def exact_expert(
+    reference: GMMReference,
+    cluster: int,
+    objective: str,
+    *,
+    schedule: str = "cosine",
+    num_train_timesteps: int = 1000,
+    **ddpm_options: Any,
+) -> Expert:
+    """The exact expert of ``cluster`` behind the adapter of ``objective`` (``ddpm_options``: conversion, t_eps,
+    x0_clamp of :class:`~hddm_flower.experts.DDPMExpert`)."""
+    if objective == "fm":
+        return FlowMatchingExpert(ExactNet(reference, cluster, "fm"))
+    alpha_bar = ddpm_alpha_bar(schedule, num_train_timesteps)
+    net = ExactNet(reference, cluster, "ddpm", alpha_bar)
+    return DDPMExpert(net, schedule, num_train_timesteps, **ddpm_options)
