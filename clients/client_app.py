@@ -4,6 +4,8 @@ Messages it answers:
 
 * ``query``: reports this node's ``node_config`` (partition or expert id, objective override, data directory), so
   the server can assign experts to nodes.
+* ``train.router``, ``evaluate.router``, ``query.feature_stats``: the federated router's rounds and the federated
+  FID reference statistics, on this node's clusters (:mod:`clients.federated`).
 * ``train``: trains expert ``expert-id`` on its cluster with the objective the server assigned, or the one the
   SuperNode's ``--node-config objective=...`` forces (the metadata records both), and replies with the weights
   (``expert``), the checkpoint metadata and the model config (``meta``), and compute metrics (``metrics``).
@@ -42,6 +44,8 @@ from hddm_flower.config import OBJECTIVES, TRAINING_SECTIONS, config_from_dict
 from hddm_flower.data import cluster_shards, default_cache_dir
 from hddm_flower.pipeline import prepare_data, train_one_expert
 
+from . import federated
+
 WIRE_STYPE = "safetensors"  # strategies.one_shot.WIRE_STYPE (the client does not import the server side)
 app = ClientApp()
 log = logging.getLogger("hddm_flower.client")
@@ -51,6 +55,12 @@ if not _core_log.handlers:
     _core_log.setLevel(logging.INFO)
     for handler in logging.getLogger("flwr").handlers:
         _core_log.addHandler(handler)
+
+
+# the federated router's rounds and the federated reference statistics (clients/federated.py)
+app.train("router")(federated.train_router)
+app.evaluate("router")(federated.evaluate_router)
+app.query("feature_stats")(federated.feature_stats)
 
 
 @app.query()

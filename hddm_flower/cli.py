@@ -215,7 +215,8 @@ def cmd_evaluate(args) -> None:
     ev = report["metrics"]["evaluation"]
     print(f"report: {run_dir / 'report.md'}  (features: {ev['feature_network']})")
     for mode, x in ev["modes"].items():
-        print(f"  {mode:>10}: FID {x['fid']:.2f}  KID {x['kid']:.4f}  diversity {x['lpips']['mean']:.3f}")
+        kid = "–" if x["kid"] is None else f"{x['kid']:.4f}"
+        print(f"  {mode:>10}: FID {x['fid']:.2f}  KID {kid}  diversity {x['lpips']['mean']:.3f}")
 
 
 def cmd_reproduce(args) -> None:

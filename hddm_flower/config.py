@@ -27,6 +27,9 @@ TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")
 # option values of the training loop (hddm_flower.training imports them from here: the schema stays light)
 OPTIMIZERS = ("auto", "fused", "foreach", "default")
 PRECISIONS = ("no", "bf16")
+ROUTER_TRAINING = ("central", "federated")
+SERVER_OPTIMIZERS = ("adam", "avg")
+REFERENCES = ("central", "federated")
 
 
 class ConfigError(ValueError):
@@ -112,6 +115,19 @@ class RouterConfig:
     batch_size: int = 64
     lr: float = 1e-3
     seed: int = 0
+    # "central": the coordinator trains it on its copy of all clusters (the paper's setting); "federated": rounds of
+    # Flower's FedAdam/FedAvg over the nodes, each training on its own clusters (docs/deployment.md)
+    training: str = "central"
+    rounds: int = 0  # federated: rounds; 0 = steps / local_steps (the central budget in images)
+    local_steps: int = 1  # federated: SGD steps per node and round (1 = the average is one central step)
+    local_lr: float = 1.0  # federated: the nodes' SGD step size (with server_optimizer adam, Adam's lr is router.lr)
+    server_optimizer: str = "adam"  # federated: "adam" (FedAdam: Adam on the averaged update) or "avg" (FedAvg)
+    restricted_softmax: float = 1.0  # federated: scale of absent classes' logits in local training (1 = off)
+
+    @property
+    def num_rounds(self) -> int:
+        """Federated rounds: ``rounds``, or as many as give the central budget (``steps`` optimiser steps)."""
+        return self.rounds or -(-self.steps // self.local_steps)
 
 
 @dataclass
@@ -153,6 +169,9 @@ class EvaluationConfig:
     kid_subsets: int = 100
     reference_images: int = 0  # FID/KID reference: a seeded subset of this many dataset images (0 = all)
     times: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # router accuracy vs t
+    # FID reference statistics: "central" (the coordinator's images) or "federated" (each node sends the sums
+    # n, Σf, Σffᵀ of its clusters' features; FID only, no KID)
+    reference: str = "central"
     seed: int = 0
 
 
@@ -295,8 +314,25 @@ class Config:
         for key in ("num_steps", "grid_prompts", "reference_images"):
             if getattr(ev, key) < 0:
                 fail(f"evaluation.{key}", "must be ≥ 0")
+        if ev.reference not in REFERENCES:
+            fail("evaluation.reference", f"unknown value {ev.reference!r}; expected one of {REFERENCES}")
         if not all(0 < t < 1 for t in ev.times):
             fail("evaluation.times", "every time must be in (0, 1)")
+        r = self.router
+        if r.training not in ROUTER_TRAINING:
+            fail("router.training", f"unknown value {r.training!r}; expected one of {ROUTER_TRAINING}")
+        if r.server_optimizer not in SERVER_OPTIMIZERS:
+            fail(
+                "router.server_optimizer", f"unknown value {r.server_optimizer!r}; expected one of {SERVER_OPTIMIZERS}"
+            )
+        if r.rounds < 0:
+            fail("router.rounds", "must be ≥ 0 (0 = router.steps / router.local_steps)")
+        if r.local_steps < 1:
+            fail("router.local_steps", "must be ≥ 1")
+        if r.local_lr <= 0:
+            fail("router.local_lr", "must be > 0")
+        if not 0 < r.restricted_softmax <= 1:
+            fail("router.restricted_softmax", "must be in (0, 1] (1 = plain softmax)")
         if not 1 <= self.federation.min_experts <= self.num_experts:
             fail("federation.min_experts", f"must be in 1..{self.num_experts}")
         e = self.expert

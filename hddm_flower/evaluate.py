@@ -30,6 +30,7 @@ from .config import Config, ConfigError
 from .data import Split, load_split, load_uncond, read_meta
 from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from .experts import DDPMExpert, map_cond
+from .federated import FeatureSums, frechet_distance_from_sums
 from .models import TextCond
 
 log = logging.getLogger(__name__)
@@ -249,8 +250,17 @@ def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None
     return fx, net, desc
 
 
-def _quality(fx: M.FeatureExtractor, ref_feats: Tensor, images: Tensor, ev) -> dict:
+def _quality(fx: M.FeatureExtractor, ref_feats: Tensor | FeatureSums, images: Tensor, ev) -> dict:
     feats = fx(images)
+    if isinstance(ref_feats, FeatureSums):  # federated reference statistics: FID only (KID needs the features)
+        return {
+            "fid": frechet_distance_from_sums(ref_feats, feats),
+            "kid": None,
+            "kid_std": None,
+            "kid_note": "not computed: the reference is federated sums (n, Σf, Σffᵀ); KID needs its features",
+            "num_samples": len(images),
+            "num_reference": ref_feats.count,
+        }
     kid, kid_std, size = M.kernel_distance(
         ref_feats, feats, subset_size=ev.kid_subset_size, subsets=ev.kid_subsets, seed=ev.seed
     )
@@ -264,29 +274,10 @@ def _quality(fx: M.FeatureExtractor, ref_feats: Tensor, images: Tensor, ev) -> d
     }
 
 
-def evaluate_run(
-    cfg: Config,
-    ensemble: Ensemble,
-    dataset_dir: Path,
-    out_dir: Path,
-    *,
-    feature_dir: Path | None = None,
-    modes: list[str] | None = None,
-    per_expert: bool = True,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """All metrics of one ensemble; writes grids and plots into ``out_dir``. Returns the ``evaluation`` block of
-    report.json (the feature network and the distance are named in it)."""
-    ev, s = cfg.evaluation, cfg.sampling
-    modes = modes or ev.routing_modes
-    steps = ev.num_steps or s.num_steps
-    from .pipeline import pixel_decoder
-
-    decode = pixel_decoder(cfg, dataset_dir)  # every metric, plot and grid works on pixels (latents decoded)
-    fx, classifier, desc = feature_network(
-        cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress
-    )
-    distance = M.lpips_distance(ev.alexnet_weights or None, fallback=classifier, fallback_description=desc)
+def _central_reference(cfg: Config, dataset_dir: Path, fx: M.FeatureExtractor, decode) -> tuple:
+    """The coordinator's reference: the dataset's images (a seeded subset of ``evaluation.reference_images``), in
+    pixels, their features, whether it is a subset, and how the report describes it."""
+    ev = cfg.evaluation
     ref = all_images(dataset_dir)
     subset = 0 < ev.reference_images < len(ref)
     if subset:
@@ -298,7 +289,48 @@ def evaluate_run(
             [ref.captions[i] for i in keep.tolist()],
         )
     ref = dataclasses.replace(ref, images=decode(ref.images))
-    ref_feats = fx(ref.images)
+    text = f"{len(ref)} images of the dataset (train + val{', seeded subset' if subset else ''})"
+    return ref, fx(ref.images), subset, text
+
+
+def evaluate_run(
+    cfg: Config,
+    ensemble: Ensemble,
+    dataset_dir: Path,
+    out_dir: Path,
+    *,
+    feature_dir: Path | None = None,
+    modes: list[str] | None = None,
+    per_expert: bool = True,
+    reference: dict[int, FeatureSums] | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """All metrics of one ensemble; writes grids and plots into ``out_dir``. Returns the ``evaluation`` block of
+    report.json (the feature network and the distance are named in it).
+
+    ``reference``: federated FID reference statistics per cluster (:mod:`hddm_flower.federated`, summed from the
+    nodes' replies) instead of the coordinator's images: FID from the sums, no KID."""
+    ev, s = cfg.evaluation, cfg.sampling
+    modes = modes or ev.routing_modes
+    steps = ev.num_steps or s.num_steps
+    from .pipeline import pixel_decoder
+
+    decode = pixel_decoder(cfg, dataset_dir)  # every metric, plot and grid works on pixels (latents decoded)
+    fx, classifier, desc = feature_network(
+        cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress
+    )
+    distance = M.lpips_distance(ev.alexnet_weights or None, fallback=classifier, fallback_description=desc)
+    if reference is not None:
+        ref, ref_feats = None, sum(reference.values(), FeatureSums.zeros(fx.num_features))
+        subset, reference_text = (
+            False,
+            (
+                f"{ref_feats.count} images of clusters {sorted(reference)}, as sums of their features computed by "
+                f"the nodes that hold them (federated)"
+            ),
+        )
+    else:
+        ref, ref_feats, subset, reference_text = _central_reference(cfg, dataset_dir, fx, decode)
     prompts = choose_prompts(dataset_dir, ev.num_prompts, ev.seed)
     uncond = load_uncond(dataset_dir)
     result: dict[str, Any] = {
@@ -313,7 +345,7 @@ def evaluate_run(
             "seed": ev.seed,
             "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing",
             "conversion": s.conversion,
-            "reference": f"{len(ref)} images of the dataset (train + val{', seeded subset' if subset else ''})",
+            "reference": reference_text,
             "prompt_source": "held-out captions first (val split), then training captions",
         },
         "prompts": prompts.captions,
@@ -345,7 +377,12 @@ def evaluate_run(
             )
         result["modes"][mode] = r
         log.info(
-            "%s: FID %.2f KID %.4f LPIPS %.3f (%.0f s)", mode, r["fid"], r["kid"], r["lpips"]["mean"], r["seconds"]
+            "%s: FID %.2f KID %s LPIPS %.3f (%.0f s)",
+            mode,
+            r["fid"],
+            "–" if r["kid"] is None else f"{r['kid']:.4f}",
+            r["lpips"]["mean"],
+            r["seconds"],
         )
     result["grids"] = save_prompt_grids(samples, prompts.captions[: ev.grid_prompts], out_dir / "grids")
     result["plots"] = {
@@ -353,8 +390,12 @@ def evaluate_run(
         "expert_usage": plot_usage(result["modes"], ensemble.num_experts, out_dir / "expert-usage.png"),
     }
     if per_expert:
+        if reference is not None:
+            per_cluster = {k: (sums.count, sums) for k, sums in reference.items()}
+        else:
+            per_cluster = {k: (int(n), ref_feats[ref.labels == k]) for k, n in enumerate(torch.bincount(ref.labels))}
         result["per_expert"] = per_expert_quality(
-            cfg, ensemble, dataset_dir, fx, ref, ref_feats, uncond, steps, decode=decode, progress=progress
+            cfg, ensemble, dataset_dir, fx, per_cluster, uncond, steps, decode=decode, progress=progress
         )
     return result
 
@@ -365,8 +406,7 @@ def per_expert_quality(
     ensemble: Ensemble,
     dataset_dir: Path,
     fx: M.FeatureExtractor,
-    ref: Split,
-    ref_feats: Tensor,
+    per_cluster: dict[int, tuple[int, Tensor | FeatureSums]],
     uncond: TextCond,
     steps: int,
     *,
@@ -374,18 +414,19 @@ def per_expert_quality(
     progress: bool = False,
 ) -> dict:
     """Each expert alone, one sample for each of ``per_expert_samples`` captions of its own cluster, against the
-    images of that cluster (FID/KID with few samples: compare experts of one run, not to the paper)."""
+    images of that cluster (FID/KID with few samples: compare experts of one run, not to the paper).
+    ``per_cluster``: cluster id → (number of reference images, their features or federated feature sums)."""
     ev, s = cfg.evaluation, cfg.sampling
     out = {}
     for key, expert in tqdm(list(ensemble.experts.items()), desc="per-expert", disable=not progress):
         k = int(key)
         prompts = choose_prompts(dataset_dir, ev.per_expert_samples, ev.seed + 1 + k, clusters=[k])
-        n, mine = len(prompts.captions), ref.labels == k
-        if min(n, int(mine.sum())) < 2:  # FID/KID need two samples on each side
+        n, (n_ref, ref_k) = len(prompts.captions), per_cluster.get(k, (0, None))
+        if min(n, n_ref) < 2:  # FID/KID need two samples on each side
             out[key] = {
                 "objective": expert.objective,
                 "clamps": {},
-                "skipped": f"cluster {k} has {n} held-out captions and {int(mine.sum())} reference images "
+                "skipped": f"cluster {k} has {n} held-out captions and {n_ref} reference images "
                 f"(FID/KID need ≥ 2 of each)",
             }
             continue
@@ -408,7 +449,7 @@ def per_expert_quality(
             if isinstance(expert, DDPMExpert):
                 expert.clamp_counts = None
         ev_small = dataclasses.replace(ev, kid_subset_size=min(ev.kid_subset_size, n))
-        out[key] = _quality(fx, ref_feats[mine], images, ev_small) | {"objective": expert.objective, "clamps": counts}
+        out[key] = _quality(fx, ref_k, images, ev_small) | {"objective": expert.objective, "clamps": counts}
     return out
 
 

@@ -659,17 +659,26 @@ def evaluate_and_report(
     extra: dict | None = None,
     modes: list[str] | None = None,
     feature_dir: Path | None = None,
+    reference: dict | None = None,
     progress: bool = False,
 ) -> dict:
     """Evaluate the assembled run (diagnostics, every routing mode, per expert), sample the configured prompts and
-    write report.json, report.md, the grids and the plots into ``run_dir``."""
+    write report.json, report.md, the grids and the plots into ``run_dir``. ``reference``: federated FID
+    reference statistics per cluster (see :func:`hddm_flower.evaluate.evaluate_run`)."""
     from .evaluate import evaluate_run
 
     ensemble, metas = load_ensemble(cfg, run_dir, router)
     s = cfg.sampling
     metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed, times=tuple(cfg.evaluation.times))
     metrics["evaluation"] = evaluate_run(
-        cfg, ensemble, dataset_dir, run_dir, modes=modes, feature_dir=feature_dir, progress=progress
+        cfg,
+        ensemble,
+        dataset_dir,
+        run_dir,
+        modes=modes,
+        feature_dir=feature_dir,
+        reference=reference,
+        progress=progress,
     )
     encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(dataset_dir)["max_caption_tokens"])
     images = sample_grid(
@@ -758,6 +767,10 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return "–" if x is None else format(x, spec)
 
 
+def _kid(x: dict) -> str:
+    return "–" if x.get("kid") is None else f"{x['kid']:.4f} ± {x['kid_std']:.4f}"
+
+
 def render_report_md(r: dict) -> str:
     m = r["metrics"]
     ev = m.get("evaluation")
@@ -806,7 +819,7 @@ def render_report_md(r: dict) -> str:
             eps_rows = f"{c['t_eps_rows']}/{c['rows']}" if c.get("rows") else "–"
             clip = _fmt(x["clip_score"]["value"], ".2f") if "clip_score" in x else "–"
             lines.append(
-                f"| {mode} | {x['fid']:.2f} | {x['kid']:.4f} ± {x['kid_std']:.4f} | {x['lpips']['mean']:.3f}"
+                f"| {mode} | {x['fid']:.2f} | {_kid(x)} | {x['lpips']['mean']:.3f}"
                 f" ± {x['lpips']['std']:.3f} | {clip} | {sum(x['usage']):.2f} | {clamps} | {eps_rows} "
                 f"| {x['seconds']:.0f} |"
             )

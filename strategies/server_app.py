@@ -15,11 +15,11 @@ from hddm_flower.pipeline import (
     assign_objectives,
     checkpoint_limit,
     expected_model_config,
-    finish_run,
     prepare_data,
     write_config,
 )
 
+from .federated_router import finish_federated
 from .one_shot import OneShotExperts
 
 APP_DIR = Path(__file__).resolve().parent.parent
@@ -120,10 +120,12 @@ def main(grid: Grid, context: Context) -> None:
 
     def ensemble_fn(received: dict, missing: dict) -> dict:
         log(INFO, "hddm-flower: training the router, assembling %d experts, sampling", len(received) + len(present))
-        report = finish_run(
+        report = finish_federated(
+            grid,
             cfg,
             run_dir,
             dataset_dir,
+            strategy.assignment,
             missing_report(cfg.num_experts, present_experts(run_dir), missing, run_dir),
             extra={
                 "flower": {
@@ -132,6 +134,8 @@ def main(grid: Grid, context: Context) -> None:
                     "assignment": {str(n): e for n, e in strategy.assignment.items()},
                 }
             },
+            timeout=f.train_timeout,
+            cache_dir=cache_dir,
         )
         log(INFO, "hddm-flower: report written to %s", run_dir / "report.json")
         m = report["metrics"]

@@ -1,0 +1,153 @@
+"""Message handlers of the federated router and the federated evaluation statistics (the node side).
+
+Each computes on this node's own clusters and replies with a model update, counts or sums, never samples:
+
+* ``train.router`` (a round of :class:`strategies.federated_router.RouterStrategy`): a few SGD steps of the
+  global router on this node's clusters (:func:`hddm_flower.federated.router_local_update`); replies with the new
+  weights and the number of images they saw.
+* ``evaluate.router``: the router's confusion counts and top-2 hits on this node's held-out split at
+  ``evaluation.times`` (:func:`hddm_flower.federated.router_confusion`).
+* ``query.feature_stats``: per cluster, the sums ``(n, Σf, Σffᵀ)`` of the features of this node's images (train
+  and validation, as the central reference) with the run's feature network, which the message carries.
+
+Which clusters are this node's: the ``clusters`` map of the message (node id → cluster ids, from the expert
+assignment). Where its data is: the node config's ``shard-set`` or ``data-dir``, else the embedded dataset built
+in the cache, as for the experts (:mod:`clients.client_app`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from pathlib import Path
+
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from hddm_flower.config import Config, config_from_dict
+from hddm_flower.data import Split, cluster_shards, load_split
+from hddm_flower.federated import feature_sums, router_confusion, router_local_update
+from hddm_flower.metrics import FeatureClassifier, classifier_features, inception_features
+from hddm_flower.models import Router
+from hddm_flower.pipeline import pixel_decoder, prepare_data
+
+log = logging.getLogger("hddm_flower.client")
+_SPLITS: dict[tuple, Split] = {}  # (dataset dir, clusters, split) → the split, kept across rounds of one run
+
+
+def node_dataset(context: Context, cfg: Config, cache_dir: str, clusters: list[int]) -> Path:
+    """This node's prepared data: its ``shard-set`` (one cluster's folder) or ``data-dir``, else the embedded
+    dataset in the cache. Fails early, naming the path, when a cluster has no shards there."""
+    node = context.node_config
+    if node.get("shard-set") or node.get("data-dir"):
+        dataset_dir = Path(str(node.get("shard-set") or node["data-dir"]))
+        for k in clusters:
+            cluster_shards(dataset_dir, k)
+        return dataset_dir
+    return prepare_data(cfg, str(node.get("cache-dir", "")) or cache_dir or None)
+
+
+def my_clusters(context: Context, clusters_json: str) -> list[int]:
+    clusters = json.loads(clusters_json).get(str(context.node_id))
+    if not clusters:
+        raise ValueError(f"node {context.node_id} holds no cluster of this run (the server sent it no assignment)")
+    return [int(k) for k in clusters]
+
+
+def _split(dataset_dir: Path, clusters: list[int], split: str) -> Split:
+    key = (str(dataset_dir), tuple(clusters), split)
+    if key not in _SPLITS:
+        if len(_SPLITS) >= 4:
+            _SPLITS.pop(next(iter(_SPLITS)))
+        _SPLITS[key] = load_split(dataset_dir, clusters, split)
+    return _SPLITS[key]
+
+
+@functools.lru_cache(maxsize=4)
+def _experiment(text: str) -> Config:
+    return config_from_dict(json.loads(text), source="router message")
+
+
+def _task(msg: Message, context: Context) -> tuple[Config, list[int], Path, dict]:
+    conf = msg.content["config"]
+    cfg = _experiment(str(conf["experiment"]))
+    clusters = my_clusters(context, str(conf["clusters"]))
+    return cfg, clusters, node_dataset(context, cfg, str(conf.get("cache-dir", "")), clusters), conf
+
+
+@functools.lru_cache(maxsize=2)
+def _router_of(config: str) -> Router:
+    return Router(**json.loads(config))
+
+
+def _router(msg: Message, conf) -> Router:
+    """The received global router (one module per router config is built once and reloaded every round)."""
+    router = _router_of(str(conf["router-config"]))
+    router.load_state_dict(msg.content["arrays"].to_torch_state_dict(), strict=True)
+    return router
+
+
+def train_router(msg: Message, context: Context) -> Message:
+    """One round: local SGD steps of the received router on this node's training images."""
+    cfg, clusters, dataset_dir, conf = _task(msg, context)
+    r = cfg.router
+    data = _split(dataset_dir, clusters, "train")
+    router = _router(msg, conf)
+    server_round = int(conf["server-round"])
+    batch = max(1, round(r.batch_size * len(clusters) / cfg.num_experts))
+    stats = router_local_update(
+        router,
+        data.images,
+        data.labels,
+        steps=r.local_steps,
+        batch_size=batch,
+        lr=r.local_lr,
+        seed=r.seed * 1_000_003 + server_round * 1009 + clusters[0],
+        alpha=r.restricted_softmax,
+    )
+    metrics = MetricRecord({"num-examples": stats["num-examples"], "train-loss": stats["loss"]})
+    return Message(
+        RecordDict({"arrays": ArrayRecord(router.state_dict()), "metrics": metrics}),
+        reply_to=msg,
+    )
+
+
+def evaluate_router(msg: Message, context: Context) -> Message:
+    """Confusion counts (flattened T×K×K) and top-2 hits of the received router on this node's held-out images."""
+    cfg, clusters, dataset_dir, conf = _task(msg, context)
+    data = _split(dataset_dir, clusters, "val")
+    router = _router(msg, conf)
+    conf_counts, top2 = router_confusion(
+        router, data.images, data.labels, cfg.evaluation.times, seed=cfg.sampling.seed + 7919 * clusters[0]
+    )
+    metrics = MetricRecord(
+        {"num-examples": len(data), "confusion": conf_counts.flatten().tolist(), "top2-hits": top2.tolist()}
+    )
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+def feature_stats(msg: Message, context: Context) -> Message:
+    """Per cluster of this node: ``sums-<k>`` = (n, Σf, Σffᵀ) of its images' features (float64)."""
+    cfg, clusters, dataset_dir, conf = _task(msg, context)
+    if str(conf.get("inception", "")):
+        fx = inception_features(str(conf["inception"]))
+    else:
+        net = FeatureClassifier.from_config(json.loads(str(conf["feature-net-config"])))
+        net.load_state_dict(msg.content["feature-net"].to_torch_state_dict(), strict=True)
+        fx = classifier_features(net.eval(), str(conf["feature-net-description"]))
+    decode = pixel_decoder(cfg, dataset_dir)
+    out = RecordDict()
+    for k in clusters:
+        images = []
+        for split in ("train", "val"):
+            try:
+                images.append(_split(dataset_dir, [k], split).images)
+            except ValueError as e:  # a cluster may have no held-out images; anything else is raised
+                if f"no {split!r} samples" not in str(e):
+                    raise
+        sums = feature_sums(fx, decode(torch.cat(images)))
+        out[f"sums-{k}"] = ArrayRecord({n: Array(a) for n, a in sums.to_numpy().items()})
+        log.info("cluster %d: feature sums of %d images (%s)", k, sums.count, fx.name)
+    out["metrics"] = MetricRecord({"num-examples": sum(int(out[f"sums-{k}"]["count"].numpy()[0]) for k in clusters)})
+    return Message(out, reply_to=msg)

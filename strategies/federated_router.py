@@ -1,0 +1,349 @@
+"""The federated router and the federated FID reference statistics (the server side).
+
+After the experts arrived, the router is trained by rounds of Flower's own FedAdam (``router.server_optimizer:
+adam``) or FedAvg (``avg``) over the nodes that hold the clusters: each node takes ``router.local_steps`` SGD
+steps on its own clusters and returns the weights; Flower averages them (weighted by images) and, for FedAdam,
+applies Adam to the averaged update. Every node holds one cluster in the hardest case, so a node's own objective
+only ever says "my class": the remedy here is to keep the rounds close to central training: full participation
+and one local SGD step make the weighted average exactly one central SGD step on a cluster-stratified batch
+(tested in tests/test_federated.py), and FedAdam's server-side Adam makes the sequence of rounds central Adam
+(the optimiser of the central router). More local steps trade rounds for client drift; the restricted softmax
+(``router.restricted_softmax`` < 1) damps that drift. Held-out accuracy is computed federatedly every round:
+each node returns its confusion counts, the server adds them.
+
+:class:`RouterStrategy` changes only what Flower's strategy leaves to the app: the message types (the
+``router`` actions of the ClientApp, so they do not reach the expert-training handler), the nodes (those with
+clusters), the check of every reply against the global model before Flower averages (a peer's malformed update
+is dropped and logged, never averaged), the sum of confusion counts, and the bytes it moved.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAdam, FedAvg
+
+from hddm_flower.checkpoints import TIME_CONVENTION, save_router
+from hddm_flower.config import Config
+from hddm_flower.data import read_meta
+from hddm_flower.evaluate import FEATURE_NET, feature_network
+from hddm_flower.federated import FeatureSums, accuracy_from_confusion
+from hddm_flower.models import Router, router_config
+from hddm_flower.pipeline import evaluate_and_report, fit_router, pixel_decoder
+
+ACTION = "router"
+
+
+def sum_counts(contents: list[RecordDict], weighted_by_key: str) -> MetricRecord:
+    """Aggregate evaluation replies by adding their counts (confusion, top-2 hits, examples), not averaging."""
+    out: dict[str, Any] = {}
+    for content in contents:
+        for name, value in content["metrics"].items():
+            if isinstance(value, list):
+                out[name] = [a + b for a, b in zip(out[name], value)] if name in out else list(value)
+            else:
+                out[name] = out.get(name, 0) + value
+    return MetricRecord(out)
+
+
+def _config(values: dict) -> ConfigRecord:
+    """A ConfigRecord without empty strings (flwr's byte count refuses them; the nodes read absent as empty)."""
+    return ConfigRecord({k: v for k, v in values.items() if v != ""})
+
+
+def _record_bytes(record: RecordDict) -> int:
+    return sum(r.count_bytes() for r in record.values())
+
+
+def _make_strategy(server_optimizer: str):
+    base = FedAdam if server_optimizer == "adam" else FedAvg
+
+    class RouterStrategy(base):
+        """Flower's FedAdam/FedAvg over the nodes in ``clusters`` (node id → cluster ids), with the ClientApp's
+        ``router`` actions, replies checked against the global model, and the bytes per round counted."""
+
+        def __init__(self, clusters: dict[int, list[int]], num_classes: int, num_times: int, num_rounds: int, **kwargs):
+            n = len(clusters)
+            super().__init__(
+                min_train_nodes=n,
+                min_evaluate_nodes=n,
+                min_available_nodes=n,
+                evaluate_metrics_aggr_fn=sum_counts,
+                **kwargs,
+            )
+            self.clusters, self.num_classes, self.num_times = clusters, num_classes, num_times
+            self.images_seen, self.num_rounds = 0, num_rounds
+            self.evaluate_every = max(1, -(-num_rounds // 10))  # about ten evaluations per run
+            self.sent_bytes: dict[int, int] = {}
+            self.received_bytes: dict[int, int] = {}
+            self.dropped: dict[int, list[str]] = {}
+            self._global: ArrayRecord | None = None
+
+        def summary(self) -> None:
+            super().summary()
+            log(INFO, "\t└──> Router nodes: %s", "; ".join(f"node {n}: {c}" for n, c in sorted(self.clusters.items())))
+
+        def _construct_messages(self, record: RecordDict, node_ids: list[int], message_type: str) -> Iterable[Message]:
+            nodes = sorted(self.clusters)  # full participation of the nodes with data, whoever else is connected
+            rnd = int(record[self.configrecord_key]["server-round"])
+            self.sent_bytes[rnd] = self.sent_bytes.get(rnd, 0) + _record_bytes(record) * len(nodes)
+            if message_type == MessageType.TRAIN:
+                self._global = record[self.arrayrecord_key]
+            return super()._construct_messages(record, nodes, f"{message_type}.{ACTION}")
+
+        def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+            """Held-out counts every ``evaluate_every`` rounds and after the last one."""
+            if server_round % self.evaluate_every and server_round != self.num_rounds:
+                return []
+            return super().configure_evaluate(server_round, arrays, config, grid)
+
+        def _count(self, server_round: int, replies: list[Message]) -> None:
+            got = sum(_record_bytes(m.content) for m in replies if not m.has_error())
+            self.received_bytes[server_round] = self.received_bytes.get(server_round, 0) + got
+
+        def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+            replies = list(replies)
+            self._count(server_round, replies)
+            good = [m for m in replies if m.has_error() or self._valid(server_round, m)]
+            self.images_seen += sum(int(m.content["metrics"][self.weighted_by_key]) for m in good if not m.has_error())
+            arrays, metrics = super().aggregate_train(server_round, good)
+            if arrays is not None:  # FedAdam computes in float64: the model keeps its own dtypes on the wire
+                arrays = ArrayRecord(
+                    {k: Array(a.numpy().astype(self._global[k].dtype, copy=False)) for k, a in arrays.items()}
+                )
+            return arrays, metrics
+
+        def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+            replies = list(replies)
+            self._count(server_round, replies)
+            good = [m for m in replies if m.has_error() or self._valid_counts(server_round, m)]
+            return super().aggregate_evaluate(server_round, good)
+
+        def _drop(self, server_round: int, msg: Message, why: str) -> bool:
+            node = msg.metadata.src_node_id
+            log(WARNING, "router round %d: the reply of node %d is dropped: %s", server_round, node, why)
+            self.dropped.setdefault(server_round, []).append(f"node {node}: {why}")
+            return False
+
+        def _valid(self, server_round: int, msg: Message) -> bool:
+            """The reply's router has exactly the global model's arrays (names, shapes, dtypes), all finite, and
+            a positive image count no larger than the round asked for."""
+            content = msg.content
+            if self.arrayrecord_key not in content.array_records or "metrics" not in content.metric_records:
+                return self._drop(server_round, msg, "no arrays or no metrics")
+            got, want = content[self.arrayrecord_key], self._global
+            if set(got) != set(want):
+                return self._drop(server_round, msg, f"arrays {sorted(set(got) ^ set(want))[:3]} differ")
+            for name, a in got.items():
+                if a.shape != want[name].shape or a.dtype != want[name].dtype:
+                    return self._drop(server_round, msg, f"array {name} is {a.dtype}{a.shape}")
+                if not np.isfinite(a.numpy()).all():
+                    return self._drop(server_round, msg, f"array {name} is not finite")
+            n = content["metrics"].get(self.weighted_by_key)
+            if not isinstance(n, int) or n <= 0:
+                return self._drop(server_round, msg, f"{self.weighted_by_key} = {n!r}")
+            return True
+
+        def _valid_counts(self, server_round: int, msg: Message) -> bool:
+            m = msg.content.metric_records.get("metrics")
+            if m is None:
+                return self._drop(server_round, msg, "no metrics")
+            conf, top2, n = m.get("confusion"), m.get("top2-hits"), m.get("num-examples")
+            k, t = self.num_classes, self.num_times
+            if not (isinstance(conf, list) and len(conf) == t * k * k and all(isinstance(x, int) for x in conf)):
+                return self._drop(server_round, msg, f"confusion is not {t}×{k}×{k} integer counts")
+            if not (isinstance(top2, list) and len(top2) == t and isinstance(n, int) and n >= 0):
+                return self._drop(server_round, msg, "top-2 hits or num-examples malformed")
+            c = np.asarray(conf).reshape(t, k, k)
+            if (c < 0).any() or (c.sum((1, 2)) != n).any() or any(not 0 <= h <= n for h in top2):
+                return self._drop(server_round, msg, "counts do not add up to num-examples")
+            return True
+
+    return RouterStrategy
+
+
+def train_router_federated(
+    grid: Grid, cfg: Config, clusters: dict[int, list[int]], router_config: dict, *, timeout: float, cache_dir: str
+) -> tuple[Router, dict]:
+    """Train the router by ``cfg.router.num_rounds`` rounds over the nodes in ``clusters`` (node id → its cluster
+    ids); returns the router and its record for the report: rounds, bytes per round and in total, wall time,
+    federated held-out accuracy per round and time, dropped replies."""
+    r = cfg.router
+    torch.manual_seed(r.seed)  # the same initial router as the central one
+    router = Router(**router_config)
+    strategy = _make_strategy(r.server_optimizer)(
+        {int(n): [int(k) for k in c] for n, c in clusters.items()},
+        cfg.num_experts,
+        len(cfg.evaluation.times),
+        r.num_rounds,
+        **({"eta": r.lr, "eta_l": r.local_lr, "tau": 1e-8, "beta_2": 0.999} if r.server_optimizer == "adam" else {}),
+    )
+    shared = {
+        "experiment": json.dumps(cfg.to_dict()),
+        "clusters": json.dumps({str(n): c for n, c in strategy.clusters.items()}),
+        "router-config": json.dumps(router_config),
+        "cache-dir": cache_dir,
+    }
+    start = time.perf_counter()
+    result = strategy.start(
+        grid,
+        ArrayRecord(router.state_dict()),
+        num_rounds=r.num_rounds,
+        timeout=timeout,
+        train_config=_config(shared),
+        evaluate_config=_config(shared),
+    )
+    seconds = time.perf_counter() - start
+    if result.arrays is None or not result.train_metrics_clientapp:
+        raise RuntimeError(f"the federated router got no valid update in {r.num_rounds} rounds")
+    router.load_state_dict(result.arrays.to_torch_state_dict(), strict=True)
+    router.eval()
+    times, k = list(cfg.evaluation.times), cfg.num_experts
+    per_round = {}
+    for rnd, m in sorted(result.evaluate_metrics_clientapp.items()):
+        conf = torch.tensor(m["confusion"]).reshape(len(times), k, k)
+        per_round[rnd] = {
+            "top1": accuracy_from_confusion(conf),
+            "top2": [h / max(1, m["num-examples"]) for h in m["top2-hits"]],
+            "num_images": m["num-examples"],
+        }
+    last = per_round[max(per_round)] if per_round else None
+    sent, received = strategy.sent_bytes, strategy.received_bytes
+    record = {
+        "training": "federated",
+        "strategy": f"flwr {type(strategy).__mro__[1].__name__}",
+        "server_optimizer": r.server_optimizer,
+        "rounds": r.num_rounds,
+        "local_steps": r.local_steps,
+        "local_lr": r.local_lr,
+        "restricted_softmax": r.restricted_softmax,
+        "nodes": {str(n): c for n, c in strategy.clusters.items()},
+        "images_seen": strategy.images_seen,
+        "wall_seconds": round(seconds, 2),
+        "bytes_per_round": round(sum(sent.values()) / max(1, len(sent)) + sum(received.values()) / max(1, len(sent))),
+        "bytes_sent": int(sum(sent.values())),
+        "bytes_received": int(sum(received.values())),
+        "dropped_replies": {str(k): v for k, v in strategy.dropped.items()},
+        "heldout": {"times": times, "federated": True, **(last or {})},
+        "heldout_per_round": {str(k): v["top1"] for k, v in per_round.items()},
+    }
+    return router, record
+
+
+def federated_reference(
+    grid: Grid,
+    cfg: Config,
+    clusters: dict[int, list[int]],
+    feature_net,
+    description: str,
+    *,
+    timeout: float,
+    cache_dir: str,
+) -> tuple[dict[int, FeatureSums], dict]:
+    """Ask every node for the feature sums of its clusters (``query.feature_stats``) and return them per cluster,
+    with a record of who answered. ``feature_net`` (the run's :class:`FeatureClassifier`) travels with the
+    message, unless ``evaluation.inception_weights`` names the Inception file every node holds locally."""
+    inception = cfg.evaluation.inception_weights
+    base = {
+        "experiment": json.dumps(cfg.to_dict()),
+        "clusters": json.dumps({str(n): c for n, c in clusters.items()}),
+        "cache-dir": cache_dir,
+        "inception": inception,
+    }
+    content = RecordDict({"config": _config(base)})
+    if not inception:
+        content["config"]["feature-net-config"] = json.dumps(dict(feature_net.config))
+        content["config"]["feature-net-description"] = description
+        content["feature-net"] = ArrayRecord(feature_net.state_dict())
+    messages = [
+        Message(content, dst_node_id=n, message_type=f"{MessageType.QUERY}.feature_stats") for n in sorted(clusters)
+    ]
+    sums: dict[int, FeatureSums] = {}
+    failed: dict[str, str] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            failed[str(node)] = reply.error.reason
+            continue
+        for k in clusters.get(node, []):
+            name = f"sums-{k}"
+            try:
+                if name not in reply.content.array_records:
+                    raise ValueError(f"no {name}")
+                arrays = {a: reply.content[name][a].numpy() for a in reply.content[name]}
+                sums[k] = FeatureSums.from_numpy(arrays, source=f"node {node}, cluster {k}")
+            except ValueError as e:
+                failed[f"{node}/{k}"] = str(e)
+    for key, why in failed.items():
+        log(WARNING, "federated reference statistics: %s left out: %s", key, why)
+    dims = {s.dim for s in sums.values()}
+    if len(dims) > 1:
+        raise RuntimeError(f"nodes sent feature sums of different dimensions {sorted(dims)}")
+    record = {
+        "federated": True,
+        "clusters": sorted(sums),
+        "num_images": sum(s.count for s in sums.values()),
+        "failed": failed,
+        "bytes_sent": _record_bytes(content) * len(messages),
+    }
+    return sums, record
+
+
+def finish_federated(
+    grid: Grid,
+    cfg: Config,
+    run_dir: Path,
+    dataset_dir: Path,
+    clusters: dict[int, list[int]],
+    missing: list[dict],
+    *,
+    extra: dict,
+    timeout: float,
+    cache_dir: str,
+) -> dict:
+    """After the experts arrived: the router (federated when ``router.training`` says, else central), the FID
+    reference statistics (federated when ``evaluation.reference`` says), then the evaluation and the report, whose
+    ``router`` block holds the costs (rounds, bytes, wall time)."""
+    extra = dict(extra)
+    if cfg.router.training == "federated":
+        meta = read_meta(dataset_dir)
+        config = router_config(
+            cfg.router.preset, num_experts=cfg.num_experts, sample_size=meta["image_size"], in_channels=meta["channels"]
+        )
+        router, record = train_router_federated(grid, cfg, clusters, config, timeout=timeout, cache_dir=cache_dir)
+        save_router(
+            run_dir / "router",
+            router,
+            {"preset": cfg.router.preset, "inputs": "x_t and t only", "time_convention": TIME_CONVENTION} | record,
+        )
+    else:
+        start = time.perf_counter()
+        router = fit_router(cfg, dataset_dir, run_dir)
+        record = {
+            "training": "central",
+            "steps": cfg.router.steps,
+            "images_seen": cfg.router.steps * cfg.router.batch_size,
+            "wall_seconds": round(time.perf_counter() - start, 2),
+            "bytes_sent": 0,
+            "bytes_received": 0,
+        }
+    extra["router"] = record
+    reference = None
+    if cfg.evaluation.reference == "federated":
+        _, net, desc = feature_network(cfg, dataset_dir, run_dir / FEATURE_NET, decode=pixel_decoder(cfg, dataset_dir))
+        reference, extra["reference_statistics"] = federated_reference(
+            grid, cfg, clusters, net, desc, timeout=timeout, cache_dir=cache_dir
+        )
+        if not reference:
+            raise RuntimeError("no node sent feature sums; the FID reference is empty")
+    return evaluate_and_report(cfg, run_dir, dataset_dir, missing, router=router, extra=extra, reference=reference)

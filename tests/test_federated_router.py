@@ -1,0 +1,123 @@
+"""The federated router (Flower's FedAdam/FedAvg over the real ClientApp handlers) and the federated reference
+statistics, through an in-process Grid: one node per cluster, the hardest non-IID case."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord
+
+from clients.client_app import app as client_app
+from hddm_flower import metrics as M
+from hddm_flower.data import load_split, read_meta
+from hddm_flower.evaluate import all_images
+from hddm_flower.federated import FeatureSums, frechet_distance_from_sums
+from hddm_flower.models import router_config
+from strategies.federated_router import federated_reference, train_router_federated
+from tests.fake_grid import FakeGrid
+
+CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}  # node id → its one cluster
+
+
+def _cfg(tiny_config, cache_dir, **router):
+    cfg = dataclasses.replace(tiny_config, router=dataclasses.replace(tiny_config.router, **router))
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache_dir=str(cache_dir)))
+
+
+def _router_config(cfg, dataset_dir):
+    m = read_meta(dataset_dir)
+    return router_config(
+        cfg.router.preset, num_experts=cfg.num_experts, sample_size=m["image_size"], in_channels=m["channels"]
+    )
+
+
+def test_federated_router_rounds_over_single_cluster_nodes(tiny_config, dataset_dir, cache_dir):
+    cfg = _cfg(tiny_config, cache_dir, training="federated", rounds=2)
+    grid = FakeGrid(client_app, {n: {} for n in CLUSTERS})
+    router, record = train_router_federated(
+        grid, cfg, CLUSTERS, _router_config(cfg, dataset_dir), timeout=60, cache_dir=str(cache_dir)
+    )
+    kinds = [m.metadata.message_type for m in grid.sent]
+    assert kinds == (["train.router"] * 4 + ["evaluate.router"] * 4) * 2  # full participation, the router actions
+    assert record["rounds"] == 2 and record["strategy"] == "flwr FedAdam"
+    assert record["images_seen"] == 2 * 4 * 2  # rounds × nodes × (batch 8 · 1 cluster / 4 clusters)
+    assert record["heldout"]["num_images"] == len(load_split(dataset_dir, None, "val"))  # each counted once
+    assert len(record["heldout"]["top1"]) == len(cfg.evaluation.times)
+    assert record["bytes_sent"] > 0 and record["bytes_received"] > 0 and record["dropped_replies"] == {}
+    ref = router.state_dict()
+    assert all(torch.isfinite(v).all() for v in ref.values())
+
+
+def test_a_malformed_update_costs_only_its_own_reply(tiny_config, dataset_dir, cache_dir):
+    def tamper(node, reply):
+        if node == 12 and reply.metadata.message_type.startswith("train"):
+            arrays = reply.content["arrays"]
+            name = next(iter(arrays))
+            bad = np.full(arrays[name].shape, np.nan, dtype=np.float32)
+            reply.content["arrays"] = ArrayRecord({**{k: arrays[k] for k in arrays}, name: Array(bad)})
+        if node == 13 and reply.metadata.message_type.startswith("evaluate"):
+            reply.content["metrics"]["confusion"] = [10**6] * len(reply.content["metrics"]["confusion"])
+        return reply
+
+    cfg = _cfg(tiny_config, cache_dir, training="federated", rounds=1, server_optimizer="avg", local_lr=0.05)
+    grid = FakeGrid(client_app, {n: {} for n in CLUSTERS}, tamper=tamper)
+    router, record = train_router_federated(
+        grid, cfg, CLUSTERS, _router_config(cfg, dataset_dir), timeout=60, cache_dir=str(cache_dir)
+    )
+    dropped = record["dropped_replies"]["1"]
+    assert any("node 12" in d and "not finite" in d for d in dropped)
+    assert any("node 13" in d and "add up" in d for d in dropped)
+    assert all(torch.isfinite(v).all() for v in router.state_dict().values())
+    assert record["images_seen"] == 3 * 2  # the three good updates were averaged
+    assert record["strategy"] == "flwr FedAvg"
+
+
+def test_federated_reference_statistics_equal_the_central_ones(tiny_config, dataset_dir, cache_dir):
+    """Each node's feature sums of its own cluster, added by the server, equal the central reference (1e-6)."""
+    cfg = _cfg(tiny_config, cache_dir)
+    torch.manual_seed(0)
+    net = M.FeatureClassifier(in_channels=3, num_classes=4, text_dim=384).eval()
+    fx = M.classifier_features(net, "random test net")
+    grid = FakeGrid(client_app, {n: {} for n in CLUSTERS})
+    sums, record = federated_reference(
+        grid, cfg, CLUSTERS, net, "random test net", timeout=60, cache_dir=str(cache_dir)
+    )
+    assert sorted(sums) == [0, 1, 2, 3] and record["failed"] == {}
+    ref = all_images(dataset_dir)
+    central = fx(ref.images)
+    total = sums[0] + sums[1] + sums[2] + sums[3]
+    assert total.count == len(ref) == record["num_images"]
+    mu, cov = total.mean_cov()
+    torch.testing.assert_close(mu, central.mean(0), rtol=0, atol=1e-6)
+    torch.testing.assert_close(cov, torch.cov(central.T), rtol=0, atol=1e-6)
+    for k in range(4):  # per cluster (the per-expert FID's reference)
+        torch.testing.assert_close(sums[k].outer, FeatureSums.of(central[ref.labels == k]).outer, rtol=1e-9, atol=1e-9)
+    fake = central[:40] + 0.1
+    assert frechet_distance_from_sums(total, fake) == pytest.approx(M.frechet_distance(central, fake), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("router.training", "fed", "router.training: unknown value 'fed'"),
+        ("router.server_optimizer", "sgd", "router.server_optimizer: unknown value"),
+        ("router.local_steps", 0, "router.local_steps: must be ≥ 1"),
+        ("router.restricted_softmax", 0.0, r"router.restricted_softmax: must be in \(0, 1\]"),
+        ("evaluation.reference", "nodes", "evaluation.reference: unknown value 'nodes'"),
+    ],
+)
+def test_federated_settings_are_checked(key, value, message):
+    from hddm_flower.config import ConfigError, config_from_dict
+
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({section: {name: value}}, source="x.yaml")
+
+
+def test_rounds_default_to_the_central_budget():
+    from hddm_flower.config import RouterConfig
+
+    assert RouterConfig(steps=400, local_steps=1).num_rounds == 400
+    assert RouterConfig(steps=400, local_steps=3).num_rounds == 134
+    assert RouterConfig(steps=400, rounds=7).num_rounds == 7
