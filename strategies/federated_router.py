@@ -6,8 +6,8 @@ steps on its own clusters and returns the weights; Flower averages them (weighte
 applies Adam to the averaged update. Every node holds one cluster in the hardest case, so a node's own objective
 only ever says "my class": the remedy here is to keep the rounds close to central training: full participation
 and one local SGD step make the weighted average exactly one central SGD step on a cluster-stratified batch
-(tested in tests/test_federated.py), and FedAdam's server-side Adam makes the sequence of rounds central Adam
-(the optimiser of the central router). More local steps trade rounds for client drift; the restricted softmax
+(tested in tests/test_federated.py), and FedAdam's server-side Adam makes the rounds follow Adam, the central
+router's optimiser. More local steps trade rounds for client drift; the restricted softmax
 (``router.restricted_softmax`` < 1) damps that drift. Held-out accuracy is computed federatedly every round:
 each node returns its confusion counts, the server adds them.
 
