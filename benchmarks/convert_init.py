@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hddm_flower.config import load_config
+from hddm_flower.config import OptimConfig, load_config
 from hddm_flower.convert import convert_dit, read_dit, write_converted
 from hddm_flower.data import load_split, load_uncond, read_meta
 from hddm_flower.dit import TinyDiT
@@ -64,9 +64,8 @@ def pretrain_dit(
     stats, _ = fit(
         dit,
         loss_fn,
+        OptimConfig(lr=1e-3, warmup_steps=50),
         steps=steps,
-        lr=1e-3,
-        warmup_steps=50,
         seed=seed,
         log_every=max(1, steps // 10),
         name="DiT pretraining",
@@ -131,19 +130,7 @@ def main(argv=None) -> dict:
                 )
                 torch.manual_seed(1)
                 expert, _, _ = build_expert(run_cfg, meta, objective, expert_id=args.cluster)
-                e = run_cfg.expert
-                stats = train_expert(
-                    expert,
-                    train,
-                    uncond,
-                    steps=e.steps,
-                    batch_size=e.batch_size,
-                    lr=e.lr,
-                    warmup_steps=e.warmup_steps,
-                    caption_dropout=e.caption_dropout,
-                    seed=7,
-                    log_every=e.log_every,
-                )
+                stats = train_expert(expert, train, uncond, run_cfg.expert, seed=7)
                 name = f"{objective}/{'converted' if init != 'random' else 'random'}"
                 results["runs"][name] = {
                     "loss_curve": stats.loss_curve,

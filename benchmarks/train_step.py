@@ -25,6 +25,7 @@ Writes ``benchmarks/results/train_step.json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -119,21 +120,7 @@ def main(argv=None) -> dict:
         return build_expert(cfg, meta, args.objective)[0]
 
     def ours(steps: int) -> None:
-        train_expert(
-            fresh(),
-            data,
-            uncond,
-            steps=steps,
-            batch_size=e.batch_size,
-            lr=e.lr,
-            weight_decay=e.weight_decay,
-            warmup_steps=e.warmup_steps,
-            grad_clip=e.grad_clip,
-            caption_dropout=e.caption_dropout,
-            mixed_precision=e.mixed_precision,
-            optimizer=e.optimizer,
-            log_every=10**9,
-        )
+        train_expert(fresh(), data, uncond, dataclasses.replace(e, steps=steps, log_every=10**9))
 
     def plain(steps: int) -> None:
         net: ExpertNet = fresh().net
@@ -144,9 +131,9 @@ def main(argv=None) -> dict:
             objective=args.objective,
             steps=steps,
             batch_size=e.batch_size,
-            lr=e.lr,
-            warmup_steps=e.warmup_steps,
-            grad_clip=e.grad_clip,
+            lr=e.optim.lr,
+            warmup_steps=e.optim.warmup_steps,
+            grad_clip=e.optim.grad_clip,
             caption_dropout=e.caption_dropout,
             schedule=cfg.ddpm.schedule,
         )

@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save, save_file
 from torch import Tensor
 
-from .config import WIRE_DTYPES  # what an expert's weights may be stored and sent as
+from .choices import T_EPS, WIRE_DTYPES, X0_CLAMP
 from .experts import DDPMExpert, Expert, FlowMatchingExpert
 from .models import ExpertNet, Router
 
@@ -242,8 +242,8 @@ def make_expert(
     meta: dict[str, Any],
     *,
     conversion: str = "schedule_aware",
-    t_eps: float = 0.01,
-    x0_clamp: float = 20.0,
+    t_eps: float = T_EPS,
+    x0_clamp: float = X0_CLAMP,
 ) -> Expert:
     """Wrap a network in the adapter its metadata names: the one place the objective is read."""
     if meta["objective"] == "fm":

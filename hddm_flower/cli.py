@@ -21,9 +21,10 @@ import os
 import sys
 from pathlib import Path
 
-from .config import OBJECTIVES, Config, ConfigError, load_config, parse_overrides
+from . import __version__
+from .config import OBJECTIVES, Config, ConfigError, load_config, parse_overrides, shipped_configs
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+DEFAULT_CONFIG = shipped_configs() / "default.yaml"
 
 
 def _config(args, run_dir: Path | None = None) -> Config:
@@ -301,6 +302,7 @@ def cmd_convert_dit(args) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hddm", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--version", action="version", version=_versions())
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, fn, help: str, config_default: str = str(DEFAULT_CONFIG)) -> argparse.ArgumentParser:
@@ -428,6 +430,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _versions() -> str:
+    """``hddm-flower X (flwr …, torch …, diffusers …)`` from the installed metadata (nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("flwr", "torch", "diffusers", "transformers"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} missing")
+    return f"hddm-flower {__version__} ({', '.join(found)})"
+
+
+def _close_progress_bars() -> None:
+    """Close every open tqdm bar (a bar left open would print after, or glue itself to, the error line)."""
+    if "tqdm" in sys.modules:
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", ())):
+            bar.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.command_line = " ".join(["hddm", *(sys.argv[1:] if argv is None else argv)])
@@ -438,10 +462,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.fn(args)
     except (ConfigError, ValueError, OSError) as e:
+        _close_progress_bars()
         message = (str(e).strip().splitlines() or [type(e).__name__])[0]
         print(f"hddm {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _close_progress_bars()
         print(f"hddm {args.command}: interrupted", file=sys.stderr)
         return 130
     return 0

@@ -14,10 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .choices import ROUTING_MODES, VELOCITY_SCALINGS
 from .experts import map_cond
-from .objectives import VELOCITY_SCALINGS, cap_velocity_rms, velocity_rms, velocity_rms_prior
-
-ROUTING_MODES = ("top_k", "full", "threshold", "sample", "oracle")
+from .objectives import cap_velocity_rms, velocity_rms, velocity_rms_prior
 
 
 def routing_weights(

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .choices import CONVERSIONS, T_EPS, X0_CLAMP
 from .objectives import (
-    CONVERSIONS,
     FM_TIME_SCALE,
     ddpm_alpha_bar,
     ddpm_eps_to_velocity,
@@ -129,8 +129,8 @@ class DDPMExpert(Expert):
         num_train_timesteps: int = 1000,
         *,
         conversion: str = "schedule_aware",
-        t_eps: float = 0.01,
-        x0_clamp: float = 20.0,
+        t_eps: float = T_EPS,
+        x0_clamp: float = X0_CLAMP,
     ):
         super().__init__(net)
         if conversion not in CONVERSIONS:

@@ -393,9 +393,13 @@ def prepare_shards(
     done = _read_progress(out)
     latent = encoders.codec is not None
     written = 0
-    bar = tqdm(total=len(units), desc="prepare", unit="shard", disable=not progress, initial=len(done))
-    # image decoding in threads (PIL releases the GIL), so the encoders on a GPU are not waiting for one core
-    with open(out / "progress.jsonl", "a") as progress_file, ThreadPoolExecutor(max(1, decode_threads)) as pool:
+    # image decoding in threads (PIL releases the GIL), so the encoders on a GPU are not waiting for one core;
+    # the bar is a context: an error closes it first, so the error is the last line printed
+    with (
+        tqdm(total=len(units), desc="prepare", unit="shard", disable=not progress, initial=len(done)) as bar,
+        open(out / "progress.jsonl", "a") as progress_file,
+        ThreadPoolExecutor(max(1, decode_threads)) as pool,
+    ):
         for index, unit in enumerate(units):
             if unit.name in done:
                 continue
@@ -466,7 +470,6 @@ def prepare_shards(
                 refresh=False,
             )
             bar.update(1)
-    bar.close()
     if len(done) < len(units):
         return {"complete": False, "units_done": len(done), "units": len(units)}
     uncond = encoders.text.encode([""])[0]

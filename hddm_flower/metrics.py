@@ -141,6 +141,7 @@ def train_feature_classifier(
 ) -> tuple[FeatureClassifier, dict]:
     """Train :class:`FeatureClassifier` on (images, cluster labels, caption embeddings): cross-entropy on the
     labels plus cosine distance to the caption embedding, with random horizontal flips. Returns (net, stats)."""
+    from .config import OptimConfig
     from .training import fit
 
     torch.manual_seed(seed)
@@ -159,9 +160,8 @@ def train_feature_classifier(
         stats, _ = fit(
             net,
             loss_fn,
+            OptimConfig(lr=lr, warmup_steps=min(50, steps)),
             steps=steps,
-            lr=lr,
-            warmup_steps=min(50, steps),
             seed=seed,
             log_every=max(1, steps // 5),
             name="feature classifier",

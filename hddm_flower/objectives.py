@@ -25,15 +25,10 @@ import math
 import torch
 from torch import Tensor
 
+from .choices import SCHEDULES
+
 FM_TIME_SCALE = 999.0
 """FM networks receive ``FM_TIME_SCALE·t`` as their timestep (the paper's "999·t")."""
-
-SCHEDULES = ("linear", "cosine")
-CONVERSIONS = ("schedule_aware", "naive")
-VELOCITY_SCALINGS = ("off", "fm_rms")
-"""Adaptive velocity scaling of converted DDPM velocities at high noise: ``off``, or ``fm_rms`` (cap each
-converted velocity's per-sample RMS at that of the FM experts mixed into the same sample at the same step, else at
-:func:`velocity_rms_prior`)."""
 
 
 def _bcast(t: Tensor, x: Tensor) -> Tensor:

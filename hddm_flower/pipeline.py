@@ -275,22 +275,9 @@ def train_one_expert(
         expert,
         data,
         load_uncond(dataset_dir),
-        steps=e.steps,
-        batch_size=e.batch_size,
-        lr=e.lr,
-        weight_decay=e.weight_decay,
-        warmup_steps=e.warmup_steps,
-        grad_clip=e.grad_clip,
-        caption_dropout=e.caption_dropout,
+        e,
         seed=e.seed + expert_id,
-        accumulation=e.grad_accumulation,
-        ema_decay=e.ema_decay,
-        mixed_precision=e.mixed_precision,
-        gradient_checkpointing=e.gradient_checkpointing,
-        optimizer=e.optimizer,
         checkpoint=checkpoint,
-        checkpoint_every=e.checkpoint_every,
-        log_every=e.log_every,
         name=f"expert {expert_id} [{objective}]",
         device=device,
         progress=progress,
@@ -315,7 +302,7 @@ def train_one_expert(
         "final_loss": stats.final_loss,
         "loss_curve": stats.loss_curve,
         "batch_size": e.batch_size,
-        "lr": e.lr,
+        "lr": e.optim.lr,
         "caption_dropout": e.caption_dropout,
         "created_at": _now(),
         "hddm_flower": _version("hddm-flower"),
@@ -341,15 +328,7 @@ def fit_router(cfg: Config, dataset_dir: Path, run_dir: Path, *, progress: bool 
         )
     )
     r = cfg.router
-    stats = train_router(
-        router,
-        load_split(dataset_dir, None, "train"),
-        steps=r.steps,
-        batch_size=r.batch_size,
-        lr=r.lr,
-        seed=r.seed,
-        progress=progress,
-    )
+    stats = train_router(router, load_split(dataset_dir, None, "train"), r, progress=progress)
     save_router(
         run_dir / "router",
         router,

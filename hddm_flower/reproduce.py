@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -236,20 +237,8 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
         expert,
         data,
         load_uncond(dataset_dir),
-        steps=steps,
-        batch_size=e.batch_size,
-        lr=e.lr,
-        weight_decay=e.weight_decay,
-        warmup_steps=e.warmup_steps,
-        grad_clip=e.grad_clip,
-        caption_dropout=e.caption_dropout,
+        dataclasses.replace(e, steps=steps),
         seed=e.seed + 1000,
-        accumulation=e.grad_accumulation,
-        ema_decay=e.ema_decay,
-        mixed_precision=e.mixed_precision,
-        gradient_checkpointing=e.gradient_checkpointing,
-        optimizer=e.optimizer,
-        log_every=e.log_every,
         name="monolith [fm]",
         progress=progress,
     )
@@ -265,7 +254,7 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
         "final_loss": stats.final_loss,
         "cluster_size": len(data),
         "batch_size": e.batch_size,
-        "lr": e.lr,
+        "lr": e.optim.lr,
     }
     state = {k: v.detach().cpu() for k, v in expert.net.transformer.state_dict().items()}
     return state, model_config, meta

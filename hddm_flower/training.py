@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import OPTIMIZERS, PRECISIONS
+from .choices import OPTIMIZERS, PRECISIONS
+from .config import ExpertConfig, OptimConfig, RouterConfig
 from .data import Split
 from .experts import Expert
 from .models import Router, TextCond
@@ -79,17 +80,13 @@ def make_optimizer(params, lr: float, weight_decay: float, impl: str, device: to
 def fit(
     model: torch.nn.Module,
     loss_fn: Callable[[torch.Generator], Tensor],
+    optim: OptimConfig,
     *,
     steps: int,
-    lr: float,
-    weight_decay: float = 0.0,
-    warmup_steps: int = 0,
-    grad_clip: float | None = 1.0,
     seed: int = 0,
     accumulation: int = 1,
     ema_decay: float = 0.0,
     mixed_precision: str = "no",
-    optimizer: str = "auto",
     checkpoint: str | Path | None = None,
     checkpoint_every: int = 0,
     log_every: int = 100,
@@ -98,7 +95,7 @@ def fit(
 ) -> tuple[TrainStats, EMAModel | None]:
     """The one optimisation loop over ``loss_fn(generator)`` (one micro-batch per call).
 
-    AdamW with linear warm-up, gradient clipping, ``accumulation`` micro-batches per step, optional bf16 autocast
+    ``optim``: AdamW with linear warm-up and gradient clipping; ``accumulation`` micro-batches per step, optional bf16 autocast
     and an EMA of the weights (returned; the caller decides what to export). With ``checkpoint`` set, the full
     training state (weights, optimiser, schedule, EMA, random generator, step) is saved every
     ``checkpoint_every`` steps, and a later call with the same path resumes exactly where it stopped.
@@ -107,8 +104,9 @@ def fit(
         raise ValueError(f"unknown mixed precision {mixed_precision!r}; expected one of {PRECISIONS}")
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
-    opt = make_optimizer(params, lr, weight_decay, optimizer, device)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
+    opt = make_optimizer(params, optim.lr, optim.weight_decay, optim.implementation, device)
+    warmup = optim.warmup_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup)))
     g = torch.Generator().manual_seed(seed)
     if ema_decay:
         from diffusers.training_utils import EMAModel  # heavy import: only when EMA is on
@@ -140,8 +138,8 @@ def fit(
                 loss = loss_fn(g) / accumulation
             loss.backward()
             total += loss.detach().float()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        if optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
         opt.step()
         sched.step()
         if ema is not None:
@@ -199,31 +197,23 @@ def train_expert(
     expert: Expert,
     data: Split,
     uncond: TextCond,
+    options: ExpertConfig,
     *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    weight_decay: float = 0.0,
-    warmup_steps: int = 0,
-    grad_clip: float = 1.0,
-    caption_dropout: float = 0.1,
-    seed: int = 0,
-    accumulation: int = 1,
-    ema_decay: float = 0.0,
-    mixed_precision: str = "no",
-    gradient_checkpointing: bool = False,
-    optimizer: str = "auto",
+    seed: int | None = None,
     checkpoint: str | Path | None = None,
-    checkpoint_every: int = 0,
-    log_every: int = 100,
     name: str = "expert",
     device: torch.device | str = "cpu",
     progress: bool = False,
 ) -> TrainStats:
-    """Train ``expert`` in isolation on ``data`` with its own objective (``expert.training_loss``).
+    """Train ``expert`` in isolation on ``data`` with its own objective (``expert.training_loss``), as the
+    ``expert`` config section says (steps, batch size, optimiser, accumulation, EMA, precision, checkpointing).
 
-    With ``ema_decay`` > 0 the expert ends holding the EMA weights (``stats.ema`` says so).
+    ``seed`` (default ``options.seed``) seeds batches, noise and times; ``checkpoint`` is the local training-state
+    file saved every ``options.checkpoint_every`` steps and resumed from. With ``options.ema_decay`` > 0 the expert
+    ends holding the EMA weights (``stats.ema`` says so).
     """
+    o = options
+    batch_size, caption_dropout, gradient_checkpointing = o.batch_size, o.caption_dropout, o.gradient_checkpointing
     device = torch.device(device)
     expert.to(device).train()
     transformer = getattr(expert.net, "transformer", None)
@@ -242,19 +232,15 @@ def train_expert(
     stats, ema = fit(
         expert,
         loss_fn,
-        steps=steps,
-        lr=lr,
-        weight_decay=weight_decay,
-        warmup_steps=warmup_steps,
-        grad_clip=grad_clip,
-        seed=seed,
-        accumulation=accumulation,
-        ema_decay=ema_decay,
-        mixed_precision=mixed_precision,
-        optimizer=optimizer,
+        o.optim,
+        steps=o.steps,
+        seed=o.seed if seed is None else seed,
+        accumulation=o.grad_accumulation,
+        ema_decay=o.ema_decay,
+        mixed_precision=o.mixed_precision,
         checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
-        log_every=log_every,
+        checkpoint_every=o.checkpoint_every,
+        log_every=o.log_every,
         name=name,
         progress=progress,
     )
@@ -263,7 +249,7 @@ def train_expert(
         stats.ema = True
     if gradient_checkpointing and transformer is not None:
         transformer.disable_gradient_checkpointing()
-    stats.images_seen = steps * batch_size * accumulation
+    stats.images_seen = o.steps * o.batch_size * o.grad_accumulation
     stats.peak_memory_bytes = peak_memory_bytes(device)
     expert.eval()
     return stats
@@ -276,19 +262,11 @@ def router_loss(router: Router, x0: Tensor, labels: Tensor, generator: torch.Gen
     return torch.nn.functional.cross_entropy(router(x_t, t), labels)
 
 
-def train_router(
-    router: Router,
-    data: Split,
-    *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    seed: int = 0,
-    log_every: int = 100,
-    progress: bool = False,
-) -> TrainStats:
-    """Train the router on the coordinator's copy of the data (all clusters, labels = cluster ids)."""
+def train_router(router: Router, data: Split, options: RouterConfig, *, progress: bool = False) -> TrainStats:
+    """Train the router on the coordinator's copy of the data (all clusters, labels = cluster ids), as the
+    ``router`` config section says."""
     router.train()
+    batch_size = options.batch_size
 
     def loss_fn(g: torch.Generator) -> Tensor:
         idx = torch.randint(0, len(data), (batch_size,), generator=g)
@@ -297,14 +275,13 @@ def train_router(
     stats, _ = fit(
         router,
         loss_fn,
-        steps=steps,
-        lr=lr,
-        warmup_steps=min(50, steps // 10),
-        seed=seed,
-        log_every=log_every,
+        options.optim,
+        steps=options.steps,
+        seed=options.seed,
+        log_every=options.log_every,
         name="router",
         progress=progress,
     )
-    stats.images_seen = steps * batch_size
+    stats.images_seen = options.steps * batch_size
     router.eval()
     return stats

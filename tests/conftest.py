@@ -14,7 +14,7 @@ TINY = {
     "data": {"limit": 240, "max_caption_tokens": 8},
     "objectives": {"ddpm": 2, "fm": 2, "ddpm_clusters": [1, 2]},
     "ddpm": {"schedule": "linear"},
-    "expert": {"preset": "test", "steps": 3, "batch_size": 4, "warmup_steps": 1, "log_every": 1},
+    "expert": {"preset": "test", "steps": 3, "batch_size": 4, "optim": {"warmup_steps": 1}, "log_every": 1},
     "router": {"preset": "test", "steps": 3, "batch_size": 8},
     "sampling": {"num_steps": 2, "samples_per_prompt": 2, "prompts": ["dog face", "japan flag"]},
     "evaluation": {

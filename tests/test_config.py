@@ -4,7 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from hddm_flower.config import Config, ConfigError, config_from_dict, load_config, parse_overrides
+from hddm_flower.config import (
+    MAX_MESSAGE,
+    Config,
+    ConfigError,
+    OptimConfig,
+    config_from_dict,
+    load_config,
+    parse_overrides,
+)
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -52,7 +60,9 @@ def test_type_and_value_errors(tmp_path):
         load_config(_write(tmp_path, "expert: [\n"))
     with pytest.raises(ConfigError, match=r"does not exist"):
         load_config(tmp_path / "nope.yaml")
-    assert load_config(_write(tmp_path, "expert:\n  lr: 1\n")).expert.lr == 1.0  # int accepted for a float
+    assert (
+        load_config(_write(tmp_path, "expert:\n  optim: {lr: 1}\n")).expert.optim.lr == 1.0
+    )  # int accepted for a float
 
 
 def test_objective_mixes(tmp_path):
@@ -90,7 +100,7 @@ def test_round_trip_through_dict():
 def test_base_files_are_deep_merged(tmp_path):
     (tmp_path / "a.yaml").write_text("expert: {steps: 7, lr: 0.5}\nsampling: {cfg_scale: 2}\n")
     cfg = load_config(_write(tmp_path, "base: a.yaml\nexpert: {steps: 9}\n"))
-    assert (cfg.expert.steps, cfg.expert.lr, cfg.sampling.cfg_scale) == (9, 0.5, 2.0)
+    assert (cfg.expert.steps, cfg.expert.optim.lr, cfg.sampling.cfg_scale) == (9, 0.5, 2.0)
     fm8 = load_config(Path(__file__).parent.parent / "configs" / "fm-8.yaml")
     default = load_config(Path(__file__).parent.parent / "configs" / "default.yaml")
     assert fm8.objective_of() == ["fm"] * 8 and fm8.expert == default.expert and fm8.sampling == default.sampling
@@ -125,8 +135,70 @@ def test_bad_config_corpus_gives_its_one_line_message(path, tmp_path, capsys):
     line, without a traceback, and writes nothing."""
     from hddm_flower.cli import main
 
-    expected = path.read_text().splitlines()[0].removeprefix("# expect: ")
+    expected = path.read_bytes().splitlines()[0].decode().removeprefix("# expect: ")
     assert main(["prepare", "--config", str(path), "--cache-dir", str(tmp_path / "cache")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
+    assert len(err[0]) <= len("hddm prepare: error: ") + MAX_MESSAGE
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+@pytest.mark.parametrize(
+    "item, expected",
+    [
+        ("expert.steps=[", "override expert.steps: not valid YAML"),
+        ("expert.steps.x=1", "override expert.steps.x: expert.steps is not a section"),
+        ("expert..steps=1", "is not a dotted key"),
+        ("sampling.top_k=0", "sampling.top_k: must be ≥ 1"),
+        ("expert.lr=.inf", "expert.optim.lr: expected a finite number, got inf"),
+        ("router.optim.lr=-1", "router.optim.lr: must be > 0"),
+        ("federation.min_experts=9", "federation.min_experts: must be in 1..8"),
+    ],
+)
+def test_bad_overrides_give_one_line_errors(item, expected, tmp_path, capsys):
+    """Dotted overrides go through the same checks as the file; a malformed one is a one-line error, exit 2."""
+    from hddm_flower.cli import main
+
+    config = Path(__file__).parent.parent / "configs" / "default.yaml"
+    argv = ["prepare", "--config", str(config), "--set", item, "--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_optimiser_block_is_shared_and_flat_keys_still_load(tmp_path):
+    """expert.optim and router.optim are one block type; the flat form of older files and run directories loads
+    into it, merges key by key with a base file in the other form, and overrides may use either spelling."""
+    (tmp_path / "a.yaml").write_text("expert: {optim: {lr: 0.5, warmup_steps: 7}}\nrouter: {lr: 0.25}\n")
+    cfg = load_config(_write(tmp_path, "base: a.yaml\nexpert: {lr: 0.1, optimizer: foreach}\n"), {"router.lr": 0.3})
+    assert cfg.expert.optim == OptimConfig(lr=0.1, warmup_steps=7, implementation="foreach")
+    assert cfg.router.optim == OptimConfig(lr=0.3, warmup_steps=40)
+    assert type(cfg.expert.optim) is type(cfg.router.optim)
+    assert config_from_dict({"expert": {"lr": 0.2}}).expert.optim.lr == 0.2
+
+
+def test_error_messages_are_bounded_and_show_values_cut(tmp_path):
+    long = "x" * 10_000
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, f"expert: {{steps: {long}}}\n"))
+    assert len(str(e.value)) <= 200 and "expert.steps: expected int, got 'xxx" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, f"{long[:1000]}: 1\n"))  # (YAML allows plain keys up to 1024 characters)
+    assert len(str(e.value)) <= MAX_MESSAGE and "unknown key xxx" in str(e.value)
+    with pytest.raises(ConfigError, match="larger than 1024 KiB"):
+        load_config(_write(tmp_path, "# " + "x" * (1 << 20) + "\n"))
+
+
+def test_loading_a_config_imports_no_torch():
+    """The schema and the YAML loader stay light: a config loads (and the CLI parser builds) without torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from hddm_flower.config import load_config\n"
+        "load_config('configs/paper-2ddpm-6fm.yaml')\n"
+        "assert 'torch' not in sys.modules, 'config imported torch'\n"
+    )
+    root = Path(__file__).parent.parent
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=60)

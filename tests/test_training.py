@@ -1,8 +1,11 @@
 """The training loop: exact resume from a local checkpoint, EMA export, accumulation, bf16, checkpointing."""
 
+import dataclasses
+
 import pytest
 import torch
 
+from hddm_flower.config import ExpertConfig, OptimConfig
 from hddm_flower.data import load_split, load_uncond
 from hddm_flower.experts import FlowMatchingExpert
 from hddm_flower.models import ExpertNet, expert_config
@@ -21,10 +24,13 @@ def data(dataset_dir):
     return load_split(dataset_dir, [0], "train"), load_uncond(dataset_dir)
 
 
-def _train(expert, data, **kw):
+def _train(expert, data, checkpoint=None, **kw):
+    """Train with the expert section ``expert: {steps: 6, batch_size: 4, optim: {warmup_steps: 2}, …}`` + ``kw``."""
     split, uncond = data
-    args = dict(steps=6, batch_size=4, lr=1e-3, warmup_steps=2, seed=1, log_every=1)
-    return train_expert(expert, split, uncond, **(args | kw))
+    optim = OptimConfig(lr=1e-3, warmup_steps=2, implementation=kw.pop("optimizer", "auto"))
+    options = ExpertConfig(steps=6, batch_size=4, optim=optim, seed=1, log_every=1)
+    options = dataclasses.replace(options, **kw).validate()
+    return train_expert(expert, split, uncond, options, checkpoint=checkpoint)
 
 
 def test_resume_continues_exactly(data, tmp_path):
@@ -82,7 +88,7 @@ def test_optimizer_implementations_agree(data, optimizer):
 
 
 def test_accumulation_and_bf16(data):
-    stats = _train(_expert(), data, steps=2, accumulation=3, mixed_precision="bf16")
+    stats = _train(_expert(), data, steps=2, grad_accumulation=3, mixed_precision="bf16")
     assert stats.images_seen == 2 * 4 * 3 and stats.final_loss == stats.final_loss  # finite, not NaN
     with pytest.raises(ValueError, match="unknown mixed precision 'fp8'"):
-        fit(_expert(), lambda g: torch.zeros(()), steps=1, lr=1e-3, mixed_precision="fp8")
+        fit(_expert(), lambda g: torch.zeros(()), OptimConfig(), steps=1, mixed_precision="fp8")

@@ -1,0 +1,49 @@
+"""The named choices of the configuration schema and the defaults the math layer shares with it.
+
+Torch-free on purpose: the schema (:mod:`hddm_flower.config`), the command line's parser and the Flower apps read
+these names without importing the tensor code that implements them. The modules that implement a choice
+(:mod:`hddm_flower.objectives`, :mod:`hddm_flower.ensemble`, :mod:`hddm_flower.training`,
+:mod:`hddm_flower.checkpoints`) import the tuple from here, so each list of names exists once.
+"""
+
+OBJECTIVES = ("fm", "ddpm")
+"""Training objectives of an expert: Flow Matching (velocity ``eps − x0``) or DDPM (eps prediction)."""
+
+SCHEDULES = ("linear", "cosine")
+"""DDPM noise schedules (``linear``: β 1e-4 → 0.02, the ImageNet DiT checkpoint's; ``cosine``)."""
+
+CONVERSIONS = ("schedule_aware", "naive")
+"""DDPM → velocity conversions: SNR-matched timestep and input rescale, or the paper's ``round(999·t)``."""
+
+VELOCITY_SCALINGS = ("off", "fm_rms")
+"""Adaptive velocity scaling of converted DDPM velocities at high noise: ``off``, or ``fm_rms`` (cap each
+converted velocity's per-sample RMS at that of the FM experts mixed into the same sample at the same step, else at
+:func:`hddm_flower.objectives.velocity_rms_prior`)."""
+
+ROUTING_MODES = ("top_k", "full", "threshold", "sample", "oracle")
+"""How router probabilities become mixing weights."""
+
+DATASETS = ("twemoji", "webdataset", "folder", "gmm")
+CLUSTER_FEATURES = ("pixels", "caption", "dinov2")
+WIRE_DTYPES = ("float32", "bfloat16", "float16")
+"""Dtypes an expert's weights may be stored and sent in."""
+OPTIMIZERS = ("auto", "fused", "foreach", "default")
+"""AdamW implementations: ``auto`` picks the fused kernel where torch has one."""
+PRECISIONS = ("no", "bf16")
+ROUTER_TRAINING = ("central", "federated")
+"""Where the router is trained: on the coordinator's copy of all clusters, or in rounds over the nodes."""
+SERVER_OPTIMIZERS = ("adam", "avg")
+"""Federated router training: FedAdam (Adam on the averaged update) or FedAvg."""
+REFERENCES = ("central", "federated")
+"""FID reference statistics: the coordinator's images, or sums the nodes send."""
+
+T_EPS = 0.01
+"""Guard of ``1 − t`` in the DDPM → velocity conversion: ``x0_hat = (x_t − t·eps_hat) / max(1 − t, T_EPS)``."""
+
+X0_CLAMP = 1.0
+"""Bound on a DDPM expert's clean estimate ``x0_hat`` in the conversion. Pixels live in [−1, 1], so clamping to
+±1 projects the estimate onto the data's range and can only bring it closer to any clean image, elementwise.
+Latent data (VAE latents, roughly unit variance with tails past ±4) need a larger bound, set in their config."""
+
+MAX_SEED = 2**31 - 1
+"""Largest seed a config may give (numpy, scikit-learn and torch all accept it, with room for per-expert offsets)."""
