@@ -121,10 +121,15 @@ def test_configuration_reference_documents_every_key():
     problems, cfg = [], Config()
     for f in dataclasses.fields(cfg):
         if dataclasses.is_dataclass(getattr(cfg, f.name)):
-            keys = {g.name for g in dataclasses.fields(getattr(cfg, f.name))}
+            section = getattr(cfg, f.name)
+            keys = {g.name for g in dataclasses.fields(section)}
             have = documented.get(f.name, set())
             problems += [f"{f.name}.{k} undocumented" for k in sorted(keys - have)]
             problems += [f"{f.name}.{k} documented but not in the schema" for k in sorted(have - keys)]
+            for g in dataclasses.fields(section):  # a block inside a section (optim) has its own heading
+                if dataclasses.is_dataclass(getattr(section, g.name)):
+                    inner = {h.name for h in dataclasses.fields(getattr(section, g.name))}
+                    problems += [f"{g.name}.{k} undocumented" for k in sorted(inner - documented.get(g.name, set()))]
         elif f.name not in documented.get("Top level", set()):
             problems.append(f"{f.name} undocumented")
     assert problems == []
