@@ -186,7 +186,11 @@ def train_router_federated(
         cfg.num_experts,
         len(cfg.evaluation.times),
         r.num_rounds,
-        **({"eta": r.optim.lr, "eta_l": r.local_lr, "tau": 1e-8, "beta_2": 0.999} if r.server_optimizer == "adam" else {}),
+        **(
+            {"eta": r.optim.lr, "eta_l": r.local_lr, "tau": 1e-8, "beta_2": 0.999}
+            if r.server_optimizer == "adam"
+            else {}
+        ),
     )
     shared = {
         "experiment": json.dumps(cfg.to_dict()),
