@@ -307,8 +307,8 @@ class RouterConfig:
         r.at_least(1, "steps", "batch_size", "log_every", "local_steps")
         self.optim.validate(source, f"{prefix}optim.")
         r.seed()
-        r.choice("training", ROUTER_TRAINING, "router training")
-        r.choice("server_optimizer", SERVER_OPTIMIZERS, "server optimizer")
+        r.choice("training", ROUTER_TRAINING, "value")
+        r.choice("server_optimizer", SERVER_OPTIMIZERS, "value")
         if self.rounds < 0:
             r.fail("rounds", "must be ≥ 0 (0 = router.steps / router.local_steps)")
         r.positive("local_lr")
@@ -397,7 +397,7 @@ class EvaluationConfig:
             1, "num_prompts", "per_expert_samples", "batch_size", "feature_steps", "kid_subset_size", "kid_subsets"
         )
         r.at_least(0, "num_steps", "grid_prompts", "reference_images")
-        r.choice("reference", REFERENCES, "reference")
+        r.choice("reference", REFERENCES, "value")
         if not all(0 < t < 1 for t in self.times):
             r.fail("times", "every time must be in (0, 1)")
         r.seed()
