@@ -26,9 +26,11 @@ from torch import Tensor
 from .choices import T_EPS, WIRE_DTYPES, X0_CLAMP
 from .experts import DDPMExpert, Expert, FlowMatchingExpert
 from .models import ExpertNet, Router
+from .objectives import FM_TIME_SCALE
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 META = "hddm_expert.json"
+SCHEDULER = "scheduler_config.json"  # the diffusers scheduler that drives this expert on its own
 TIME_CONVENTION = "fm: t in [0,1], t=1 noise, x_t=(1-t)x0+t*eps, v=eps-x0, net timestep=999t; ddpm: tau in 0..T-1"
 REQUIRED_META = (
     "expert_id",
@@ -66,6 +68,74 @@ def _commit(tmp: Path, folder: Path) -> None:
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)
+
+
+def time_convention(meta: dict[str, Any]) -> dict[str, Any]:
+    """The machine-readable time convention of an expert (``hddm_expert.json``'s ``time``), from its objective.
+
+    FM: time ``t ∈ [0, 1]`` with t = 1 pure noise, path ``x_t = (1 − t)·x0 + t·eps``, the network predicts the
+    velocity ``eps − x0`` and sees the timestep ``999·t``. DDPM: integer timesteps ``tau ∈ {0, …, T − 1}`` of a VP
+    schedule, ``z = sqrt(alpha_bar)·x0 + sqrt(1 − alpha_bar)·eps``, the network predicts eps at timestep tau.
+    """
+    if meta["objective"] == "fm":
+        return {
+            "variable": "t",
+            "range": [0.0, 1.0],
+            "noise_at": 1.0,
+            "path": "x_t = (1 - t) * x0 + t * eps",
+            "prediction": "velocity",
+            "target": "eps - x0",
+            "net_timestep": "t * 999",
+            "net_timestep_scale": FM_TIME_SCALE,
+        }
+    if meta["objective"] == "ddpm":
+        T = int(meta["num_train_timesteps"])
+        return {
+            "variable": "tau",
+            "range": [0, T - 1],
+            "noise_at": T - 1,
+            "path": "z = sqrt(alpha_bar[tau]) * x0 + sqrt(1 - alpha_bar[tau]) * eps",
+            "prediction": "epsilon",
+            "target": "eps",
+            "net_timestep": "tau",
+            "schedule": meta["schedule"],
+            "num_train_timesteps": T,
+        }
+    raise ValueError(f"unknown objective {meta['objective']!r} in expert {meta.get('expert_id')}")
+
+
+# diffusers' names of the project's DDPM schedules (same betas: linear 1e-4 → 0.02; Nichol & Dhariwal cosine)
+DIFFUSERS_BETA_SCHEDULES = {"linear": "linear", "cosine": "squaredcos_cap_v2"}
+
+
+def scheduler_config(meta: dict[str, Any]):
+    """The diffusers scheduler that samples this expert on its own (saved as ``scheduler_config.json``).
+
+    FM: ``FlowMatchEulerDiscreteScheduler`` with ``num_train_timesteps=999``, so that its timestep ``σ·999`` is
+    the ``999·t`` the network was trained with (σ = t). The project's time grid is
+    ``set_timesteps(sigmas=linspace(1, 0, n + 1)[:-1])``; with it, diffusers' Euler steps equal the project's.
+    DDPM: ``DDPMScheduler`` with the expert's schedule, ε prediction and ``clip_sample`` on the data range
+    (``sample_range`` in the metadata, 1 for pixels): without clipping the predicted x0 the ancestral sampler
+    drifts out of range at the noisiest steps.
+    """
+    from diffusers import DDPMScheduler, FlowMatchEulerDiscreteScheduler
+
+    if meta["objective"] == "fm":
+        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=int(FM_TIME_SCALE), shift=1.0)
+    if meta["objective"] == "ddpm":
+        if meta["schedule"] not in DIFFUSERS_BETA_SCHEDULES:
+            raise ValueError(f"unknown DDPM schedule {meta['schedule']!r} in expert {meta.get('expert_id')}")
+        return DDPMScheduler(
+            num_train_timesteps=int(meta["num_train_timesteps"]),
+            beta_schedule=DIFFUSERS_BETA_SCHEDULES[meta["schedule"]],
+            beta_start=1e-4,
+            beta_end=0.02,
+            prediction_type="epsilon",
+            clip_sample=True,
+            clip_sample_range=float(meta.get("sample_range", 1.0)),
+            timestep_spacing="trailing",
+        )
+    raise ValueError(f"unknown objective {meta['objective']!r} in expert {meta.get('expert_id')}")
 
 
 def check_expert_state(state_dict: dict[str, Tensor], model_config: dict) -> None:
@@ -189,7 +259,8 @@ def install_expert(
             **model_config,
         }
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        (tmp / META).write_text(json.dumps(meta, indent=2))
+        (tmp / META).write_text(json.dumps(meta | {"time": time_convention(meta)}, indent=2))
+        scheduler_config(meta).save_config(tmp)
         _commit(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -255,14 +326,21 @@ def make_expert(
     raise ValueError(f"unknown objective {meta['objective']!r} in expert {meta.get('expert_id')}")
 
 
-def load_expert(folder: str | os.PathLike, **conversion: Any) -> tuple[Expert, dict[str, Any]]:
-    """Load an expert folder, verify its checksum, and return the velocity adapter and its metadata."""
+def load_expert_model(
+    folder: str | os.PathLike, torch_dtype: torch.dtype | None = None
+) -> tuple[PixArtTransformer2DModel, dict[str, Any]]:
+    """The diffusers transformer of an expert folder and its metadata, after checking the weights' sha256."""
     folder = Path(folder)
     meta = read_expert_meta(folder)
     if "sha256" in meta and sha256_file(folder / WEIGHTS) != meta["sha256"]:
         raise ValueError(f"{folder / WEIGHTS} does not match the sha256 in its metadata (corrupt or altered)")
-    net = ExpertNet(PixArtTransformer2DModel.from_pretrained(folder)).eval()
-    return make_expert(net, meta, **conversion), meta
+    return PixArtTransformer2DModel.from_pretrained(folder, torch_dtype=torch_dtype).eval(), meta
+
+
+def load_expert(folder: str | os.PathLike, **conversion: Any) -> tuple[Expert, dict[str, Any]]:
+    """Load an expert folder, verify its checksum, and return the velocity adapter and its metadata."""
+    transformer, meta = load_expert_model(folder)
+    return make_expert(ExpertNet(transformer), meta, **conversion), meta
 
 
 def save_router(folder: str | os.PathLike, router: Router, meta: dict[str, Any]) -> None:

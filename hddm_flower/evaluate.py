@@ -34,7 +34,7 @@ from .federated import FeatureSums, frechet_distance_from_sums
 from .models import TextCond
 
 log = logging.getLogger(__name__)
-FEATURE_NET = "feature-net"  # folder of the run's own feature classifier
+FEATURE_NET = "feature_net"  # folder of the run's own feature classifier (the pipeline component of that name)
 
 
 VSCALE_SUFFIX = "+vscale"

@@ -57,6 +57,7 @@ from .ensemble import Ensemble, VelocityScaling, sample_ensemble
 from .evaluate import FEATURE_NET
 from .experts import map_cond
 from .gmm_data import GMMSpec, prepare_gmm
+from .hddm_pipeline import write_run_index
 from .ingest import default_device, prepare_from_config
 from .models import ExpertNet, Router, TextCond, expert_config, router_config
 from .objectives import fm_interpolate
@@ -227,6 +228,7 @@ def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int
         caption_channels=dataset_meta["text_dim"],
     )
     meta = {"objective": objective, "preset": cfg.expert.preset, "time_convention": TIME_CONVENTION}
+    meta["sample_range"] = cfg.sampling.x0_clamp  # |x0| bound of the data: diffusers' clip_sample_range
     if objective == "ddpm":
         meta |= {"schedule": cfg.ddpm.schedule, "num_train_timesteps": cfg.ddpm.num_train_timesteps}
     net = ExpertNet.from_config(model_config)
@@ -659,6 +661,7 @@ def evaluate_and_report(
         reference=reference,
         progress=progress,
     )
+    write_run_index(cfg, run_dir, dataset_dir)  # the run directory is now a diffusers pipeline folder
     encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(dataset_dir)["max_caption_tokens"])
     images = sample_grid(
         ensemble,

@@ -264,13 +264,19 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     with Image.open(run / "samples.png") as grid:
         assert grid.size == (4 * (2 + 2 * (16 + 2)), 4 * (2 + 16 + 2))  # 16×16 pixels per sample, not 8×8 latents
     # the evaluation works on pixels too: its feature classifier saw decoded 3-channel images, not 4-channel latents
-    assert json.loads((run / "feature-net" / "config.json").read_text())["in_channels"] == 3
+    assert json.loads((run / "feature_net" / "config.json").read_text())["in_channels"] == 3
     modes = report["metrics"]["evaluation"]["modes"]
     assert set(modes) == {"top1", "top2+vscale"}  # the velocity-scaling ablation next to plain routing
     assert (
         "velocity_scaling_rows" in modes["top2+vscale"]["clamps"]
         and "velocity_scaling_rows" not in modes["top1"]["clamps"]
     )
+    # the run as a diffusers pipeline: CLIP text encoder and VAE loaded from their references, decoded to pixels
+    from hddm_flower.hddm_pipeline import HDDMPipeline
+
+    pipe = HDDMPipeline.from_pretrained(run)
+    assert pipe.vae is not None and pipe.text_encoder.config.model_type == "clip_text_model"
+    assert pipe("a red square", num_inference_steps=10).images[0].size == (16, 16)
 
 
 def test_clustering_is_deterministic_and_each_sample_lands_in_one_shard_set(tmp_path):

@@ -549,7 +549,7 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(
     (other / "meta.json").write_text(json.dumps(json.loads((other / "meta.json").read_text()) | {"image_size": 32}))
     fails([str(run), str(tmp_path / "new-3"), "--cluster-data", str(other)], "does not match the run's dataset")
     assert not (run / "dataset-4").exists() and "num_experts: 3" in (run / "config.yaml").read_text()
-    assert not list(run.glob("config.before-*")) and (run / "feature-net").is_dir()  # nothing half-done
+    assert not list(run.glob("config.before-*")) and (run / "feature_net").is_dir()  # nothing half-done
 
     assert (
         main(
@@ -582,10 +582,10 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(
         assert (run / "experts" / f"expert-{k}" / "diffusion_pytorch_model.safetensors").read_bytes() == before[k]
     fails([str(run), str(tmp_path / "new-3"), "--cluster-data", str(cluster)], "expert 3 already has its cluster")
     fails([str(run), str(tmp_path / "new-3")], "already exists; pass --replace")
-    assert sorted(p.name for p in run.iterdir() if p.name.startswith(("dataset", "feature-net"))) == [
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(("dataset", "feature_net"))) == [
         "dataset-4",
-        "feature-net",
-        "feature-net.before-expert-3",
+        "feature_net",
+        "feature_net.before-expert-3",
     ]
 
 

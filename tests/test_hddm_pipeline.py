@@ -1,0 +1,212 @@
+"""HDDMPipeline over a run directory, and the experts driven by diffusers' own schedulers."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from diffusers import DDPMScheduler, FlowMatchEulerDiscreteScheduler, PixArtTransformer2DModel
+from PIL import Image
+
+from hddm_flower.checkpoints import SCHEDULER, scheduler_config, time_convention
+from hddm_flower.ensemble import euler_sample
+from hddm_flower.experts import FlowMatchingExpert
+from hddm_flower.hddm_pipeline import HDDMPipeline, read_uncond
+from hddm_flower.models import ExpertNet, TextCond
+from hddm_flower.objectives import FM_TIME_SCALE, ddpm_alpha_bar
+
+PRESENT = (0, 1, 3)  # expert 2 lost: the pipeline must cope with gaps
+
+
+@pytest.fixture(scope="module")
+def run(tiny_config, dataset_dir, tmp_path_factory):
+    """A finished tiny run (4 expert ids, 3 present: FM 0 and 3, DDPM 1) assembled by the real stages."""
+    from hddm_flower.checkpoints import save_expert
+    from hddm_flower.pipeline import assign_objectives, finish_run, train_one_expert
+
+    run = tmp_path_factory.mktemp("run")
+    objectives = assign_objectives(tiny_config, dataset_dir)
+    for k in PRESENT:
+        save_expert(run / "experts" / f"expert-{k}", *train_one_expert(tiny_config, dataset_dir, k, objectives[k]))
+    finish_run(tiny_config, run, dataset_dir, [{"expert_id": 2, "reason": "lost"}])
+    return run
+
+
+@pytest.fixture(scope="module")
+def pipe(run):
+    return HDDMPipeline.from_pretrained(run)
+
+
+def test_run_directory_is_a_diffusers_pipeline(run, pipe, tiny_config, dataset_dir):
+    from hddm_flower.data import TextEncoder, load_uncond, read_meta
+    from hddm_flower.pipeline import load_ensemble, sample_grid
+
+    index = json.loads((run / "model_index.json").read_text())
+    assert index["_class_name"] == "HDDMPipeline" and index["router"] == ["hddm_flower.models", "Router"]
+    assert index["sampling"]["num_inference_steps"] == tiny_config.sampling.num_steps
+    assert index["text"]["max_length"] == 8 and index["text"]["path"] is None  # the MiniLM in the wheel
+    assert pipe.experts.ids == list(PRESENT) and pipe.experts.config.num_experts == 4
+    assert type(pipe.feature_net).__name__ == "FeatureClassifier" and pipe.vae is None
+    image = pipe("red apple", num_inference_steps=10).images[0]
+    assert isinstance(image, Image.Image) and image.size == (16, 16)
+    # the same images as the project's sampler: same noise, same ensemble, same CFG
+    prompts, g = ["dog face", "japan flag"], torch.Generator().manual_seed(3)
+    x = pipe(prompts, num_inference_steps=3, num_images_per_prompt=2, generator=g, output_type="latent").images
+    ensemble, _ = load_ensemble(tiny_config, run)
+    ref = sample_grid(
+        ensemble,
+        TextEncoder(None, read_meta(dataset_dir)["max_caption_tokens"]),
+        prompts,
+        load_uncond(dataset_dir),
+        samples_per_prompt=2,
+        num_steps=3,
+        cfg_scale=tiny_config.sampling.cfg_scale,
+        seed=3,
+    )
+    torch.testing.assert_close(x, ref, rtol=0, atol=0)
+    pt = pipe(prompts, num_inference_steps=3, num_images_per_prompt=2, generator=g.manual_seed(3), output_type="pt")
+    torch.testing.assert_close(pt.images, (ref.clamp(-1, 1) + 1) / 2)
+    arr = pipe("dog face", num_inference_steps=2, output_type="np", routing="full").images
+    assert arr.shape == (1, 16, 16, 3) and 0 <= arr.min() and arr.max() <= 1
+    # the stored empty caption is what the text encoder gives for ""
+    stored = read_uncond(run / "uncond.safetensors")
+    fresh, _ = pipe.text_encoder_wrapper.encode([""])
+    torch.testing.assert_close(stored.states, fresh.states, atol=1e-5, rtol=0)
+    for k in PRESENT:
+        assert (run / "experts" / f"expert-{k}" / "uncond.safetensors").is_file()
+        ref_file = json.loads((run / "experts" / f"expert-{k}" / "text_encoder.json").read_text())
+        assert ref_file["max_length"] == 8 and ref_file["name"].startswith("bert:")
+
+
+def test_save_pretrained_round_trip_and_diffusers_loaders(run, pipe, tmp_path, monkeypatch):
+    from diffusers import AutoModel, DiffusionPipeline
+    from diffusers.utils import dynamic_modules_utils
+
+    pipe.save_pretrained(tmp_path / "copy")
+    again = HDDMPipeline.from_pretrained(tmp_path / "copy")  # text encoder and tokenizer now saved in the folder
+    assert (tmp_path / "copy" / "text_encoder" / "config.json").is_file()
+    kw = dict(num_inference_steps=2, output_type="latent")
+    torch.testing.assert_close(
+        again("hamburger", generator=torch.Generator().manual_seed(0), **kw).images,
+        pipe("hamburger", generator=torch.Generator().manual_seed(0), **kw).images,
+    )
+    assert type(AutoModel.from_pretrained(str(run), subfolder="router")).__name__ == "Router"
+    assert type(AutoModel.from_pretrained(str(run), subfolder="feature_net")).__name__ == "FeatureClassifier"
+    # diffusers' custom-pipeline route through the run's pipeline.py (copied into a modules cache)
+    monkeypatch.setattr(dynamic_modules_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    generic = DiffusionPipeline.from_pretrained(run, custom_pipeline="pipeline", trust_remote_code=True)
+    assert type(generic).__name__ == "HDDMPipeline" and generic.experts.ids == list(PRESENT)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt": ""}, "prompt must be non-empty"),
+        ({"prompt": ["dog", " "]}, "prompt must be non-empty"),
+        ({"top_k": 4}, "top_k must be in 1..3"),
+        ({"routing": "oracle"}, "routing must be one of"),
+        ({"num_inference_steps": 0}, "num_inference_steps must be"),
+        ({"output_type": "jpg"}, "output_type must be one of"),
+    ],
+)
+def test_bad_arguments_fail_before_sampling(pipe, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pipe(**({"prompt": "dog face"} | kwargs))
+
+
+def test_fm_expert_with_diffusers_flow_match_scheduler_matches_the_project(run, pipe):
+    """An FM expert, its own scheduler_config.json, diffusers' Euler loop: the project's samples to 1e-5."""
+    folder = run / "experts" / "expert-0"
+    assert json.loads((folder / "hddm_expert.json").read_text())["time"]["net_timestep_scale"] == 999.0
+    transformer = PixArtTransformer2DModel.from_pretrained(folder).eval()
+    cond, _ = pipe.encode_prompt(["dog face", "hamburger"])
+    noise = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    n = 7
+
+    def diffusers_loop(scheduler) -> torch.Tensor:
+        scheduler.set_timesteps(sigmas=np.linspace(1.0, 0.0, n + 1)[:-1])  # the project's grid
+        x = noise
+        for t in scheduler.timesteps:
+            v = transformer(
+                x,
+                encoder_hidden_states=cond.states,
+                encoder_attention_mask=cond.mask,
+                timestep=t.expand(len(x)),
+                added_cond_kwargs={"resolution": None, "aspect_ratio": None},
+            ).sample
+            x = scheduler.step(v, t, x).prev_sample
+        return x
+
+    with torch.no_grad():
+        ours = euler_sample(lambda x, t: FlowMatchingExpert(ExpertNet(transformer)).velocity(x, t, cond), noise, n)
+        theirs = diffusers_loop(FlowMatchEulerDiscreteScheduler.from_pretrained(folder))
+        wrong_scale = diffusers_loop(FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000))
+    assert (ours - noise).abs().max() > 0.1  # the expert moved the samples
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
+    assert (wrong_scale - ours).abs().max() > 1e-5  # a 1000·t timestep would not match: the test can fail
+
+
+def test_scheduler_grids_match_the_closed_forms():
+    """FM: timestep = 999·t on linspace(1, 0, n + 1); DDPM: diffusers' ᾱ equals the project's, endpoints included."""
+    fm = scheduler_config({"objective": "fm"})
+    for n in (1, 2, 10, 50):
+        fm.set_timesteps(sigmas=np.linspace(1.0, 0.0, n + 1)[:-1])
+        t = torch.linspace(1.0, 0.0, n + 1, dtype=torch.float64)
+        torch.testing.assert_close(fm.sigmas.double(), t, atol=1e-7, rtol=0)
+        torch.testing.assert_close(fm.timesteps.double(), FM_TIME_SCALE * t[:-1], atol=1e-4, rtol=0)
+    for schedule in ("linear", "cosine"):
+        meta = {"objective": "ddpm", "schedule": schedule, "num_train_timesteps": 1000}
+        s = scheduler_config(meta)
+        assert s.config.prediction_type == "epsilon" and s.config.clip_sample
+        torch.testing.assert_close(s.alphas_cumprod.double(), ddpm_alpha_bar(schedule, 1000), atol=2e-6, rtol=1e-5)
+        assert time_convention(meta)["noise_at"] == 999 and time_convention(meta)["prediction"] == "epsilon"
+        s.set_timesteps(10)
+        assert int(s.timesteps[0]) == 999  # trailing spacing: sampling starts from pure noise
+    with pytest.raises(ValueError, match="unknown DDPM schedule"):
+        scheduler_config({"objective": "ddpm", "schedule": "sigmoid", "num_train_timesteps": 1000})
+
+
+def test_ddpm_expert_with_diffusers_ddpm_scheduler_stays_in_range(run, pipe):
+    folder = run / "experts" / "expert-1"
+    meta = json.loads((folder / "hddm_expert.json").read_text())
+    assert meta["objective"] == "ddpm" and meta["time"]["range"] == [0, 999]
+    transformer = PixArtTransformer2DModel.from_pretrained(folder).eval()
+    scheduler = DDPMScheduler.from_pretrained(folder)  # its own scheduler_config.json
+    assert (folder / SCHEDULER).is_file() and scheduler.config.beta_schedule == "linear"  # the tiny config's
+    cond, _ = pipe.encode_prompt(["dog face", "japan flag"])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 16, 16, generator=g)
+    scheduler.set_timesteps(10)
+    peak = 0.0
+    with torch.no_grad():
+        for t in scheduler.timesteps:
+            eps = transformer(
+                x,
+                encoder_hidden_states=cond.states,
+                encoder_attention_mask=cond.mask,
+                timestep=t.expand(len(x)),
+                added_cond_kwargs={"resolution": None, "aspect_ratio": None},
+            ).sample
+            out = scheduler.step(eps, t, x, generator=g)
+            peak = max(peak, out.pred_original_sample.abs().max().item())
+            x = out.prev_sample
+    assert torch.isfinite(x).all() and x.abs().max() <= 1.0 + 1e-6 and peak <= 1.0 + 1e-6
+
+
+def test_pipeline_without_stored_empty_caption_encodes_it(pipe):
+    """A pipeline built from components (no uncond file) encodes "" with its text encoder."""
+    from hddm_flower.hddm_pipeline import HDDMExperts
+
+    bare = HDDMExperts(4, {k: pipe.experts.transformers[str(k)] for k in PRESENT}, pipe.experts.metas)
+    other = HDDMPipeline(
+        bare, pipe.router, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer, text=pipe.config.text,
+        sampling=pipe.config.sampling,
+    )  # fmt: skip
+    kw = dict(num_inference_steps=2, output_type="latent")
+    torch.testing.assert_close(
+        other("soccer ball", generator=torch.Generator().manual_seed(0), **kw).images,
+        pipe("soccer ball", generator=torch.Generator().manual_seed(0), **kw).images,
+        atol=1e-5,
+        rtol=0,
+    )
+    assert isinstance(pipe.experts.uncond, TextCond)
