@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from .checkpoints import META, load_expert_model, make_expert, save_expert
 from .data import TextEncoder, default_text_encoder_path
-from .ensemble import ROUTING_MODES, Ensemble, sample_ensemble
+from .ensemble import ROUTING_MODES, Ensemble, VelocityScaling, sample_ensemble
 from .metrics import FeatureClassifier
 from .models import ExpertNet, Router, TextCond
 
@@ -53,8 +53,6 @@ TEXT_ENCODER_REF = "text_encoder.json"  # the text encoder reference, token coun
 UNCOND = "uncond.safetensors"  # the empty caption's per-token states (the unconditional input of CFG)
 PIPELINE_FILE = "pipeline.py"  # for DiffusionPipeline.from_pretrained(..., custom_pipeline="pipeline")
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-SAMPLING_KEYS = ("num_inference_steps", "guidance_scale", "routing", "top_k", "threshold", "conversion", "t_eps",
-                 "x0_clamp")  # fmt: skip
 
 
 def read_uncond(path: str | os.PathLike) -> TextCond:
@@ -238,6 +236,11 @@ class HDDMPipeline(DiffusionPipeline):
             routing=routing or s.get("routing", "top_k"),
             k=int(top_k if top_k is not None else s.get("top_k", 2)),
             threshold=float(threshold if threshold is not None else s.get("threshold", 0.2)),
+            velocity_scaling=VelocityScaling(
+                s.get("velocity_scaling", "off"),
+                float(s.get("velocity_scaling_t", 0.85)),
+                float(s.get("x0_variance", 1.0)),
+            ),
         ).to(self._execution_device)
 
     def check_inputs(self, prompt, num_inference_steps, guidance_scale, routing, top_k, n_per_prompt, output_type):
@@ -397,6 +400,9 @@ def sampling_defaults(cfg) -> dict:
         "conversion": s.conversion,
         "t_eps": s.t_eps,
         "x0_clamp": s.x0_clamp,
+        "velocity_scaling": s.velocity_scaling,
+        "velocity_scaling_t": s.velocity_scaling_t,
+        "x0_variance": s.x0_variance,
     }
 
 
