@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -543,11 +544,16 @@ def _coerce(value: Any, tp: Any, key: str, source: str, default: Any = None) -> 
     return value
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def _build(cls: type, values: dict, source: str, prefix: str = "", defaults: Any = None) -> Any:
     """A ``cls`` from ``values``; keys not given keep their value in ``defaults`` (default: ``cls()``), so a nested
     section keeps the defaults its parent gives it (``router.optim`` warms up for 40 steps, ``expert.optim`` 50)."""
     defaults = cls() if defaults is None else defaults
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     if "optim" in names:
         values = _lift_flat_optim(values, source, prefix)
@@ -632,8 +638,9 @@ def _expanded_size(node: yaml.Node, where: str, memo: dict[int, int], active: se
 def _parse_yaml(text: str, where: str) -> Any:
     """Parse YAML text with bounds: at most ``MAX_DEPTH`` levels and ``MAX_NODES`` values after alias expansion
     (so an alias bomb is refused before anything is built), every failure a one-line :class:`ConfigError`."""
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # (its reader already refuses control characters)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -646,7 +653,8 @@ def _parse_yaml(text: str, where: str) -> Any:
     except (ValueError, OverflowError) as e:  # e.g. an integer with more digits than Python converts
         raise ConfigError(f"{where}: not valid YAML: {e}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _read_yaml(path: Path, where: str | None = None) -> dict:
