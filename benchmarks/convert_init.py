@@ -29,7 +29,9 @@ from hddm_flower.data import load_split, load_uncond, read_meta
 from hddm_flower.dit import TinyDiT
 from hddm_flower.models import EXPERT_PRESETS
 from hddm_flower.objectives import ddpm_alpha_bar, ddpm_noise
-from hddm_flower.pipeline import build_expert, prepare_data, versions
+from hddm_flower.provenance import versions
+from hddm_flower.stages.expert import build_expert
+from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.training import fit, train_expert
 
 ROOT = Path(__file__).resolve().parent.parent

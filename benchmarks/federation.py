@@ -37,7 +37,8 @@ from pathlib import Path
 import psutil
 
 from hddm_flower.config import load_config, parse_overrides
-from hddm_flower.pipeline import prepare_data, versions
+from hddm_flower.provenance import versions
+from hddm_flower.stages.prepare import prepare_data
 
 ROOT = Path(__file__).resolve().parent.parent
 FLWR_ENV = {

@@ -37,7 +37,9 @@ from hddm_flower.config import load_config, parse_overrides
 from hddm_flower.ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from hddm_flower.experts import map_cond
 from hddm_flower.models import Router, TextCond, router_config
-from hddm_flower.pipeline import build_expert, load_ensemble, versions
+from hddm_flower.provenance import versions
+from hddm_flower.stages.assemble import load_ensemble
+from hddm_flower.stages.expert import build_expert
 
 ROOT = Path(__file__).resolve().parent.parent
 

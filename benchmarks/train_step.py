@@ -40,7 +40,9 @@ from diffusers.optimization import get_scheduler
 from hddm_flower.config import load_config
 from hddm_flower.data import load_split, load_uncond, read_meta
 from hddm_flower.models import ExpertNet
-from hddm_flower.pipeline import build_expert, prepare_data, versions
+from hddm_flower.provenance import versions
+from hddm_flower.stages.expert import build_expert
+from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.training import train_expert
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -42,7 +42,8 @@ from flwr.clientapp import ClientApp
 from hddm_flower.checkpoints import weights_bytes
 from hddm_flower.config import OBJECTIVES, TRAINING_SECTIONS, config_from_dict
 from hddm_flower.data import cluster_shards, default_cache_dir
-from hddm_flower.pipeline import prepare_data, train_one_expert
+from hddm_flower.stages.expert import train_one_expert
+from hddm_flower.stages.prepare import prepare_data
 
 from . import federated
 

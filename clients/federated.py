@@ -27,10 +27,11 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 
 from hddm_flower.config import Config, config_from_dict
 from hddm_flower.data import Split, cluster_shards, load_split
+from hddm_flower.encoders import pixel_decoder
 from hddm_flower.federated import feature_sums, router_confusion, router_local_update
 from hddm_flower.metrics import FeatureClassifier, classifier_features, inception_features
 from hddm_flower.models import Router
-from hddm_flower.pipeline import pixel_decoder, prepare_data
+from hddm_flower.stages.prepare import prepare_data
 
 log = logging.getLogger("hddm_flower.client")
 _SPLITS: dict[tuple, Split] = {}  # (dataset dir, clusters, split) → the split, kept across rounds of one run

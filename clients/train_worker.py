@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-PRELOAD = ("torch", "diffusers", "hddm_flower.pipeline", "hddm_flower.checkpoints", "hddm_flower.config")
+PRELOAD = ("torch", "diffusers", "hddm_flower.stages.expert", "hddm_flower.checkpoints", "hddm_flower.config")
 ERROR = "error.txt"
 
 
@@ -35,7 +35,7 @@ def main(spec_path: str) -> None:
 
     from hddm_flower.checkpoints import weights_bytes
     from hddm_flower.config import config_from_dict
-    from hddm_flower.pipeline import train_one_expert
+    from hddm_flower.stages.expert import train_one_expert
 
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(int(spec["threads"]))

@@ -31,6 +31,7 @@ from .objectives import FM_TIME_SCALE
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 META = "hddm_expert.json"
 SCHEDULER = "scheduler_config.json"  # the diffusers scheduler that drives this expert on its own
+ROUTER_META = "hddm_router.json"
 TIME_CONVENTION = "fm: t in [0,1], t=1 noise, x_t=(1-t)x0+t*eps, v=eps-x0, net timestep=999t; ddpm: tau in 0..T-1"
 REQUIRED_META = (
     "expert_id",
@@ -348,7 +349,7 @@ def save_router(folder: str | os.PathLike, router: Router, meta: dict[str, Any])
     tmp = _atomic_folder(folder)
     try:
         router.save_pretrained(tmp)
-        (tmp / "hddm_router.json").write_text(json.dumps(meta, indent=2))
+        (tmp / ROUTER_META).write_text(json.dumps(meta, indent=2))
         _commit(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -23,14 +23,15 @@ from pathlib import Path
 
 from . import __version__
 from .config import OBJECTIVES, Config, ConfigError, load_config, parse_overrides, shipped_configs
+from .rundir import CONFIG, EXPERTS, ROUTER
 
 DEFAULT_CONFIG = shipped_configs() / "default.yaml"
 
 
 def _config(args, run_dir: Path | None = None) -> Config:
     overrides = parse_overrides(" ".join(args.set or []))
-    if args.config is None and run_dir is not None and (run_dir / "config.yaml").is_file():
-        return load_config(run_dir / "config.yaml", overrides)  # the run's resolved config
+    if args.config is None and run_dir is not None and (run_dir / CONFIG).is_file():
+        return load_config(run_dir / CONFIG, overrides)  # the run's resolved config
     if args.config is None and not DEFAULT_CONFIG.exists():
         from .config import config_from_dict
 
@@ -39,7 +40,7 @@ def _config(args, run_dir: Path | None = None) -> Config:
 
 
 def _dataset(args, cfg: Config) -> Path:
-    from .pipeline import prepare_data
+    from .stages.prepare import prepare_data
 
     return prepare_data(cfg, args.cache_dir)
 
@@ -60,7 +61,7 @@ def _embedded(cfg: Config) -> bool:
 
 def _encoded_dir(args, cfg: Config) -> Path:
     from .data import default_cache_dir
-    from .pipeline import scaled_data_dirs
+    from .stages.prepare import scaled_data_dirs
 
     cache = Path(args.cache_dir or cfg.data.cache_dir or default_cache_dir())
     return scaled_data_dirs(cfg, cache)[0]
@@ -92,7 +93,7 @@ def cmd_cluster(args) -> None:
     from .cluster import cluster_encoded
     from .data import check_clusters, default_cache_dir, read_meta
     from .ingest import default_device, prepare_from_config
-    from .pipeline import scaled_data_dirs
+    from .stages.prepare import scaled_data_dirs
 
     cfg = _config(args)
     d = cfg.data
@@ -128,7 +129,8 @@ def cmd_cluster(args) -> None:
 def cmd_train_expert(args) -> None:
     from .checkpoints import save_expert
     from .data import read_meta
-    from .pipeline import assign_objectives, train_one_expert
+    from .stages.expert import train_one_expert
+    from .stages.prepare import assign_objectives
 
     cfg = _config(args)
     cluster = None
@@ -166,52 +168,49 @@ def cmd_train_expert(args) -> None:
 
 
 def cmd_train_router(args) -> None:
-    from .pipeline import fit_router
+    from .stages.router import fit_router
 
     cfg = _config(args)
     run_dir = Path(args.run_dir)
     fit_router(cfg, _dataset(args, cfg), run_dir, progress=True)
-    print(f"router written to {run_dir / 'router'}")
+    print(f"router written to {run_dir / ROUTER}")
 
 
 def cmd_assemble(args) -> None:
-    from .pipeline import finish_run, write_config
+    from .rundir import write_config
+    from .stages.assemble import finish_run
 
     cfg = _config(args)
     run_dir = Path(args.run_dir)
     missing = _missing(cfg, run_dir)
     dataset_dir = _dataset(args, cfg)
-    write_config(run_dir / "config.yaml", cfg, f"resolved from {args.config or DEFAULT_CONFIG} by hddm assemble")
+    write_config(run_dir / CONFIG, cfg, f"resolved from {args.config or DEFAULT_CONFIG} by hddm assemble")
     report = finish_run(cfg, run_dir, dataset_dir, missing, progress=True)
     print(f"report: {run_dir / 'report.md'}  ({len(report['experts'])} experts, {len(missing)} missing)")
 
 
 def _missing(cfg: Config, run_dir: Path) -> list[dict]:
-    from .checkpoints import read_expert_meta
+    from .rundir import experts_dir, missing_experts, present_experts
 
-    folders = sorted((run_dir / "experts").glob("expert-*"))
-    if not folders:
-        raise FileNotFoundError(f"no expert folders in {run_dir / 'experts'}")
-    have = {int(read_expert_meta(f)["expert_id"]) for f in folders}
-    return [{"expert_id": k, "reason": "no expert folder"} for k in range(cfg.num_experts) if k not in have]
+    if not present_experts(run_dir):
+        raise FileNotFoundError(f"no expert folders in {experts_dir(run_dir)}")
+    return missing_experts(run_dir, cfg.num_experts)
 
 
 def cmd_evaluate(args) -> None:
-    import json as _json
-
     from .evaluate import parse_mode
-    from .pipeline import evaluate_and_report
+    from .rundir import read_report
+    from .stages.assemble import evaluate_and_report
 
     run_dir = Path(args.run_dir)
-    if not (run_dir / "router").is_dir():
-        raise FileNotFoundError(f"{run_dir / 'router'} does not exist: train the router first (hddm train-router)")
+    if not (run_dir / ROUTER).is_dir():
+        raise FileNotFoundError(f"{run_dir / ROUTER} does not exist: train the router first (hddm train-router)")
     cfg = _config(args, run_dir)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else None
     for m in modes or []:
         parse_mode(m)
     missing = _missing(cfg, run_dir)
-    old = run_dir / "report.json"
-    extra = {k: v for k, v in _json.loads(old.read_text()).items() if k == "flower"} if old.is_file() else {}
+    extra = {k: v for k, v in read_report(run_dir).items() if k == "flower"}
     report = evaluate_and_report(cfg, run_dir, _dataset(args, cfg), missing, extra=extra, modes=modes, progress=True)
     ev = report["metrics"]["evaluation"]
     print(f"report: {run_dir / 'report.md'}  (features: {ev['feature_network']})")
@@ -232,12 +231,12 @@ def cmd_reproduce(args) -> None:
 
 
 def cmd_add_expert(args) -> None:
-    from .pipeline import add_expert
+    from .stages.add_expert import add_expert
 
     run_dir = Path(args.run_dir)
-    if not (run_dir / "experts").is_dir():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no experts/ folder)")
-    cfg = load_config(args.config or run_dir / "config.yaml", parse_overrides(" ".join(args.set or [])))
+    if not (run_dir / EXPERTS).is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {EXPERTS}/ folder)")
+    cfg = load_config(args.config or run_dir / CONFIG, parse_overrides(" ".join(args.set or [])))
     report = add_expert(
         run_dir,
         Path(args.checkpoint),
@@ -256,7 +255,10 @@ def cmd_add_expert(args) -> None:
 
 def cmd_sample(args) -> None:
     from .data import TextEncoder, load_uncond, read_meta
-    from .pipeline import load_ensemble, sample_grid, save_grid, to_pixels
+    from .encoders import to_pixels
+    from .report import save_grid
+    from .stages.assemble import load_ensemble
+    from .stages.sample import sample_grid
 
     cfg = _config(args)
     d = _dataset(args, cfg)

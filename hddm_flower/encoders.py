@@ -3,7 +3,7 @@
 The text side is :class:`hddm_flower.data.TextEncoder`, which loads any transformers text encoder and its
 tokenizer from a folder (MiniLM by default; a CLIP ViT-L/14 text model for the paper's configs); DINOv2 features
 are in :mod:`hddm_flower.cluster`. `hddm prepare` stores ``LatentCodec.encode`` latents (posterior mean) and
-``pipeline.to_pixels`` decodes samples with it. Nothing here downloads: a path that does not hold the model is an
+:func:`pixel_decoder` decodes samples with it. Nothing here downloads: a path that does not hold the model is an
 error that names it.
 """
 
@@ -14,6 +14,9 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from .config import Config
+from .data import read_meta
 
 
 class LatentCodec:
@@ -51,3 +54,23 @@ class LatentCodec:
         """Scaled latents → images in [−1, 1]."""
         x = self.vae.decode(latents.to(self.vae.device, self.vae.dtype) / self.scaling_factor).sample
         return x.clamp(-1, 1).float()
+
+
+def pixel_decoder(cfg: Config, dataset_dir: Path):
+    """``decode(x)``: samples or images in the experts' space → images in [−1, 1]; the identity for a pixel
+    dataset, the dataset's VAE (loaded once, decoding in chunks of 64) for a latent one."""
+    latent = read_meta(dataset_dir).get("latent")
+    if not latent:
+        return lambda x: x
+    codec = LatentCodec(cfg.data.vae or latent["path"])
+
+    @torch.no_grad()
+    def decode(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([codec.decode(x[i : i + 64]) for i in range(0, len(x), 64)]) if len(x) else x
+
+    return decode
+
+
+def to_pixels(cfg: Config, dataset_dir: Path, x: torch.Tensor) -> torch.Tensor:
+    """Samples in the experts' space → images in [−1, 1]: decoded by the dataset's VAE when it has latents."""
+    return pixel_decoder(cfg, dataset_dir)(x)

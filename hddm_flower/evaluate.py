@@ -5,7 +5,8 @@ noise with the same sampler, steps and CFG. For each mode: FID and KID against t
 the configured network, named in every result), intra-prompt diversity (LPIPS, or the named fallback), CLIP score
 when a CLIP folder is configured, how often the DDPM → velocity conversion's guards fired, the router's mixing
 weights over t and each expert's usage. Per expert: the expert alone on captions of its own cluster, against that
-cluster's images. Outputs go to the run directory: PNG grids per prompt (rows: routing modes) and PNG plots.
+cluster's images. Outputs go to the run directory: PNG grids per prompt (rows: routing modes) and PNG plots, drawn by
+:mod:`hddm_flower.report`.
 """
 
 from __future__ import annotations
@@ -21,20 +22,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from . import metrics as M
 from .config import Config, ConfigError
 from .data import Split, load_split, load_uncond, read_meta
+from .encoders import pixel_decoder
 from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from .experts import DDPMExpert, map_cond
 from .federated import FeatureSums, frechet_distance_from_sums
 from .models import TextCond
+from .report import plot_router_weights, plot_usage, save_prompt_grids
+from .rundir import EXPERT_USAGE_PLOT, FEATURE_NET, GRIDS, ROUTER_WEIGHTS_PLOT
 
 log = logging.getLogger(__name__)
-FEATURE_NET = "feature_net"  # folder of the run's own feature classifier (the pipeline component of that name)
 
 
 VSCALE_SUFFIX = "+vscale"
@@ -313,8 +315,6 @@ def evaluate_run(
     ev, s = cfg.evaluation, cfg.sampling
     modes = modes or ev.routing_modes
     steps = ev.num_steps or s.num_steps
-    from .pipeline import pixel_decoder
-
     decode = pixel_decoder(cfg, dataset_dir)  # every metric, plot and grid works on pixels (latents decoded)
     fx, classifier, desc = feature_network(
         cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress
@@ -384,10 +384,10 @@ def evaluate_run(
             r["lpips"]["mean"],
             r["seconds"],
         )
-    result["grids"] = save_prompt_grids(samples, prompts.captions[: ev.grid_prompts], out_dir / "grids")
+    result["grids"] = save_prompt_grids(samples, prompts.captions[: ev.grid_prompts], out_dir / GRIDS)
     result["plots"] = {
-        "router_weights": plot_router_weights(result["modes"], ensemble.num_experts, out_dir / "router-weights.png"),
-        "expert_usage": plot_usage(result["modes"], ensemble.num_experts, out_dir / "expert-usage.png"),
+        "router_weights": plot_router_weights(result["modes"], ensemble.num_experts, out_dir / ROUTER_WEIGHTS_PLOT),
+        "expert_usage": plot_usage(result["modes"], ensemble.num_experts, out_dir / EXPERT_USAGE_PLOT),
     }
     if per_expert:
         if reference is not None:
@@ -451,110 +451,3 @@ def per_expert_quality(
         ev_small = dataclasses.replace(ev, kid_subset_size=min(ev.kid_subset_size, n))
         out[key] = _quality(fx, ref_k, images, ev_small) | {"objective": expert.objective, "clamps": counts}
     return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Pictures (PIL only)
-
-PALETTE = [
-    (31, 119, 180),
-    (255, 127, 14),
-    (44, 160, 44),
-    (214, 39, 40),
-    (148, 103, 189),
-    (140, 86, 75),
-    (227, 119, 194),
-    (127, 127, 127),
-    (188, 189, 34),
-    (23, 190, 207),
-]
-
-
-def _to_uint8(images: Tensor) -> np.ndarray:
-    return ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
-
-
-def save_prompt_grids(samples: dict[str, Tensor], captions: list[str], folder: Path, scale: int = 4) -> list[dict]:
-    """One PNG per prompt: a row per routing mode (labelled), the prompt's samples across."""
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for p, caption in enumerate(captions):
-        rows = {mode: _to_uint8(x[p]) for mode, x in samples.items()}
-        S, h, w, c = next(iter(rows.values())).shape
-        label_w, pad = 80, 2
-        W, H = label_w + S * (w * scale + pad), 16 + len(rows) * (h * scale + pad)
-        img = Image.new("RGB", (W, H), "white")
-        draw = ImageDraw.Draw(img)
-        draw.text((2, 2), caption[:80], fill="black")
-        for r, (mode, x) in enumerate(rows.items()):
-            y = 16 + r * (h * scale + pad)
-            draw.text((2, y + h * scale // 2 - 5), mode, fill="black")
-            for j in range(S):
-                tile = Image.fromarray(x[j].squeeze(-1) if c == 1 else x[j]).resize(
-                    (w * scale, h * scale), Image.NEAREST
-                )
-                img.paste(tile, (label_w + j * (w * scale + pad), y))
-        name = f"prompt-{p:02d}-{re.sub(r'[^a-z0-9]+', '-', caption.lower()).strip('-')[:40]}.png"
-        img.save(folder / name)
-        out.append({"prompt": caption, "file": f"{folder.name}/{name}"})
-    return out
-
-
-def _axes(draw: ImageDraw.ImageDraw, box, xlabel: str, ylabel: str, xticks, yticks) -> None:
-    x0, y0, x1, y1 = box
-    draw.rectangle(box, outline="black")
-    for v, label in xticks:
-        x = x0 + v * (x1 - x0)
-        draw.line([(x, y1), (x, y1 + 4)], fill="black")
-        draw.text((x - 8, y1 + 6), label, fill="black")
-    for v, label in yticks:
-        y = y1 - v * (y1 - y0)
-        draw.line([(x0 - 4, y), (x0, y)], fill="black")
-        draw.text((x0 - 34, y - 5), label, fill="black")
-    draw.text(((x0 + x1) // 2 - 40, y1 + 20), xlabel, fill="black")
-    draw.text((4, y0 - 14), ylabel, fill="black")
-
-
-def plot_router_weights(modes: dict[str, dict], num_experts: int, path: Path) -> str:
-    """One panel per routing mode: the mean mixing weight of each expert against t (t = 1 noise on the left)."""
-    pw, ph, m = 300, 200, 50
-    img = Image.new("RGB", (len(modes) * (pw + m + 10) + m, ph + 2 * m + 40), "white")
-    draw = ImageDraw.Draw(img)
-    for i, (mode, r) in enumerate(modes.items()):
-        x0, y0 = m + i * (pw + m + 10), m
-        box = (x0, y0, x0 + pw, y0 + ph)
-        _axes(draw, box, "t (1 = noise)", "", [(0, "1"), (0.5, "0.5"), (1, "0")], [(0, "0"), (0.5, "0.5"), (1, "1")])
-        draw.text((x0 + 4, y0 - 14), f"{mode}: mean weight", fill="black")
-        ts, w = r["times"], np.array(r["mean_weight"])
-        for k in range(num_experts):
-            pts = [(x0 + (1 - t) * pw, y0 + ph - w[j, k] * ph) for j, t in enumerate(ts)]
-            if len(pts) > 1:
-                draw.line(pts, fill=PALETTE[k % len(PALETTE)], width=2)
-    for k in range(num_experts):
-        draw.text((m + k * 60, ph + 2 * m + 20), f"expert {k}", fill=PALETTE[k % len(PALETTE)])
-    img.save(path)
-    return path.name
-
-
-def plot_usage(modes: dict[str, dict], num_experts: int, path: Path) -> str:
-    """Grouped bars: for each expert, the fraction of (sample, step) pairs on which it ran, per routing mode."""
-    bw, gap, ph, m = 10, 14, 200, 50
-    group = len(modes) * bw + gap
-    img = Image.new("RGB", (m + num_experts * group + 2 * m, ph + 2 * m + 40), "white")
-    draw = ImageDraw.Draw(img)
-    box = (m, m, m + num_experts * group, m + ph)
-    _axes(
-        draw,
-        box,
-        "expert",
-        "fraction of (sample, step) pairs evaluated",
-        [((k + 0.5) / num_experts, str(k)) for k in range(num_experts)],
-        [(0, "0"), (0.5, "0.5"), (1, "1")],
-    )
-    for i, (mode, r) in enumerate(modes.items()):
-        for k, u in enumerate(r["usage"]):
-            x = m + k * group + gap // 2 + i * bw
-            draw.rectangle((x, m + ph - u * ph, x + bw - 2, m + ph), fill=PALETTE[i % len(PALETTE)])
-        draw.text((m + i * 70, ph + 2 * m + 20), mode, fill=PALETTE[i % len(PALETTE)])
-    img.save(path)
-    return path.name

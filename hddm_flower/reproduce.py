@@ -31,21 +31,17 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-from .checkpoints import WEIGHTS, load_expert, read_expert_meta, save_expert, sha256_file
+from .checkpoints import META, ROUTER_META, WEIGHTS, load_expert, read_expert_meta, save_expert, sha256_file
 from .config import Config, ConfigError, config_from_dict
 from .data import load_split, load_uncond, read_meta
+from .encoders import pixel_decoder
 from .ensemble import Ensemble
-from .evaluate import FEATURE_NET, evaluate_run, feature_network
-from .pipeline import (
-    _now,
-    _write_atomic,
-    build_expert,
-    evaluate_and_report,
-    fit_router,
-    pixel_decoder,
-    train_one_expert,
-    versions,
-)
+from .evaluate import evaluate_run, feature_network
+from .provenance import now, versions
+from .rundir import CONFIG, FEATURE_NET, ROUTER, expert_dir, experts_dir, write_atomic
+from .stages.assemble import evaluate_and_report
+from .stages.expert import build_expert, train_one_expert
+from .stages.router import fit_router
 from .training import train_expert
 
 log = logging.getLogger(__name__)
@@ -195,7 +191,7 @@ def _train_job(a: tuple) -> None:
 def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None = None) -> dict:
     """Reuse ``folder`` if it was trained with the same fingerprint; refuse if with another; else train (with
     ``train=None``: raise :class:`_Missing`)."""
-    if (folder / "hddm_expert.json").exists():
+    if (folder / META).exists():
         meta = read_expert_meta(folder)
         if meta.get("reproduce_fingerprint") != fingerprint:
             raise ConfigError(
@@ -318,13 +314,13 @@ def reproduce(
     # 2. the router (it depends only on the clusters)
     t0 = time.perf_counter()
     fp_router = _fingerprint(cfg.router, data_id)
-    router_meta = out / "router" / "hddm_router.json"
+    router_meta = out / ROUTER / ROUTER_META
     if not router_meta.exists() or json.loads(router_meta.read_text()).get("reproduce_fingerprint") != fp_router:
         fit_router(cfg, dataset_dir, out, progress=progress)
         router_meta.write_text(
             json.dumps(json.loads(router_meta.read_text()) | {"reproduce_fingerprint": fp_router}, indent=2)
         )
-    artefacts["router"] = {"tensor_sha256": tensor_sha256(out / "router" / WEIGHTS)}
+    artefacts["router"] = {"tensor_sha256": tensor_sha256(out / ROUTER / WEIGHTS)}
     timings["router"] = time.perf_counter() - t0
 
     # 3. evaluation: the feature network once, then each configuration and the monolith
@@ -335,13 +331,11 @@ def reproduce(
     eval_args = []
     for name, c in plans.items():
         run_dir = out / "runs" / name.replace(":", "-")
-        (run_dir / "experts").mkdir(parents=True, exist_ok=True)
+        experts_dir(run_dir).mkdir(parents=True, exist_ok=True)
         for k, obj in enumerate(objectives[name]):
-            _symlink(run_dir / "experts" / f"expert-{k}", out / "experts" / f"cluster-{k}-{obj}")
-        _symlink(run_dir / "router", out / "router")
-        (run_dir / "config.yaml").write_text(
-            f"# hddm reproduce: {name}\n" + yaml.safe_dump(c.to_dict(), sort_keys=False)
-        )
+            _symlink(expert_dir(run_dir, k), out / "experts" / f"cluster-{k}-{obj}")
+        _symlink(run_dir / ROUTER, out / ROUTER)
+        (run_dir / CONFIG).write_text(f"# hddm reproduce: {name}\n" + yaml.safe_dump(c.to_dict(), sort_keys=False))
         eval_args.append(
             (c.to_dict(), name, str(run_dir), str(dataset_dir), str(feature_dir), objectives[name], jobs > 1, progress)
         )
@@ -362,7 +356,7 @@ def reproduce(
     seconds = time.perf_counter() - start
 
     manifest = {
-        "created_at": _now(),
+        "created_at": now(),
         "command": command or "hddm " + " ".join(sys.argv[1:]),
         "seconds": round(seconds, 1),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
@@ -389,8 +383,8 @@ def reproduce(
         "versions": versions(),
         "results": {n: _summary(r) for n, r in results.items()},
     }
-    _write_atomic(out / "manifest.json", json.dumps(manifest, indent=2))
-    _write_atomic(out / "tables.md", render_tables(manifest, results))
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=2))
+    write_atomic(out / "tables.md", render_tables(manifest, results))
     return manifest
 
 

@@ -36,10 +36,13 @@ from flwr.serverapp.strategy import FedAdam, FedAvg
 from hddm_flower.checkpoints import TIME_CONVENTION, save_router
 from hddm_flower.config import Config
 from hddm_flower.data import read_meta
+from hddm_flower.encoders import pixel_decoder
 from hddm_flower.evaluate import FEATURE_NET, feature_network
 from hddm_flower.federated import FeatureSums, accuracy_from_confusion
 from hddm_flower.models import Router, router_config
-from hddm_flower.pipeline import evaluate_and_report, fit_router, pixel_decoder
+from hddm_flower.rundir import ROUTER
+from hddm_flower.stages.assemble import evaluate_and_report
+from hddm_flower.stages.router import fit_router
 
 ACTION = "router"
 
@@ -326,7 +329,7 @@ def finish_federated(
         )
         router, record = train_router_federated(grid, cfg, clusters, config, timeout=timeout, cache_dir=cache_dir)
         save_router(
-            run_dir / "router",
+            run_dir / ROUTER,
             router,
             {"preset": cfg.router.preset, "inputs": "x_t and t only", "time_convention": TIME_CONVENTION} | record,
         )

@@ -10,20 +10,17 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from hddm_flower.config import TRAINING_SECTIONS, Config, ConfigError, load_config, parse_overrides
-from hddm_flower.pipeline import (
-    assign_objectives,
-    checkpoint_limit,
-    expected_model_config,
-    prepare_data,
-    write_config,
-)
+from hddm_flower.config import Config, ConfigError, load_config, parse_overrides
+from hddm_flower.rundir import CONFIG, REPORT_JSON, check_rerun, missing_experts, present_experts, write_config
+from hddm_flower.stages.expert import checkpoint_limit, expected_model_config
+from hddm_flower.stages.prepare import assign_objectives, prepare_data
 
 from .federated_router import finish_federated
 from .one_shot import OneShotExperts
 
 APP_DIR = Path(__file__).resolve().parent.parent
 app = ServerApp()
+NOT_TRAINED = "not trained in this run"  # the reason of an absent expert this run did not target
 
 
 def resolve_run(run_config: dict, run_id: int) -> tuple[Config, Path, Path, str]:
@@ -54,49 +51,15 @@ def parse_expert_ids(text: str, num_experts: int) -> list[int] | None:
     return ids
 
 
-def present_experts(run_dir: Path) -> set[int]:
-    return {int(f.name.split("-", 1)[1]) for f in (run_dir / "experts").glob("expert-*") if f.is_dir()}
-
-
-def missing_report(num_experts: int, present: set[int], lost: dict[int, str], run_dir: Path) -> list[dict]:
-    """``report.json``'s ``missing``: every absent expert id with the reason from this run or, for ids this run
-    did not target, from the run directory's previous report."""
-    before = {}
-    if (run_dir / "report.json").exists():
-        before = {m["expert_id"]: m["reason"] for m in json.loads((run_dir / "report.json").read_text())["missing"]}
-    return [
-        {"expert_id": k, "reason": lost.get(k) or before.get(k, "not trained in this run")}
-        for k in range(num_experts)
-        if k not in present
-    ]
-
-
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg, path, run_dir, cache_dir = resolve_run(dict(context.run_config), context.run_id)
     targets = parse_expert_ids(str(context.run_config.get("experts", "")), cfg.num_experts)
+    check_rerun(run_dir, cfg, targets)
     present = present_experts(run_dir)
-    if targets is None and present:
-        raise ConfigError(
-            f"run-dir {run_dir} already holds experts from another run; choose a new run-dir, or "
-            f"train only the missing ones with --run-config 'experts=\"…\"'"
-        )
-    if targets is not None and (run_dir / "config.yaml").exists():  # a later run adds experts to an earlier one
-        earlier = load_config(run_dir / "config.yaml").to_dict()
-        diff = [k for k in TRAINING_SECTIONS if earlier[k] != cfg.to_dict()[k]]
-        if diff:
-            raise ConfigError(
-                f"run-dir {run_dir} was trained with another {', '.join(diff)} configuration "
-                f"(see its config.yaml); experts of one run must share it"
-            )
-        if set(targets) & present:
-            raise ConfigError(
-                f"experts {sorted(set(targets) & present)} are already in {run_dir / 'experts'}; "
-                f"remove their folders to train them again"
-            )
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not (run_dir / "config.yaml").exists() or targets is None:
-        write_config(run_dir / "config.yaml", cfg, f"resolved from {path}")
+    if not (run_dir / CONFIG).exists() or targets is None:
+        write_config(run_dir / CONFIG, cfg, f"resolved from {path}")
     log(INFO, "hddm-flower: run directory %s", run_dir)
 
     dataset_dir = prepare_data(cfg, cache_dir or None)  # the coordinator's copy (router training, evaluation)
@@ -126,7 +89,7 @@ def main(grid: Grid, context: Context) -> None:
             run_dir,
             dataset_dir,
             strategy.assignment,
-            missing_report(cfg.num_experts, present_experts(run_dir), missing, run_dir),
+            missing_experts(run_dir, cfg.num_experts, missing, default=NOT_TRAINED),
             extra={
                 "flower": {
                     "run_id": context.run_id,
@@ -137,7 +100,7 @@ def main(grid: Grid, context: Context) -> None:
             timeout=f.train_timeout,
             cache_dir=cache_dir,
         )
-        log(INFO, "hddm-flower: report written to %s", run_dir / "report.json")
+        log(INFO, "hddm-flower: report written to %s", run_dir / REPORT_JSON)
         m = report["metrics"]
         return {
             "router-top1-accuracy-t0.5": m["router_top1_accuracy"][m["times"].index(0.5)],
@@ -147,12 +110,12 @@ def main(grid: Grid, context: Context) -> None:
     try:
         strategy.start(grid, timeout=f.train_timeout, ensemble_fn=ensemble_fn)
     except RuntimeError:
-        (run_dir / "report.json").write_text(
+        (run_dir / REPORT_JSON).write_text(
             json.dumps(
                 {
                     "status": "failed",
                     "experts": list(strategy.received.values()),
-                    "missing": missing_report(cfg.num_experts, present_experts(run_dir), strategy.missing, run_dir),
+                    "missing": missing_experts(run_dir, cfg.num_experts, strategy.missing, default=NOT_TRAINED),
                 },
                 indent=2,
             )

@@ -51,6 +51,6 @@ def tiny_config(tiny_config_path):
 
 @pytest.fixture(scope="session")
 def dataset_dir(tiny_config, cache_dir):
-    from hddm_flower.pipeline import prepare_data
+    from hddm_flower.stages.prepare import prepare_data
 
     return prepare_data(tiny_config, cache_dir)

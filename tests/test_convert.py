@@ -204,7 +204,7 @@ def test_expert_init_from_a_converted_dit(original, tiny_config, dataset_dir, tm
     import dataclasses
 
     from hddm_flower.data import read_meta
-    from hddm_flower.pipeline import build_expert
+    from hddm_flower.stages.expert import build_expert
 
     meta = read_meta(dataset_dir)  # 16×16 RGB pixels, 384-d MiniLM states
     state = init_dit_state(

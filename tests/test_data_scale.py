@@ -193,8 +193,9 @@ def test_resume_after_an_interruption_writes_no_duplicates(shards, tmp_path):
 def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     """img2dataset shards → VAE latents + CLIP states → DINOv2 hierarchical k-means → shard sets → an expert
     trained on latents → samples decoded by the VAE."""
-    from hddm_flower.encoders import LatentCodec
-    from hddm_flower.pipeline import prepare_data, to_pixels, train_one_expert
+    from hddm_flower.encoders import LatentCodec, to_pixels
+    from hddm_flower.stages.expert import train_one_expert
+    from hddm_flower.stages.prepare import prepare_data
 
     root, counts, good = shards
     cfg = config_from_dict(
@@ -252,7 +253,8 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
         torch.testing.assert_close(state[k], state2[k])
     # the whole run on latents: experts, router, evaluation, samples decoded by the VAE into a pixel grid
     from hddm_flower.checkpoints import save_expert
-    from hddm_flower.pipeline import assign_objectives, finish_run
+    from hddm_flower.stages.assemble import finish_run
+    from hddm_flower.stages.prepare import assign_objectives
 
     run = tmp_path / "run"
     for k, objective in enumerate(assign_objectives(cfg, d)):
@@ -510,7 +512,7 @@ def test_streamed_training_reads_the_shards_as_a_stream(tiny_config, dataset_dir
     import copy
 
     from hddm_flower.data import StreamingSplit
-    from hddm_flower.pipeline import train_one_expert
+    from hddm_flower.stages.expert import train_one_expert
 
     in_ram = load_split(dataset_dir, [1], "train")
     stream = StreamingSplit(dataset_dir, 1, seed=0)

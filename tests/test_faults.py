@@ -18,7 +18,7 @@ from flwr.app import Context
 
 from clients.client_app import app as client_app
 from hddm_flower.checkpoints import CheckpointRejected, load_expert, validate_weights_file, weights_bytes
-from hddm_flower.pipeline import checkpoint_limit, expected_model_config
+from hddm_flower.stages.expert import checkpoint_limit, expected_model_config
 from strategies.one_shot import OneShotExperts
 
 from .fake_grid import FakeGrid, fake_over_wire, reply_weights, rewrite_weights, set_reply_weights
@@ -133,7 +133,7 @@ def test_lost_experts_each_with_its_reason_and_the_ensemble_built_from_the_rest(
     an expert no node ever claimed: all five reasons are kept and the run goes on with the one that came
     (test_strategy.py builds the ensemble from what arrived)."""
     from hddm_flower.config import config_from_dict
-    from strategies.server_app import missing_report
+    from hddm_flower.rundir import missing_experts
 
     cfg = config_from_dict(
         tiny_config.to_dict() | {"num_experts": 6, "objectives": {"ddpm": 1, "fm": 5, "ddpm_clusters": [1]}}
@@ -167,7 +167,7 @@ def test_lost_experts_each_with_its_reason_and_the_ensemble_built_from_the_rest(
     assert "no reply within 2 s" in m[4]
     assert "no node was assigned" in m[5]
     assert list(calls[0][0]) == [0] and calls[0][1] == m
-    missing = missing_report(6, {0}, m, tmp_path)  # report.json's list: expert id + reason, nothing else
+    missing = missing_experts(tmp_path, 6, m)  # report.json's list: expert id + reason, nothing else
     assert missing == [{"expert_id": k, "reason": m[k]} for k in range(1, 6)]
 
 
@@ -473,7 +473,7 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(
     from hddm_flower.checkpoints import load_router
     from hddm_flower.cli import main
     from hddm_flower.data import read_meta
-    from hddm_flower.pipeline import prepare_data
+    from hddm_flower.stages.prepare import prepare_data
 
     common = ["--config", str(tiny_config_path), "--cache-dir", str(cache_dir)]
     three = [*common, "--set", "num_experts=3", "--set", "objectives={ddpm: 1, fm: 2, ddpm_clusters: [1]}"]
@@ -594,7 +594,7 @@ def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config
     process, and an exception in the child comes back as one line, with the exit code."""
     import clients.client_app as ca
     from hddm_flower.config import config_from_dict
-    from hddm_flower.pipeline import train_one_expert
+    from hddm_flower.stages.expert import train_one_expert
 
     cfg = config_from_dict(tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"] | {"steps": 2}})
     torch.set_num_threads(1)

@@ -22,7 +22,9 @@ PRESENT = (0, 1, 3)  # expert 2 lost: the pipeline must cope with gaps
 def run(tiny_config, dataset_dir, tmp_path_factory):
     """A finished tiny run (4 expert ids, 3 present: FM 0 and 3, DDPM 1) assembled by the real stages."""
     from hddm_flower.checkpoints import save_expert
-    from hddm_flower.pipeline import assign_objectives, finish_run, train_one_expert
+    from hddm_flower.stages.assemble import finish_run
+    from hddm_flower.stages.expert import train_one_expert
+    from hddm_flower.stages.prepare import assign_objectives
 
     run = tmp_path_factory.mktemp("run")
     objectives = assign_objectives(tiny_config, dataset_dir)
@@ -39,7 +41,8 @@ def pipe(run):
 
 def test_run_directory_is_a_diffusers_pipeline(run, pipe, tiny_config, dataset_dir):
     from hddm_flower.data import TextEncoder, load_uncond, read_meta
-    from hddm_flower.pipeline import load_ensemble, sample_grid
+    from hddm_flower.stages.assemble import load_ensemble
+    from hddm_flower.stages.sample import sample_grid
 
     index = json.loads((run / "model_index.json").read_text())
     assert index["_class_name"] == "HDDMPipeline" and index["router"] == ["hddm_flower.models", "Router"]

@@ -133,3 +133,49 @@ def test_configuration_reference_documents_every_key():
         elif f.name not in documented.get("Top level", set()):
             problems.append(f"{f.name} undocumented")
     assert problems == []
+
+
+def _core_imports() -> dict[str, set[str]]:
+    """Module → the core modules it imports (at any depth of the file: a deferred import is still a dependency)."""
+    import ast
+
+    core = ROOT / "hddm_flower"
+    names = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p for p in core.rglob("*.py")
+    }
+    graph = {}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                candidates = [target] + [f"{target}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                candidates = [a.name for a in node.names]
+            else:
+                continue
+            deps |= {c for c in candidates if c in names and c != name}
+        graph[name] = deps
+    return graph
+
+
+def test_core_has_no_import_circle():
+    graph = _core_imports()
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                raise AssertionError("import circle: " + " → ".join(path[path.index(dep) :] + [dep]))
+            if dep not in state:
+                visit(dep, path + [dep])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert "hddm_flower.evaluate" in graph and "hddm_flower.stages.assemble" in graph  # the walk saw the tree

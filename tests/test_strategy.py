@@ -8,7 +8,7 @@ from flwr.app import ConfigRecord
 
 from clients.client_app import app as client_app
 from hddm_flower.checkpoints import load_expert
-from hddm_flower.pipeline import finish_run
+from hddm_flower.stages.assemble import finish_run
 from strategies.one_shot import OneShotExperts
 
 from .fake_grid import FakeGrid, rewrite_weights

@@ -1,0 +1,109 @@
+"""Stage 4, assemble and evaluate (on the server): the experts of a run directory with its router, evaluated
+(diagnostics, every routing mode, per expert), sampled, and reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..checkpoints import load_expert, load_router
+from ..config import Config
+from ..data import TextEncoder, load_split, load_uncond, read_meta
+from ..encoders import to_pixels
+from ..ensemble import Ensemble, VelocityScaling
+from ..evaluate import evaluate_run
+from ..hddm_pipeline import write_run_index
+from ..models import Router
+from ..report import save_grid, write_report
+from ..rundir import ROUTER, SAMPLES, expert_folders
+from .diagnostics import evaluate
+from .router import fit_router
+from .sample import sample_grid
+
+
+def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> tuple[Ensemble, list[dict]]:
+    """Assemble the experts found in ``run_dir/experts`` with the router of ``run_dir/router``."""
+    s = cfg.sampling
+    experts, metas = {}, []
+    for folder in expert_folders(run_dir).values():
+        expert, meta = load_expert(folder, conversion=s.conversion, t_eps=s.t_eps, x0_clamp=s.x0_clamp)
+        experts[int(meta["expert_id"])] = expert
+        metas.append(meta)
+    router = router if router is not None else load_router(run_dir / ROUTER)
+    scaling = VelocityScaling(s.velocity_scaling, s.velocity_scaling_t, s.x0_variance)
+    ensemble = Ensemble(
+        experts, router, cfg.num_experts, routing=s.routing, k=s.top_k, threshold=s.threshold, velocity_scaling=scaling
+    )
+    return ensemble, metas
+
+
+def finish_run(
+    cfg: Config,
+    run_dir: Path,
+    dataset_dir: Path,
+    missing: list[dict],
+    *,
+    extra: dict | None = None,
+    progress: bool = False,
+) -> dict:
+    """After the experts arrived in ``run_dir/experts``: router, then :func:`evaluate_and_report`."""
+    router = fit_router(cfg, dataset_dir, run_dir, progress=progress)
+    return evaluate_and_report(cfg, run_dir, dataset_dir, missing, router=router, extra=extra, progress=progress)
+
+
+def evaluate_and_report(
+    cfg: Config,
+    run_dir: Path,
+    dataset_dir: Path,
+    missing: list[dict],
+    *,
+    router: Router | None = None,
+    extra: dict | None = None,
+    modes: list[str] | None = None,
+    feature_dir: Path | None = None,
+    reference: dict | None = None,
+    progress: bool = False,
+) -> dict:
+    """Evaluate the assembled run (diagnostics, every routing mode, per expert), sample the configured prompts and
+    write report.json, report.md, the grids and the plots into ``run_dir``. ``reference``: federated FID
+    reference statistics per cluster (see :func:`hddm_flower.evaluate.evaluate_run`)."""
+    ensemble, metas = load_ensemble(cfg, run_dir, router)
+    s = cfg.sampling
+    metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed, times=tuple(cfg.evaluation.times))
+    metrics["evaluation"] = evaluate_run(
+        cfg,
+        ensemble,
+        dataset_dir,
+        run_dir,
+        modes=modes,
+        feature_dir=feature_dir,
+        reference=reference,
+        progress=progress,
+    )
+    write_run_index(cfg, run_dir, dataset_dir)  # the run directory is now a diffusers pipeline folder
+    encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(dataset_dir)["max_caption_tokens"])
+    images = sample_grid(
+        ensemble,
+        encoder,
+        s.prompts,
+        load_uncond(dataset_dir),
+        samples_per_prompt=s.samples_per_prompt,
+        num_steps=s.num_steps,
+        cfg_scale=s.cfg_scale,
+        seed=s.seed,
+    )
+    save_grid(to_pixels(cfg, dataset_dir, images), len(s.prompts), run_dir / SAMPLES)
+    metrics["sampling"] = {
+        "grid": SAMPLES,
+        "prompts": s.prompts,
+        "samples_per_prompt": s.samples_per_prompt,
+        "num_steps": s.num_steps,
+        "cfg_scale": s.cfg_scale,
+        "routing": s.routing,
+        "top_k": s.top_k,
+        "conversion": s.conversion,
+        "t_eps": s.t_eps,
+        "x0_clamp": s.x0_clamp,
+        "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing",
+    }
+    metrics["feature_network"] = metrics["evaluation"]["feature_network"]
+    return write_report(cfg, run_dir, dataset_dir, metas, missing, metrics, extra or {})

@@ -1,0 +1,129 @@
+"""Stage 2, train one expert (on a client): the expert network of the run's preset, trained in isolation on
+its own cluster with its own objective; plus the model config and size limit every expert of a run must meet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..checkpoints import TIME_CONVENTION, make_expert
+from ..config import Config
+from ..convert import load_init
+from ..data import StreamingSplit, load_split, load_uncond, read_meta
+from ..models import ExpertNet, expert_config
+from ..provenance import now, package_version
+from ..training import train_expert
+
+
+def expected_model_config(cfg: Config, dataset_dir: Path) -> dict:
+    """The expert model config every checkpoint of this run must have: the preset at the dataset's shapes."""
+    m = read_meta(dataset_dir)
+    return expert_config(
+        cfg.expert.preset, sample_size=m["image_size"], in_channels=m["channels"], caption_channels=m["text_dim"]
+    )
+
+
+def checkpoint_limit(cfg: Config, model_config: dict) -> int:
+    """The upload size limit in bytes: ``federation.max_checkpoint_mb``, or the preset's float32 size + 5 %."""
+    if cfg.federation.max_checkpoint_mb:
+        return int(cfg.federation.max_checkpoint_mb * 2**20)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in ExpertNet.from_config(model_config).parameters())
+    return int(n * 4 * 1.05) + 2**20
+
+
+def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int = 0):
+    """A new expert network (random or ``expert.init``) wrapped in the adapter of ``objective``; returns
+    (adapter, model_config, meta)."""
+    model_config = expert_config(
+        cfg.expert.preset,
+        sample_size=dataset_meta["image_size"],
+        in_channels=dataset_meta["channels"],
+        caption_channels=dataset_meta["text_dim"],
+    )
+    meta = {"objective": objective, "preset": cfg.expert.preset, "time_convention": TIME_CONVENTION}
+    meta["sample_range"] = cfg.sampling.x0_clamp  # |x0| bound of the data: diffusers' clip_sample_range
+    if objective == "ddpm":
+        meta |= {"schedule": cfg.ddpm.schedule, "num_train_timesteps": cfg.ddpm.num_train_timesteps}
+    net = ExpertNet.from_config(model_config)
+    init = cfg.init_for(expert_id, objective)
+    meta["init"] = init
+    if init != "random":  # a convert-dit output or a diffusers PixArt transformer folder
+        state, notes = load_init(init, model_config)
+        net.transformer.load_state_dict(state)
+        init_meta = Path(init) / "hddm_init.json"
+        converted_for = json.loads(init_meta.read_text())["objective"] if init_meta.exists() else objective
+        if converted_for != objective:
+            notes.append(f"converted for {converted_for}, trained as {objective}")
+        meta["init_notes"] = notes
+    return make_expert(net, meta), model_config, meta
+
+
+def train_one_expert(
+    cfg: Config,
+    dataset_dir: Path,
+    expert_id: int,
+    objective: str,
+    *,
+    device: str = "cpu",
+    checkpoint: Path | None = None,
+    progress: bool = False,
+    cluster: int | None = None,
+) -> tuple[dict, dict, dict]:
+    """Train expert ``expert_id`` on cluster ``cluster`` (default: ``expert_id``) of ``dataset_dir`` with
+    ``objective``, in isolation.
+
+    ``checkpoint``: where the training state is saved every ``expert.checkpoint_every`` steps and resumed from.
+    Returns the transformer's state dict, its diffusers config and the checkpoint metadata (docs/design.md).
+    """
+    dataset_meta = read_meta(dataset_dir)
+    source = {} if cluster is None else {"data_cluster": cluster, "data_dir": str(dataset_dir)}
+    cluster = expert_id if cluster is None else cluster
+    data = (
+        StreamingSplit(dataset_dir, cluster, seed=cfg.expert.seed + expert_id)
+        if cfg.data.stream
+        else load_split(dataset_dir, [cluster], "train")
+    )
+    torch.manual_seed(cfg.expert.seed + expert_id)  # weight init
+    expert, model_config, meta = build_expert(cfg, dataset_meta, objective, expert_id=expert_id)
+    e = cfg.expert
+    stats = train_expert(
+        expert,
+        data,
+        load_uncond(dataset_dir),
+        e,
+        seed=e.seed + expert_id,
+        checkpoint=checkpoint,
+        name=f"expert {expert_id} [{objective}]",
+        device=device,
+        progress=progress,
+    )
+    meta |= {
+        "expert_id": expert_id,
+        "cluster_id": expert_id,
+        "ema": stats.ema,
+        "ema_decay": e.ema_decay,
+        "mixed_precision": e.mixed_precision,
+        "grad_accumulation": e.grad_accumulation,
+        "dataset": f"{dataset_meta['name']} v{dataset_meta['version']} ({dataset_dir.name})",
+        "cluster_size": len(data),
+        "steps": stats.steps,
+        "resumed_steps": stats.resumed_steps,
+        **source,
+        "images_seen": stats.images_seen,
+        "device_seconds": round(stats.device_seconds, 3),
+        "device": str(device),
+        "cpu_threads": torch.get_num_threads(),
+        "peak_memory_bytes": stats.peak_memory_bytes,
+        "final_loss": stats.final_loss,
+        "loss_curve": stats.loss_curve,
+        "batch_size": e.batch_size,
+        "lr": e.optim.lr,
+        "caption_dropout": e.caption_dropout,
+        "created_at": now(),
+        "hddm_flower": package_version("hddm-flower"),
+    }
+    state = {k: v.detach().cpu() for k, v in expert.net.transformer.state_dict().items()}
+    return state, model_config, meta
