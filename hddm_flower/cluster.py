@@ -3,9 +3,10 @@
 Four streaming passes over the encoded shards of `hddm prepare` (memory plan in docs/data.md):
 
 1. **Features**: an image feature model (DINOv2 through transformers from a local folder, CLS token after the
-   final layer norm), or offline stand-ins (``pixels``: 8×8 RGB thumbnails; ``caption``: the mean of the stored
-   text states), L2-normalised and written row by row to a float16 memory-mapped file (N × D on disk), with a
-   per-sample detail score (mean squared Laplacian of the grey image).
+   final layer norm) or ``caption`` (the mean of the stored text states), L2-normalised, or ``pixels`` (the pixels
+   area-averaged to at most 16×16, as the embedded dataset clusters them), written row by row to a float16
+   memory-mapped file (N × D on disk), with a per-sample detail score (mean squared Laplacian of the grey image).
+   ``pixels`` are then reduced to their first 32 principal components (PCA fitted on the k-means fit subsample).
 2. **Fine k-means**: scikit-learn ``MiniBatchKMeans`` with ``fine_clusters`` centroids (1024 in the paper), fitted
    on a uniform random subsample of at most ``fit_samples`` rows read from the memory map (256 per centroid by
    default: 262,144 × 1024 float32 ≈ 1 GiB of RAM whatever N is).
@@ -36,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import SAME_ENCODING
+from .data import PIXEL_FEATURES, PIXEL_SIDE, SAME_ENCODING, pixel_pca, pixel_vectors
 from .ingest import read_manifest
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ _STOP = set(
 
 class Dinov2Features:
     """DINOv2 from a local folder (e.g. facebook/dinov2-large: ViT-L/14, 1024-d) with its image processor."""
+
+    normalize = True
 
     def __init__(self, path: str | os.PathLike, device: str = "cpu"):
         from transformers import AutoImageProcessor, AutoModel
@@ -75,27 +78,25 @@ class Dinov2Features:
 
 
 class PixelFeatures:
-    """Offline stand-in: 8×8 RGB thumbnails (area average), centred at grey (192-d)."""
+    """Offline, visual: :func:`hddm_flower.data.pixel_vectors` (the pixels, area-averaged to at most 16×16); the
+    principal components follow in :func:`pixel_components`. Not normalised: PCA needs the pixels' own scale."""
 
-    dim = 192
-    name = "pixels: 8×8 RGB area-averaged thumbnails minus 0.5 (192-d)"
+    normalize = False
+
+    def __init__(self, pixel_size: int):
+        side = min(pixel_size, PIXEL_SIDE)
+        self.dim = side * side * 3
+        self.name = f"pixels: {PIXEL_FEATURES}"
 
     def __call__(self, images: np.ndarray, texts: list[np.ndarray]) -> np.ndarray:
-        n, s = images.shape[:2]
-        f = s // 8
-        if f < 1 or s % 8:
-            from PIL import Image
-
-            images = np.stack([np.asarray(Image.fromarray(im).resize((8, 8), Image.BOX)) for im in images])
-            f = 1
-        x = images.astype(np.float32).reshape(n, 8, f, 8, f, 3).mean((2, 4)) / 255.0 - 0.5
-        return x.reshape(n, -1)
+        return pixel_vectors(images)
 
 
 class CaptionFeatures:
     """Offline, semantic: the mean of the stored per-token text states (the text encoder's pooled embedding)."""
 
     name = "caption: mean of the stored text-encoder states"
+    normalize = True
 
     def __init__(self, dim: int):
         self.dim = dim
@@ -104,13 +105,13 @@ class CaptionFeatures:
         return np.stack([t.astype(np.float32).mean(0) for t in texts])
 
 
-def feature_model(kind: str, *, dinov2: str = "", text_dim: int = 0, device: str = "cpu"):
+def feature_model(kind: str, *, dinov2: str = "", text_dim: int = 0, pixel_size: int = 0, device: str = "cpu"):
     if kind == "dinov2":
         if not dinov2:
             raise ValueError("cluster features dinov2 need data.dinov2, a local DINOv2 folder")
         return Dinov2Features(dinov2, device)
     if kind == "pixels":
-        return PixelFeatures()
+        return PixelFeatures(pixel_size)
     if kind == "caption":
         return CaptionFeatures(text_dim)
     raise ValueError(f"unknown cluster features {kind!r}; expected one of {FEATURES}")
@@ -183,7 +184,8 @@ def detail_scores(images: np.ndarray) -> np.ndarray:
 def compute_features(
     urls: list[str], n: int, model, path: Path, *, batch_size: int = 64, progress: bool = False
 ) -> tuple[np.memmap, np.ndarray]:
-    """Pass 1: L2-normalised features (float16 memmap at ``path``, N × D) and detail scores (N,)."""
+    """Pass 1: features (float16 memmap at ``path``, N × D; L2-normalised if the model says so) and detail scores
+    (N,)."""
     from tqdm.auto import tqdm
 
     feats = np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=(n, model.dim))
@@ -197,7 +199,8 @@ def compute_features(
             return
         ims = np.stack(images)
         f = np.asarray(model(ims, texts), np.float32)
-        f /= np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
+        if model.normalize:
+            f /= np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
         feats[row : row + len(f)] = f
         detail[row : row + len(f)] = detail_scores(ims)
         row += len(f)
@@ -216,6 +219,24 @@ def compute_features(
         raise ValueError(f"the encoded shards hold {row} samples but their manifest says {n}")
     feats.flush()
     return feats, detail
+
+
+def pixel_components(
+    feats: np.ndarray, path: Path, *, seed: int, fit_samples: int = 262144, chunk: int = 65536
+) -> np.ndarray:
+    """``pixels`` features → their principal components (float32 memmap at ``path``): the PCA of
+    :func:`hddm_flower.data.pixel_pca`, fitted on a seeded subsample of at most ``fit_samples`` rows (all rows on
+    the embedded dataset's scale), then applied in chunks."""
+    n = len(feats)
+    take = np.sort(np.random.default_rng(seed).choice(n, size=min(n, fit_samples), replace=False))
+    sample = np.asarray(feats[take], np.float64)
+    pca = pixel_pca(sample.shape).fit(sample)
+    del sample
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, pca.n_components_))
+    for s in range(0, n, chunk):
+        out[s : s + chunk] = pca.transform(np.asarray(feats[s : s + chunk], np.float64))
+    out.flush()
+    return out
 
 
 def fit_hierarchical(
@@ -406,7 +427,13 @@ def cluster_encoded(
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty")
     n = manifest["num_samples"]
-    model = feature_model(features, dinov2=dinov2, text_dim=manifest["text_encoder"]["dim"], device=device)
+    model = feature_model(
+        features,
+        dinov2=dinov2,
+        text_dim=manifest["text_encoder"]["dim"],
+        pixel_size=manifest["pixel_size"],
+        device=device,
+    )
     urls = [u for d in dirs for u in encoded_urls(d)]
     key_prefix = {u: f"{i:03d}-" for i, d in enumerate(dirs) for u in encoded_urls(d)} if len(dirs) > 1 else None
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -414,6 +441,10 @@ def cluster_encoded(
     clock = {"start": time.perf_counter()}
     try:
         feats, detail = compute_features(urls, n, model, tmp / "features.npy", batch_size=batch_size, progress=progress)
+        if features == "pixels":
+            feats = pixel_components(feats, tmp / "components.npy", seed=seed, fit_samples=fit_samples)
+            (tmp / "features.npy").unlink()
+            os.replace(tmp / "components.npy", tmp / "features.npy")
         clock["features"] = time.perf_counter()
         labels, fine_labels, info = fit_hierarchical(
             feats,
@@ -469,7 +500,7 @@ def cluster_encoded(
             "max_caption_tokens": manifest["text_encoder"]["max_tokens"],
             "cluster_features": (
                 f"hierarchical k-means ({info['fine_clusters']} fine → {num_clusters} coarse) on "
-                f"L2-normalised {model.name}"
+                f"{'L2-normalised ' if model.normalize else ''}{model.name}"
             ),
             "feature_model": model.name,
             "kmeans": info,

@@ -153,6 +153,38 @@ class TextEncoder:
 
 CLUSTER_FEATURES = ("caption", "pixels")  # what `prepare_embedded` computes; the config also names "dinov2"
 
+PIXEL_SIDE = 16  # `pixels` cluster features: images area-averaged to at most this side …
+PIXEL_COMPONENTS = 32  # … and reduced to this many principal components
+PIXEL_FEATURES = (
+    f"the first {PIXEL_COMPONENTS} principal components of the pixels "
+    f"(RGB in [0, 1], area-averaged to at most {PIXEL_SIDE}×{PIXEL_SIDE})"
+)
+
+
+def pixel_vectors(images: np.ndarray) -> np.ndarray:
+    """The ``pixels`` cluster features before PCA, the same on both roads (the embedded dataset and
+    `hddm cluster`): N × H × H × 3 uint8 images → N × (s·s·3) float64 in [0, 1] with s = min(H, PIXEL_SIDE), area
+    averages (exact block means when PIXEL_SIDE divides H, PIL's box filter otherwise)."""
+    n, side = images.shape[:2]
+    if side > PIXEL_SIDE:
+        if side % PIXEL_SIDE == 0:
+            f = side // PIXEL_SIDE
+            images = images.reshape(n, PIXEL_SIDE, f, PIXEL_SIDE, f, -1).mean((2, 4))
+        else:
+            from PIL import Image
+
+            size = (PIXEL_SIDE, PIXEL_SIDE)
+            images = np.stack([np.asarray(Image.fromarray(im).resize(size, Image.BOX)) for im in images])
+    return images.reshape(n, -1).astype(np.float64) / 255.0
+
+
+def pixel_pca(shape: tuple[int, int]):
+    """The (unfitted) PCA of the ``pixels`` features for a fit sample of ``shape`` (rows, pixel values): exact and
+    deterministic (the randomized solver stalled under Ray)."""
+    from sklearn.decomposition import PCA
+
+    return PCA(min(PIXEL_COMPONENTS, *shape), svd_solver="full")
+
 
 def cluster_features(
     kind: str, images: np.ndarray, captions: list[str], categories: list[str], encoder: TextEncoder
@@ -161,8 +193,9 @@ def cluster_features(
 
     ``caption``: MiniLM embedding of "category: caption" (skin tones removed, so variants share their base's
     features): clusters are semantic and pure, so each expert is a narrow specialist.
-    ``pixels``: the first 32 principal components of the pixels: clusters group by colour and layout, what a
-    router that sees only x_t can recognise, with mixed semantics (the visual analogue of DINOv2 clustering).
+    ``pixels``: :data:`PIXEL_FEATURES` (:func:`pixel_vectors`, :func:`pixel_pca`, as `hddm cluster` computes
+    them): clusters group by colour and layout, what a router that sees only x_t can recognise, with mixed
+    semantics (the visual analogue of DINOv2 clustering).
     """
     if kind == "caption":
         texts = [
@@ -173,12 +206,8 @@ def cluster_features(
             f"L2-normalised mean-pooled {encoder.name} embeddings of 'category: caption' (skin tones removed)"
         )
     if kind == "pixels":
-        from sklearn.decomposition import PCA
-
-        flat = images.reshape(len(images), -1).astype(np.float64) / 255.0
-        n = min(32, *flat.shape)
-        pca = PCA(n, svd_solver="full")  # exact and deterministic (the randomized solver stalled under Ray)
-        return pca.fit_transform(flat), f"the first {n} principal components of the pixels"
+        flat = pixel_vectors(images)
+        return pixel_pca(flat.shape).fit_transform(flat), PIXEL_FEATURES
     raise ValueError(f"unknown cluster features {kind!r}; expected one of {CLUSTER_FEATURES}")
 
 
