@@ -253,32 +253,62 @@ def cmd_add_expert(args) -> None:
     )
 
 
-def cmd_sample(args) -> None:
-    from .data import TextEncoder, load_uncond, read_meta
-    from .encoders import to_pixels
-    from .report import save_grid
-    from .stages.assemble import load_ensemble
-    from .stages.sample import sample_grid
+def _check_run(run_dir: Path) -> list[int]:
+    """The expert ids present in an assembled run directory; a ConfigError if it is not one."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} does not exist")
+    lacks = [n for n in ("config.yaml", "model_index.json", "router", "experts") if not (run_dir / n).exists()]
+    if lacks:
+        hint = "; `hddm evaluate --run-dir RUN` writes model_index.json" if lacks == ["model_index.json"] else ""
+        raise ConfigError(f"--run-dir {run_dir} is not an assembled run (no {', '.join(lacks)}){hint}")
+    ids = sorted(int(p.name.split("-", 1)[1]) for p in (run_dir / "experts").glob("expert-*") if p.is_dir())
+    if not ids:
+        raise ConfigError(f"--run-dir {run_dir} holds no expert folders (experts/expert-*)")
+    return ids
 
-    cfg = _config(args)
-    d = _dataset(args, cfg)
+
+def _check_png_out(out: Path) -> None:
+    if out.suffix.lower() != ".png":
+        raise ConfigError(f"--out {out} must be a .png file")
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory")
+    if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+        raise ConfigError(f"--out {out}: the folder {out.parent} does not exist or is not writable")
+
+
+def cmd_sample(args) -> None:
+    run_dir = Path(args.run_dir)
+    present = _check_run(run_dir)
+    cfg = _config(args, run_dir)  # the run's own config.yaml (or --config), with the --set overrides
     s = cfg.sampling
-    ensemble, _ = load_ensemble(cfg, Path(args.run_dir))
     prompts = args.prompt or s.prompts
-    encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(d)["max_caption_tokens"])
-    images = sample_grid(
-        ensemble,
-        encoder,
-        prompts,
-        load_uncond(d),
-        samples_per_prompt=s.samples_per_prompt,
-        num_steps=s.num_steps,
-        cfg_scale=s.cfg_scale,
-        seed=s.seed,
-    )
-    out = Path(args.out or Path(args.run_dir) / "samples-cli.png")
-    save_grid(to_pixels(cfg, d, images), len(prompts), out)
-    print(json.dumps({"grid": str(out), "prompts": prompts, "routing": s.routing, "steps": s.num_steps}))
+    empty = [p for p in prompts if not p.strip()]
+    if empty:
+        raise ConfigError(f"--prompt {empty[0]!r} is empty; give the text to sample")
+    out = Path(args.out) if args.out else run_dir / "samples-cli.png"
+    _check_png_out(out)
+    if s.routing == "top_k" and not 1 <= s.top_k <= len(present):
+        raise ConfigError(f"sampling.top_k={s.top_k} but this run has {len(present)} experts ({present})")
+    # every argument checked: now load the pipeline (progress bars on the terminal)
+    from .hddm_pipeline import load_pipeline, sample_images, sampling_defaults
+    from .report import save_grid
+
+    pipe = load_pipeline(run_dir, progress=True, sampling=sampling_defaults(cfg))
+    images = sample_images(pipe, prompts, samples_per_prompt=s.samples_per_prompt, seed=s.seed)
+    save_grid(images, len(prompts), out)
+    record = {
+        "grid": str(out),
+        "run_dir": str(run_dir),
+        "config": str(args.config or run_dir / "config.yaml"),
+        "overrides": args.set or [],
+        "prompts": prompts,
+        "samples_per_prompt": s.samples_per_prompt,
+        "seed": s.seed,
+        "experts": present,
+        **pipe.config.sampling,
+    }
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    print(json.dumps(record))
 
 
 def cmd_convert_dit(args) -> None:
@@ -406,10 +436,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="for a new expert id (= num_experts): its cluster's shard set (a cluster-k folder prepared "
         "like the run's data), added to the run as a new cluster for the router and evaluation",
     )
-    sp = add("sample", cmd_sample, "sample a prompt grid from an assembled run (RUN/experts + RUN/router)")
+    sp = add(
+        "sample",
+        cmd_sample,
+        "sample a prompt grid from an assembled run with its own settings (RUN/config.yaml; --set overrides "
+        "them, e.g. --set sampling.num_steps=20, and the grid's .json records them)",
+        config_default="RUN/config.yaml",
+    )
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--prompt", action="append", help="a prompt (repeatable; default: the config's prompts)")
-    sp.add_argument("--out", help="PNG path (default RUN/samples-cli.png)")
+    sp.add_argument("--out", help="PNG path (default RUN/samples-cli.png); the settings go beside it as .json")
     sp = sub.add_parser(
         "convert-dit",
         help="ImageNet DiT checkpoint → PixArt AdaLN-Single expert initialisation",

@@ -47,11 +47,8 @@ from .data import TextEncoder, default_text_encoder_path
 from .ensemble import ROUTING_MODES, Ensemble, VelocityScaling, sample_ensemble
 from .metrics import FeatureClassifier
 from .models import ExpertNet, Router, TextCond
+from .rundir import FEATURE_NET, MODEL_INDEX, PIPELINE_FILE, TEXT_ENCODER_REF, UNCOND
 
-MODEL_INDEX = "model_index.json"
-TEXT_ENCODER_REF = "text_encoder.json"  # the text encoder reference, token count and the empty caption's file
-UNCOND = "uncond.safetensors"  # the empty caption's per-token states (the unconditional input of CFG)
-PIPELINE_FILE = "pipeline.py"  # for DiffusionPipeline.from_pretrained(..., custom_pipeline="pipeline")
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
 
@@ -353,6 +350,39 @@ class HDDMPipeline(DiffusionPipeline):
         (out / PIPELINE_FILE).write_text(PIPELINE_PY)
 
 
+def load_pipeline(run_dir: str | os.PathLike, *, progress: bool = False, **kwargs: Any) -> HDDMPipeline:
+    """``HDDMPipeline.from_pretrained(run_dir)``; without ``progress`` no library progress bar is shown (neither
+    diffusers' component loading nor transformers' weight loading) and sampling shows none either."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    bars = [
+        (m, m.is_progress_bar_enabled()) for m in (diffusers_logging, transformers_logging) if not progress
+    ]  # fmt: skip
+    for m, _ in bars:
+        m.disable_progress_bar()
+    try:
+        pipe = HDDMPipeline.from_pretrained(run_dir, **kwargs)
+    finally:
+        for m, was in bars:
+            if was:
+                m.enable_progress_bar()
+    pipe.set_progress_bar_config(disable=not progress, desc="sampling", unit="step")
+    return pipe
+
+
+def sample_images(pipe: HDDMPipeline, prompts: list[str], *, samples_per_prompt: int, seed: int, **kwargs) -> Tensor:
+    """Images (P·S, 3, H, W) in [−1, 1], prompt-major, from a seeded CPU generator (the same on any device)."""
+    out = pipe(
+        prompts,
+        num_images_per_prompt=samples_per_prompt,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="pt",
+        **kwargs,
+    )
+    return out.images.cpu() * 2 - 1
+
+
 PIPELINE_PY = '''"""Loads an hddm-flower run directory with DiffusionPipeline.from_pretrained(run_dir, custom_pipeline="pipeline",
 trust_remote_code=True); needs the hddm-flower package installed (pip install hddm-flower)."""
 
@@ -406,7 +436,7 @@ def sampling_defaults(cfg) -> dict:
     }
 
 
-def write_run_index(cfg, run_dir: Path, dataset_dir: Path, *, feature_dir: str | None = "feature_net") -> Path:
+def write_run_index(cfg, run_dir: Path, dataset_dir: Path, *, feature_dir: str | None = FEATURE_NET) -> Path:
     """Make ``run_dir`` a diffusers pipeline folder: ``model_index.json``, ``pipeline.py``, ``experts/config.json``
     and, in the run and in every expert folder, ``text_encoder.json`` and the empty caption's ``uncond.safetensors``.
 

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .config import Config
 from .data import read_meta
+from .model_card import write_model_cards
 from .provenance import now, versions
 from .rundir import REPORT_JSON, REPORT_MD, write_atomic
 
@@ -82,6 +83,7 @@ def write_report(
     }
     write_atomic(run_dir / REPORT_JSON, json.dumps(report, indent=2))
     write_atomic(run_dir / REPORT_MD, render_report_md(report))
+    write_model_cards(run_dir, report)
     return report
 
 

@@ -11,6 +11,10 @@ A run directory is what a run leaves behind and what every later stage reads::
     router-weights.png           mean mixing weight of each expert over t, per routing mode
     expert-usage.png             how often each expert ran, per routing mode
     feature_net/                 the run's own feature classifier (when no Inception weights are configured)
+    model_index.json, pipeline.py  the run as a diffusers pipeline (``hddm_flower.hddm_pipeline.HDDMPipeline``)
+    text_encoder.json            the text encoder reference and token count (also in every expert folder)
+    uncond.safetensors           the empty caption's text states, the CFG baseline (also in every expert folder)
+    README.md                    the model card (every expert folder has its own)
     dataset-<K+1>/               the data view of a run grown by a late expert (``hddm add-expert``)
 
 Every file name of that layout is spelled here and only here. "Which experts are present, which are missing
@@ -41,6 +45,11 @@ ROUTER_WEIGHTS_PLOT = "router-weights.png"
 EXPERT_USAGE_PLOT = "expert-usage.png"
 FEATURE_NET = "feature_net"  # also the diffusers pipeline component of that name
 EXPERT_PREFIX = "expert-"
+MODEL_INDEX = "model_index.json"
+PIPELINE_FILE = "pipeline.py"  # for DiffusionPipeline.from_pretrained(run_dir, custom_pipeline="pipeline")
+TEXT_ENCODER_REF = "text_encoder.json"
+UNCOND = "uncond.safetensors"
+MODEL_CARD = "README.md"
 INCOMING_PREFIX = ".incoming-"  # a partly received or copied file inside experts/: never an expert
 
 _EXPERT_FOLDER = re.compile(rf"{re.escape(EXPERT_PREFIX)}(0|[1-9][0-9]{{0,8}})")

@@ -22,11 +22,13 @@ PRESENT = (0, 1, 3)  # expert 2 lost: the pipeline must cope with gaps
 def run(tiny_config, dataset_dir, tmp_path_factory):
     """A finished tiny run (4 expert ids, 3 present: FM 0 and 3, DDPM 1) assembled by the real stages."""
     from hddm_flower.checkpoints import save_expert
+    from hddm_flower.rundir import write_config
     from hddm_flower.stages.assemble import finish_run
     from hddm_flower.stages.expert import train_one_expert
     from hddm_flower.stages.prepare import assign_objectives
 
     run = tmp_path_factory.mktemp("run")
+    write_config(run / "config.yaml", tiny_config, "the tiny test config")
     objectives = assign_objectives(tiny_config, dataset_dir)
     for k in PRESENT:
         save_expert(run / "experts" / f"expert-{k}", *train_one_expert(tiny_config, dataset_dir, k, objectives[k]))
@@ -79,6 +81,21 @@ def test_run_directory_is_a_diffusers_pipeline(run, pipe, tiny_config, dataset_d
         assert (run / "experts" / f"expert-{k}" / "uncond.safetensors").is_file()
         ref_file = json.loads((run / "experts" / f"expert-{k}" / "text_encoder.json").read_text())
         assert ref_file["max_length"] == 8 and ref_file["name"].startswith("bert:")
+
+
+def test_model_cards_in_the_run_and_every_expert_folder(run):
+    card = (run / "README.md").read_text()
+    assert "license: cc-by-4.0" in card and "CC-BY 4.0" in card and "Twitter" in card  # data attribution
+    assert "HDDMPipeline.from_pretrained" in card and "hddm sample --run-dir" in card
+    assert "3 of 4 experts" in card and "device-hours" in card and "2 (lost)" in card
+    fm, ddpm = (
+        (run / "experts" / "expert-0" / "README.md").read_text(),
+        (run / "experts" / "expert-1" / "README.md").read_text(),
+    )
+    assert "FlowMatchEulerDiscreteScheduler" in fm and "linspace(1, 0, n + 1)" in fm and "Flow Matching" in fm
+    assert "DDPMScheduler" in ddpm and "clip_sample" in ddpm and "DDPM ε-prediction (linear)" in ddpm
+    for text in (fm, ddpm):
+        assert "CC-BY 4.0" in text and "images seen" in text and "text_encoder.json" in text
 
 
 def test_save_pretrained_round_trip_and_diffusers_loaders(run, pipe, tmp_path, monkeypatch):
@@ -213,3 +230,40 @@ def test_pipeline_without_stored_empty_caption_encodes_it(pipe):
         rtol=0,
     )
     assert isinstance(pipe.experts.uncond, TextCond)
+
+
+def test_hddm_sample_uses_the_run_config_and_records_overrides(run, cache_dir, tmp_path, capsys):
+    from hddm_flower.cli import main
+
+    out = tmp_path / "grid.png"
+    argv = ["sample", "--run-dir", str(run), "--prompt", "red apple", "--out", str(out)]
+    assert main([*argv, "--set", "sampling.num_steps=3", "--set", "sampling.samples_per_prompt=3"]) == 0
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["num_inference_steps"] == 3 and record["samples_per_prompt"] == 3 and record["experts"] == [0, 1, 3]
+    assert record["guidance_scale"] == 7.5 and record["overrides"] == [
+        "sampling.num_steps=3",
+        "sampling.samples_per_prompt=3",
+    ]
+    assert record["config"].endswith("config.yaml")
+    with Image.open(out) as grid:
+        assert grid.size == (4 * (2 + 3 * (16 + 2)), 4 * (2 + 16 + 2))  # 1 prompt × 3 samples
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--run-dir", "{tmp}/nowhere"], "does not exist"),
+        (["--run-dir", "{tmp}"], "is not an assembled run"),
+        (["--prompt", " "], "is empty"),
+        (["--out", "{tmp}/no/such/dir/x.png"], "does not exist or is not writable"),
+        (["--out", "{tmp}/x.jpg"], "must be a .png"),
+        (["--set", "sampling.top_k=4"], "this run has 3 experts"),
+    ],
+)
+def test_hddm_sample_checks_every_argument_first(run, tmp_path, capsys, args, message):
+    from hddm_flower.cli import main
+
+    argv = ["sample", "--run-dir", str(run), *[a.replace("{tmp}", str(tmp_path)) for a in args]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

@@ -7,17 +7,15 @@ from pathlib import Path
 
 from ..checkpoints import load_expert, load_router
 from ..config import Config
-from ..data import TextEncoder, load_split, load_uncond, read_meta
-from ..encoders import to_pixels
+from ..data import load_split
 from ..ensemble import Ensemble, VelocityScaling
 from ..evaluate import evaluate_run
-from ..hddm_pipeline import write_run_index
+from ..hddm_pipeline import load_pipeline, sample_images, write_run_index
 from ..models import Router
 from ..report import save_grid, write_report
 from ..rundir import ROUTER, SAMPLES, expert_folders
 from .diagnostics import evaluate
 from .router import fit_router
-from .sample import sample_grid
 
 
 def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> tuple[Ensemble, list[dict]]:
@@ -80,18 +78,9 @@ def evaluate_and_report(
         progress=progress,
     )
     write_run_index(cfg, run_dir, dataset_dir)  # the run directory is now a diffusers pipeline folder
-    encoder = TextEncoder(cfg.data.text_encoder or None, read_meta(dataset_dir)["max_caption_tokens"])
-    images = sample_grid(
-        ensemble,
-        encoder,
-        s.prompts,
-        load_uncond(dataset_dir),
-        samples_per_prompt=s.samples_per_prompt,
-        num_steps=s.num_steps,
-        cfg_scale=s.cfg_scale,
-        seed=s.seed,
-    )
-    save_grid(to_pixels(cfg, dataset_dir, images), len(s.prompts), run_dir / SAMPLES)
+    pipe = load_pipeline(run_dir, progress=progress)  # the run directory as a diffusers pipeline
+    images = sample_images(pipe, s.prompts, samples_per_prompt=s.samples_per_prompt, seed=s.seed)
+    save_grid(images, len(s.prompts), run_dir / SAMPLES)
     metrics["sampling"] = {
         "grid": SAMPLES,
         "prompts": s.prompts,
