@@ -278,8 +278,9 @@ def _check_png_out(out: Path) -> None:
 
 def cmd_sample(args) -> None:
     run_dir = Path(args.run_dir)
+    cfg = _config(args) if args.config else None  # an explicit --config is checked first
     present = _check_run(run_dir)
-    cfg = _config(args, run_dir)  # the run's own config.yaml (or --config), with the --set overrides
+    cfg = cfg or _config(args, run_dir)  # the run's own config.yaml, with the --set overrides
     s = cfg.sampling
     prompts = args.prompt or s.prompts
     empty = [p for p in prompts if not p.strip()]
