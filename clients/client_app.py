@@ -42,6 +42,7 @@ from flwr.clientapp import ClientApp
 from hddm_flower.checkpoints import weights_bytes
 from hddm_flower.config import OBJECTIVES, TRAINING_SECTIONS, config_from_dict
 from hddm_flower.data import cluster_shards, default_cache_dir
+from hddm_flower.logs import quiet_libraries
 from hddm_flower.stages.expert import train_one_expert
 from hddm_flower.stages.prepare import prepare_data
 
@@ -49,6 +50,7 @@ from . import federated
 
 WIRE_STYPE = "safetensors"  # strategies.one_shot.WIRE_STYPE (the client does not import the server side)
 app = ClientApp()
+quiet_libraries()  # no third-party progress bars or warnings in the Flower log
 log = logging.getLogger("hddm_flower.client")
 # progress of the core (training steps) goes wherever Flower's own log goes (the SuperNode's or Ray's output)
 _core_log = logging.getLogger("hddm_flower")

@@ -33,6 +33,11 @@ def run(spec_path: str) -> None:
 def main(spec_path: str) -> None:
     import torch
 
+    from hddm_flower.logs import log_to_stderr, quiet_libraries
+
+    quiet_libraries()
+    log_to_stderr()  # the fork server has no logging set up: without this the progress lines are lost
+
     from hddm_flower.checkpoints import weights_bytes
     from hddm_flower.config import config_from_dict
     from hddm_flower.stages.expert import train_one_expert

@@ -377,12 +377,14 @@ def evaluate_run(
             )
         result["modes"][mode] = r
         log.info(
-            "%s: FID %.2f KID %s LPIPS %.3f (%.0f s)",
+            "%s: FID %.2f KID %s %s %.3f (%.0f s; features: %s)",
             mode,
             r["fid"],
             "–" if r["kid"] is None else f"{r['kid']:.4f}",
+            "LPIPS" if distance.name.startswith("LPIPS") else "diversity (fallback distance, not LPIPS)",
             r["lpips"]["mean"],
             r["seconds"],
+            fx.name,
         )
     result["grids"] = save_prompt_grids(samples, prompts.captions[: ev.grid_prompts], out_dir / GRIDS)
     result["plots"] = {

@@ -11,6 +11,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from hddm_flower.config import Config, ConfigError, load_config, parse_overrides
+from hddm_flower.logs import quiet_libraries
 from hddm_flower.rundir import CONFIG, REPORT_JSON, check_rerun, missing_experts, present_experts, write_config
 from hddm_flower.stages.expert import checkpoint_limit, expected_model_config
 from hddm_flower.stages.prepare import assign_objectives, prepare_data
@@ -20,6 +21,7 @@ from .one_shot import OneShotExperts
 
 APP_DIR = Path(__file__).resolve().parent.parent
 app = ServerApp()
+quiet_libraries()  # no third-party progress bars or warnings in the Flower log
 NOT_TRAINED = "not trained in this run"  # the reason of an absent expert this run did not target
 
 
