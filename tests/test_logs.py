@@ -27,4 +27,3 @@ def test_training_process_logs_its_progress_and_nothing_else(tiny_config_path, d
     assert [x.split(" step ")[1].split()[0] for x in lines] == ["1/3", "2/3", "3/3"]
     assert all(x.startswith("INFO :") for x in lines)
     assert "it/s" not in proc.stderr and "Loading weights" not in proc.stderr and "Warning" not in proc.stderr
-
