@@ -30,6 +30,11 @@ DEFAULT_CONFIG = shipped_configs() / "default.yaml"
 
 def _config(args, run_dir: Path | None = None) -> Config:
     overrides = parse_overrides(" ".join(args.set or []))
+    if getattr(args, "coordinator_device", None):
+        from .devices import resolve_device
+
+        resolve_device(args.coordinator_device)  # a device this machine lacks fails here, before any work
+        overrides["coordinator.device"] = args.coordinator_device
     if args.config is None and run_dir is not None and (run_dir / CONFIG).is_file():
         return load_config(run_dir / CONFIG, overrides)  # the run's resolved config
     if args.config is None and not DEFAULT_CONFIG.exists():
@@ -173,7 +178,7 @@ def cmd_train_router(args) -> None:
     cfg = _config(args)
     run_dir = Path(args.run_dir)
     fit_router(cfg, _dataset(args, cfg), run_dir, progress=True)
-    print(f"router written to {run_dir / ROUTER}")
+    print(f"router written to {run_dir / ROUTER} (device {cfg.coordinator.device})")
 
 
 def cmd_assemble(args) -> None:
@@ -236,7 +241,10 @@ def cmd_add_expert(args) -> None:
     run_dir = Path(args.run_dir)
     if not (run_dir / EXPERTS).is_dir():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no {EXPERTS}/ folder)")
-    cfg = load_config(args.config or run_dir / CONFIG, parse_overrides(" ".join(args.set or [])))
+    overrides = parse_overrides(" ".join(args.set or []))
+    if args.coordinator_device:
+        overrides["coordinator.device"] = args.coordinator_device
+    cfg = load_config(args.config or run_dir / CONFIG, overrides)
     report = add_expert(
         run_dir,
         Path(args.checkpoint),
@@ -291,10 +299,12 @@ def cmd_sample(args) -> None:
     if s.routing == "top_k" and not 1 <= s.top_k <= len(present):
         raise ConfigError(f"sampling.top_k={s.top_k} but this run has {len(present)} experts ({present})")
     # every argument checked: now load the pipeline (progress bars on the terminal)
+    from .devices import resolve_device
     from .hddm_pipeline import load_pipeline, sample_images, sampling_defaults
     from .report import save_grid
 
     pipe = load_pipeline(run_dir, progress=True, sampling=sampling_defaults(cfg))
+    pipe.to(resolve_device(cfg.coordinator.device))
     images = sample_images(pipe, prompts, samples_per_prompt=s.samples_per_prompt, seed=s.seed)
     save_grid(images, len(prompts), out)
     record = {
@@ -351,6 +361,15 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
+    def device_option(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--device",
+            dest="coordinator_device",
+            default=None,
+            help="where router training, sampling, decoding and features run: auto (cuda when present), cpu, "
+            "cuda or cuda:N (default: coordinator.device)",
+        )
+
     sp = add(
         "prepare",
         cmd_prepare,
@@ -393,8 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp = add("train-router", cmd_train_router, "train the router on all clusters into RUN/router")
     sp.add_argument("--run-dir", required=True)
+    device_option(sp)
     sp = add("assemble", cmd_assemble, "train the router, evaluate and sample the experts in RUN/experts")
     sp.add_argument("--run-dir", required=True)
+    device_option(sp)
     sp = add(
         "evaluate",
         cmd_evaluate,
@@ -402,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
         "per-expert quality, router accuracy vs t; writes report.md/json, grids, plots",
     )
     sp.add_argument("--run-dir", required=True)
+    device_option(sp)
     sp.add_argument(
         "--modes",
         help="comma-separated routing modes, e.g. top1,top2,full,threshold,oracle "
@@ -414,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
         "monolith of equal compute; write the paper's two tables side by side",
     )
     sp.add_argument("--out", required=True, help="output folder (experts are reused from it on a second run)")
+    device_option(sp)
     sp.add_argument(
         "--jobs",
         type=int,
@@ -430,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (experts/, config.yaml, report.json)")
     sp.add_argument("checkpoint", metavar="CHECKPOINT", help="an expert folder (hddm train-expert --out)")
     sp.add_argument("--replace", action="store_true", help="replace the run's expert with the same id")
+    device_option(sp)
     sp.add_argument(
         "--cluster-data",
         default=None,
@@ -445,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
         config_default="RUN/config.yaml",
     )
     sp.add_argument("--run-dir", required=True)
+    device_option(sp)
     sp.add_argument("--prompt", action="append", help="a prompt (repeatable; default: the config's prompts)")
     sp.add_argument("--out", help="PNG path (default RUN/samples-cli.png); the settings go beside it as .json")
     sp = sub.add_parser(

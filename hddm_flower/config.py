@@ -295,6 +295,8 @@ class RouterConfig:
     local_lr: float = 1.0  # federated: the nodes' SGD step size (with server_optimizer adam, Adam's is optim.lr)
     server_optimizer: str = "adam"  # federated: "adam" (FedAdam: Adam on the averaged update) or "avg" (FedAvg)
     restricted_softmax: float = 1.0  # federated: scale of absent classes' logits in local training (1 = off)
+    epochs: float = 0.0  # central: > 0 = passes over all clusters' training split; steps = ⌈epochs × N / batch_size⌉
+    shuffle_buffer: int = 4096  # central: samples held for shuffling the streamed clusters (shared among them)
 
     @property
     def num_rounds(self) -> int:
@@ -315,6 +317,29 @@ class RouterConfig:
         r.positive("local_lr")
         if not 0 < self.restricted_softmax <= 1:
             r.fail("restricted_softmax", "must be in (0, 1] (1 = plain softmax)")
+        if self.epochs < 0:
+            r.fail("epochs", "must be ≥ 0 (0 = router.steps)")
+        r.at_least(1, "shuffle_buffer")
+        return self
+
+
+DEVICES_HELP = "auto (cuda when present, else cpu), cpu, cuda or cuda:N"
+
+
+@dataclass
+class CoordinatorConfig:
+    """Where the server side runs: router training, ensemble sampling, VAE decoding, the feature classifier and
+    the evaluation's feature networks."""
+
+    device: str = "auto"  # auto = cuda when present, else cpu
+    mixed_precision: str = "auto"  # bf16 autocast for router training and expert forwards; auto = bf16 on cuda
+
+    def validate(self, source: str = "<config>", prefix: str = "coordinator.") -> CoordinatorConfig:
+        r = _Rules(self, source, prefix)
+        d = self.device
+        if not (d in ("auto", "cpu", "cuda", "mps") or (d.startswith("cuda:") and d[5:].isdigit())):
+            r.fail("device", f"unknown device {_show(d)}; expected {DEVICES_HELP}")
+        r.choice("mixed_precision", ("auto", *PRECISIONS), "precision")
         return self
 
 
@@ -424,7 +449,7 @@ class FederationConfig:
         return self
 
 
-SECTIONS = ("data", "objectives", "ddpm", "expert", "router", "sampling", "evaluation", "federation")
+SECTIONS = ("data", "objectives", "ddpm", "expert", "router", "sampling", "evaluation", "federation", "coordinator")
 
 
 @dataclass
@@ -438,6 +463,7 @@ class Config:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
 
     def validate(self, source: str = "<config>") -> Config:
         """Each section's own checks, then those spanning sections; raises :class:`ConfigError` naming the key

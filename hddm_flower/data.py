@@ -479,6 +479,116 @@ def stream_batches(
             raise ValueError(f"no {split!r} samples in cluster {cluster} of {dataset_dir}")
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# The coordinator's streams: images or latents and cluster labels only (never captions or text states)
+
+IMAGE_MEMBERS = (".latent.npy", ".png", ".json")
+"""The only shard members :func:`stream_images` reads: the image or latent, and the sample's json (its split).
+Captions (``.txt``) and text states (``.emb.npy``, up to 118 KiB a sample at paper scale) are skipped unread."""
+
+
+def _image_member(name: str) -> bool:
+    return name.endswith(IMAGE_MEMBERS)
+
+
+def split_size(meta: dict, clusters: list[int] | None = None, split: str | None = "train") -> int:
+    """Number of samples of ``split`` (``"train"``, ``"val"``, or None for both) in ``clusters`` (default all),
+    from ``meta.json`` (no shard is read)."""
+    infos = [c for c in meta["clusters"] if clusters is None or c["id"] in clusters]
+    val = sum(c.get("val", 0) for c in infos)
+    return {"train": sum(c["size"] for c in infos) - val, "val": val, None: sum(c["size"] for c in infos)}[split]
+
+
+def _image_stream(dataset_dir, meta: dict, cluster: int, split: str | None, *, shuffle: bool, seed: int, buffer: int):
+    """One cluster's samples as ``(x (C, H, W) float32, label)``, reading image/latent and json members only."""
+    import webdataset as wds
+
+    urls = cluster_shards(dataset_dir, cluster, meta)
+    ds = wds.WebDataset(
+        urls,
+        shardshuffle=len(urls) if shuffle else False,
+        detshuffle=shuffle,
+        nodesplitter=None,
+        empty_check=False,
+        seed=seed,
+        select_files=_image_member,
+    ).decode("rgb8")
+    if split is not None:
+        ds = ds.select(lambda s: s["json"]["split"] == split)
+    if shuffle:
+        ds = ds.shuffle(buffer, rng=random.Random(seed))
+    for s in ds:
+        if "latent.npy" in s:
+            x = np.asarray(s["latent.npy"], np.float32)  # already scaled by the VAE's scaling factor
+        else:
+            x = np.asarray(s["png"], np.float32).transpose(2, 0, 1) / 127.5 - 1
+        yield x, cluster
+
+
+def stream_images(
+    dataset_dir: str | os.PathLike,
+    clusters: list[int] | None = None,
+    *,
+    batch_size: int,
+    split: str | None = "train",
+    seed: int = 0,
+    shuffle: bool = True,
+    shuffle_buffer: int = 1000,
+    loop: bool = True,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Batches ``(x0 (B, C, H, W) float32, cluster labels (B,) int64)`` streamed from the shard sets of
+    ``clusters`` (default all), reading only each sample's image or latent and json (:data:`IMAGE_MEMBERS`).
+
+    Memory does not grow with the dataset: one batch plus the shuffle buffers. With ``shuffle`` every cluster is
+    its own seeded stream (shard order reshuffled each epoch, a buffer of ``shuffle_buffer / K`` samples) and each
+    sample is drawn from cluster k with probability ∝ the samples k has left in the epoch, so every batch mixes
+    the clusters as the whole split does and an epoch visits every sample once. Without ``shuffle``: the clusters
+    in order, shards in order. ``loop``: endless epochs; else one pass, the last batch partial. ``split`` None
+    reads train and val.
+    """
+    meta = read_meta(dataset_dir)
+    if clusters is None:
+        clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
+    sizes = {k: split_size(meta, [k], split) for k in clusters}
+    if not sum(sizes.values()):
+        raise ValueError(f"no {split or 'train/val'!r} samples in clusters {clusters} of {dataset_dir}")
+    buffer = max(1, shuffle_buffer // len(clusters))
+    epoch = 0
+    while True:
+        rng = random.Random(f"{seed}-{epoch}")
+        streams = {
+            k: _image_stream(dataset_dir, meta, k, split, shuffle=shuffle, seed=seed + 7919 * epoch + k, buffer=buffer)
+            for k in clusters
+            if sizes[k]
+        }
+        left = {k: sizes[k] for k in streams}
+
+        def samples():
+            while streams:
+                k = rng.choices(list(left), weights=list(left.values()))[0] if shuffle else next(iter(streams))
+                item = next(streams[k], None)
+                if item is None or left[k] <= 1:  # cluster exhausted (meta sizes are exact; stop on either)
+                    if item is not None:
+                        yield item
+                    del streams[k], left[k]
+                    continue
+                left[k] -= 1
+                yield item
+
+        xs, ys = [], []
+        for x, y in samples():
+            xs.append(x)
+            ys.append(y)
+            if len(xs) == batch_size:
+                yield torch.from_numpy(np.stack(xs)), torch.tensor(ys)
+                xs, ys = [], []
+        if xs and not loop:
+            yield torch.from_numpy(np.stack(xs)), torch.tensor(ys)
+        if not loop:
+            return
+        epoch += 1
+
+
 class StreamingSplit:
     """One cluster's training data read as a stream (:func:`stream_batches`), for clusters larger than RAM.
 

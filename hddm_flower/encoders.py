@@ -62,11 +62,17 @@ def pixel_decoder(cfg: Config, dataset_dir: Path):
     latent = read_meta(dataset_dir).get("latent")
     if not latent:
         return lambda x: x
-    codec = LatentCodec(cfg.data.vae or latent["path"])
+    from .devices import resolve_device
+
+    device = resolve_device(cfg.coordinator.device)
+    codec = LatentCodec(cfg.data.vae or latent["path"], device=device)
 
     @torch.no_grad()
     def decode(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([codec.decode(x[i : i + 64]) for i in range(0, len(x), 64)]) if len(x) else x
+        """On the coordinator's device (fp32), back on ``x``'s device."""
+        if not len(x):
+            return x
+        return torch.cat([codec.decode(x[i : i + 64].to(device)).to(x.device) for i in range(0, len(x), 64)])
 
     return decode
 

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .choices import ROUTING_MODES, VELOCITY_SCALINGS
+from .devices import autocast
 from .experts import map_cond
 from .objectives import cap_velocity_rms, velocity_rms, velocity_rms_prior
 
@@ -86,7 +87,8 @@ class Ensemble(nn.Module):
     federation) are masked out of the router's posterior, which is renormalised over the experts present.
     ``router(x_t, t) → logits (B, num_experts)``. ``velocity_scaling``: see :class:`VelocityScaling` (off by
     default); when it is on, each converted expert's ``clamp_counts`` (if set) also counts its eligible and scaled
-    rows.
+    rows. ``mixed_precision="bf16"``: :func:`sample_ensemble` runs the router and experts under bf16 autocast (the
+    state ``x`` and the Euler update stay float32).
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class Ensemble(nn.Module):
         k: int = 2,
         threshold: float = 0.2,
         velocity_scaling: VelocityScaling = VelocityScaling(),
+        mixed_precision: str = "no",
     ):
         super().__init__()
         if not experts:
@@ -111,10 +114,14 @@ class Ensemble(nn.Module):
         self.experts = nn.ModuleDict({str(i): e for i, e in sorted(experts.items())})
         self.router = router
         self.num_experts, self.routing, self.k, self.threshold = num_experts, routing, k, threshold
-        self.velocity_scaling = velocity_scaling
+        self.velocity_scaling, self.mixed_precision = velocity_scaling, mixed_precision
         present = torch.zeros(num_experts, dtype=torch.bool)
         present[list(experts)] = True
         self.register_buffer("present", present, persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.present.device
 
     def posterior(self, x_t: Tensor, t: Tensor) -> Tensor:
         """Router posterior ``p(k | x_t, t)`` over the experts present (B, K)."""
@@ -225,10 +232,19 @@ def sample_ensemble(
     generator: torch.Generator | None = None,
     on_step: Callable[[int, Tensor], None] | None = None,
 ) -> Tensor:
-    """Sample from the ensemble: FM Euler from ``noise`` (t = 1) to data (t = 0), CFG per expert."""
-    return euler_sample(
-        lambda x, t: ensemble.velocity(x, t, cond, uncond, cfg_scale, labels=labels, generator=generator),
-        noise,
-        num_steps,
-        on_step=on_step,
-    )
+    """Sample from the ensemble: FM Euler from ``noise`` (t = 1) to data (t = 0), CFG per expert.
+
+    Runs on the ensemble's device (inputs moved there once; the result returns to ``noise``'s device and dtype),
+    under bf16 autocast when the ensemble's ``mixed_precision`` says so."""
+    device = ensemble.device
+    move = lambda c: c.to(device, non_blocking=True)  # noqa: E731
+    cond, uncond = map_cond(move, cond), map_cond(move, uncond)
+    labels = None if labels is None else move(labels)
+    with autocast(device, ensemble.mixed_precision):
+        x = euler_sample(
+            lambda x, t: ensemble.velocity(x, t, cond, uncond, cfg_scale, labels=labels, generator=generator),
+            move(noise),
+            num_steps,
+            on_step=on_step,
+        )
+    return x.to(noise.device, noise.dtype)

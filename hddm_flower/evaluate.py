@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from . import metrics as M
 from .config import Config, ConfigError
 from .data import Split, load_split, load_uncond, read_meta
+from .devices import autocast
 from .encoders import pixel_decoder
 from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from .experts import DDPMExpert, map_cond
@@ -118,7 +119,7 @@ class _TracedRouter(nn.Module):
     def forward(self, x_t: Tensor, t: Tensor) -> Tensor:
         logits = self.inner(x_t, t)
         probs = logits.float().masked_fill(~self.present, float("-inf")).softmax(-1)
-        self.trace.append((float(t[0]), probs.detach(), self.labels))
+        self.trace.append((t[0].detach(), probs.detach(), self.labels))  # no host sync while sampling
         return logits
 
 
@@ -157,7 +158,8 @@ def sample_mode(
         k=spec.get("k", 1),
         threshold=threshold,
         velocity_scaling=scaling,
-    )
+        mixed_precision=ensemble.mixed_precision,
+    ).to(ensemble.device)
     P, S = len(prompts.captions), samples_per_prompt
     cfg = ensemble.router.config
     noise = torch.randn(
@@ -195,6 +197,7 @@ def sample_mode(
     # the router's posterior per step → mixing weights of this mode (sample mode: expected weights)
     steps = {}
     for t, probs, chunk_labels in traced.trace:
+        t, probs = float(t), probs.cpu()  # the trace stayed on the device while sampling
         if spec["routing"] == "sample":
             w = probs
         else:
@@ -445,7 +448,11 @@ def per_expert_quality(
         if isinstance(expert, DDPMExpert):
             expert.clamp_counts = counts
         try:
-            images = euler_sample(lambda x, t: expert.velocity(x, t, prompts.cond, un, s.cfg_scale), noise, steps)
+            dev = ensemble.device
+            cond, un = map_cond(lambda c: c.to(dev), prompts.cond), map_cond(lambda c: c.to(dev), un)
+            with autocast(dev, ensemble.mixed_precision), torch.no_grad():
+                images = euler_sample(lambda x, t: expert.velocity(x, t, cond, un, s.cfg_scale), noise.to(dev), steps)
+            images = images.float().cpu()
             images = decode(images) if decode is not None else images
         finally:
             if isinstance(expert, DDPMExpert):

@@ -40,12 +40,18 @@ class FeatureExtractor:
     num_features: int
     fn: Callable[[Tensor], Tensor]
     batch_size: int = 256
+    device: torch.device = torch.device("cpu")  # where ``fn`` runs; the features come back to the CPU
 
     @torch.no_grad()
     def __call__(self, images: Tensor) -> Tensor:
-        """Features (N, d) in float64, computed in batches."""
+        """Features (N, d) in float64 on the CPU, computed in batches on ``device``."""
+        if not len(images):
+            return torch.zeros(0, self.num_features, dtype=torch.float64)
         return torch.cat(
-            [self.fn(images[i : i + self.batch_size]).double() for i in range(0, len(images), self.batch_size)]
+            [
+                self.fn(images[i : i + self.batch_size].to(self.device)).double().cpu()
+                for i in range(0, len(images), self.batch_size)
+            ]
         )
 
 
@@ -53,7 +59,7 @@ class FeatureExtractor:
 # Feature networks
 
 
-def inception_features(weights_path: str | os.PathLike) -> FeatureExtractor:
+def inception_features(weights_path: str | os.PathLike, device: str | torch.device = "cpu") -> FeatureExtractor:
     """The FID Inception-v3 pool features (2048-d) from a local torch-fidelity weights file."""
     from torchmetrics.image.fid import NoTrainInceptionV3
 
@@ -64,6 +70,7 @@ def inception_features(weights_path: str | os.PathLike) -> FeatureExtractor:
     net = NoTrainInceptionV3(
         name="inception-v3-compat", features_list=["2048"], feature_extractor_weights_path=str(path)
     ).eval()
+    net.to(device)
 
     def fn(images: Tensor) -> Tensor:
         x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
@@ -71,7 +78,9 @@ def inception_features(weights_path: str | os.PathLike) -> FeatureExtractor:
             x = x.expand(-1, 3, -1, -1)
         return net(x).reshape(len(x), -1)
 
-    return FeatureExtractor(f"inception-v3 pool3 2048-d ({path.name})", 2048, fn, batch_size=64)
+    return FeatureExtractor(
+        f"inception-v3 pool3 2048-d ({path.name})", 2048, fn, batch_size=64, device=torch.device(device)
+    )
 
 
 class FeatureClassifier(ModelMixin, ConfigMixin):
@@ -186,6 +195,7 @@ def classifier_features(net: FeatureClassifier, description: str) -> FeatureExtr
         f"hddm feature classifier {net.config.feature_dim}-d ({description})",
         net.config.feature_dim,
         lambda x: net.features(x),
+        device=next(net.parameters()).device,
     )
 
 

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from .checkpoints import META, ROUTER_META, WEIGHTS, load_expert, read_expert_meta, save_expert, sha256_file
 from .config import Config, ConfigError, config_from_dict
 from .data import load_split, load_uncond, read_meta
+from .devices import resolve_device, resolve_precision
 from .encoders import pixel_decoder
 from .ensemble import Ensemble
 from .evaluate import evaluate_run, feature_network
@@ -145,7 +146,15 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
             t_eps=cfg.sampling.t_eps,
             x0_clamp=cfg.sampling.x0_clamp,
         )
-        ens = Ensemble({0: mono}, _OneExpertRouter(meta["channels"], meta["image_size"]), 1, routing="top_k", k=1)
+        dev = resolve_device(cfg.coordinator.device)
+        ens = Ensemble(
+            {0: mono},
+            _OneExpertRouter(meta["channels"], meta["image_size"]),
+            1,
+            routing="top_k",
+            k=1,
+            mixed_precision=resolve_precision(cfg.coordinator.mixed_precision, dev),
+        ).to(dev)
         run_dir.mkdir(parents=True, exist_ok=True)
         return name, evaluate_run(
             cfg,
@@ -184,7 +193,8 @@ def _train_job(a: tuple) -> None:
     if k is None:
         fn = lambda: train_monolith(cfg, dataset_dir, progress=progress)  # noqa: E731
     else:
-        fn = lambda: train_one_expert(cfg, dataset_dir, k, obj, progress=progress)  # noqa: E731
+        device = resolve_device(cfg.coordinator.device)
+        fn = lambda: train_one_expert(cfg, dataset_dir, k, obj, device=device, progress=progress)  # noqa: E731
     _train_or_reuse(Path(folder), fingerprint, fn, dtype=cfg.expert.weights_dtype)
 
 
@@ -236,6 +246,7 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
         dataclasses.replace(e, steps=steps),
         seed=e.seed + 1000,
         name="monolith [fm]",
+        device=resolve_device(cfg.coordinator.device),
         progress=progress,
     )
     meta |= {
@@ -362,7 +373,8 @@ def reproduce(
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "torch_threads": torch.get_num_threads(),
         "training_processes": jobs,
-        "device": "cpu",
+        "device": str(resolve_device(cfg.coordinator.device)),
+        "mixed_precision": resolve_precision(cfg.coordinator.mixed_precision, resolve_device(cfg.coordinator.device)),
         "cpu_seconds": round(
             sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]), 1
         ),  # user + system

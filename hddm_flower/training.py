@@ -12,7 +12,7 @@ import logging
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from .choices import OPTIMIZERS, PRECISIONS
 from .config import ExpertConfig, OptimConfig, RouterConfig
 from .data import Split
-from .experts import Expert
+from .experts import Expert, _draw
 from .models import Router, TextCond
 from .objectives import fm_interpolate
 
@@ -256,32 +256,47 @@ def train_expert(
 
 
 def router_loss(router: Router, x0: Tensor, labels: Tensor, generator: torch.Generator) -> Tensor:
-    """Cross-entropy of the cluster label from ``(x_t, t)``, with x_t on the FM path and t ~ U(0, 1)."""
-    t = torch.rand(len(x0), generator=generator)
-    x_t = fm_interpolate(x0, torch.randn(x0.shape, generator=generator), t)
-    return torch.nn.functional.cross_entropy(router(x_t, t), labels)
+    """Cross-entropy of the cluster label from ``(x_t, t)``, with x_t on the FM path and t ~ U(0, 1) (drawn from
+    ``generator`` wherever it lives, used on ``x0``'s device)."""
+    t = _draw(torch.rand, (len(x0),), generator, x0)
+    x_t = fm_interpolate(x0, _draw(torch.randn, x0.shape, generator, x0), t)
+    return torch.nn.functional.cross_entropy(router(x_t, t).float(), labels)
 
 
-def train_router(router: Router, data: Split, options: RouterConfig, *, progress: bool = False) -> TrainStats:
-    """Train the router on the coordinator's copy of the data (all clusters, labels = cluster ids), as the
-    ``router`` config section says."""
-    router.train()
-    batch_size = options.batch_size
+def train_router(
+    router: Router,
+    batches: Iterator[tuple[Tensor, Tensor]],
+    options: RouterConfig,
+    *,
+    steps: int | None = None,
+    device: torch.device | str = "cpu",
+    mixed_precision: str = "no",
+    progress: bool = False,
+) -> TrainStats:
+    """Train the router on ``(x0, cluster label)`` batches (:func:`hddm_flower.data.stream_images`: all clusters,
+    images or latents only) as the ``router`` config section says, for ``steps`` (default ``options.steps``) on
+    ``device``, optionally under bf16 autocast. Batches move to the device without a host sync; the loss stays
+    there between log lines."""
+    device = torch.device(device)
+    router.to(device).train()
+    steps = options.steps if steps is None else steps
 
     def loss_fn(g: torch.Generator) -> Tensor:
-        idx = torch.randint(0, len(data), (batch_size,), generator=g)
-        return router_loss(router, data.images[idx], data.labels[idx], g)
+        x0, labels = next(batches)
+        return router_loss(router, x0.to(device, non_blocking=True), labels.to(device, non_blocking=True), g)
 
     stats, _ = fit(
         router,
         loss_fn,
         options.optim,
-        steps=options.steps,
+        steps=steps,
         seed=options.seed,
+        mixed_precision=mixed_precision,
         log_every=options.log_every,
         name="router",
         progress=progress,
     )
-    stats.images_seen = options.steps * batch_size
+    stats.images_seen = steps * options.batch_size
+    stats.peak_memory_bytes = peak_memory_bytes(device)
     router.eval()
     return stats

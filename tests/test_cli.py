@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from hddm_flower.cli import main
 
@@ -36,16 +37,31 @@ def test_stages_without_flower(tiny_config_path, dataset_dir, cache_dir, tmp_pat
         )
     meta = json.loads((run / "experts" / "expert-1" / "hddm_expert.json").read_text())
     assert meta["objective"] == "ddpm" and meta["steps"] == 2  # the config gives cluster 1 DDPM
-    assert main(["assemble", *common, "--run-dir", str(run)]) == 0
+    assert main(["assemble", *common, "--run-dir", str(run), "--device", "cpu"]) == 0
     report = json.loads((run / "report.json").read_text())
     assert len(report["experts"]) == 2 and [m["expert_id"] for m in report["missing"]] == [2, 3]
     assert (
-        main(["sample", *common, "--run-dir", str(run), "--prompt", "red apple", "--out", str(tmp_path / "apple.png")])
+        main(
+            [
+                *("sample", *common, "--run-dir", str(run), "--prompt", "red apple"),
+                *("--out", str(tmp_path / "apple.png"), "--device", "cpu"),
+            ]
+        )
         == 0
     )
     assert (tmp_path / "apple.png").exists()
-    assert main(["train-router", *common, "--run-dir", str(tmp_path / "r2")]) == 0
+    # every coordinator stage takes --device (here the CPU, explicitly) and records where it ran
+    assert main(["train-router", *common, "--run-dir", str(tmp_path / "r2"), "--device", "cpu"]) == 0
     assert (tmp_path / "r2" / "router" / "diffusion_pytorch_model.safetensors").exists()
+    assert json.loads((tmp_path / "r2" / "router" / "hddm_router.json").read_text())["device"] == "cpu"
+    assert (
+        main(["evaluate", "--run-dir", str(run), "--cache-dir", str(cache_dir), "--modes", "top1", "--device", "cpu"])
+        == 0
+    )
+    if not torch.cuda.is_available():  # a device the machine lacks: one line, non-zero, before any work
+        capsys.readouterr()
+        assert main(["reproduce", *common, "--out", str(tmp_path / "rep"), "--device", "cuda"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err and not (tmp_path / "rep").exists()
 
 
 @pytest.mark.parametrize(

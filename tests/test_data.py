@@ -1,6 +1,8 @@
 """The embedded dataset: Twemoji rendering, MiniLM states, clustering, shards, and safe preparation."""
 
+import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,3 +105,57 @@ def test_concurrent_prepare_builds_once_and_failure_leaves_nothing(tmp_path, mon
         prepare_embedded(tmp_path, num_clusters=3, limit=24)
     leftovers = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".") or not p.name.endswith(".lock")]
     assert leftovers == [out[0].name]
+
+
+def _poison_text_members(src, dst):
+    """A copy of a dataset whose caption and text-state members are bytes no decoder accepts."""
+    import io
+    import shutil
+    import tarfile
+
+    shutil.copytree(src, dst)
+    for shard in Path(dst).glob("cluster-*/shard-*.tar"):
+        members = []
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                data = tar.extractfile(m).read()
+                if m.name.endswith((".txt", ".emb.npy")):
+                    data = b"\xff\xfe\x00 not text, not npy"
+                members.append((m.name, data))
+        with tarfile.open(shard, "w") as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def test_router_data_path_reads_no_text_member(tiny_config, dataset_dir, tmp_path):
+    """The router's stream reads images/latents and labels only: on a dataset whose every caption and text-state
+    member is undecodable it yields each training sample once (same images, same labels as the in-RAM split), and
+    the router trains from it, its steps derived from router.epochs."""
+    import dataclasses
+
+    from hddm_flower.data import load_split, read_meta, split_size, stream_images
+    from hddm_flower.stages.router import fit_router
+
+    poisoned = tmp_path / "poisoned"
+    _poison_text_members(dataset_dir, poisoned)
+    from webdataset.autodecode import DecodingError
+
+    with pytest.raises(DecodingError):  # anything that decodes a text member fails on this copy
+        load_split(poisoned, [0], "train")
+    ref = load_split(dataset_dir, None, "train")
+    n = split_size(read_meta(poisoned), None, "train")
+    assert n == len(ref)
+    batches = list(stream_images(poisoned, None, batch_size=7, split="train", seed=3, loop=False))
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    assert len(x) == n and all(len(b[0]) == 7 for b in batches[:-1])
+    key = lambda imgs, labels: sorted(zip(labels.tolist(), imgs.flatten(1).sum(1).tolist()))  # noqa: E731
+    assert key(x, y) == key(ref.images, ref.labels)  # every sample once, with its cluster's label
+    assert len(set(y[:32].tolist())) > 1  # batches mix the clusters
+    r = dataclasses.replace(tiny_config.router, epochs=0.5, batch_size=8)
+    cfg = dataclasses.replace(tiny_config, router=r)
+    fit_router(cfg, poisoned, tmp_path / "run", device="cpu")
+    info = json.loads((tmp_path / "run" / "router" / "hddm_router.json").read_text())
+    assert info["steps"] == -(-n // 16) and info["device"] == "cpu" and info["training_images"] == n

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..checkpoints import load_expert, load_router
 from ..config import Config
 from ..data import load_split
+from ..devices import resolve_device, resolve_precision
 from ..ensemble import Ensemble, VelocityScaling
 from ..evaluate import evaluate_run
 from ..hddm_pipeline import load_pipeline, sample_images, write_run_index
@@ -28,10 +29,18 @@ def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> t
         metas.append(meta)
     router = router if router is not None else load_router(run_dir / ROUTER)
     scaling = VelocityScaling(s.velocity_scaling, s.velocity_scaling_t, s.x0_variance)
+    device = resolve_device(cfg.coordinator.device)
     ensemble = Ensemble(
-        experts, router, cfg.num_experts, routing=s.routing, k=s.top_k, threshold=s.threshold, velocity_scaling=scaling
+        experts,
+        router,
+        cfg.num_experts,
+        routing=s.routing,
+        k=s.top_k,
+        threshold=s.threshold,
+        velocity_scaling=scaling,
+        mixed_precision=resolve_precision(cfg.coordinator.mixed_precision, device),
     )
-    return ensemble, metas
+    return ensemble.to(device), metas
 
 
 def finish_run(
@@ -79,6 +88,7 @@ def evaluate_and_report(
     )
     write_run_index(cfg, run_dir, dataset_dir)  # the run directory is now a diffusers pipeline folder
     pipe = load_pipeline(run_dir, progress=progress)  # the run directory as a diffusers pipeline
+    pipe.to(resolve_device(cfg.coordinator.device))
     images = sample_images(pipe, s.prompts, samples_per_prompt=s.samples_per_prompt, seed=s.seed)
     save_grid(images, len(s.prompts), run_dir / SAMPLES)
     metrics["sampling"] = {

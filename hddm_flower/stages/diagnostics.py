@@ -27,6 +27,8 @@ def evaluate(
       with every expert present the gap is what routing errors cost.
     """
     g = torch.Generator().manual_seed(seed)
+    dev = ensemble.device
+    images, labels, cond = data.images.to(dev), data.labels.to(dev), map_cond(lambda c: c.to(dev), data.cond)
     out: dict[str, Any] = {
         "times": list(times),
         "num_images": len(data),
@@ -38,25 +40,25 @@ def evaluate(
     present = [int(k) for k in ensemble.experts]
     per_expert = {k: [] for k in present}
     for t in times:
-        eps = torch.randn(data.images.shape, generator=g)
-        x_t = fm_interpolate(data.images, eps, torch.tensor(t))
-        target = eps - data.images
-        tt = torch.full((len(data),), t)
+        eps = torch.randn(data.images.shape, generator=g).to(dev)
+        x_t = fm_interpolate(images, eps, torch.tensor(t, device=dev))
+        target = eps - images
+        tt = torch.full((len(data),), t, device=dev)
         probs = ensemble.posterior(x_t, tt)
         top2 = probs.topk(2, -1).indices
-        out["router_top1_accuracy"].append((top2[:, 0] == data.labels).float().mean().item())
-        out["router_top2_accuracy"].append((top2 == data.labels[:, None]).any(-1).float().mean().item())
-        v = ensemble.velocity(x_t, tt, data.cond)
+        out["router_top1_accuracy"].append((top2[:, 0] == labels).float().mean().item())
+        out["router_top2_accuracy"].append((top2 == labels[:, None]).any(-1).float().mean().item())
+        v = ensemble.velocity(x_t, tt, cond)
         out["ensemble_velocity_mse"].append(((v - target) ** 2).mean().item())
-        mine = torch.isin(data.labels, torch.tensor(present))
+        mine = torch.isin(labels, torch.tensor(present, device=dev))
         v_oracle = ensemble.velocity(
-            x_t[mine], tt[mine], map_cond(lambda c: c[mine], data.cond), routing="oracle", labels=data.labels[mine]
+            x_t[mine], tt[mine], map_cond(lambda c: c[mine], cond), routing="oracle", labels=labels[mine]
         )
         out["oracle_velocity_mse"].append(((v_oracle - target[mine]) ** 2).mean().item())
         for k in present:
-            rows = data.labels == k
+            rows = labels == k
             if rows.any():
-                v_k = ensemble.experts[str(k)].velocity(x_t[rows], tt[rows], map_cond(lambda c: c[rows], data.cond))
+                v_k = ensemble.experts[str(k)].velocity(x_t[rows], tt[rows], map_cond(lambda c: c[rows], cond))
                 per_expert[k].append(((v_k - target[rows]) ** 2).mean().item())
     out["expert_velocity_mse"] = {str(k): float(np.mean(v)) if v else None for k, v in per_expert.items()}
     return out

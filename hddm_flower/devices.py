@@ -1,0 +1,41 @@
+"""Where the coordinator's stages run: one device name resolved the same way everywhere, and when bf16 is used.
+
+``auto`` is CUDA when present, else the CPU. bf16 autocast is used where it is safe (router training, the experts'
+and router's forward passes in sampling) and never for statistics (FID/KID sums stay float64 on the CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """``auto``/None/"" → ``cuda`` when available, else ``cpu``; anything else as torch reads it. A CUDA device
+    asked for on a machine without one is an error, not a silent fallback."""
+    if isinstance(name, torch.device):
+        return name
+    if name in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {name!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: CUDA is not available on this machine")
+    return device
+
+
+def resolve_precision(mixed_precision: str, device: torch.device) -> str:
+    """``auto`` → ``bf16`` on CUDA, ``no`` elsewhere (CPU bf16 autocast is slow on most CPUs)."""
+    if mixed_precision == "auto":
+        return "bf16" if device.type == "cuda" else "no"
+    return mixed_precision
+
+
+def autocast(device: torch.device, mixed_precision: str):
+    """A bf16 autocast context for ``device`` when ``mixed_precision`` is ``bf16``, else a null context."""
+    if mixed_precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
