@@ -491,6 +491,10 @@ def _image_member(name: str) -> bool:
     return name.endswith(IMAGE_MEMBERS)
 
 
+def _image_and_text_member(name: str) -> bool:
+    return name.endswith((*IMAGE_MEMBERS, ".emb.npy"))
+
+
 def split_size(meta: dict, clusters: list[int] | None = None, split: str | None = "train") -> int:
     """Number of samples of ``split`` (``"train"``, ``"val"``, or None for both) in ``clusters`` (default all),
     from ``meta.json`` (no shard is read)."""
@@ -499,8 +503,11 @@ def split_size(meta: dict, clusters: list[int] | None = None, split: str | None 
     return {"train": sum(c["size"] for c in infos) - val, "val": val, None: sum(c["size"] for c in infos)}[split]
 
 
-def _image_stream(dataset_dir, meta: dict, cluster: int, split: str | None, *, shuffle: bool, seed: int, buffer: int):
-    """One cluster's samples as ``(x (C, H, W) float32, label)``, reading image/latent and json members only."""
+def _image_stream(
+    dataset_dir, meta: dict, cluster: int, split: str | None, *, shuffle: bool, seed: int, buffer: int, text: bool
+):
+    """One cluster's samples as ``(x (C, H, W) float32, label)`` (``text``: ``+ (states, mask)``), reading the
+    image/latent and json members only, and the text states only when asked."""
     import webdataset as wds
 
     urls = cluster_shards(dataset_dir, cluster, meta)
@@ -511,7 +518,7 @@ def _image_stream(dataset_dir, meta: dict, cluster: int, split: str | None, *, s
         nodesplitter=None,
         empty_check=False,
         seed=seed,
-        select_files=_image_member,
+        select_files=_image_and_text_member if text else _image_member,
     ).decode("rgb8")
     if split is not None:
         ds = ds.select(lambda s: s["json"]["split"] == split)
@@ -522,7 +529,14 @@ def _image_stream(dataset_dir, meta: dict, cluster: int, split: str | None, *, s
             x = np.asarray(s["latent.npy"], np.float32)  # already scaled by the VAE's scaling factor
         else:
             x = np.asarray(s["png"], np.float32).transpose(2, 0, 1) / 127.5 - 1
-        yield x, cluster
+        if not text:
+            yield x, cluster
+            continue
+        L, dim = meta["max_caption_tokens"], meta["text_dim"]
+        emb = np.asarray(s["emb.npy"], np.float32)[:L]
+        pad = np.zeros((L, dim), np.float32)
+        pad[: len(emb)] = emb
+        yield x, cluster, pad, np.arange(L) < len(emb)
 
 
 def stream_images(
@@ -535,7 +549,8 @@ def stream_images(
     shuffle: bool = True,
     shuffle_buffer: int = 1000,
     loop: bool = True,
-) -> Iterator[tuple[Tensor, Tensor]]:
+    text: bool = False,
+) -> Iterator[tuple]:
     """Batches ``(x0 (B, C, H, W) float32, cluster labels (B,) int64)`` streamed from the shard sets of
     ``clusters`` (default all), reading only each sample's image or latent and json (:data:`IMAGE_MEMBERS`).
 
@@ -544,7 +559,8 @@ def stream_images(
     sample is drawn from cluster k with probability ∝ the samples k has left in the epoch, so every batch mixes
     the clusters as the whole split does and an epoch visits every sample once. Without ``shuffle``: the clusters
     in order, shards in order. ``loop``: endless epochs; else one pass, the last batch partial. ``split`` None
-    reads train and val.
+    reads train and val. ``text`` (the evaluation's feature classifier; never the router): batches also carry
+    the caption states, ``(x0, labels, TextCond)``.
     """
     meta = read_meta(dataset_dir)
     if clusters is None:
@@ -557,7 +573,9 @@ def stream_images(
     while True:
         rng = random.Random(f"{seed}-{epoch}")
         streams = {
-            k: _image_stream(dataset_dir, meta, k, split, shuffle=shuffle, seed=seed + 7919 * epoch + k, buffer=buffer)
+            k: _image_stream(
+                dataset_dir, meta, k, split, shuffle=shuffle, seed=seed + 7919 * epoch + k, buffer=buffer, text=text
+            )
             for k in clusters
             if sizes[k]
         }
@@ -575,18 +593,75 @@ def stream_images(
                 left[k] -= 1
                 yield item
 
-        xs, ys = [], []
-        for x, y in samples():
-            xs.append(x)
-            ys.append(y)
-            if len(xs) == batch_size:
-                yield torch.from_numpy(np.stack(xs)), torch.tensor(ys)
-                xs, ys = [], []
-        if xs and not loop:
-            yield torch.from_numpy(np.stack(xs)), torch.tensor(ys)
+        def collate(items):
+            x, y = torch.from_numpy(np.stack([i[0] for i in items])), torch.tensor([i[1] for i in items])
+            if not text:
+                return x, y
+            states, mask = (torch.from_numpy(np.stack([i[j] for i in items])) for j in (2, 3))
+            return x, y, TextCond(states, mask.float())
+
+        items = []
+        for item in samples():
+            items.append(item)
+            if len(items) == batch_size:
+                yield collate(items)
+                items = []
+        if items and not loop:
+            yield collate(items)
         if not loop:
             return
         epoch += 1
+
+
+def stream_captions(
+    dataset_dir: str | os.PathLike,
+    clusters: list[int] | None = None,
+    *,
+    split: str = "val",
+    seed: int = 0,
+    shuffle_buffer: int = 1000,
+) -> Iterator[tuple[str, np.ndarray, np.ndarray, int]]:
+    """One seeded, shuffled pass over the captions of ``split`` in ``clusters`` (default all), interleaved at
+    random: ``(caption, padded text states (L, dim), mask (L,), cluster)``. Reads the text and json members only
+    (no image), so picking prompts costs what the prompts need, not the split."""
+    import webdataset as wds
+
+    meta = read_meta(dataset_dir)
+    if clusters is None:
+        clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
+    L, dim = meta["max_caption_tokens"], meta["text_dim"]
+    rng = random.Random(seed)
+
+    def one(k: int):
+        urls = cluster_shards(dataset_dir, k, meta)
+        ds = (
+            wds.WebDataset(
+                urls,
+                shardshuffle=len(urls),
+                detshuffle=True,
+                nodesplitter=None,
+                empty_check=False,
+                seed=seed + k,
+                select_files=lambda name: name.endswith((".txt", ".emb.npy", ".json")),
+            )
+            .decode()
+            .select(lambda s: s["json"]["split"] == split)
+            .shuffle(max(1, shuffle_buffer // len(clusters)), rng=random.Random(seed + k))
+        )
+        for s in ds:
+            emb = np.asarray(s["emb.npy"], np.float32)[:L]
+            pad = np.zeros((L, dim), np.float32)
+            pad[: len(emb)] = emb
+            yield s["txt"], pad, np.arange(L) < len(emb), k
+
+    streams = {k: one(k) for k in clusters}
+    while streams:
+        k = rng.choice(sorted(streams))
+        item = next(streams[k], None)
+        if item is None:
+            del streams[k]
+            continue
+        yield item
 
 
 class StreamingSplit:

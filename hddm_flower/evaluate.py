@@ -27,13 +27,14 @@ from tqdm.auto import tqdm
 
 from . import metrics as M
 from .config import Config, ConfigError
-from .data import Split, load_split, load_uncond, read_meta
-from .devices import autocast
+from .data import Split, load_split, load_uncond, read_meta, split_size, stream_captions, stream_images
+from .devices import autocast, resolve_device
 from .encoders import pixel_decoder
 from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from .experts import DDPMExpert, map_cond
 from .federated import FeatureSums, frechet_distance_from_sums
 from .models import TextCond
+from .reference import DEFAULT_KID_RESERVOIR, ReferenceStats, pooled, reference_statistics
 from .report import plot_router_weights, plot_usage, save_prompt_grids
 from .rundir import EXPERT_USAGE_PLOT, FEATURE_NET, GRIDS, ROUTER_WEIGHTS_PLOT
 
@@ -84,28 +85,24 @@ def all_images(dataset_dir: Path) -> Split:
 
 
 def choose_prompts(dataset_dir: Path, n: int, seed: int, clusters: list[int] | None = None) -> Prompts:
-    """``n`` distinct captions, held-out ones first (then training ones if the validation split is short)."""
-    g = torch.Generator().manual_seed(seed)
-    pools = []
+    """``n`` distinct captions, held-out ones first (then training ones if the validation split is short), from
+    seeded caption streams (:func:`~hddm_flower.data.stream_captions`): only as many samples are read as it takes
+    to find them, and no image."""
+    picked: dict[str, tuple] = {}
     for split in ("val", "train"):
-        try:
-            pools.append(load_split(dataset_dir, clusters, split))
-        except ValueError as e:  # a split may be empty in these clusters; any other problem is raised
-            if f"no {split!r} samples" not in str(e):
-                raise
-    idx_all, seen = [], set()
-    for s_i, s in enumerate(pools):
-        for i in torch.randperm(len(s), generator=g).tolist():
-            if s.captions[i] not in seen and len(idx_all) < n:
-                seen.add(s.captions[i])
-                idx_all.append((s_i, i))
-    if not idx_all:
+        for caption, states, mask, k in stream_captions(dataset_dir, clusters, split=split, seed=seed):
+            if len(picked) >= n:
+                break
+            picked.setdefault(caption, (states, mask, k))
+    if not picked:
         raise ValueError(f"no captions in clusters {clusters} of {dataset_dir}")
-    pick = lambda f: torch.stack([f(pools[s_i])[i] for s_i, i in idx_all])  # noqa: E731
+    rows = list(picked.values())
     return Prompts(
-        [pools[s_i].captions[i] for s_i, i in idx_all],
-        TextCond(pick(lambda s: s.cond.states), pick(lambda s: s.cond.mask)),
-        pick(lambda s: s.labels),
+        list(picked),
+        TextCond(
+            torch.from_numpy(np.stack([r[0] for r in rows])), torch.from_numpy(np.stack([r[1] for r in rows])).float()
+        ),
+        torch.tensor([r[2] for r in rows]),
     )
 
 
@@ -223,6 +220,7 @@ def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None
     set, else the classifier in ``folder`` (trained on the dataset and saved there on first use)."""
     ev = cfg.evaluation
     meta = read_meta(dataset_dir)
+    device = resolve_device(cfg.coordinator.device)
     desc = f"trained on {meta['name']} v{meta['version']} ({Path(dataset_dir).name})"
     if (folder / "config.json").exists():
         info = json.loads((folder / "hddm_feature_net.json").read_text())
@@ -234,29 +232,60 @@ def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None
             )
         net = M.FeatureClassifier.from_pretrained(folder).eval()
     else:
-        data = all_images(dataset_dir)
-        train = load_split(dataset_dir, None, "train")
-        images = decode(train.images) if decode is not None else train.images  # pixels, also for latent data
-        net, stats = M.train_feature_classifier(
-            images,
-            train.labels,
-            M.pooled_caption(*train.cond),
+        num_train = split_size(meta, None, "train")
+        pixels = decode if decode is not None else (lambda x: x)  # pixels, also for latent data
+        batches = (
+            (pixels(x), y, M.pooled_caption(*cond))
+            for x, y, cond in stream_images(
+                dataset_dir, None, batch_size=64, split="train", seed=ev.seed, shuffle_buffer=4096, text=True
+            )
+        )
+        channels = 3 if meta.get("latent") else meta["channels"]
+        net, stats = M.train_feature_classifier_stream(
+            batches,
             meta["num_clusters"],
+            in_channels=channels,
+            text_dim=meta["text_dim"],
             steps=ev.feature_steps,
             seed=ev.seed,
+            device=device,
             progress=progress,
         )
         net.save_pretrained(folder)
         (folder / "hddm_feature_net.json").write_text(
-            json.dumps({**stats, "trained_on": desc, "num_images": len(train), "reference_images": len(data)}, indent=2)
+            json.dumps(
+                {
+                    **stats,
+                    "batch_size": 64,
+                    "trained_on": desc,
+                    "num_images": num_train,
+                    "data": "streamed (train split)",
+                    "reference_images": split_size(meta, None, None),
+                },
+                indent=2,
+            )
         )
+    net.to(device)
     classifier_fx = M.classifier_features(net, desc)
-    fx = M.inception_features(ev.inception_weights) if ev.inception_weights else classifier_fx
+    fx = M.inception_features(ev.inception_weights, device) if ev.inception_weights else classifier_fx
     return fx, net, desc
 
 
-def _quality(fx: M.FeatureExtractor, ref_feats: Tensor | FeatureSums, images: Tensor, ev) -> dict:
+def _quality(fx: M.FeatureExtractor, ref_feats: Tensor | FeatureSums | ReferenceStats, images: Tensor, ev) -> dict:
     feats = fx(images)
+    if isinstance(ref_feats, ReferenceStats):  # cached statistics: exact FID sums, KID on the reservoir sample
+        kid, kid_std, size = M.kernel_distance(
+            ref_feats.kid_features, feats, subset_size=ev.kid_subset_size, subsets=ev.kid_subsets, seed=ev.seed
+        )
+        return {
+            "fid": frechet_distance_from_sums(ref_feats.sums, feats),
+            "kid": kid,
+            "kid_std": kid_std,
+            "kid_subset_size": size,
+            "num_samples": len(images),
+            "num_reference": ref_feats.count,
+            "num_kid_reference": len(ref_feats.kid_features),
+        }
     if isinstance(ref_feats, FeatureSums):  # federated reference statistics: FID only (KID needs the features)
         return {
             "fid": frechet_distance_from_sums(ref_feats, feats),
@@ -277,25 +306,6 @@ def _quality(fx: M.FeatureExtractor, ref_feats: Tensor | FeatureSums, images: Te
         "num_samples": len(images),
         "num_reference": len(ref_feats),
     }
-
-
-def _central_reference(cfg: Config, dataset_dir: Path, fx: M.FeatureExtractor, decode) -> tuple:
-    """The coordinator's reference: the dataset's images (a seeded subset of ``evaluation.reference_images``), in
-    pixels, their features, whether it is a subset, and how the report describes it."""
-    ev = cfg.evaluation
-    ref = all_images(dataset_dir)
-    subset = 0 < ev.reference_images < len(ref)
-    if subset:
-        keep = torch.randperm(len(ref), generator=torch.Generator().manual_seed(ev.seed))[: ev.reference_images]
-        ref = Split(
-            ref.images[keep],
-            TextCond(ref.cond.states[keep], ref.cond.mask[keep]),
-            ref.labels[keep],
-            [ref.captions[i] for i in keep.tolist()],
-        )
-    ref = dataclasses.replace(ref, images=decode(ref.images))
-    text = f"{len(ref)} images of the dataset (train + val{', seeded subset' if subset else ''})"
-    return ref, fx(ref.images), subset, text
 
 
 def evaluate_run(
@@ -324,16 +334,27 @@ def evaluate_run(
     )
     distance = M.lpips_distance(ev.alexnet_weights or None, fallback=classifier, fallback_description=desc)
     if reference is not None:
-        ref, ref_feats = None, sum(reference.values(), FeatureSums.zeros(fx.num_features))
-        subset, reference_text = (
-            False,
-            (
-                f"{ref_feats.count} images of clusters {sorted(reference)}, as sums of their features computed by "
-                f"the nodes that hold them (federated)"
-            ),
+        ref_feats = sum(reference.values(), FeatureSums.zeros(fx.num_features))
+        reference_text = (
+            f"{ref_feats.count} images of clusters {sorted(reference)}, as sums of their features computed by "
+            f"the nodes that hold them (federated)"
         )
     else:
-        ref, ref_feats, subset, reference_text = _central_reference(cfg, dataset_dir, fx, decode)
+        stats, cached = reference_statistics(
+            dataset_dir,
+            fx,
+            decode=decode,
+            reservoir=ev.reference_images or DEFAULT_KID_RESERVOIR,
+            seed=ev.seed,
+            progress=progress,
+        )
+        ref_feats = pooled(stats, ev.seed)
+        reference_text = (
+            f"{ref_feats.count} images of the dataset (train + val): exact FID statistics of every image, KID on a "
+            f"seeded uniform sample of {len(ref_feats.kid_features)}; "
+            + ("reused from" if cached["reused"] else "computed in one streaming pass, cached in")
+            + f" {cached['file'] or 'nowhere (the dataset folder is read-only)'}"
+        )
     prompts = choose_prompts(dataset_dir, ev.num_prompts, ev.seed)
     uncond = load_uncond(dataset_dir)
     result: dict[str, Any] = {
@@ -398,7 +419,7 @@ def evaluate_run(
         if reference is not None:
             per_cluster = {k: (sums.count, sums) for k, sums in reference.items()}
         else:
-            per_cluster = {k: (int(n), ref_feats[ref.labels == k]) for k, n in enumerate(torch.bincount(ref.labels))}
+            per_cluster = {k: (st.count, st) for k, st in stats.items()}
         result["per_expert"] = per_expert_quality(
             cfg, ensemble, dataset_dir, fx, per_cluster, uncond, steps, decode=decode, progress=progress
         )

@@ -17,6 +17,7 @@ local CLIP folder is configured.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ class FeatureExtractor:
     fn: Callable[[Tensor], Tensor]
     batch_size: int = 256
     device: torch.device = torch.device("cpu")  # where ``fn`` runs; the features come back to the CPU
+    fingerprint: str = ""  # identifies the weights (cache key of reference statistics)
 
     @torch.no_grad()
     def __call__(self, images: Tensor) -> Tensor:
@@ -79,7 +81,12 @@ def inception_features(weights_path: str | os.PathLike, device: str | torch.devi
         return net(x).reshape(len(x), -1)
 
     return FeatureExtractor(
-        f"inception-v3 pool3 2048-d ({path.name})", 2048, fn, batch_size=64, device=torch.device(device)
+        f"inception-v3 pool3 2048-d ({path.name})",
+        2048,
+        fn,
+        batch_size=64,
+        device=torch.device(device),
+        fingerprint=f"{path.name}:{path.stat().st_size}",
     )
 
 
@@ -148,21 +155,65 @@ def train_feature_classifier(
     seed: int = 0,
     progress: bool = False,
 ) -> tuple[FeatureClassifier, dict]:
-    """Train :class:`FeatureClassifier` on (images, cluster labels, caption embeddings): cross-entropy on the
-    labels plus cosine distance to the caption embedding, with random horizontal flips. Returns (net, stats)."""
+    """:func:`train_feature_classifier_stream` on tensors in memory (random batches); ``train_accuracy`` is
+    measured on all of them."""
+    g = torch.Generator().manual_seed(seed + 1)
+
+    def batches():
+        while True:
+            idx = torch.randint(0, len(images), (batch_size,), generator=g)
+            yield images[idx], labels[idx], caption_emb[idx]
+
+    net, stats = train_feature_classifier_stream(
+        batches(),
+        num_classes,
+        in_channels=images.shape[1],
+        text_dim=caption_emb.shape[1],
+        steps=steps,
+        lr=lr,
+        seed=seed,
+        progress=progress,
+    )
+    with torch.no_grad():
+        acc = torch.cat([net(images[i : i + 512])[0].argmax(-1) for i in range(0, len(images), 512)])
+    return net, stats | {"batch_size": batch_size, "train_accuracy": (acc == labels).float().mean().item()}
+
+
+def train_feature_classifier_stream(
+    batches,
+    num_classes: int,
+    *,
+    in_channels: int,
+    text_dim: int,
+    steps: int = 600,
+    lr: float = 2e-3,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+) -> tuple[FeatureClassifier, dict]:
+    """Train :class:`FeatureClassifier` on ``(images, cluster labels, caption embeddings)`` batches (a stream: the
+    data never has to fit in memory) on ``device``: cross-entropy on the labels plus cosine distance to the caption
+    embedding, with random horizontal flips. Returns (net, stats); ``train_accuracy`` is measured on the batches of
+    the last tenth of the steps."""
     from .config import OptimConfig
     from .training import fit
 
+    device = torch.device(device)
     torch.manual_seed(seed)
-    net = FeatureClassifier(in_channels=images.shape[1], num_classes=num_classes, text_dim=caption_emb.shape[1])
+    net = FeatureClassifier(in_channels=in_channels, num_classes=num_classes, text_dim=text_dim).to(device)
+    hits = torch.zeros(2, device=device)  # correct, seen over the last tenth (stays on the device)
+    step = [0]
 
     def loss_fn(g: torch.Generator) -> Tensor:
-        idx = torch.randint(0, len(images), (batch_size,), generator=g)
-        x = images[idx]
-        flip = torch.rand(batch_size, generator=g) < 0.5
+        x, y, emb = (t.to(device, non_blocking=True) for t in next(batches))
+        flip = (torch.rand(len(x), generator=g) < 0.5).to(device)
         x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-        logits, emb = net(x)
-        return F.cross_entropy(logits, labels[idx]) + (1 - F.cosine_similarity(emb, caption_emb[idx])).mean()
+        logits, e = net(x)
+        step[0] += 1
+        if step[0] > steps - max(1, steps // 10):
+            hits[0] += (logits.argmax(-1) == y).sum()
+            hits[1] += len(y)
+        return F.cross_entropy(logits, y) + (1 - F.cosine_similarity(e, emb)).mean()
 
     net.train()
     with torch.enable_grad():
@@ -177,15 +228,12 @@ def train_feature_classifier(
             progress=progress,
         )
     net.eval()
-    with torch.no_grad():
-        acc = torch.cat([net(images[i : i + 512])[0].argmax(-1) for i in range(0, len(images), 512)])
     return net, {
         "steps": steps,
-        "batch_size": batch_size,
         "lr": lr,
         "seed": seed,
         "final_loss": stats.final_loss,
-        "train_accuracy": (acc == labels).float().mean().item(),
+        "train_accuracy": (hits[0] / hits[1].clamp(min=1)).item(),
         "device_seconds": round(stats.device_seconds, 3),
     }
 
@@ -196,7 +244,17 @@ def classifier_features(net: FeatureClassifier, description: str) -> FeatureExtr
         net.config.feature_dim,
         lambda x: net.features(x),
         device=next(net.parameters()).device,
+        fingerprint=state_fingerprint(net),
     )
+
+
+def state_fingerprint(net: nn.Module) -> str:
+    """sha256 (16 hex digits) of a network's state: names, shapes, dtypes and values."""
+    h = hashlib.sha256()
+    for name, t in sorted(net.state_dict().items()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,176 @@
+"""FID/KID reference statistics of a dataset: one streaming pass, cached beside the dataset.
+
+The reference of every evaluation (and of ``hddm reproduce``) is the dataset's images, train and val. They are
+never held in memory: :func:`reference_statistics` streams them once (image or latent and cluster label only,
+:func:`hddm_flower.data.stream_images`), decodes and featurises them batch by batch, and keeps per cluster
+
+* the FID sufficient statistics ``(n, Σf, Σffᵀ)`` in float64 (:class:`~hddm_flower.federated.FeatureSums`), exact
+  for every image, and
+* a seeded uniform reservoir sample of features for KID (whose cubic kernel has no finite sufficient statistics).
+
+Memory is ``K × (d² + R·d)`` whatever the dataset size. The result is cached in ``DATASET/reference-stats/`` under
+a key of (dataset fingerprint, feature network name and weights fingerprint, reservoir size, seed) and reused by
+every later evaluation with the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .data import read_meta, split_size, stream_images
+from .federated import FeatureSums
+from .metrics import FeatureExtractor
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR = "reference-stats"
+DEFAULT_KID_RESERVOIR = 10_000
+
+
+@dataclass
+class ReferenceStats:
+    """One reference set: exact FID sums and a uniform sample of its features for KID (float64)."""
+
+    sums: FeatureSums
+    kid_features: Tensor
+
+    @property
+    def count(self) -> int:
+        return self.sums.count
+
+
+def pooled(stats: dict[int, ReferenceStats], seed: int = 0) -> ReferenceStats:
+    """The reference of the union of clusters: sums add; the KID sample takes from each cluster's reservoir a
+    share ∝ its image count (a uniform sample of the union, as large as the largest reservoir allows)."""
+    sums = sum((s.sums for s in stats.values()), FeatureSums.zeros(next(iter(stats.values())).sums.dim))
+    total = sum(s.count for s in stats.values())
+    size = min(
+        (len(s.kid_features) * total // s.count for s in stats.values() if s.count), default=0
+    )  # largest R with every cluster able to contribute its share
+    g = torch.Generator().manual_seed(seed)
+    parts = []
+    for k in sorted(stats):
+        s = stats[k]
+        take = round(size * s.count / total) if total else 0
+        parts.append(s.kid_features[torch.randperm(len(s.kid_features), generator=g)[:take]])
+    return ReferenceStats(sums, torch.cat(parts))
+
+
+def reference_key(dataset_dir: str | os.PathLike, fx: FeatureExtractor, reservoir: int, seed: int) -> str:
+    """Cache key of (dataset, feature network, reservoir size, seed)."""
+    meta = read_meta(dataset_dir)
+    dataset = {k: meta.get(k) for k in ("name", "version", "num_images", "image_size", "channels", "latent")}
+    dataset["clusters"] = [(c["id"], c["size"], c.get("val", 0)) for c in meta["clusters"]]
+    text = json.dumps([dataset, fx.name, fx.fingerprint, reservoir, seed], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+@torch.no_grad()
+def compute_reference(
+    dataset_dir: str | os.PathLike,
+    fx: FeatureExtractor,
+    *,
+    decode=None,
+    reservoir: int = DEFAULT_KID_RESERVOIR,
+    seed: int = 0,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> dict[int, ReferenceStats]:
+    """Per-cluster reference statistics of every image (train + val) in one streaming pass."""
+    meta = read_meta(dataset_dir)
+    total = split_size(meta, None, None)
+    d = fx.num_features
+    sums: dict[int, FeatureSums] = {}
+    kept: dict[int, list[Tensor]] = {}
+    seen: dict[int, int] = {}
+    rng = random.Random(seed)
+    batches = stream_images(dataset_dir, None, batch_size=batch_size, split=None, shuffle=False, loop=False)
+    bar = tqdm(total=total, desc="reference statistics", disable=not progress, unit="img")
+    for x, labels in batches:
+        feats = fx(decode(x) if decode is not None else x)  # (B, d) float64 on the CPU
+        for k in labels.unique().tolist():
+            f = feats[labels == k]
+            sums[k] = sums.get(k, FeatureSums.zeros(d)) + FeatureSums.of(f)
+            pool = kept.setdefault(k, [])
+            for row in f:  # Algorithm R: every image of cluster k is kept with probability R / n_k
+                n = seen[k] = seen.get(k, 0) + 1
+                if len(pool) < reservoir:
+                    pool.append(row.clone())
+                else:
+                    j = rng.randrange(n)
+                    if j < reservoir:
+                        pool[j] = row.clone()
+        bar.update(len(x))
+    bar.close()
+    return {
+        k: ReferenceStats(sums[k], torch.stack(kept[k]) if kept[k] else torch.zeros(0, d, dtype=torch.float64))
+        for k in sorted(sums)
+    }
+
+
+def reference_statistics(
+    dataset_dir: str | os.PathLike,
+    fx: FeatureExtractor,
+    *,
+    decode=None,
+    reservoir: int = DEFAULT_KID_RESERVOIR,
+    seed: int = 0,
+    batch_size: int = 256,
+    cache: bool = True,
+    progress: bool = False,
+) -> tuple[dict[int, ReferenceStats], dict]:
+    """Per-cluster reference statistics, from the cache beside the dataset or computed (and cached) in one
+    streaming pass. Returns (statistics, provenance: cache file, whether it was reused, key)."""
+    from safetensors.torch import load_file, save_file
+
+    key = reference_key(dataset_dir, fx, reservoir, seed)
+    folder = Path(dataset_dir) / CACHE_DIR
+    path, info_path = folder / f"{key}.safetensors", folder / f"{key}.json"
+    if cache and path.is_file() and info_path.is_file():
+        arrays = load_file(path)
+        clusters = json.loads(info_path.read_text())["clusters"]
+        stats = {
+            int(k): ReferenceStats(
+                FeatureSums(int(n), arrays[f"{k}.total"], arrays[f"{k}.outer"]), arrays[f"{k}.kid_features"]
+            )
+            for k, n in clusters.items()
+        }
+        return stats, {"file": str(path), "reused": True, "key": key}
+    stats = compute_reference(
+        dataset_dir, fx, decode=decode, reservoir=reservoir, seed=seed, batch_size=batch_size, progress=progress
+    )
+    provenance = {"file": None, "reused": False, "key": key}
+    if cache:
+        arrays = {}
+        for k, s in stats.items():
+            arrays |= {f"{k}.total": s.sums.total, f"{k}.outer": s.sums.outer, f"{k}.kid_features": s.kid_features}
+        info = {
+            "feature_network": fx.name,
+            "feature_fingerprint": fx.fingerprint,
+            "dataset": str(Path(dataset_dir).resolve()),
+            "kid_reservoir": reservoir,
+            "seed": seed,
+            "clusters": {str(k): s.count for k, s in stats.items()},
+            "statistics": "per cluster: n, Σf, Σffᵀ (float64, every image, train + val) and a uniform reservoir "
+            "sample of features for KID",
+        }
+        try:
+            folder.mkdir(exist_ok=True)
+            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+            save_file({k: v.contiguous() for k, v in arrays.items()}, tmp)
+            info_path.write_text(json.dumps(info, indent=2))
+            os.replace(tmp, path)  # the weights file last: its presence means the pair is complete
+            provenance["file"] = str(path)
+        except OSError as e:  # a read-only dataset: use the statistics without caching them
+            log.warning("reference statistics not cached beside %s: %s", dataset_dir, e)
+    return stats, provenance
