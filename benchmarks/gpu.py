@@ -5,8 +5,13 @@
 2. Ensemble sampling at 256² (32² latents) with the paper's config (8 XL/2 experts, 2 DDPM through the conversion,
    a B/2 router, CFG 7.5, top-2, bf16 autocast, random weights): images/s at 50 steps, grouped top-2 against one
    expert; and grouped against the per-sample routing loop at 5 steps (``sampling.py``).
+3. The coordinator's kernels (``gpu_coordinator.py``): B/2 router training steps (bf16, batch 256), SD-VAE decode
+   of 32² latents to 256² images, Inception-v3 feature throughput.
+4. The coordinator's stages on the GPU (``coordinator_scale.py --device cuda``): router training from a stream,
+   the reference-statistics pass and one evaluation mode at N and 4N samples in the paper's latent layout (peak
+   RSS and time; skipped by ``--dry-run``, whose CPU budget is the test suite's: the tests run those stages).
 
-    python benchmarks/gpu.py                       # on the GPU machine
+    python benchmarks/gpu.py                       # on the GPU machine (≈ 6 minutes on an H100/H200)
     python benchmarks/gpu.py --dry-run             # CPU, test presets: checks the script end to end
 
 Writes ``benchmarks/results/gpu.json`` (and the parts' own JSON next to it).
@@ -37,6 +42,7 @@ def main(argv=None) -> dict:
     p.add_argument("--dry-run", action="store_true", help="CPU, test presets, 1–2 steps")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM: 989)")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--coordinator-n", type=int, default=4000, help="N of the coordinator stages (4N is also run)")
     args = p.parse_args(argv)
     out = Path(args.out_dir)
     step, sampling = _load("gpu_xl_step"), _load("sampling")
@@ -110,6 +116,19 @@ def main(argv=None) -> dict:
             str(out / "gpu_sampling_loop.json"),
         ]
     )
+    kernels = ["--dry-run", "--out", str(out / "gpu_coordinator-dry-run.json")] if dry else ["--device", "cuda"]
+    result["coordinator_kernels"] = _load("gpu_coordinator").main(
+        kernels + ([] if dry else ["--out", str(out / "gpu_coordinator.json")])
+    )
+    if dry:
+        result["coordinator_stages"] = "skipped in --dry-run (tests/test_data.py and tests/test_cli.py run the stages)"
+    else:
+        import subprocess
+
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "coordinator_scale.py"), "--device", "cuda"]
+        cmd += ["--n", str(args.coordinator_n), "--threads", "8", "--out", str(out / "gpu_coordinator_scale")]
+        subprocess.run(cmd, check=True)
+        result["coordinator_stages"] = json.loads((out / "gpu_coordinator_scale.json").read_text())
     result["seconds"] = time.perf_counter() - t0
     path = out / ("gpu-dry-run.json" if dry else "gpu.json")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -400,7 +400,7 @@ class EvaluationConfig:
     feature_steps: int = 600  # training steps of the feature classifier (offline FID/KID features)
     kid_subset_size: int = 100
     kid_subsets: int = 100
-    reference_images: int = 0  # FID/KID reference: a seeded subset of this many dataset images (0 = all)
+    reference_images: int = 0  # KID reference: a seeded reservoir of this many images per cluster (0 = 10,000)
     times: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # router accuracy vs t
     # FID reference statistics: "central" (the coordinator's images) or "federated" (each node sends the sums
     # n, Σf, Σffᵀ of its clusters' features; FID only, no KID)

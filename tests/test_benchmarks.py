@@ -89,6 +89,8 @@ def test_gpu_benchmark_dry_run(tmp_path):
     assert r["training"]["test"]["model_flops_per_step"] > 0
     assert r["sampling"]["grouped_vs_per_sample"]["max_abs_diff_grouped_vs_per_sample"] < 1e-3
     assert (tmp_path / "gpu-dry-run.json").exists()
+    k = r["coordinator_kernels"]  # router steps, VAE decode and Inception features run (tiny shapes on the CPU)
+    assert k["router"]["steps_per_s"] > 0 and k["inception"]["features"] == 2048 and k["vae_decode"]["images_per_s"] > 0
 
 
 def test_bench_runner_writes_the_table(tiny_config_path, dataset_dir, cache_dir, tmp_path):
