@@ -9,7 +9,7 @@ is a view of its first quarter (symlinked shards), so both are the same data.
 Each stage runs in its own process (stages cannot mask each other's peaks); it reports its peak RSS
 (``ru_maxrss``), its RSS after imports and setup, and its wall time:
 
-* ``router``: :func:`hddm_flower.pipeline.fit_router` for a fixed number of steps (the data it reads does not
+* ``router``: :func:`hddm_flower.stages.router.fit_router` for a fixed number of steps (the data it reads does not
   grow with N: the time should not either);
 * ``reference``: the evaluation's feature classifier trained from a stream (fixed steps), then the FID/KID
   reference statistics of every image in one streaming pass, cached beside the dataset (reads all N);
@@ -152,9 +152,11 @@ def stage(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
+    from hddm_flower.encoders import pixel_decoder
     from hddm_flower.evaluate import evaluate_run, feature_network
-    from hddm_flower.pipeline import fit_router, load_ensemble, pixel_decoder
     from hddm_flower.reference import reference_statistics
+    from hddm_flower.stages.assemble import load_ensemble
+    from hddm_flower.stages.router import fit_router
 
     d, work = Path(args.dataset), Path(args.work)
     cfg = config(args, work)
@@ -183,7 +185,9 @@ def stage(args) -> dict:
 def setup_run(args, d: Path, work: Path) -> None:
     """Experts (one step each, the test preset) and a router for the evaluation stage; not measured."""
     from hddm_flower.checkpoints import save_expert
-    from hddm_flower.pipeline import assign_objectives, fit_router, train_one_expert
+    from hddm_flower.stages.expert import train_one_expert
+    from hddm_flower.stages.prepare import assign_objectives
+    from hddm_flower.stages.router import fit_router
 
     cfg = config(args, work)
     run = work / "run"
