@@ -39,6 +39,7 @@ from .choices import (
     WIRE_DTYPES,
     X0_CLAMP,
 )
+from .presets import EXPERT_PRESETS, ROUTER_PRESETS
 
 # the sections that decide an expert's weights (federation and sampling settings may change between runs)
 TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")
@@ -261,8 +262,7 @@ class ExpertConfig:
 
     def validate(self, source: str = "<config>", prefix: str = "expert.") -> ExpertConfig:
         r = _Rules(self, source, prefix)
-        if not self.preset.strip():
-            r.fail("preset", "must name a model preset")
+        r.choice("preset", tuple(EXPERT_PRESETS), "expert preset")
         r.at_least(1, "steps", "batch_size", "grad_accumulation", "log_every")
         r.at_least(0, "checkpoint_every")
         self.optim.validate(source, f"{prefix}optim.")
@@ -305,8 +305,7 @@ class RouterConfig:
 
     def validate(self, source: str = "<config>", prefix: str = "router.") -> RouterConfig:
         r = _Rules(self, source, prefix)
-        if not self.preset.strip():
-            r.fail("preset", "must name a model preset")
+        r.choice("preset", tuple(ROUTER_PRESETS), "router preset")
         r.at_least(1, "steps", "batch_size", "log_every", "local_steps")
         self.optim.validate(source, f"{prefix}optim.")
         r.seed()
@@ -488,6 +487,10 @@ class Config:
             r.fail("num_experts", f"name: gmm has 8 patterns, one per cluster: needs 1..8 experts, got {k}")
         if d.name == "gmm" and d.gmm_samples < 2 * k:
             r.fail("data.gmm_samples", f"needs at least 2 images per cluster, got {d.gmm_samples}")
+        for name, table in (("expert", EXPERT_PRESETS), ("router", ROUTER_PRESETS)):
+            patch = table[getattr(self, name).preset]["patch_size"]
+            if d.image_size % patch:
+                r.fail("data.image_size", f"{d.image_size} is not a multiple of the {name} preset's patch size {patch}")
         if self.data.fine_clusters < k:
             r.fail("data.fine_clusters", f"must be ≥ num_experts ({k})")
         if self.sampling.top_k > k:

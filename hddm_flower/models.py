@@ -16,23 +16,7 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from torch import Tensor, nn
 
 from .objectives import FM_TIME_SCALE
-
-# hidden width = heads × head_dim. The DiT sizes (S, B, XL; patch 2) follow Peebles & Xie; at the paper's input
-# shapes (4×32×32 latents, CLIP ViT-L/14 text states of width 768) XL/2 has 607M parameters (paper: 605M).
-EXPERT_PRESETS: dict[str, dict] = {
-    "test": dict(num_layers=1, num_attention_heads=2, attention_head_dim=16, patch_size=2),
-    "tiny": dict(num_layers=4, num_attention_heads=4, attention_head_dim=32, patch_size=2),
-    "S/2": dict(num_layers=12, num_attention_heads=6, attention_head_dim=64, patch_size=2),
-    "B/2": dict(num_layers=12, num_attention_heads=12, attention_head_dim=64, patch_size=2),
-    "XL/2": dict(num_layers=28, num_attention_heads=16, attention_head_dim=72, patch_size=2),
-}
-# the router is a DiT classifier: B/2 on 4×32×32 latents has 128.5M parameters (paper: ≈129M)
-ROUTER_PRESETS: dict[str, dict] = {
-    "test": dict(depth=1, hidden_size=32, num_heads=2, patch_size=4),
-    "tiny": dict(depth=3, hidden_size=96, num_heads=4, patch_size=4),
-    "S/2": dict(depth=12, hidden_size=384, num_heads=6, patch_size=2),
-    "B/2": dict(depth=12, hidden_size=768, num_heads=12, patch_size=2),
-}
+from .presets import EXPERT_PRESETS, ROUTER_PRESETS
 
 
 def _preset(table: dict, name: str, kind: str) -> dict:
