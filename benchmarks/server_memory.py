@@ -132,6 +132,7 @@ def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> d
     from flwr.supercore.task_identity import TaskIdentity
 
     import strategies.one_shot
+    from hddm_flower.accept import ExpertSpec, ExpertStore
     from strategies.one_shot import OneShotExperts
     from tests.fake_grid import WireRuntime, wire_grid
 
@@ -151,14 +152,14 @@ def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> d
         nodes, deliver, message_id=lambda proto: f"{proto.metadata.message_type}-{nodes[proto.metadata.dst_node_id]}"
     )
     grid = wire_grid(runtime)
+    spec = ExpertSpec(num_experts=experts, model_config=model_config(layers), max_bytes=0, preset="B/2")
     strategy = OneShotExperts(
-        run_dir,
+        ExpertStore(run_dir, spec),
         {"expert": {"preset": "B/2"}},
         ["fm"] * experts,
         min_nodes=experts,
         node_wait_timeout=1,
         poll_interval=0.01,
-        model_config=model_config(layers),
     )
     spooled_pull = strategies.one_shot.pull_replies
     if mode == "flwr":  # flwr's own pull (the chunks inflated in memory) instead of the spooled one

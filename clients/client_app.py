@@ -39,6 +39,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from hddm_flower import wire
 from hddm_flower.checkpoints import weights_bytes
 from hddm_flower.config import OBJECTIVES, TRAINING_SECTIONS, config_from_dict
 from hddm_flower.data import cluster_shards, default_cache_dir
@@ -48,7 +49,6 @@ from hddm_flower.stages.prepare import prepare_data
 
 from . import federated
 
-WIRE_STYPE = "safetensors"  # strategies.one_shot.WIRE_STYPE (the client does not import the server side)
 app = ClientApp()
 quiet_libraries()  # no third-party progress bars or warnings in the Flower log
 log = logging.getLogger("hddm_flower.client")
@@ -71,17 +71,17 @@ def query(msg: Message, context: Context) -> Message:
     """Report who this node is; the server assigns experts from these answers."""
     info = ConfigRecord({str(k): v for k, v in context.node_config.items()})
     info["cuda"] = torch.cuda.is_available()
-    return Message(RecordDict({"node-info": info}), reply_to=msg)
+    return Message(RecordDict({wire.NODE_INFO: info}), reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train one expert in isolation and reply with its final checkpoint."""
     node = context.node_config
-    task = msg.content["config"]
-    cfg = config_from_dict(json.loads(str(task["experiment"])), source="train message")
-    expert_id = int(task["expert-id"])
-    assigned = str(task["objective"])
+    task = msg.content[wire.TASK]
+    cfg = config_from_dict(json.loads(str(task[wire.TASK_EXPERIMENT])), source="train message")
+    expert_id = int(task[wire.TASK_EXPERT_ID])
+    assigned = str(task[wire.TASK_OBJECTIVE])
     objective = str(node.get("objective", assigned))
     if objective not in OBJECTIVES:
         raise ValueError(f"node config objective={objective!r} is not one of {OBJECTIVES}")
@@ -95,7 +95,7 @@ def train(msg: Message, context: Context) -> Message:
         dataset_dir = Path(str(node["data-dir"]))
         cluster_shards(dataset_dir, expert_id)  # fail early and clearly on a wrong path or an empty cluster
     else:  # the embedded dataset, prepared locally (once per cache directory)
-        dataset_dir = prepare_data(cfg, str(node.get("cache-dir", "")) or str(task["cache-dir"]) or None)
+        dataset_dir = prepare_data(cfg, str(node.get("cache-dir", "")) or str(task[wire.TASK_CACHE_DIR]) or None)
 
     log.info(
         "expert %d: training %s on cluster %d (%s, assigned %s)", expert_id, objective, expert_id, device, assigned
@@ -143,9 +143,13 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict(
         {
             # the safetensors file as one raw array: every tensor travels in its own dtype (bf16 as bf16)
-            "expert": ArrayRecord({"weights": Array(dtype="uint8", shape=(len(blob),), stype=WIRE_STYPE, data=blob)}),
-            "meta": ConfigRecord({"meta": json.dumps(meta), "model-config": json.dumps(model_config)}),
-            "metrics": metrics,
+            wire.EXPERT: ArrayRecord(
+                {wire.WEIGHTS: Array(dtype="uint8", shape=(len(blob),), stype=wire.STYPE, data=blob)}
+            ),
+            wire.META: ConfigRecord(
+                {wire.META_JSON: json.dumps(meta), wire.MODEL_CONFIG_JSON: json.dumps(model_config)}
+            ),
+            wire.METRICS: metrics,
         }
     )
     return Message(content, reply_to=msg)

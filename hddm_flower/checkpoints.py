@@ -8,6 +8,7 @@ there, never from a name or a position. Nothing is ever unpickled.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from .objectives import FM_TIME_SCALE
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 META = "hddm_expert.json"
+MODEL_CONFIG = "config.json"  # the diffusers model config of an expert folder
 SCHEDULER = "scheduler_config.json"  # the diffusers scheduler that drives this expert on its own
 ROUTER_META = "hddm_router.json"
 TIME_CONVENTION = "fm: t in [0,1], t=1 noise, x_t=(1-t)x0+t*eps, v=eps-x0, net timestep=999t; ddpm: tau in 0..T-1"
@@ -199,8 +201,7 @@ def validate_weights_file(
     try:
         with safe_open(path, framework="pt") as f:
             names = list(f.keys())
-            with torch.device("meta"):
-                ref = PixArtTransformer2DModel.from_config(model_config).state_dict()
+            ref = _reference_shapes(json.dumps(model_config, sort_keys=True))
             missing, extra = sorted(set(ref) - set(names)), sorted(set(names) - set(ref))
             if missing or extra:
                 raise CheckpointRejected(
@@ -211,8 +212,8 @@ def validate_weights_file(
             for k in names:
                 sl = f.get_slice(k)
                 shape, kind = tuple(sl.get_shape()), sl.get_dtype()
-                if shape != tuple(ref[k].shape):
-                    raise CheckpointRejected(f"tensor {k} has shape {shape}, expected {tuple(ref[k].shape)}")
+                if shape != ref[k]:
+                    raise CheckpointRejected(f"tensor {k} has shape {shape}, expected {ref[k]}")
                 if kind not in _SAFETENSORS_DTYPES:
                     raise CheckpointRejected(f"tensor {k} has dtype {kind}; expected one of {WIRE_DTYPES}")
                 dtypes.add(_SAFETENSORS_DTYPES[kind])
@@ -224,6 +225,14 @@ def validate_weights_file(
         raise CheckpointRejected(f"not a valid safetensors file ({_first_line(e)}); nothing was unpickled") from e
     _check_finite(path)
     return digest
+
+
+@functools.lru_cache(maxsize=16)
+def _reference_shapes(model_config_json: str) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape of the model a config describes (built on the meta device once per config)."""
+    with torch.device("meta"):
+        ref = PixArtTransformer2DModel.from_config(json.loads(model_config_json)).state_dict()
+    return {k: tuple(v.shape) for k, v in ref.items()}
 
 
 def _check_finite(path: Path) -> None:
@@ -259,7 +268,7 @@ def install_expert(
             "_diffusers_version": diffusers.__version__,
             **model_config,
         }
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        (tmp / MODEL_CONFIG).write_text(json.dumps(config, indent=2))
         (tmp / META).write_text(json.dumps(meta | {"time": time_convention(meta)}, indent=2))
         scheduler_config(meta).save_config(tmp)
         _commit(tmp, folder)

@@ -37,6 +37,7 @@ from .dit import (
     dit_pos_embed,
     dit_timestep_embedding,
 )
+from .safeio import open_regular, read_text
 
 REFERENCE_TIMESTEP = 500
 
@@ -54,6 +55,10 @@ class DiTSource:
     heads_from: str  # where ``arch["num_heads"]`` came from: the diffusers config, the user, or a published preset
 
 
+MAX_CONFIG_BYTES = 2**20
+MAX_CHECKPOINT_BYTES = 64 * 2**30  # DiT-XL/2's original checkpoint is 2.7 GB; a training checkpoint with opt ~3×
+
+
 def read_dit(path: str | Path, num_heads: int | None = None) -> DiTSource:
     """Read a DiT checkpoint: an original ``.pt`` (state dict, or a training checkpoint with ``ema``/``model``;
     loaded with ``weights_only=True``), a ``.safetensors`` file, or a diffusers ``DiTTransformer2DModel`` folder.
@@ -63,7 +68,7 @@ def read_dit(path: str | Path, num_heads: int | None = None) -> DiTSource:
     guessed. A diffusers folder's config says its heads; a ``num_heads`` that disagrees with it is an error."""
     path = Path(path)
     if path.is_dir():
-        config = json.loads((path / "config.json").read_text())
+        config = json.loads(read_text(path / "config.json", "DiT config", MAX_CONFIG_BYTES))
         if config.get("_class_name") != "DiTTransformer2DModel":
             raise ValueError(f"{path} holds a {config.get('_class_name')!r}, not a DiTTransformer2DModel")
         state = _load_weights(path)
@@ -72,7 +77,7 @@ def read_dit(path: str | Path, num_heads: int | None = None) -> DiTSource:
         if num_heads is not None and num_heads != heads:
             raise ValueError(f"{path}/config.json says num_attention_heads={heads}, not {num_heads}")
         return DiTSource(state, dit_arch(state, heads), "diffusers", 1, str(path), f"{path}/config.json")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"DiT checkpoint {path} does not exist")
     state = _load_weights(path)
     for key in ("ema", "model"):  # facebookresearch/DiT training checkpoints: {"model", "ema", "opt", "args"}
@@ -103,9 +108,10 @@ def _load_weights(path: Path) -> dict:
         if len(files) != 1:
             raise ValueError(f"expected one weights file in {path}, found {[f.name for f in files]}")
         path = files[0]
-    if path.suffix == ".safetensors":
-        return load_file(path)
-    return torch.load(path, map_location="cpu", weights_only=True)
+    with open_regular(path, "DiT checkpoint", MAX_CHECKPOINT_BYTES) as f:  # a regular file of bounded size
+        if path.suffix == ".safetensors":
+            return load_file(path)
+        return torch.load(f, map_location="cpu", weights_only=True)
 
 
 def _diffusers_dit_to_original(s: dict[str, Tensor], config: dict) -> dict[str, Tensor]:

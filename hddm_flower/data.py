@@ -16,6 +16,7 @@ import logging
 import os
 import random
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .models import TextCond
+from .safeio import read_text
 
 log = logging.getLogger(__name__)
 
@@ -349,11 +351,23 @@ def prepare_embedded(
         return out
 
 
+MAX_META_BYTES = 256 * 2**20  # a dataset's meta.json (a prepared dataset may come from elsewhere: data.prepared)
+
+
 def read_meta(dataset_dir: str | os.PathLike) -> dict:
+    """A prepared dataset's ``meta.json``, opened as a file from outside (:mod:`~hddm_flower.safeio`: a regular
+    file of bounded size, JSON whose nesting the parser can hold, an object)."""
     path = Path(dataset_dir) / "meta.json"
     if not path.exists():
         raise FileNotFoundError(f"{dataset_dir} is not a prepared dataset (no meta.json)")
-    return json.loads(path.read_text())
+    text = read_text(path, "dataset metadata", MAX_META_BYTES)
+    try:
+        meta = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"dataset metadata {path} is not valid JSON ({str(e).splitlines()[0][:100]})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"dataset metadata {path} is not a JSON object")
+    return meta
 
 
 @dataclass
@@ -389,6 +403,10 @@ def cluster_shards(dataset_dir: str | os.PathLike, cluster: int, meta: dict | No
     urls = sorted(str(p) for p in folder.glob("shard-*.tar"))
     if not urls:
         raise ValueError(f"cluster {cluster} of {dataset_dir} is empty (no shards in {folder})")
+    for url in urls:  # a link to a FIFO or a device would hang or never end the reader
+        mode = os.stat(url).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"shard {url} of cluster {cluster} is not a regular file")
     return urls
 
 

@@ -16,31 +16,36 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from hddm_flower.checkpoints import REQUIRED_META, CheckpointRejected, install_expert, validate_weights_file
+from hddm_flower import wire
+from hddm_flower.accept import ExpertStore
+from hddm_flower.checkpoints import CheckpointRejected
 from hddm_flower.config import OBJECTIVES
+from hddm_flower.rundir import incoming_name
 from strategies.spool import SpooledArray, discard, pull_replies, spooled_arrays
 
-WIRE_STYPE = "safetensors"  # the stype of the one array a train reply carries: the expert's safetensors bytes
+MAX_NODE_INFO_ITEMS = 256  # keys a node's query reply may hold
 
 
 class OneShotExperts(Strategy):
     """One-shot federation of diffusion experts, without aggregation.
 
     Each node (institution) trains one expert on its own cluster with its own objective (a simulated node may
-    train several, see :meth:`discover`) and replies once per expert with the final
-    checkpoint: its safetensors bytes as one array (``stype="safetensors"``, so bf16 travels as bf16). Nothing is
+    train several, see :meth:`discover`) and replies once per expert with the final checkpoint: its safetensors
+    bytes as one array (the wire format of :mod:`hddm_flower.wire`, so bf16 travels as bf16). Nothing is
     averaged: each reply is pulled alone, its weights written to disk chunk by chunk as they arrive
-    (:func:`strategies.spool.pull_replies`; in deployment the server never holds a whole checkpoint in memory),
-    validated there (:func:`validate_weights_file`: size,
-    sha256, safetensors only, names/shapes/dtypes of the run's preset, finite values) and moved to
-    ``run_dir/experts/expert-<id>``. Error replies,
-    rejected checkpoints, silent nodes, expired messages and experts without a node are recorded in ``missing``
-    with their reason; the run goes on when at least ``min_experts`` experts are there.
+    (:func:`strategies.spool.pull_replies`; in deployment the server never holds a whole checkpoint in memory) and
+    handed to the ``store`` the ServerApp owns, which accepts or refuses it
+    (:meth:`hddm_flower.accept.ExpertStore.accept`: bounded metadata, model config, size, sha256, safetensors only,
+    names/shapes/dtypes of the run's preset, finite values, then installed) — the way Flower's own strategies
+    leave saving to the ServerApp. A reply can only cost its own expert: error replies, malformed or rejected
+    replies (whatever they raise), silent nodes, expired messages and experts without a node are recorded in
+    ``missing`` with a one-line reason, and the run goes on when at least ``min_experts`` experts are there.
 
     Parameters
     ----------
-    run_dir : Path
-        Absolute directory of this run; experts are written to ``run_dir/experts``.
+    store : ExpertStore
+        Where accepted experts go (``store.incoming``: where replies are spooled; ``store.max_bytes``: the size
+        limit applied while they arrive; ``store.accept(expert_id, weights_file, meta, model_config)``).
     experiment : dict
         The resolved experiment configuration, sent to every node with its task.
     objectives : list[str]
@@ -58,20 +63,15 @@ class OneShotExperts(Strategy):
         Where nodes without a ``data-dir`` prepare the embedded dataset ("" = their default).
     poll_interval : float (default: 1.0)
         Seconds between polls for replies.
-    model_config : dict | None (default: None)
-        The expert model config every checkpoint must match (the run's preset at the dataset's shapes); None
-        accepts the config a reply declares (its names and shapes are still checked against it).
-    max_checkpoint_bytes : int (default: 0)
-        Refuse weights larger than this before writing them (0 = no limit).
     experts : Iterable[int] | None (default: None)
         Train only these expert ids (e.g. the ones a previous run lost); None = all of them.
     present : Iterable[int] (default: ())
-        Expert ids already in ``run_dir/experts`` (from an earlier run); they count towards ``min_experts``.
+        Expert ids already in the run directory (from an earlier run); they count towards ``min_experts``.
     """
 
     def __init__(
         self,
-        run_dir: Path,
+        store: ExpertStore,
         experiment: dict,
         objectives: list[str],
         *,
@@ -81,22 +81,16 @@ class OneShotExperts(Strategy):
         message_ttl: float | None = None,
         cache_dir: str = "",
         poll_interval: float = 1.0,
-        model_config: dict | None = None,
-        max_checkpoint_bytes: int = 0,
         experts: Iterable[int] | None = None,
         present: Iterable[int] = (),
     ) -> None:
         bad = [o for o in objectives if o not in OBJECTIVES]
         if bad:
             raise ValueError(f"unknown objectives {bad}; expected {OBJECTIVES}")
-        self.run_dir, self.experiment, self.objectives = Path(run_dir), experiment, list(objectives)
+        self.store, self.experiment, self.objectives = store, experiment, list(objectives)
         self.min_nodes, self.min_experts = min_nodes, min_experts
         self.node_wait_timeout, self.message_ttl, self.cache_dir = node_wait_timeout, message_ttl, cache_dir
-        self.poll_interval, self.model_config, self.max_checkpoint_bytes = (
-            poll_interval,
-            model_config,
-            max_checkpoint_bytes,
-        )
+        self.poll_interval = poll_interval
         self.targets = sorted(set(range(len(objectives)) if experts is None else experts))
         self.present = set(present)
         out = [k for k in self.targets + sorted(self.present) if not 0 <= k < len(objectives)]
@@ -132,7 +126,7 @@ class OneShotExperts(Strategy):
             self.node_wait_timeout,
             self.min_experts,
         )
-        log(INFO, "\t│\t└── Run directory: %s", self.run_dir)
+        log(INFO, "\t│\t└── Run directory: %s", self.store.run_dir)
 
     # -- the protocol ------------------------------------------------------------------------------------------
 
@@ -146,16 +140,20 @@ class OneShotExperts(Strategy):
         while len(node_ids := sorted(grid.get_node_ids())) < self.min_nodes and time.monotonic() < deadline:
             if node_ids and simulated is None:  # ask one node whether it is simulated, and how many there are
                 answers = [
-                    dict(r.content["node-info"])
+                    info
                     for r in self._stream(
                         grid,
                         [Message(RecordDict(), dst_node_id=node_ids[0], message_type=MessageType.QUERY)],
                         min(timeout, 60.0),
                         {},
                     )
-                    if not r.has_error()
+                    if (info := self._node_info(r)) is not None
                 ]
-                simulated = int(answers[0].get("num-partitions", 0)) if answers else 0
+                try:
+                    simulated = _partitions(answers[0]) if answers else 0
+                except wire.WireError as e:
+                    log(WARNING, "node %d: %s; not treated as simulated", node_ids[0], e)
+                    simulated = 0
             if simulated and len(node_ids) >= simulated:
                 break  # every simulated node is there; more will not come
             time.sleep(self.poll_interval)
@@ -163,13 +161,16 @@ class OneShotExperts(Strategy):
         queries = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
         info: dict[int, dict] = {}
         for reply in self._stream(grid, queries, timeout, {}):
-            if reply.has_error():
-                log(WARNING, "node %d did not answer the query: %s", reply.metadata.src_node_id, reply.error.reason)
-                continue
-            info[reply.metadata.src_node_id] = dict(reply.content["node-info"])
+            node_info = self._node_info(reply)
+            if node_info is not None:
+                info[reply.metadata.src_node_id] = node_info
         taken: set[int] = set()
         for node_id in sorted(info):
-            claims = self._claims(info[node_id])
+            try:
+                claims = self._claims(info[node_id])
+            except wire.WireError as e:
+                log(WARNING, "node %d: %s; skipped", node_id, e)
+                continue
             if claims is None:
                 log(WARNING, "node %d has no expert-id or partition-id in its node config; skipped", node_id)
                 continue
@@ -202,13 +203,34 @@ class OneShotExperts(Strategy):
                 self.missing[k] = "no node was assigned this expert (none connected, answered or claimed it)"
         return info
 
+    @staticmethod
+    def _node_info(reply: Message) -> dict | None:
+        """A query reply's node config as a dict, or None (logged) for an error reply or a malformed one: no
+        :data:`~hddm_flower.wire.NODE_INFO` record, or more than :data:`MAX_NODE_INFO_ITEMS` keys."""
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            log(WARNING, "node %d did not answer the query: %s", node, _summary_line(reply.error.reason))
+            return None
+        try:
+            record = reply.content.config_records.get(wire.NODE_INFO)
+            if record is None:
+                raise wire.WireError(f"no {wire.NODE_INFO!r} config record")
+            if len(record) > MAX_NODE_INFO_ITEMS:
+                raise wire.WireError(f"{len(record)} keys, more than {MAX_NODE_INFO_ITEMS}")
+            return dict(record)
+        except Exception as e:  # whatever a malformed reply raises costs this node only
+            log(WARNING, "node %d sent a malformed query reply (%s); skipped", node, _summary_line(str(e)))
+            return None
+
     def _claims(self, node_config: dict) -> list[int] | None:
-        """The expert ids a node's config claims (None: it claims none)."""
+        """The expert ids a node's config claims (None: it claims none); :class:`~hddm_flower.wire.WireError`
+        for a value that is not an integer in range."""
         if "expert-id" in node_config:
-            return [int(node_config["expert-id"])]
+            return [wire.as_int(node_config["expert-id"], "node config expert-id", -(2**31), 2**31)]
         if "partition-id" not in node_config:
             return None
-        p, n = int(node_config["partition-id"]), int(node_config.get("num-partitions", 0))
+        p = wire.as_int(node_config["partition-id"], "node config partition-id", -(2**31), 2**31)
+        n = _partitions(node_config)
         return [p] if not 0 < n < self.num_experts or not 0 <= p < n else list(range(p, self.num_experts, n))
 
     def configure_train(
@@ -220,15 +242,15 @@ class OneShotExperts(Strategy):
         pairs = sorted((e, n) for n, experts in self.assignment.items() for e in experts)
         for expert_id, node_id in pairs:
             task = ConfigRecord(dict(config))
-            task["server-round"] = server_round
-            task["expert-id"] = expert_id
-            task["cluster-id"] = expert_id
-            task["objective"] = self.objectives[expert_id]
-            task["experiment"] = json.dumps(self.experiment)
-            task["cache-dir"] = self.cache_dir
+            task[wire.TASK_ROUND] = server_round
+            task[wire.TASK_EXPERT_ID] = expert_id
+            task[wire.TASK_CLUSTER_ID] = expert_id
+            task[wire.TASK_OBJECTIVE] = self.objectives[expert_id]
+            task[wire.TASK_EXPERIMENT] = json.dumps(self.experiment)
+            task[wire.TASK_CACHE_DIR] = self.cache_dir
             messages.append(
                 Message(
-                    RecordDict({"config": task}),
+                    RecordDict({wire.TASK: task}),
                     dst_node_id=node_id,
                     message_type=MessageType.TRAIN,
                     group_id=str(server_round),
@@ -240,7 +262,8 @@ class OneShotExperts(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """No averaging: validate each reply and write it to disk as it arrives."""
+        """No averaging: hand each reply to the store as it arrives. Whatever reading, checking or installing a
+        reply raises, only its own expert is lost (recorded in ``missing`` with the reason)."""
         for reply in replies:
             expert_id = self._message_expert.get(reply.metadata.reply_to_message_id)
             if expert_id is None:
@@ -251,14 +274,17 @@ class OneShotExperts(Strategy):
                 reason = f"error reply (code {reply.error.code}): {_summary_line(reply.error.reason)}"
                 self._lose(expert_id, reason)
                 continue
-            how = "spooled to disk" if spooled_arrays(reply) else "pulled in memory"
             try:
-                meta = self._save(expert_id, reply.content)
-            except (KeyError, ValueError, TypeError) as e:
+                how = "spooled to disk" if spooled_arrays(reply) else "pulled in memory"
+                meta = self._receive(expert_id, reply.content)
+            except (CheckpointRejected, wire.WireError) as e:
                 self._lose(expert_id, f"rejected checkpoint: {_summary_line(str(e))}")
                 continue
+            except Exception as e:  # a malformed reply or a failure while installing it: this expert only
+                self._lose(expert_id, f"reply could not be accepted ({type(e).__name__}: {_summary_line(str(e))})")
+                continue
             finally:
-                discard(reply)  # whatever _save did not move into the expert's folder
+                discard(reply)  # whatever _receive did not move into the expert's folder
                 del reply  # an in-memory checkpoint's bytes go with it: one at a time
             self.received[expert_id] = meta
             log(
@@ -294,8 +320,17 @@ class OneShotExperts(Strategy):
         evaluate_fn: Callable | None = None,
         ensemble_fn: Callable[[dict[int, dict], dict[int, str]], dict | None] | None = None,
     ) -> Result:
-        """Discover nodes, send one train message per node, collect the experts, then call
+        """Discover nodes, send one train message per expert, collect the experts, then call
         ``ensemble_fn(received, missing)`` if at least ``min_experts`` arrived.
+
+        This drives its own loop instead of :meth:`Strategy.start`'s rounds because a one-shot federation of
+        experts is not a sequence of rounds over one global model: there is nothing to aggregate and no global
+        ``ArrayRecord`` to broadcast; the experts must first be assigned from a query round (which node holds which
+        cluster); each reply is a different model that has to be pulled and checked alone, as it arrives, within a
+        deadline of many hours (Flower's ``send_and_receive`` would hold every reply in memory at once and give no
+        per-expert reasons for what is missing); and the server-side "evaluation" is assembling the ensemble, not
+        a federated evaluate round. The Flower protocol pieces (``configure_train``, ``aggregate_train``,
+        ``summary``) keep their meaning and are what this loop calls.
 
         Raises RuntimeError when too few experts arrived (after the missing ones are recorded).
         """
@@ -333,7 +368,7 @@ class OneShotExperts(Strategy):
         pending = set()
         for message_id, message in zip(ids, messages):
             is_train = message.metadata.message_type == MessageType.TRAIN
-            expert_id = int(message.content["config"]["expert-id"]) if is_train else None
+            expert_id = int(message.content[wire.TASK][wire.TASK_EXPERT_ID]) if is_train else None
             if not message_id:
                 if is_train:
                     self._lose(expert_id, "the train message could not be delivered to its node")
@@ -344,9 +379,7 @@ class OneShotExperts(Strategy):
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for message_id in sorted(pending):  # one id per pull: one checkpoint at a time
-                for reply in pull_replies(
-                    grid, [message_id], self.run_dir / "experts", max_bytes=self.max_checkpoint_bytes
-                ):
+                for reply in pull_replies(grid, [message_id], self.store.incoming, max_bytes=self.store.max_bytes):
                     pending.discard(reply.metadata.reply_to_message_id)
                     yield reply
             if pending:
@@ -355,40 +388,34 @@ class OneShotExperts(Strategy):
             if message_id in expert_of:
                 self._lose(expert_of[message_id], f"no reply within {timeout:.0f} s (node silent or too slow)")
 
-    def _save(self, expert_id: int, content: RecordDict) -> dict:
-        """Write the reply's weights to disk, validate them there, and install the expert folder."""
-        meta = json.loads(str(content["meta"]["meta"]))
-        model_config = json.loads(str(content["meta"]["model-config"]))
-        missing = [k for k in (*REQUIRED_META, "sha256") if k not in meta]
-        if missing:
-            raise CheckpointRejected(f"metadata lacks {missing}")
-        if int(meta["expert_id"]) != expert_id:
-            raise CheckpointRejected(f"reply claims expert {meta['expert_id']}, expected {expert_id}")
-        if meta["objective"] not in OBJECTIVES:
-            raise CheckpointRejected(f"unknown objective {meta['objective']!r}")
-        if self.model_config is not None and model_config != self.model_config:
-            diff = sorted(
-                k for k in set(model_config) | set(self.model_config) if model_config.get(k) != self.model_config.get(k)
-            )
-            preset = self.experiment["expert"]["preset"]
-            raise CheckpointRejected(f"model config differs from the run's preset {preset!r} in {diff[:4]}")
-        arrays = content.array_records.get("expert")
-        if arrays is None or list(arrays) != ["weights"] or arrays["weights"].stype != WIRE_STYPE:
+    def _receive(self, expert_id: int, content: RecordDict) -> dict:
+        """Take a train reply apart (the wire format of :mod:`hddm_flower.wire`), put its weights in a file of the
+        store's incoming folder, and hand them with the metadata and model config to ``store.accept``."""
+        meta_record = content.config_records.get(wire.META)
+        arrays = content.array_records.get(wire.EXPERT)
+        if meta_record is None or arrays is None:
             raise CheckpointRejected(
-                f"the reply's 'expert' record must hold one array 'weights' of stype "
-                f"{WIRE_STYPE!r} (the safetensors file)"
+                f"the reply lacks its {wire.META!r} config record or its {wire.EXPERT!r} array record "
+                f"(it has {sorted(content)[:6]})"
             )
-        weights = arrays["weights"]
+        if wire.META_JSON not in meta_record or wire.MODEL_CONFIG_JSON not in meta_record:
+            raise CheckpointRejected(f"the {wire.META!r} record lacks {wire.META_JSON!r} or {wire.MODEL_CONFIG_JSON!r}")
+        if list(arrays) != [wire.WEIGHTS] or arrays[wire.WEIGHTS].stype != wire.STYPE:
+            raise CheckpointRejected(
+                f"the reply's {wire.EXPERT!r} record must hold one array {wire.WEIGHTS!r} of stype "
+                f"{wire.STYPE!r} (the safetensors file)"
+            )
+        weights = arrays[wire.WEIGHTS]
         spooled = isinstance(weights, SpooledArray)
         size = weights.nbytes if spooled else len(weights.data)
-        if self.max_checkpoint_bytes and size > self.max_checkpoint_bytes:
+        if self.store.max_bytes and (size > self.store.max_bytes or (spooled and weights.path is None)):
             raise CheckpointRejected(
                 f"size {'> ' if spooled and weights.path is None else ''}{size} bytes exceeds "
-                f"the limit of {self.max_checkpoint_bytes} bytes"
+                f"the limit of {self.store.max_bytes} bytes"
             )
-        incoming = self.run_dir / "experts"
-        incoming.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".incoming-expert-{expert_id}-", suffix=".safetensors", dir=incoming)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f"{incoming_name(expert_id)}-", suffix=f".{wire.STYPE}", dir=self.store.incoming
+        )
         try:
             if spooled:  # already on disk (deployment): take the file over
                 os.close(fd)
@@ -397,23 +424,21 @@ class OneShotExperts(Strategy):
             else:
                 with os.fdopen(fd, "wb") as f:
                     f.write(weights.data)
-            del weights, arrays, content["expert"]  # nothing holds the bytes in memory any more
-            meta["sha256"] = validate_weights_file(
-                tmp,
-                model_config,
-                sha256=str(meta["sha256"]),
-                dtype=meta.get("weights_dtype"),
-                max_bytes=self.max_checkpoint_bytes,
+            del weights, arrays, content[wire.EXPERT]  # nothing holds the bytes in memory any more
+            return self.store.accept(
+                expert_id, Path(tmp), meta_record[wire.META_JSON], meta_record[wire.MODEL_CONFIG_JSON]
             )
-            meta["weights_bytes"] = os.path.getsize(tmp)
-            install_expert(incoming / f"expert-{expert_id}", tmp, model_config, meta)
         finally:
             Path(tmp).unlink(missing_ok=True)
-        return meta
 
     def _lose(self, expert_id: int, reason: str) -> None:
         log(WARNING, "expert %d missing: %s", expert_id, reason)
         self.missing[expert_id] = reason
+
+
+def _partitions(node_config: dict) -> int:
+    """A node config's ``num-partitions`` (0 when absent)."""
+    return wire.as_int(node_config.get("num-partitions", 0), "node config num-partitions", 0, 2**20)
 
 
 def _summary_line(text: str) -> str:

@@ -10,10 +10,11 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
+from hddm_flower.accept import ExpertStore
 from hddm_flower.config import Config, ConfigError, load_config, parse_overrides
 from hddm_flower.logs import quiet_libraries
 from hddm_flower.rundir import CONFIG, REPORT_JSON, check_rerun, missing_experts, present_experts, write_config
-from hddm_flower.stages.expert import checkpoint_limit, expected_model_config
+from hddm_flower.stages.expert import expert_spec
 from hddm_flower.stages.prepare import assign_objectives, prepare_data
 
 from .federated_router import finish_federated
@@ -53,6 +54,17 @@ def parse_expert_ids(text: str, num_experts: int) -> list[int] | None:
     return ids
 
 
+def summary_metrics(report: dict) -> dict[str, float]:
+    """The ServerApp's evaluation metrics for Flower's result: router accuracy and ensemble velocity error at each
+    diagnostic time of ``evaluation.times`` (whichever times the config chose)."""
+    m = report["metrics"]
+    out = {}
+    for i, t in enumerate(m["times"]):
+        out[f"router-top1-accuracy-t{t:g}"] = float(m["router_top1_accuracy"][i])
+        out[f"ensemble-velocity-mse-t{t:g}"] = float(m["ensemble_velocity_mse"][i])
+    return out
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg, path, run_dir, cache_dir = resolve_run(dict(context.run_config), context.run_id)
@@ -66,10 +78,9 @@ def main(grid: Grid, context: Context) -> None:
 
     dataset_dir = prepare_data(cfg, cache_dir or None)  # the coordinator's copy (router training, evaluation)
     objectives = assign_objectives(cfg, dataset_dir)
-    model_config = expected_model_config(cfg, dataset_dir)
     f = cfg.federation
     strategy = OneShotExperts(
-        run_dir,
+        ExpertStore(run_dir, expert_spec(cfg, dataset_dir)),
         cfg.to_dict(),
         objectives,
         min_nodes=f.min_nodes,
@@ -77,8 +88,6 @@ def main(grid: Grid, context: Context) -> None:
         node_wait_timeout=f.node_wait_timeout,
         message_ttl=f.message_ttl or None,
         cache_dir=cache_dir,
-        model_config=model_config,
-        max_checkpoint_bytes=checkpoint_limit(cfg, model_config),
         experts=targets,
         present=present,
     )
@@ -103,11 +112,7 @@ def main(grid: Grid, context: Context) -> None:
             cache_dir=cache_dir,
         )
         log(INFO, "hddm-flower: report written to %s", run_dir / REPORT_JSON)
-        m = report["metrics"]
-        return {
-            "router-top1-accuracy-t0.5": m["router_top1_accuracy"][m["times"].index(0.5)],
-            "ensemble-velocity-mse-t0.5": m["ensemble_velocity_mse"][m["times"].index(0.5)],
-        }
+        return summary_metrics(report)
 
     try:
         strategy.start(grid, timeout=f.train_timeout, ensemble_fn=ensemble_fn)

@@ -476,6 +476,8 @@ def test_nodes_train_from_their_own_shard_set_only(tiny_config, dataset_dir, tmp
     import shutil
 
     from clients.client_app import app as client_app
+    from hddm_flower.accept import ExpertStore
+    from hddm_flower.stages.expert import expert_spec
     from strategies.one_shot import OneShotExperts
 
     from .fake_grid import FakeGrid
@@ -488,7 +490,7 @@ def test_nodes_train_from_their_own_shard_set_only(tiny_config, dataset_dir, tmp
     nodes = {200 + k: {"partition-id": k, "num-partitions": 4, "shard-set": str(sites[k])} for k in range(3)}
     nodes[203] = {"partition-id": 3, "num-partitions": 4, "shard-set": str(sites[1])}  # the wrong folder
     strategy = OneShotExperts(
-        tmp_path / "run",
+        ExpertStore(tmp_path / "run", expert_spec(cfg, dataset_dir)),
         cfg.to_dict(),
         cfg.objective_of(),
         min_nodes=4,

@@ -17,8 +17,9 @@ import torch
 from flwr.app import Context
 
 from clients.client_app import app as client_app
+from hddm_flower.accept import ExpertStore
 from hddm_flower.checkpoints import CheckpointRejected, load_expert, validate_weights_file, weights_bytes
-from hddm_flower.stages.expert import checkpoint_limit, expected_model_config
+from hddm_flower.stages.expert import expert_spec
 from strategies.one_shot import OneShotExperts
 
 from .fake_grid import FakeGrid, fake_over_wire, reply_weights, rewrite_weights, set_reply_weights
@@ -29,17 +30,9 @@ GRIDS = {"memory": lambda fake: fake, "wire": fake_over_wire}
 
 
 def _strategy(cfg, run_dir, cache_dir, dataset_dir, **kw):
-    model_config = expected_model_config(cfg, dataset_dir)
-    args = dict(
-        min_nodes=1,
-        min_experts=1,
-        node_wait_timeout=0.5,
-        cache_dir=str(cache_dir),
-        poll_interval=0.05,
-        model_config=model_config,
-        max_checkpoint_bytes=checkpoint_limit(cfg, model_config),
-    )
-    return OneShotExperts(run_dir, cfg.to_dict(), cfg.objective_of(), **(args | kw))
+    args = dict(min_nodes=1, min_experts=1, node_wait_timeout=0.5, cache_dir=str(cache_dir), poll_interval=0.05)
+    store = ExpertStore(run_dir, expert_spec(cfg, dataset_dir))
+    return OneShotExperts(store, cfg.to_dict(), cfg.objective_of(), **(args | kw))
 
 
 def _pickled(reply):

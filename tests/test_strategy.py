@@ -1,20 +1,19 @@
-"""The one-shot strategy over a fake Grid (no Ray) with the real ClientApp and the real server-side stages."""
-
-import json
+"""The one-shot strategy over a fake Grid (no Ray) with the real ClientApp and the real expert store."""
 
 import pytest
 import torch
 from flwr.app import ConfigRecord
 
 from clients.client_app import app as client_app
+from hddm_flower.accept import ExpertStore
 from hddm_flower.checkpoints import load_expert
-from hddm_flower.stages.assemble import finish_run
+from hddm_flower.stages.expert import expert_spec
 from strategies.one_shot import OneShotExperts
 
 from .fake_grid import FakeGrid, rewrite_weights
 
 
-def _strategy(cfg, run_dir, cache_dir, **kw):
+def _strategy(cfg, run_dir, cache_dir, dataset_dir, **kw):
     objectives = cfg.objective_of()
     args = dict(
         min_nodes=len(objectives),
@@ -23,12 +22,10 @@ def _strategy(cfg, run_dir, cache_dir, **kw):
         cache_dir=str(cache_dir),
         poll_interval=0.05,
     )
-    return OneShotExperts(run_dir, cfg.to_dict(), objectives, **(args | kw))
+    return OneShotExperts(ExpertStore(run_dir, expert_spec(cfg, dataset_dir)), cfg.to_dict(), objectives, **(args | kw))
 
 
-def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(
-    tiny_config, dataset_dir, cache_dir, tmp_path
-):
+def test_one_shot_collects_experts_and_records_failures(tiny_config, dataset_dir, cache_dir, tmp_path):
     cfg = tiny_config
     assert cfg.objective_of() == ["fm", "ddpm", "ddpm", "fm"]
     nodes = {
@@ -39,13 +36,11 @@ def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(
         105: {"partition-id": 3, "num-partitions": 4},  # claims an expert already taken: gets nothing
     }
     grid = FakeGrid(client_app, nodes, silent=[104])
-    strategy = _strategy(cfg, tmp_path, cache_dir)
-    reports = []
+    strategy = _strategy(cfg, tmp_path, cache_dir, dataset_dir)
+    calls = []
 
     def ensemble_fn(received, missing):
-        reports.append(
-            finish_run(cfg, tmp_path, dataset_dir, [{"expert_id": k, "reason": r} for k, r in missing.items()])
-        )
+        calls.append((dict(received), dict(missing)))
         return {"experts": len(received)}
 
     result = strategy.start(grid, timeout=2.0, ensemble_fn=ensemble_fn)
@@ -69,18 +64,10 @@ def test_one_shot_collects_experts_records_failures_and_builds_the_ensemble(
     assert "no reply within 2 s" in strategy.missing[3]
     assert result.train_metrics_clientapp[1]["experts-received"] == 2
 
-    # the ensemble was built from the rest, and report.json says so
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert reports and report["num_experts"] == 4
-    assert [(e["expert_id"], e["objective"]) for e in report["experts"]] == [(0, "fm"), (1, "ddpm")]
-    for e in report["experts"]:
-        assert {"expert_id", "objective", "cluster_id", "steps", "images_seen", "device_seconds", "sha256"} <= set(e)
-        assert e["steps"] == 3 and e["images_seen"] == 12
-    assert [m["expert_id"] for m in report["missing"]] == [2, 3]
-    assert {"metrics", "versions"} <= set(report) and report["versions"]["flwr"] == "1.42.0"
-    assert report["metrics"]["feature_network"].startswith("hddm feature classifier")
-    assert (tmp_path / "samples.png").stat().st_size > 0 and (tmp_path / "report.md").exists()
-    assert (tmp_path / "router" / "config.json").exists()
+    # the ServerApp's ensemble_fn gets what arrived and what is missing (the report is tested in test_report.py)
+    assert [(sorted(r), sorted(m)) for r, m in calls] == [([0, 1], [2, 3])]
+    assert result.evaluate_metrics_serverapp[1]["experts"] == 2
+    assert sorted(p.name for p in (tmp_path / "experts").iterdir()) == ["expert-0", "expert-1"]
     expert, meta = load_expert(tmp_path / "experts" / "expert-1")
     assert meta["objective"] == "ddpm" and meta["schedule"] == "linear" and meta["objective_assigned"] == "ddpm"
 
@@ -94,7 +81,7 @@ def test_node_override_and_tampered_checkpoint(tiny_config, dataset_dir, cache_d
             rewrite_weights(reply, lambda state: {k: torch.full_like(v, float("nan")) for k, v in state.items()})
         return reply
 
-    strategy = _strategy(tiny_config, tmp_path, cache_dir, min_nodes=2, min_experts=1)
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, min_nodes=2, min_experts=1)
     strategy.start(FakeGrid(client_app, nodes, tamper=tamper), timeout=30.0)
     assert strategy.received[0]["objective"] == "ddpm" and strategy.received[0]["objective_assigned"] == "fm"
     assert "rejected checkpoint" in strategy.missing[1] and "non-finite" in strategy.missing[1]
@@ -102,8 +89,8 @@ def test_node_override_and_tampered_checkpoint(tiny_config, dataset_dir, cache_d
     assert not (tmp_path / "experts" / "expert-1").exists()
 
 
-def test_too_few_experts_raise_after_recording(tiny_config, cache_dir, tmp_path):
-    strategy = _strategy(tiny_config, tmp_path, cache_dir, min_nodes=1, min_experts=2)
+def test_too_few_experts_raise_after_recording(tiny_config, dataset_dir, cache_dir, tmp_path):
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, min_nodes=1, min_experts=2)
     grid = FakeGrid(client_app, {301: {"partition-id": 2, "objective": "edm"}})
     with pytest.raises(RuntimeError, match="only 0 of 4 experts arrived"):
         strategy.start(grid, timeout=5.0, train_config=ConfigRecord())

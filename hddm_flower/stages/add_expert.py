@@ -3,22 +3,14 @@ retrained and the run re-evaluated."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 from pathlib import Path
 
-from ..checkpoints import (
-    META,
-    REQUIRED_META,
-    WEIGHTS,
-    CheckpointRejected,
-    install_expert,
-    read_expert_meta,
-    validate_weights_file,
-)
-from ..config import OBJECTIVES, Config, config_from_dict, load_config
+from ..accept import accept_expert, parse_expert_meta, parse_model_config
+from ..checkpoints import META, MODEL_CONFIG, WEIGHTS, CheckpointRejected
+from ..config import Config, config_from_dict, load_config
 from ..data import check_clusters, extend_dataset, read_meta
 from ..provenance import now
 from ..rundir import (
@@ -27,6 +19,7 @@ from ..rundir import (
     config_before_expert,
     dataset_view,
     expert_dir,
+    experts_dir,
     features_before_expert,
     incoming_name,
     missing_experts,
@@ -34,8 +27,10 @@ from ..rundir import (
     trained_objectives,
     write_config,
 )
+from ..safeio import copy_file, read_text
+from ..wire import MAX_META_BYTES, MAX_MODEL_CONFIG_BYTES
 from .assemble import finish_run
-from .expert import checkpoint_limit, expected_model_config
+from .expert import expert_spec
 from .prepare import assign_objectives, prepare_data
 
 log = logging.getLogger(__name__)
@@ -55,8 +50,10 @@ def add_expert(
 
     ``checkpoint`` is an expert folder (``hddm train-expert --out``: safetensors weights + ``hddm_expert.json``),
     e.g. a replacement for a lost expert, or a new institution that trained later on data the run never had. It
-    goes through the same checks as an expert received over Flower (:func:`validate_weights_file` against the
-    run's preset, with the sha256 its metadata declares); no other expert is touched or retrained. ``cfg``
+    goes through the path every expert received over Flower takes (:func:`~hddm_flower.accept.accept_expert`:
+    bounded metadata, the run's model config, size, sha256, safetensors, shapes, finite values); its files are
+    opened as files from outside (:mod:`~hddm_flower.safeio`: regular files only, the weights copied with the size
+    limit enforced while they stream, nothing left on failure); no other expert is touched or retrained. ``cfg``
     defaults to the run's ``config.yaml``. Returns the new report.
 
     An expert id equal to ``num_experts`` grows the run by one expert: ``cluster_data`` must then be its
@@ -67,11 +64,15 @@ def add_expert(
     """
     run_dir, checkpoint = Path(run_dir), Path(checkpoint)
     cfg = cfg or load_config(run_dir / CONFIG)
-    meta = read_expert_meta(checkpoint)
-    lacks = [k for k in (*REQUIRED_META, "sha256") if k not in meta]
-    if lacks:
-        raise CheckpointRejected(f"{checkpoint / META} lacks {lacks}")
-    expert_id = int(meta["expert_id"])
+    # the folder comes from outside: its files are opened (regular files only, sizes bounded), never trusted
+    if not (checkpoint / META).exists():
+        raise FileNotFoundError(f"{checkpoint} is not an expert folder (no {META})")
+    try:
+        meta = parse_expert_meta(read_text(checkpoint / META, "expert metadata", MAX_META_BYTES))
+    except CheckpointRejected as e:
+        raise CheckpointRejected(f"{checkpoint / META}: {e}") from None
+    declared = read_text(checkpoint / MODEL_CONFIG, "expert model config", MAX_MODEL_CONFIG_BYTES)
+    expert_id = meta["expert_id"]
     grow = expert_id == cfg.num_experts
     if not 0 <= expert_id <= cfg.num_experts:
         raise CheckpointRejected(
@@ -89,16 +90,18 @@ def add_expert(
             f"{checkpoint}: expert {expert_id} already has its cluster in this run's dataset; "
             f"--cluster-data is only for a new expert id ({cfg.num_experts})"
         )
-    if meta["objective"] not in OBJECTIVES:
-        raise CheckpointRejected(f"{checkpoint}: unknown objective {meta['objective']!r}")
     folder = expert_dir(run_dir, expert_id)
     existed = folder.exists()
     if existed and not replace:
         raise FileExistsError(f"{folder} already exists; pass --replace to replace that expert")
     dataset_dir = prepare_data(cfg, cache_dir)
+    spec = expert_spec(cfg, dataset_dir)
+    try:
+        parse_model_config(declared, spec.model_config, spec.preset)  # refused before any byte is copied
+    except CheckpointRejected as e:
+        raise CheckpointRejected(f"{checkpoint}: {e}") from None
     view, old_config = dataset_view(run_dir, expert_id + 1), config_before_expert(run_dir, expert_id)
     old_features = features_before_expert(run_dir, expert_id)
-    config_grown = False
     if grow:
         if view.exists():
             raise FileExistsError(
@@ -119,47 +122,49 @@ def add_expert(
             },
             f"{run_dir} + expert {expert_id}",
         )
-    model_config = expected_model_config(cfg, dataset_dir)
-    declared = {k: v for k, v in json.loads((checkpoint / "config.json").read_text()).items() if not k.startswith("_")}
-    if declared != model_config:
-        diff = sorted(k for k in set(declared) | set(model_config) if declared.get(k) != model_config.get(k))
-        raise CheckpointRejected(
-            f"{checkpoint}: model config differs from the run's preset {cfg.expert.preset!r} in {diff[:4]}"
+    done: list[str] = []
+
+    def grow_run(m: dict) -> None:
+        """After the expert passed every check: the data view and the grown config (undone below on failure)."""
+        extended = extend_dataset(dataset_dir, Path(cluster_data), view)
+        done.append("view")
+        check_clusters(read_meta(extended), grown.num_experts, str(extended))
+        shutil.copyfile(run_dir / CONFIG, old_config)
+        write_config(
+            run_dir / CONFIG, grown, f"{run_dir} grown by expert {expert_id} ({m['objective']}) from {checkpoint}"
         )
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.parent / f"{incoming_name(expert_id)}.safetensors"
+        done.append("config")
+        if (run_dir / FEATURE_NET).exists():  # trained on the old clusters: the new evaluation trains its own
+            os.replace(run_dir / FEATURE_NET, old_features)
+
+    experts_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    tmp = experts_dir(run_dir) / f"{incoming_name(expert_id)}.safetensors"
+    tmp.unlink(missing_ok=True)  # left by a process killed mid-copy
     try:
-        shutil.copyfile(checkpoint / WEIGHTS, tmp)
-        validate_weights_file(
+        copy_file(checkpoint / WEIGHTS, tmp, "expert weights", spec.max_bytes)
+        meta = accept_expert(
+            run_dir,
             tmp,
-            model_config,
-            sha256=str(meta["sha256"]),
-            dtype=meta.get("weights_dtype"),
-            max_bytes=checkpoint_limit(cfg, model_config),
+            meta,
+            declared,
+            spec,
+            grow=grow,
+            replace=replace,
+            note={"added_at": now()},
+            before_install=grow_run if grow else None,
         )
-        if grow:  # the data view and the grown config, then the expert; all undone if anything fails
-            dataset_dir = extend_dataset(dataset_dir, Path(cluster_data), view)
-            check_clusters(read_meta(dataset_dir), grown.num_experts, str(dataset_dir))
-            shutil.copyfile(run_dir / CONFIG, old_config)
-            write_config(
-                run_dir / CONFIG,
-                grown,
-                f"{run_dir} grown by expert {expert_id} ({meta['objective']}) from {checkpoint}",
-            )
-            config_grown = True
-            if (run_dir / FEATURE_NET).exists():  # trained on the old clusters: the new evaluation trains its own
-                os.replace(run_dir / FEATURE_NET, old_features)
-        install_expert(folder, tmp, model_config, meta | {"added_at": now()})
     except BaseException:
-        if config_grown:
+        if "config" in done:
             os.replace(old_config, run_dir / CONFIG)
             if old_features.exists():
                 os.replace(old_features, run_dir / FEATURE_NET)
-        if grow:
+        if "view" in done:
             shutil.rmtree(view, ignore_errors=True)
         raise
     finally:
         tmp.unlink(missing_ok=True)
+    if grow:
+        dataset_dir = view
     cfg = grown if grow else cfg
     before = read_report(run_dir)
     missing = missing_experts(run_dir, cfg.num_experts)

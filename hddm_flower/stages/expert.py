@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..accept import ExpertSpec
 from ..checkpoints import TIME_CONVENTION, make_expert
 from ..config import Config
 from ..convert import load_init
@@ -32,6 +33,13 @@ def checkpoint_limit(cfg: Config, model_config: dict) -> int:
     with torch.device("meta"):
         n = sum(p.numel() for p in ExpertNet.from_config(model_config).parameters())
     return int(n * 4 * 1.05) + 2**20
+
+
+def expert_spec(cfg: Config, dataset_dir: Path) -> ExpertSpec:
+    """What every expert of this run must be (:class:`~hddm_flower.accept.ExpertSpec`): the preset at the dataset's
+    shapes and the upload size limit."""
+    model_config = expected_model_config(cfg, dataset_dir)
+    return ExpertSpec(cfg.num_experts, model_config, checkpoint_limit(cfg, model_config), cfg.expert.preset)
 
 
 def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int = 0):
