@@ -334,35 +334,51 @@ def reproduce(
     artefacts["router"] = {"tensor_sha256": tensor_sha256(out / ROUTER / WEIGHTS)}
     timings["router"] = time.perf_counter() - t0
 
-    # 3. evaluation: the feature network once, then each configuration and the monolith
+    # 3. evaluation: on a gmm dataset every row against the true density; otherwise the feature network once,
+    #    then each configuration and the monolith
     t0 = time.perf_counter()
-    feature_dir = out / FEATURE_NET
-    feature_network(cfg, dataset_dir, feature_dir, decode=pixel_decoder(cfg, dataset_dir), progress=progress)
-    artefacts["feature_net"] = {"tensor_sha256": tensor_sha256(feature_dir / WEIGHTS)}
-    eval_args = []
-    for name, c in plans.items():
-        run_dir = out / "runs" / name.replace(":", "-")
-        experts_dir(run_dir).mkdir(parents=True, exist_ok=True)
-        for k, obj in enumerate(objectives[name]):
-            _symlink(expert_dir(run_dir, k), out / "experts" / f"cluster-{k}-{obj}")
-        _symlink(run_dir / ROUTER, out / ROUTER)
-        (run_dir / CONFIG).write_text(f"# hddm reproduce: {name}\n" + yaml.safe_dump(c.to_dict(), sort_keys=False))
+    truth = meta.get("name") == "gmm"
+    if truth:
+        from .truth_eval import evaluate_truth
+
+        results = evaluate_truth(cfg, out, dataset_dir, objectives, jobs=jobs, progress=progress)
+    else:
+        feature_dir = out / FEATURE_NET
+        feature_network(cfg, dataset_dir, feature_dir, decode=pixel_decoder(cfg, dataset_dir), progress=progress)
+        artefacts["feature_net"] = {"tensor_sha256": tensor_sha256(feature_dir / WEIGHTS)}
+        eval_args = []
+        for name, c in plans.items():
+            run_dir = out / "runs" / name.replace(":", "-")
+            experts_dir(run_dir).mkdir(parents=True, exist_ok=True)
+            for k, obj in enumerate(objectives[name]):
+                _symlink(expert_dir(run_dir, k), out / "experts" / f"cluster-{k}-{obj}")
+            _symlink(run_dir / ROUTER, out / ROUTER)
+            (run_dir / CONFIG).write_text(f"# hddm reproduce: {name}\n" + yaml.safe_dump(c.to_dict(), sort_keys=False))
+            eval_args.append(
+                (
+                    c.to_dict(),
+                    name,
+                    str(run_dir),
+                    str(dataset_dir),
+                    str(feature_dir),
+                    objectives[name],
+                    jobs > 1,
+                    progress,
+                )
+            )
         eval_args.append(
-            (c.to_dict(), name, str(run_dir), str(dataset_dir), str(feature_dir), objectives[name], jobs > 1, progress)
+            (
+                cfg.to_dict(),
+                "monolith",
+                str(out / "runs" / "monolith"),
+                str(dataset_dir),
+                str(feature_dir),
+                None,
+                jobs > 1,
+                progress,
+            )
         )
-    eval_args.append(
-        (
-            cfg.to_dict(),
-            "monolith",
-            str(out / "runs" / "monolith"),
-            str(dataset_dir),
-            str(feature_dir),
-            None,
-            jobs > 1,
-            progress,
-        )
-    )
-    results = dict(_run_jobs(_eval_job, eval_args, jobs, progress, "evaluating"))
+        results = dict(_run_jobs(_eval_job, eval_args, jobs, progress, "evaluating"))
     timings["evaluation"] = time.perf_counter() - t0
     seconds = time.perf_counter() - start
 
@@ -393,10 +409,15 @@ def reproduce(
         "dataset": data_id,
         "artefacts": artefacts,
         "versions": versions(),
-        "results": {n: _summary(r) for n, r in results.items()},
+        "results": results if truth else {n: _summary(r) for n, r in results.items()},
     }
     write_atomic(out / "manifest.json", json.dumps(manifest, indent=2))
-    write_atomic(out / "tables.md", render_tables(manifest, results))
+    if truth:
+        from .truth_eval import render_truth_tables
+
+        write_atomic(out / "tables.md", render_truth_tables(manifest, results))
+    else:
+        write_atomic(out / "tables.md", render_tables(manifest, results))
     return manifest
 
 
