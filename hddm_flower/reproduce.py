@@ -341,7 +341,14 @@ def reproduce(
     if truth:
         from .truth_eval import evaluate_truth
 
-        results = evaluate_truth(cfg, out, dataset_dir, objectives, jobs=jobs, progress=progress)
+        results = evaluate_truth(
+            cfg,
+            out,
+            dataset_dir,
+            objectives,
+            in_worker=jobs > 1,
+            run_jobs=lambda fn, args: _run_jobs(fn, args, jobs, progress, "truth evaluation"),
+        )
     else:
         feature_dir = out / FEATURE_NET
         feature_network(cfg, dataset_dir, feature_dir, decode=pixel_decoder(cfg, dataset_dir), progress=progress)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,17 @@ def _prompts(ref: GMMReference, row: Row, samples_per_prompt: int) -> tuple[Prom
     return Prompts(list(ref.captions), ref.cond, ref.cluster_of.clone()), samples_per_prompt, comps
 
 
+class _OneExpert(torch.nn.Module):
+    """The monolith's router: its single expert always gets weight 1."""
+
+    def __init__(self, ref: GMMReference):
+        super().__init__()
+        self.config = ExactRouter(ref).config
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(x_t.shape[0], 1, dtype=x_t.dtype, device=x_t.device)
+
+
 def _ensemble(cfg: Config, row: Row, ref: GMMReference, out: Path, objectives: list[str] | None) -> Ensemble:
     s, K = cfg.sampling, ref.num_clusters
     conv = {"t_eps": s.t_eps, "x0_clamp": s.x0_clamp}
@@ -105,11 +117,8 @@ def _ensemble(cfg: Config, row: Row, ref: GMMReference, out: Path, objectives: l
             for k in range(K)
         }
     elif row.group == "monolith":
-        from .reproduce import _OneExpertRouter
-
         mono, _ = load_expert(out / "monolith", conversion=s.conversion, **conv)
-        C, S, _ = ref.shape
-        return Ensemble({0: mono}, _OneExpertRouter(C, S), 1, routing="top_k", k=1)
+        return Ensemble({0: mono}, _OneExpert(ref), 1, routing="top_k", k=1)
     else:
         experts = {
             k: load_expert(out / "experts" / f"cluster-{k}-{obj}", conversion=s.conversion, **conv)[0]
@@ -191,11 +200,11 @@ def evaluate_truth(
     dataset_dir: Path,
     objectives: dict[str, list[str]],
     *,
-    jobs: int = 1,
-    progress: bool = False,
+    in_worker: bool,
+    run_jobs: Callable[[Callable, list[tuple]], list],
 ) -> dict[str, Any]:
-    """Every row of :func:`truth_rows` in ``jobs`` processes (one per group); returns the rows in table order."""
-    from .reproduce import _run_jobs
+    """Every row of :func:`truth_rows`, one job per group through ``run_jobs(fn, args)`` (the caller's process
+    pool; ``args[i][-1]`` says whether job i runs in a worker); returns the rows in table order."""
 
     o = cfg.objectives
     main = f"{o.ddpm}DDPM:{o.fm}FM" if o.ddpm and o.fm else f"{cfg.num_experts}{'DDPM' if o.ddpm else 'FM'}"
@@ -210,12 +219,12 @@ def evaluate_truth(
             str(dataset_dir),
             [r for r in rows if r.group == g],
             objectives.get(g),
-            jobs > 1,
+            in_worker,
         )
         for g in groups
     ]
     done: dict[str, Any] = {}
-    for part in _run_jobs(evaluate_group, args, jobs, progress, "truth evaluation"):
+    for part in run_jobs(evaluate_group, args):
         done |= part
     return {r.name: done[r.name] for r in rows}
 

@@ -91,9 +91,9 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
             "sampling": {"cfg_scale": 1.0, "x0_clamp": 3.0},
             "evaluation": {
                 "routing_modes": ["top1", "oracle"],
-                "samples_per_prompt": 3,
+                "samples_per_prompt": 2,
                 "truth_seeds": 2,
-                "num_steps": 4,
+                "num_steps": 3,
             },
             "federation": {"min_nodes": 2, "min_experts": 1},
         },
@@ -108,7 +108,7 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
     assert {"1DDPM:1FM · oracle", "1DDPM:1FM · top1", "2FM · top2", "2FM · top2 · exact router"} <= set(rows)
     assert "2FM · oracle" not in rows
     true = rows["true samples (fresh draws)"]
-    assert true["samples_per_seed"] == 4 * 3 and true["seeds"] == 2 and len(true["per_seed"]) == 2
+    assert true["samples_per_seed"] == 4 * 2 and true["seeds"] == 2 and len(true["per_seed"]) == 2
     assert true["metrics"]["adherence"]["mean"] > 0.7
     # exact DDPM experts: the schedule-aware conversion stays near the truth, the naive one does not
     aware = rows["exact DDPM experts · schedule_aware · oracle"]["metrics"]["delta_log_density"]["mean"]
