@@ -217,11 +217,13 @@ class Deployment:
         that outgrows its memory); the SuperNode itself lives on. Returns how many were killed."""
         import psutil
 
-        apps = [
-            p
-            for p in psutil.Process(self.procs[name].pid).children(recursive=True)
-            if any("flwr-clientapp" in part for part in p.cmdline())
-        ]
+        def is_clientapp(p: psutil.Process) -> bool:
+            try:
+                return any("flwr-clientapp" in part for part in p.cmdline())
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):  # exited since children() listed it: not running
+                return False
+
+        apps = [p for p in psutil.Process(self.procs[name].pid).children(recursive=True) if is_clientapp(p)]
         for p in apps:
             p.send_signal(signal.SIGKILL)
         return len(apps)
