@@ -1,7 +1,6 @@
 """One real Flower simulation (Ray, 2 SuperNodes, a few steps): the apps exactly as `flwr run .` loads them."""
 
 import json
-import time
 
 import pytest
 from flwr.app import Context
@@ -21,7 +20,8 @@ def test_simulation_two_nodes_for_four_experts(tiny_config_path, cache_dir, tmp_
     run_dir = tmp_path / "run"
     run_config = {
         "config": str(tiny_config_path),
-        "overrides": "federation.min_nodes=4 federation.node_wait_timeout=120",
+        # were the server to wait for min_nodes, this run would outlast the test timeout (300 s)
+        "overrides": "federation.min_nodes=4 federation.node_wait_timeout=3600",
         "run-dir": str(run_dir),
         "cache-dir": str(cache_dir),
     }
@@ -32,7 +32,6 @@ def test_simulation_two_nodes_for_four_experts(tiny_config_path, cache_dir, tmp_
         context.run_config.update(run_config)
         server_main(grid, context)
 
-    started = time.monotonic()
     run_simulation(
         server_app=server,
         client_app=client_app,
@@ -42,7 +41,6 @@ def test_simulation_two_nodes_for_four_experts(tiny_config_path, cache_dir, tmp_
             "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False},
         },
     )
-    assert time.monotonic() - started < 110  # it did not wait node_wait_timeout for 4 nodes
     report = json.loads((run_dir / "report.json").read_text())
     assert sorted((e["expert_id"], e["objective"]) for e in report["experts"]) == [
         (0, "fm"),
