@@ -265,11 +265,13 @@ def _check_run(run_dir: Path) -> list[int]:
     """The expert ids present in an assembled run directory; a ConfigError if it is not one."""
     if not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} does not exist")
-    lacks = [n for n in ("config.yaml", "model_index.json", "router", "experts") if not (run_dir / n).exists()]
+    from .rundir import MODEL_INDEX, present_experts
+
+    lacks = [n for n in (CONFIG, MODEL_INDEX, ROUTER, EXPERTS) if not (run_dir / n).exists()]
     if lacks:
-        hint = "; `hddm evaluate --run-dir RUN` writes model_index.json" if lacks == ["model_index.json"] else ""
+        hint = f"; `hddm evaluate --run-dir RUN` writes {MODEL_INDEX}" if lacks == [MODEL_INDEX] else ""
         raise ConfigError(f"--run-dir {run_dir} is not an assembled run (no {', '.join(lacks)}){hint}")
-    ids = sorted(int(p.name.split("-", 1)[1]) for p in (run_dir / "experts").glob("expert-*") if p.is_dir())
+    ids = sorted(present_experts(run_dir))
     if not ids:
         raise ConfigError(f"--run-dir {run_dir} holds no expert folders (experts/expert-*)")
     return ids

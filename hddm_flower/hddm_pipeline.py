@@ -42,6 +42,7 @@ from diffusers.image_processor import VaeImageProcessor
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from . import rundir
 from .checkpoints import META, load_expert_model, make_expert, save_expert
 from .data import TextEncoder, default_text_encoder_path
 from .ensemble import ROUTING_MODES, Ensemble, VelocityScaling, sample_ensemble
@@ -463,13 +464,13 @@ def write_run_index(cfg, run_dir: Path, dataset_dir: Path, *, feature_dir: str |
         "vae_path": str(Path(vae_path).resolve()) if vae_path else None,
         "sampling": sampling_defaults(cfg),
     }
-    experts_dir = run_dir / "experts"
+    experts_dir = rundir.experts_dir(run_dir)
     _write_json(experts_dir / HDDMExperts.config_name, {
         "_class_name": HDDMExperts.__name__, "_diffusers_version": diffusers.__version__,
         "num_experts": cfg.num_experts,
     })  # fmt: skip
     ref = text_reference_file(text, UNCOND)
-    for folder in [run_dir, *sorted(p for p in experts_dir.glob("expert-*") if (p / META).is_file())]:
+    for folder in [run_dir, *(p for p in rundir.expert_folders(run_dir).values() if (p / META).is_file())]:
         shutil.copyfile(uncond_src, folder / f".{UNCOND}.tmp")
         os.replace(folder / f".{UNCOND}.tmp", folder / UNCOND)
         _write_json(folder / TEXT_ENCODER_REF, ref)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .rundir import MODEL_CARD as README
+from .rundir import expert_dir
 
 CODE_LICENSE = "apache-2.0"  # the code; the weights are trained on the dataset named in each card
 DATA_LICENSES = {"twemoji": "cc-by-4.0"}  # Hugging Face licence ids of the data the weights are derived from
@@ -191,6 +192,6 @@ def write_model_cards(run_dir: str | os.PathLike, report: dict[str, Any]) -> Non
     run_dir = Path(run_dir)
     _write(run_dir / README, run_card(report))
     for e in report["experts"]:
-        folder = run_dir / "experts" / f"expert-{e['expert_id']}"
+        folder = expert_dir(run_dir, e["expert_id"])
         if folder.is_dir():
             _write(folder / README, expert_card(report, e))

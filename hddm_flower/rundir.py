@@ -43,6 +43,7 @@ SAMPLES = "samples.png"
 GRIDS = "grids"
 ROUTER_WEIGHTS_PLOT = "router-weights.png"
 EXPERT_USAGE_PLOT = "expert-usage.png"
+MODEL_INDEX = "model_index.json"  # the run directory as a diffusers pipeline folder
 FEATURE_NET = "feature_net"  # also the diffusers pipeline component of that name
 EXPERT_PREFIX = "expert-"
 MODEL_INDEX = "model_index.json"
