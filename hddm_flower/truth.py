@@ -7,8 +7,9 @@ For samples drawn for given prompts (each prompt = one mixture component, or the
   or off the modes, positive when they collapse onto the densest regions);
 * ``mmd2``: the unbiased squared maximum mean discrepancy to fresh true samples for the same prompts, with a
   Gaussian kernel of a fixed bandwidth (the median pairwise distance of true samples, fixed once per dataset);
-  its expectation is 0 exactly when the two distributions are equal, so its interval should cover the
-  true-vs-true value;
+  its expectation is 0 exactly when the two distributions are equal and both sets are i.i.d.; with stratified
+  prompts (a fixed number per component, as in aligned inference) it is slightly negative for every row alike,
+  so an exact sampler's interval should cover the true-vs-true value, not 0;
 * ``mode_tv``: the total-variation distance between the histogram of the components the samples fall in (their
   most probable component under the true mixture) and the target weights (the prompts' components, or the mixture
   weights for the empty caption); finite samples make it positive even for true samples: compare with that row;
