@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -96,6 +97,7 @@ def train_router(msg: Message, context: Context) -> Message:
     data = _split(dataset_dir, clusters, "train")
     router = _router(msg, conf)
     server_round = int(conf["server-round"])
+    start = time.perf_counter()
     batch = max(1, round(r.batch_size * len(clusters) / cfg.num_experts))
     stats = router_local_update(
         router,
@@ -107,7 +109,9 @@ def train_router(msg: Message, context: Context) -> Message:
         seed=r.seed * 1_000_003 + server_round * 1009 + clusters[0],
         alpha=r.restricted_softmax,
     )
-    metrics = MetricRecord({"num-examples": stats["num-examples"], "train-loss": stats["loss"]})
+    metrics = MetricRecord(
+        {"num-examples": stats["num-examples"], "train-loss": stats["loss"], "seconds": time.perf_counter() - start}
+    )
     return Message(
         RecordDict({"arrays": ArrayRecord(router.state_dict()), "metrics": metrics}),
         reply_to=msg,

@@ -85,7 +85,7 @@ def _make_strategy(server_optimizer: str):
                 **kwargs,
             )
             self.clusters, self.num_classes, self.num_times = clusters, num_classes, num_times
-            self.images_seen, self.num_rounds = 0, num_rounds
+            self.images_seen, self.num_rounds, self.slowest_node_seconds = 0, num_rounds, 0.0
             self.evaluate_every = max(1, -(-num_rounds // 10))  # about ten evaluations per run
             self.sent_bytes: dict[int, int] = {}
             self.received_bytes: dict[int, int] = {}
@@ -118,7 +118,9 @@ def _make_strategy(server_optimizer: str):
             replies = list(replies)
             self._count(server_round, replies)
             good = [m for m in replies if m.has_error() or self._valid(server_round, m)]
-            self.images_seen += sum(int(m.content["metrics"][self.weighted_by_key]) for m in good if not m.has_error())
+            ok = [m.content["metrics"] for m in good if not m.has_error()]
+            self.images_seen += sum(int(m[self.weighted_by_key]) for m in ok)
+            self.slowest_node_seconds += max((float(m.get("seconds", 0.0)) for m in ok), default=0.0)
             arrays, metrics = super().aggregate_train(server_round, good)
             if arrays is not None:  # FedAdam computes in float64: the model keeps its own dtypes on the wire
                 arrays = ArrayRecord(
@@ -237,6 +239,8 @@ def train_router_federated(
         "nodes": {str(n): c for n, c in strategy.clusters.items()},
         "images_seen": strategy.images_seen,
         "wall_seconds": round(seconds, 2),
+        # the local training's share of the wall time when the nodes work in parallel (the slowest node per round)
+        "slowest_node_seconds": round(strategy.slowest_node_seconds, 2),
         "bytes_per_round": round(sum(sent.values()) / max(1, len(sent)) + sum(received.values()) / max(1, len(sent))),
         "bytes_sent": int(sum(sent.values())),
         "bytes_received": int(sum(received.values())),
