@@ -46,7 +46,10 @@ from hddm_flower.data import load_split, load_uncond, read_meta  # noqa: E402
 from hddm_flower.evaluate import FEATURE_NET, all_images, choose_prompts, feature_network, sample_mode  # noqa: E402
 from hddm_flower.federated import accuracy_from_confusion, router_confusion  # noqa: E402
 from hddm_flower.models import router_config  # noqa: E402
-from hddm_flower.pipeline import fit_router, load_ensemble, prepare_data, versions  # noqa: E402
+from hddm_flower.provenance import versions  # noqa: E402
+from hddm_flower.stages.assemble import load_ensemble  # noqa: E402
+from hddm_flower.stages.prepare import prepare_data  # noqa: E402
+from hddm_flower.stages.router import fit_router  # noqa: E402
 from strategies.federated_router import train_router_federated  # noqa: E402
 from tests.fake_grid import FakeGrid  # noqa: E402
 

@@ -110,7 +110,10 @@ def run_card(report: dict) -> str:
             "",
             "| routing | FID ↓ | KID ↓ |",
             "|---|---|---|",
-        ] + [f"| {m} | {x['fid']:.2f} | {x['kid']:.4f} |" for m, x in ev["modes"].items()]
+        ] + [
+            f"| {m} | {x['fid']:.2f} | {'–' if x['kid'] is None else format(x['kid'], '.4f')} |"
+            for m, x in ev["modes"].items()
+        ]
         lines += ["", "Values compare only with runs that share the feature network; details in `report.md`.", ""]
     return "\n".join(lines + _data_section(d))
 

@@ -2,6 +2,7 @@
 statistics, through an in-process Grid: one node per cluster, the hardest non-IID case."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -121,3 +122,36 @@ def test_rounds_default_to_the_central_budget():
     assert RouterConfig(steps=400, local_steps=1).num_rounds == 400
     assert RouterConfig(steps=400, local_steps=3).num_rounds == 134
     assert RouterConfig(steps=400, rounds=7).num_rounds == 7
+
+
+@pytest.mark.timeout(900)
+def test_server_app_with_federated_router_and_reference(tiny_config_path, cache_dir, tmp_path):
+    """The ServerApp end to end over 4 single-cluster nodes (in-process Grid): experts, then the federated router
+    (FedAdam) and the federated FID reference; the report holds their costs and sources."""
+    from flwr.app import Context, RecordDict
+
+    from strategies.server_app import main as server_main
+
+    run_dir = tmp_path / "run"
+    run_config = {
+        "config": str(tiny_config_path),
+        "overrides": "router.training=federated router.rounds=2 evaluation.reference=federated "
+        "evaluation.routing_modes=[top2]",
+        "run-dir": str(run_dir),
+        "cache-dir": str(cache_dir),
+    }
+    grid = FakeGrid(client_app, {n: {"partition-id": n - 1} for n in range(1, 5)})
+    server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [e["expert_id"] for e in report["experts"]] == [0, 1, 2, 3] and report["missing"] == []
+    r = report["router"]
+    assert sorted(r["nodes"].values()) == [[0], [1], [2], [3]]  # single-class nodes
+    assert r["training"] == "federated" and r["rounds"] == 2 and r["strategy"] == "flwr FedAdam"
+    assert r["bytes_sent"] > 0 and r["bytes_received"] > 0 and r["dropped_replies"] == {}
+    assert r["heldout"]["num_images"] > 0 and len(r["heldout"]["top1"]) == len(report["metrics"]["times"])
+    assert report["reference_statistics"]["clusters"] == [0, 1, 2, 3]
+    top2 = report["metrics"]["evaluation"]["modes"]["top2"]
+    assert top2["kid"] is None and top2["fid"] >= 0
+    assert top2["num_reference"] == report["reference_statistics"]["num_images"]
+    assert "federated" in report["metrics"]["evaluation"]["protocol"]["reference"]
+    assert (run_dir / "router" / "hddm_router.json").exists() and "KID" in (run_dir / "report.md").read_text()
