@@ -93,7 +93,7 @@ def test_no_file_cites_documents_outside_the_repository():
 
 
 def test_no_file_tells_work_history():
-    """The project speaks of itself: no sessions, engineers or issue numbers (pytest's session scope is fine)."""
+    """The project speaks of itself, not of how or by whom it was built (pytest's scope="session" is fine)."""
     pattern = re.compile(r"\bsessions?\b|\bengineers?\b|\bissue #?[0-9]+", re.I)
     allowed = re.compile(r'scope="session"|test session')
     offenders = [
