@@ -71,7 +71,7 @@ def loads(text: Any, what: str, *, max_bytes: int, max_depth: int = MAX_DEPTH, m
     """Parse the JSON string ``text`` a peer sent, or raise :class:`WireError` naming ``what``.
 
     Refused: a non-string, more than ``max_bytes`` bytes (checked before parsing), invalid JSON, NaN or
-    infinities (also as overflowing literals like ``1e999``), integers of more than 19 digits, nesting deeper than
+    infinities (also as overflowing literals like ``1e999``), integers of more than 20 digits, nesting deeper than
     ``max_depth`` (a nesting too deep for the parser itself included) or more than ``max_elements`` values.
     """
     if isinstance(text, bytes):
@@ -97,7 +97,7 @@ def loads(text: Any, what: str, *, max_bytes: int, max_depth: int = MAX_DEPTH, m
 
 
 def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 19:
+    if len(text.lstrip("-")) > 20:  # a 64-bit unsigned id (Flower's node ids) has up to 20 digits
         raise WireError(f"integer {text[:24]}… is too large")
     return int(text)
 

@@ -64,6 +64,7 @@ def test_hostile_json_is_refused(text, why):
 
 
 def test_sizes_and_types_are_checked_before_parsing():
+    assert loads("18446744073709551615", "node_id", max_bytes=100) == 2**64 - 1  # Flower's node ids are uint64
     with pytest.raises(WireError, match="more than 1000 values"):
         loads("[" + ",".join(["0"] * 2000) + "]", "m", max_bytes=10**6, max_elements=1000)
     with pytest.raises(WireError, match="exceed the limit of 10"):
