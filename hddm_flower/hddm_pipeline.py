@@ -293,7 +293,8 @@ class HDDMPipeline(DiffusionPipeline):
         steps = int(num_inference_steps if num_inference_steps is not None else s.get("num_inference_steps", 50))
         scale = float(guidance_scale if guidance_scale is not None else s.get("guidance_scale", 1.0))
         routing = routing or s.get("routing", "top_k")
-        k = int(top_k if top_k is not None else s.get("top_k", 2))
+        # the run's own top_k is cut to the experts that arrived (a run may lose some); an explicit one is checked
+        k = int(top_k) if top_k is not None else min(int(s.get("top_k", 2)), len(self.experts.ids))
         prompts = self.check_inputs(prompt, steps, scale, routing, k, num_images_per_prompt, output_type)
         device = self._execution_device
 

@@ -134,6 +134,19 @@ def test_bad_arguments_fail_before_sampling(pipe, kwargs, message):
         pipe(**({"prompt": "dog face"} | kwargs))
 
 
+def test_the_runs_top_k_is_cut_to_the_experts_that_arrived(pipe):
+    """A run that lost experts below its sampling.top_k still samples (its report grid does): top_k = present."""
+    sampling = dict(pipe.config.sampling)
+    pipe.register_to_config(sampling=sampling | {"top_k": 8})
+    try:
+        kw = dict(num_inference_steps=2, output_type="latent")
+        cut = pipe("dog face", generator=torch.Generator().manual_seed(0), **kw).images
+    finally:
+        pipe.register_to_config(sampling=sampling)
+    full = pipe("dog face", top_k=len(PRESENT), generator=torch.Generator().manual_seed(0), **kw).images
+    torch.testing.assert_close(cut, full)
+
+
 def test_fm_expert_with_diffusers_flow_match_scheduler_matches_the_project(run, pipe):
     """An FM expert, its own scheduler_config.json, diffusers' Euler loop: the project's samples to 1e-5."""
     folder = run / "experts" / "expert-0"
