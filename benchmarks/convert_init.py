@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from hddm_flower.config import OptimConfig, load_config
+from hddm_flower.config_io import load_config
+from hddm_flower.config_sections import OptimConfig
 from hddm_flower.convert import convert_dit, read_dit, write_converted
 from hddm_flower.data import load_split, load_uncond, read_meta
 from hddm_flower.dit import TinyDiT

@@ -122,7 +122,7 @@ def view(big: Path, out: Path, fraction: int) -> Path:
 
 
 def config(args, work: Path):
-    from hddm_flower.config import config_from_dict
+    from hddm_flower.config_io import config_from_dict
 
     return config_from_dict(
         {

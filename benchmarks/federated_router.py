@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from clients.client_app import app as client_app  # noqa: E402
 from hddm_flower import metrics as M  # noqa: E402
 from hddm_flower.checkpoints import load_router, save_router  # noqa: E402
-from hddm_flower.config import load_config, parse_overrides  # noqa: E402
+from hddm_flower.config_io import load_config, parse_overrides  # noqa: E402
 from hddm_flower.data import load_split, load_uncond, read_meta  # noqa: E402
 from hddm_flower.evaluate import FEATURE_NET, all_images, choose_prompts, feature_network, sample_mode  # noqa: E402
 from hddm_flower.federated import accuracy_from_confusion, router_confusion  # noqa: E402

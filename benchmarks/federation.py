@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 
-from hddm_flower.config import load_config, parse_overrides
+from hddm_flower.config_io import load_config, parse_overrides
 from hddm_flower.provenance import versions
 from hddm_flower.stages.prepare import prepare_data
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from hddm_flower.config import load_config
+from hddm_flower.config_io import load_config
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.truth_eval import evaluate_group, truth_rows
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from diffusers.optimization import get_scheduler
 
-from hddm_flower.config import load_config
+from hddm_flower.config_io import load_config
 from hddm_flower.data import load_split, load_uncond, read_meta
 from hddm_flower.models import ExpertNet
 from hddm_flower.provenance import versions

@@ -41,7 +41,9 @@ from flwr.clientapp import ClientApp
 
 from hddm_flower import wire
 from hddm_flower.checkpoints import weights_bytes
-from hddm_flower.config import OBJECTIVES, TRAINING_SECTIONS, config_from_dict
+from hddm_flower.choices import OBJECTIVES
+from hddm_flower.config import TRAINING_SECTIONS
+from hddm_flower.config_io import config_from_dict
 from hddm_flower.data import cluster_shards, default_cache_dir
 from hddm_flower.logs import quiet_libraries
 from hddm_flower.stages.expert import train_one_expert

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from hddm_flower.config import Config, config_from_dict
+from hddm_flower.config import Config
+from hddm_flower.config_io import config_from_dict
 from hddm_flower.data import Split, cluster_shards, load_split
 from hddm_flower.encoders import pixel_decoder
 from hddm_flower.federated import feature_sums, router_confusion, router_local_update

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-PRELOAD = ("torch", "diffusers", "hddm_flower.stages.expert", "hddm_flower.checkpoints", "hddm_flower.config")
+PRELOAD = ("torch", "diffusers", "hddm_flower.stages.expert", "hddm_flower.checkpoints", "hddm_flower.config_io")
 ERROR = "error.txt"
 
 
@@ -39,7 +39,7 @@ def main(spec_path: str) -> None:
     log_to_stderr()  # the fork server has no logging set up: without this the progress lines are lost
 
     from hddm_flower.checkpoints import weights_bytes
-    from hddm_flower.config import config_from_dict
+    from hddm_flower.config_io import config_from_dict
     from hddm_flower.stages.expert import train_one_expert
 
     spec = json.loads(Path(spec_path).read_text())

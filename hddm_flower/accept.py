@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoints import TIME_CONVENTION, CheckpointRejected, install_expert, validate_weights_file
-from .config import OBJECTIVES, WIRE_DTYPES
+from .choices import OBJECTIVES, WIRE_DTYPES
 from .objectives import SCHEDULES
 from .rundir import expert_dir, experts_dir
 from .wire import (

@@ -26,7 +26,8 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from . import metrics as M
-from .config import Config, ConfigError
+from .config import Config
+from .config_rules import ConfigError
 from .data import Split, load_split, load_uncond, read_meta, split_size, stream_captions, stream_images
 from .devices import autocast, resolve_device
 from .encoders import pixel_decoder

@@ -32,7 +32,9 @@ import yaml
 from torch import Tensor, nn
 
 from .checkpoints import META, ROUTER_META, WEIGHTS, load_expert, read_expert_meta, save_expert, sha256_file
-from .config import Config, ConfigError, config_from_dict
+from .config import Config
+from .config_io import config_from_dict
+from .config_rules import ConfigError
 from .data import load_split, load_uncond, read_meta
 from .devices import resolve_device, resolve_precision
 from .encoders import pixel_decoder

@@ -22,7 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .choices import OPTIMIZERS, PRECISIONS
-from .config import ExpertConfig, OptimConfig, RouterConfig
+from .config_sections import ExpertConfig, OptimConfig, RouterConfig
 from .data import Split
 from .experts import Expert, _draw
 from .models import Router, TextCond

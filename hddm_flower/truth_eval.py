@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from .checkpoints import load_expert, load_router
-from .config import Config, config_from_dict
+from .config import Config
+from .config_io import config_from_dict
 from .ensemble import Ensemble, VelocityScaling
 from .evaluate import Prompts, sample_mode
 from .exact import ExactRouter, exact_expert

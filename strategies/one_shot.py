@@ -19,7 +19,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from hddm_flower import wire
 from hddm_flower.accept import ExpertStore
 from hddm_flower.checkpoints import CheckpointRejected
-from hddm_flower.config import OBJECTIVES
+from hddm_flower.choices import OBJECTIVES
 from hddm_flower.rundir import incoming_name
 from strategies.spool import SpooledArray, discard, pull_replies, spooled_arrays
 

@@ -11,7 +11,9 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from hddm_flower.accept import ExpertStore
-from hddm_flower.config import Config, ConfigError, load_config, parse_overrides
+from hddm_flower.config import Config
+from hddm_flower.config_io import load_config, parse_overrides
+from hddm_flower.config_rules import ConfigError
 from hddm_flower.logs import quiet_libraries
 from hddm_flower.rundir import CONFIG, REPORT_JSON, check_rerun, missing_experts, present_experts, write_config
 from hddm_flower.stages.expert import expert_spec

@@ -4,15 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from hddm_flower.config import (
-    MAX_MESSAGE,
-    Config,
-    ConfigError,
-    OptimConfig,
-    config_from_dict,
-    load_config,
-    parse_overrides,
-)
+from hddm_flower.config import Config
+from hddm_flower.config_io import config_from_dict, load_config, parse_overrides
+from hddm_flower.config_rules import MAX_MESSAGE, ConfigError
+from hddm_flower.config_sections import OptimConfig
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -196,7 +191,7 @@ def test_loading_a_config_imports_no_torch():
 
     code = (
         "import sys\n"
-        "from hddm_flower.config import load_config\n"
+        "from hddm_flower.config_io import load_config\n"
         "load_config('configs/paper-2ddpm-6fm.yaml')\n"
         "assert 'torch' not in sys.modules, 'config imported torch'\n"
     )

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from hddm_flower.cluster import cluster_encoded, fit_hierarchical
-from hddm_flower.config import config_from_dict
+from hddm_flower.config_io import config_from_dict
 from hddm_flower.data import check_clusters, cluster_shards, load_split, load_uncond, read_meta, stream_batches
 from hddm_flower.ingest import SKIP_REASONS, ShardError, prepare_from_config
 

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from hddm_flower.config import ExpertConfig, OptimConfig
+from hddm_flower.config_sections import ExpertConfig, OptimConfig
 from hddm_flower.data import load_split, load_uncond
 from hddm_flower.experts import FlowMatchingExpert
 from hddm_flower.models import ExpertNet, expert_config

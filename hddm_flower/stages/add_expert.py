@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..accept import accept_expert, parse_expert_meta, parse_model_config
 from ..checkpoints import META, MODEL_CONFIG, WEIGHTS, CheckpointRejected
-from ..config import Config, config_from_dict, load_config
+from ..config import Config
+from ..config_io import config_from_dict, load_config
 from ..data import check_clusters, extend_dataset, read_meta
 from ..provenance import now
 from ..rundir import (

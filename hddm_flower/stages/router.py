@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from ..checkpoints import TIME_CONVENTION, save_router
-from ..config import Config, RouterConfig
+from ..config import Config
+from ..config_sections import RouterConfig
 from ..data import read_meta, split_size, stream_images
 from ..devices import resolve_device, resolve_precision
 from ..models import Router, router_config
