@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import PIXEL_FEATURES, PIXEL_SIDE, SAME_ENCODING, pixel_pca, pixel_vectors
+from .data import SAME_ENCODING
+from .embedded import PIXEL_FEATURES, PIXEL_SIDE, pixel_pca, pixel_vectors
 from .ingest import read_manifest
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class Dinov2Features:
 
 
 class PixelFeatures:
-    """Offline, visual: :func:`hddm_flower.data.pixel_vectors` (the pixels, area-averaged to at most 16×16); the
+    """Offline, visual: :func:`hddm_flower.embedded.pixel_vectors` (the pixels, area-averaged to at most 16×16); the
     principal components follow in :func:`pixel_components`. Not normalised: PCA needs the pixels' own scale."""
 
     normalize = False
@@ -225,7 +226,7 @@ def pixel_components(
     feats: np.ndarray, path: Path, *, seed: int, fit_samples: int = 262144, chunk: int = 65536
 ) -> np.ndarray:
     """``pixels`` features → their principal components (float32 memmap at ``path``): the PCA of
-    :func:`hddm_flower.data.pixel_pca`, fitted on a seeded subsample of at most ``fit_samples`` rows (all rows on
+    :func:`hddm_flower.embedded.pixel_pca`, fitted on a seeded subsample of at most ``fit_samples`` rows (all rows on
     the embedded dataset's scale), then applied in chunks."""
     n = len(feats)
     take = np.sort(np.random.default_rng(seed).choice(n, size=min(n, fit_samples), replace=False))

@@ -1,6 +1,6 @@
 """Pretrained encoders loaded from local directories: the latent autoencoder (sd-vae-ft-mse layout).
 
-The text side is :class:`hddm_flower.data.TextEncoder`, which loads any transformers text encoder and its
+The text side is :class:`hddm_flower.text.TextEncoder`, which loads any transformers text encoder and its
 tokenizer from a folder (MiniLM by default; a CLIP ViT-L/14 text model for the paper's configs); DINOv2 features
 are in :mod:`hddm_flower.cluster`. `hddm prepare` stores ``LatentCodec.encode`` latents (posterior mean) and
 :func:`pixel_decoder` decodes samples with it. Nothing here downloads: a path that does not hold the model is an

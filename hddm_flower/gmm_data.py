@@ -211,7 +211,8 @@ def prepare_gmm(
     import webdataset as wds
     from safetensors.torch import save_file
 
-    from .data import TextEncoder, detail_score
+    from .embedded import detail_score
+    from .text import TextEncoder
 
     spec.check()
     if encoder_path and not Path(encoder_path).is_dir():

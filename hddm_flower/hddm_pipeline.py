@@ -44,11 +44,11 @@ from torch import Tensor, nn
 
 from . import rundir
 from .checkpoints import META, load_expert_model, make_expert, save_expert
-from .data import TextEncoder, default_text_encoder_path
 from .ensemble import ROUTING_MODES, Ensemble, VelocityScaling, sample_ensemble
 from .metrics import FeatureClassifier
 from .models import ExpertNet, Router, TextCond
 from .rundir import FEATURE_NET, MODEL_INDEX, PIPELINE_FILE, TEXT_ENCODER_REF, UNCOND
+from .text import TextEncoder, default_text_encoder_path
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
@@ -202,7 +202,7 @@ class HDDMPipeline(DiffusionPipeline):
 
     @property
     def text_encoder_wrapper(self) -> TextEncoder:
-        """The project's :class:`~hddm_flower.data.TextEncoder` over this pipeline's encoder and tokenizer."""
+        """The project's :class:`~hddm_flower.text.TextEncoder` over this pipeline's encoder and tokenizer."""
         return TextEncoder.from_components(
             self.text_encoder, self.tokenizer, int(self.config.text.get("max_length", 16)), self.config.text.get("name")
         )

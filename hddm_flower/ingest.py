@@ -206,7 +206,7 @@ def twemoji_units(
     pixel_size: int, unit_size: int, repeat: int = 1, skin_tones: bool = False, limit: int = 0, seed: int = 0
 ) -> list[Unit]:
     """The embedded dataset as input (already RGB arrays at ``pixel_size``), repeated ``repeat`` times."""
-    from .data import load_twemoji
+    from .embedded import load_twemoji
 
     images, captions, categories = load_twemoji(pixel_size, skin_tones)
     order = np.arange(len(images))
@@ -289,8 +289,8 @@ class Encoders:
     """The text encoder and (optionally) the VAE, loaded once from local folders."""
 
     def __init__(self, *, text_encoder: str | None, max_caption_tokens: int, vae: str | None, device: str = "cpu"):
-        from .data import TextEncoder
         from .encoders import LatentCodec
+        from .text import TextEncoder
 
         self.text = TextEncoder(text_encoder or None, max_caption_tokens)
         self.text.model.to(device)

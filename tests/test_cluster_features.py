@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hddm_flower.cluster import PixelFeatures, feature_model, pixel_components
-from hddm_flower.data import PIXEL_COMPONENTS, cluster_features, pixel_vectors
+from hddm_flower.embedded import PIXEL_COMPONENTS, cluster_features, pixel_vectors
 
 
 def _images(n: int, side: int, seed: int = 0) -> np.ndarray:

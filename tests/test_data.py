@@ -8,15 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from hddm_flower import data as data_mod
-from hddm_flower.data import (
-    TextEncoder,
-    load_split,
-    load_twemoji,
-    load_uncond,
-    prepare_embedded,
-    read_meta,
-)
+from hddm_flower import embedded as embedded_mod
+from hddm_flower.data import load_split, load_uncond, read_meta
+from hddm_flower.embedded import load_twemoji, prepare_embedded
+from hddm_flower.text import TextEncoder
 
 
 def test_twemoji_images_and_captions():
@@ -79,13 +74,13 @@ def test_text_encoder_from_a_local_directory(tmp_path):
 
 def test_concurrent_prepare_builds_once_and_failure_leaves_nothing(tmp_path, monkeypatch):
     calls = []
-    real = data_mod.load_twemoji
+    real = embedded_mod.load_twemoji
 
     def counting(*a, **k):
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(data_mod, "load_twemoji", counting)
+    monkeypatch.setattr(embedded_mod, "load_twemoji", counting)
     out = []
     threads = [
         threading.Thread(target=lambda: out.append(prepare_embedded(tmp_path, num_clusters=2, limit=24)))
@@ -100,7 +95,7 @@ def test_concurrent_prepare_builds_once_and_failure_leaves_nothing(tmp_path, mon
     def broken(*a, **k):
         raise RuntimeError("encoder exploded")
 
-    monkeypatch.setattr(data_mod.TextEncoder, "encode", broken)
+    monkeypatch.setattr(embedded_mod.TextEncoder, "encode", broken)
     with pytest.raises(RuntimeError, match="exploded"):
         prepare_embedded(tmp_path, num_clusters=3, limit=24)
     leftovers = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".") or not p.name.endswith(".lock")]
@@ -135,8 +130,9 @@ def test_router_data_path_reads_no_text_member(tiny_config, dataset_dir, tmp_pat
     the router trains from it, its steps derived from router.epochs."""
     import dataclasses
 
-    from hddm_flower.data import load_split, read_meta, split_size, stream_images
+    from hddm_flower.data import load_split, read_meta, split_size
     from hddm_flower.stages.router import fit_router
+    from hddm_flower.streams import stream_images
 
     poisoned = tmp_path / "poisoned"
     _poison_text_members(dataset_dir, poisoned)

@@ -4,8 +4,8 @@ that loads sd-vae-ft-mse and CLIP ViT-L/14."""
 import pytest
 import torch
 
-from hddm_flower.data import TextEncoder
 from hddm_flower.encoders import LatentCodec
+from hddm_flower.text import TextEncoder
 
 
 @pytest.fixture(scope="module")

@@ -42,9 +42,10 @@ def pipe(run):
 
 
 def test_run_directory_is_a_diffusers_pipeline(run, pipe, tiny_config, dataset_dir):
-    from hddm_flower.data import TextEncoder, load_uncond, read_meta
+    from hddm_flower.data import load_uncond, read_meta
     from hddm_flower.stages.assemble import load_ensemble
     from hddm_flower.stages.sample import sample_grid
+    from hddm_flower.text import TextEncoder
 
     index = json.loads((run / "model_index.json").read_text())
     assert index["_class_name"] == "HDDMPipeline" and index["router"] == ["hddm_flower.models", "Router"]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..cluster import cluster_encoded
 from ..config import Config
-from ..data import check_clusters, default_cache_dir, prepare_embedded, read_meta
+from ..data import check_clusters, default_cache_dir, read_meta
+from ..embedded import prepare_embedded
 from ..gmm_data import GMMSpec, prepare_gmm
 from ..ingest import default_device, prepare_from_config
 
@@ -18,7 +19,7 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: 
     """The prepared (clustered) dataset directory for this config, built on first use and cached.
 
     The embedded Twemoji dataset in pixel space with pixel or caption clusters is built by
-    :func:`~hddm_flower.data.prepare_embedded`; everything else (webdataset shards, an image folder, VAE latents,
+    :func:`~hddm_flower.embedded.prepare_embedded`; everything else (webdataset shards, an image folder, VAE latents,
     DINOv2 clusters) goes through `hddm prepare` (:mod:`~hddm_flower.ingest`) then `hddm cluster`
     (:mod:`~hddm_flower.cluster`) into ``cache/encoded-<hash>`` and ``cache/clusters-<hash>``. Either way every
     cluster is checked to hold training samples before anything trains.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..data import TextEncoder
 from ..ensemble import Ensemble, sample_ensemble
 from ..models import TextCond
+from ..text import TextEncoder
 
 
 @torch.no_grad()

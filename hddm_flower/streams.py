@@ -1,0 +1,189 @@
+"""The coordinator's streams: images or latents and cluster labels only (never captions or text states, except
+the evaluation's ``text`` batches), and the evaluation's caption stream, read from a prepared dataset's
+per-cluster shards (:mod:`hddm_flower.data`) with memory that does not grow with the dataset.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from .data import cluster_shards, read_meta, split_size
+from .models import TextCond
+
+IMAGE_MEMBERS = (".latent.npy", ".png", ".json")
+"""The only shard members :func:`stream_images` reads: the image or latent, and the sample's json (its split).
+Captions (``.txt``) and text states (``.emb.npy``, up to 118 KiB a sample at paper scale) are skipped unread."""
+
+
+def _image_member(name: str) -> bool:
+    return name.endswith(IMAGE_MEMBERS)
+
+
+def _image_and_text_member(name: str) -> bool:
+    return name.endswith((*IMAGE_MEMBERS, ".emb.npy"))
+
+
+def _image_stream(
+    dataset_dir, meta: dict, cluster: int, split: str | None, *, shuffle: bool, seed: int, buffer: int, text: bool
+):
+    """One cluster's samples as ``(x (C, H, W) float32, label)`` (``text``: ``+ (states, mask)``), reading the
+    image/latent and json members only, and the text states only when asked."""
+    import webdataset as wds
+
+    urls = cluster_shards(dataset_dir, cluster, meta)
+    ds = wds.WebDataset(
+        urls,
+        shardshuffle=len(urls) if shuffle else False,
+        detshuffle=shuffle,
+        nodesplitter=None,
+        empty_check=False,
+        seed=seed,
+        select_files=_image_and_text_member if text else _image_member,
+    ).decode("rgb8")
+    if split is not None:
+        ds = ds.select(lambda s: s["json"]["split"] == split)
+    if shuffle:
+        ds = ds.shuffle(buffer, rng=random.Random(seed))
+    for s in ds:
+        if "latent.npy" in s:
+            x = np.asarray(s["latent.npy"], np.float32)  # already scaled by the VAE's scaling factor
+        else:
+            x = np.asarray(s["png"], np.float32).transpose(2, 0, 1) / 127.5 - 1
+        if not text:
+            yield x, cluster
+            continue
+        L, dim = meta["max_caption_tokens"], meta["text_dim"]
+        emb = np.asarray(s["emb.npy"], np.float32)[:L]
+        pad = np.zeros((L, dim), np.float32)
+        pad[: len(emb)] = emb
+        yield x, cluster, pad, np.arange(L) < len(emb)
+
+
+def stream_images(
+    dataset_dir: str | os.PathLike,
+    clusters: list[int] | None = None,
+    *,
+    batch_size: int,
+    split: str | None = "train",
+    seed: int = 0,
+    shuffle: bool = True,
+    shuffle_buffer: int = 1000,
+    loop: bool = True,
+    text: bool = False,
+) -> Iterator[tuple]:
+    """Batches ``(x0 (B, C, H, W) float32, cluster labels (B,) int64)`` streamed from the shard sets of
+    ``clusters`` (default all), reading only each sample's image or latent and json (:data:`IMAGE_MEMBERS`).
+
+    Memory does not grow with the dataset: one batch plus the shuffle buffers. With ``shuffle`` every cluster is
+    its own seeded stream (shard order reshuffled each epoch, a buffer of ``shuffle_buffer / K`` samples) and each
+    sample is drawn from cluster k with probability ∝ the samples k has left in the epoch, so every batch mixes
+    the clusters as the whole split does and an epoch visits every sample once. Without ``shuffle``: the clusters
+    in order, shards in order. ``loop``: endless epochs; else one pass, the last batch partial. ``split`` None
+    reads train and val. ``text`` (the evaluation's feature classifier; never the router): batches also carry
+    the caption states, ``(x0, labels, TextCond)``.
+    """
+    meta = read_meta(dataset_dir)
+    if clusters is None:
+        clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
+    sizes = {k: split_size(meta, [k], split) for k in clusters}
+    if not sum(sizes.values()):
+        raise ValueError(f"no {split or 'train/val'!r} samples in clusters {clusters} of {dataset_dir}")
+    buffer = max(1, shuffle_buffer // len(clusters))
+    epoch = 0
+    while True:
+        rng = random.Random(f"{seed}-{epoch}")
+        streams = {
+            k: _image_stream(
+                dataset_dir, meta, k, split, shuffle=shuffle, seed=seed + 7919 * epoch + k, buffer=buffer, text=text
+            )
+            for k in clusters
+            if sizes[k]
+        }
+        left = {k: sizes[k] for k in streams}
+
+        def samples():
+            while streams:
+                k = rng.choices(list(left), weights=list(left.values()))[0] if shuffle else next(iter(streams))
+                item = next(streams[k], None)
+                if item is None or left[k] <= 1:  # cluster exhausted (meta sizes are exact; stop on either)
+                    if item is not None:
+                        yield item
+                    del streams[k], left[k]
+                    continue
+                left[k] -= 1
+                yield item
+
+        def collate(items):
+            x, y = torch.from_numpy(np.stack([i[0] for i in items])), torch.tensor([i[1] for i in items])
+            if not text:
+                return x, y
+            states, mask = (torch.from_numpy(np.stack([i[j] for i in items])) for j in (2, 3))
+            return x, y, TextCond(states, mask.float())
+
+        items = []
+        for item in samples():
+            items.append(item)
+            if len(items) == batch_size:
+                yield collate(items)
+                items = []
+        if items and not loop:
+            yield collate(items)
+        if not loop:
+            return
+        epoch += 1
+
+
+def stream_captions(
+    dataset_dir: str | os.PathLike,
+    clusters: list[int] | None = None,
+    *,
+    split: str = "val",
+    seed: int = 0,
+    shuffle_buffer: int = 1000,
+) -> Iterator[tuple[str, np.ndarray, np.ndarray, int]]:
+    """One seeded, shuffled pass over the captions of ``split`` in ``clusters`` (default all), interleaved at
+    random: ``(caption, padded text states (L, dim), mask (L,), cluster)``. Reads the text and json members only
+    (no image), so picking prompts costs what the prompts need, not the split."""
+    import webdataset as wds
+
+    meta = read_meta(dataset_dir)
+    if clusters is None:
+        clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
+    L, dim = meta["max_caption_tokens"], meta["text_dim"]
+    rng = random.Random(seed)
+
+    def one(k: int):
+        urls = cluster_shards(dataset_dir, k, meta)
+        ds = (
+            wds.WebDataset(
+                urls,
+                shardshuffle=len(urls),
+                detshuffle=True,
+                nodesplitter=None,
+                empty_check=False,
+                seed=seed + k,
+                select_files=lambda name: name.endswith((".txt", ".emb.npy", ".json")),
+            )
+            .decode()
+            .select(lambda s: s["json"]["split"] == split)
+            .shuffle(max(1, shuffle_buffer // len(clusters)), rng=random.Random(seed + k))
+        )
+        for s in ds:
+            emb = np.asarray(s["emb.npy"], np.float32)[:L]
+            pad = np.zeros((L, dim), np.float32)
+            pad[: len(emb)] = emb
+            yield s["txt"], pad, np.arange(L) < len(emb), k
+
+    streams = {k: one(k) for k in clusters}
+    while streams:
+        k = rng.choice(sorted(streams))
+        item = next(streams[k], None)
+        if item is None:
+            del streams[k]
+            continue
+        yield item
