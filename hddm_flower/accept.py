@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import TIME_CONVENTION, CheckpointRejected, install_expert, validate_weights_file
+from .checkpoints import REQUIRED_META, TIME_CONVENTION, CheckpointRejected, install_expert, validate_weights_file
 from .choices import OBJECTIVES, WIRE_DTYPES
 from .objectives import SCHEDULES
 from .rundir import expert_dir, experts_dir
@@ -109,17 +109,7 @@ def parse_expert_meta(meta: Any, *, max_id: int = MAX_EXPERT_ID) -> dict[str, An
     return out
 
 
-_REQUIRED = (
-    "expert_id",
-    "cluster_id",
-    "objective",
-    "preset",
-    "time_convention",
-    "steps",
-    "images_seen",
-    "device_seconds",
-    "sha256",
-)
+_REQUIRED = (*REQUIRED_META, "sha256")  # what a checkpoint's own metadata must hold, plus its hash on the wire
 
 
 def parse_model_config(config: Any, expected: dict, preset: str = "") -> dict:
