@@ -95,6 +95,7 @@ def stream_images(
         raise ValueError(f"no {split or 'train/val'!r} samples in clusters {clusters} of {dataset_dir}")
     buffer = max(1, shuffle_buffer // len(clusters))
     epoch = 0
+    items = []  # a batch may span epochs: a split smaller than a batch still yields batches when looping
     while True:
         rng = random.Random(f"{seed}-{epoch}")
         streams = {
@@ -125,7 +126,6 @@ def stream_images(
             states, mask = (torch.from_numpy(np.stack([i[j] for i in items])) for j in (2, 3))
             return x, y, TextCond(states, mask.float())
 
-        items = []
         for item in samples():
             items.append(item)
             if len(items) == batch_size:

@@ -155,3 +155,19 @@ def test_router_data_path_reads_no_text_member(tiny_config, dataset_dir, tmp_pat
     fit_router(cfg, poisoned, tmp_path / "run", device="cpu")
     info = json.loads((tmp_path / "run" / "router" / "hddm_router.json").read_text())
     assert info["steps"] == -(-n // 16) and info["device"] == "cpu" and info["training_images"] == n
+
+
+def test_a_looping_stream_fills_batches_larger_than_its_split(dataset_dir):
+    """A split smaller than one batch (a small cluster, a tiny dataset) still yields full batches when looping:
+    a batch spans epochs, every sample appears once per epoch, labels stay with their samples."""
+    from hddm_flower.data import read_meta, split_size
+    from hddm_flower.streams import stream_images
+
+    n = split_size(read_meta(dataset_dir), [0], "val")
+    assert 0 < n < 64
+    stream = stream_images(dataset_dir, [0], batch_size=2 * n + 1, split="val", seed=1)
+    x, y = next(stream)
+    assert len(x) == 2 * n + 1 and set(y.tolist()) == {0}
+    one_pass = torch.cat([b[0] for b in stream_images(dataset_dir, [0], batch_size=n, split="val", loop=False)])
+    key = lambda imgs: sorted(imgs.flatten(1).sum(1).tolist())  # noqa: E731
+    assert key(x[:n]) == key(one_pass) and key(x[n : 2 * n]) == key(one_pass)
