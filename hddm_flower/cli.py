@@ -98,10 +98,9 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_cluster(args) -> None:
-    from .cluster import cluster_encoded
     from .data import check_clusters, default_cache_dir, read_meta
-    from .ingest import default_device, prepare_from_config
-    from .stages.prepare import scaled_data_dirs
+    from .ingest import prepare_from_config
+    from .stages.prepare import cluster_with_config, scaled_data_dirs
 
     cfg = _config(args)
     d = cfg.data
@@ -113,21 +112,7 @@ def cmd_cluster(args) -> None:
             prepare_from_config(d, encoded, progress=True)
     cache = Path(args.cache_dir or d.cache_dir or default_cache_dir())
     out = Path(args.out) if args.out else scaled_data_dirs(cfg, cache)[1]
-    cluster_encoded(
-        encoded,
-        out,
-        num_clusters=cfg.num_experts,
-        features=d.cluster_features,
-        dinov2=d.dinov2,
-        fine_clusters=d.fine_clusters,
-        seed=d.seed,
-        val_fraction=d.val_fraction,
-        shard_size=d.shard_size,
-        batch_size=d.encode_batch_size,
-        fit_samples=d.kmeans_fit_samples,
-        device=default_device(d.device),
-        progress=True,
-    )
+    cluster_with_config(cfg, encoded, out, progress=True)
     meta = read_meta(out)
     check_clusters(meta, cfg.num_experts, str(out))
     _print_clusters(out, meta)

@@ -71,23 +71,29 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: 
                         raise ValueError(
                             f"no usable samples in the input of data.{d.name} (skipped: {manifest.get('skipped')})"
                         )
-                cluster_encoded(
-                    encoded,
-                    out,
-                    num_clusters=cfg.num_experts,
-                    features=d.cluster_features,
-                    dinov2=d.dinov2,
-                    fine_clusters=d.fine_clusters,
-                    seed=d.seed,
-                    val_fraction=d.val_fraction,
-                    shard_size=d.shard_size,
-                    batch_size=d.encode_batch_size,
-                    fit_samples=d.kmeans_fit_samples,
-                    device=default_device(d.device),
-                    progress=progress,
-                )
+                cluster_with_config(cfg, encoded, out, progress=progress)
     check_clusters(read_meta(out), cfg.num_experts, str(out))
     return out
+
+
+def cluster_with_config(cfg: Config, encoded, out: Path, *, progress: bool = False) -> Path:
+    """``hddm cluster`` with the run's data section: encoded samples → ``num_experts`` shard sets in ``out``."""
+    d = cfg.data
+    return cluster_encoded(
+        encoded,
+        out,
+        num_clusters=cfg.num_experts,
+        features=d.cluster_features,
+        dinov2=d.dinov2,
+        fine_clusters=d.fine_clusters,
+        seed=d.seed,
+        val_fraction=d.val_fraction,
+        shard_size=d.shard_size,
+        batch_size=d.encode_batch_size,
+        fit_samples=d.kmeans_fit_samples,
+        device=default_device(d.device),
+        progress=progress,
+    )
 
 
 def scaled_data_dirs(cfg: Config, cache: Path) -> tuple[Path, Path]:
