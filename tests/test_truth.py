@@ -116,3 +116,14 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
     assert naive < aware - 5
     tables = (out / "tables.md").read_text()
     assert "Exact references" in tables and "± " in tables and "bandwidth" in tables
+
+
+def test_truth_rows_are_scheduled_longest_first():
+    from hddm_flower.truth_eval import _cost, truth_rows
+
+    rows = truth_rows(["8FM", "2DDPM:6FM"], ["top1", "top2", "full", "threshold", "oracle"], "2DDPM:6FM")
+    order = sorted(rows, key=lambda r: -_cost(r, 8))
+    assert order[0].name == "2DDPM:6FM · full" and order[-1].experts == "true"
+    eight = next(r for r in rows if r.steps_factor == 8)
+    assert _cost(eight, 8) == 8  # oracle routing runs no router and one expert, at 8× the steps
+    assert order.index(eight) < order.index(next(r for r in rows if r.name == "2DDPM:6FM · top2"))
