@@ -96,23 +96,22 @@ def compute_reference(
     seen: dict[int, int] = {}
     rng = random.Random(seed)
     batches = stream_images(dataset_dir, None, batch_size=batch_size, split=None, shuffle=False, loop=False)
-    bar = tqdm(total=total, desc="reference statistics", disable=not progress, unit="img")
-    for x, labels in batches:
-        feats = fx(decode(x) if decode is not None else x)  # (B, d) float64 on the CPU
-        for k in labels.unique().tolist():
-            f = feats[labels == k]
-            sums[k] = sums.get(k, FeatureSums.zeros(d)) + FeatureSums.of(f)
-            pool = kept.setdefault(k, [])
-            for row in f:  # Algorithm R: every image of cluster k is kept with probability R / n_k
-                n = seen[k] = seen.get(k, 0) + 1
-                if len(pool) < reservoir:
-                    pool.append(row.clone())
-                else:
-                    j = rng.randrange(n)
-                    if j < reservoir:
-                        pool[j] = row.clone()
-        bar.update(len(x))
-    bar.close()
+    with tqdm(total=total, desc="reference statistics", disable=not progress, unit="img") as bar:
+        for x, labels in batches:
+            feats = fx(decode(x) if decode is not None else x)  # (B, d) float64 on the CPU
+            for k in labels.unique().tolist():
+                f = feats[labels == k]
+                sums[k] = sums.get(k, FeatureSums.zeros(d)) + FeatureSums.of(f)
+                pool = kept.setdefault(k, [])
+                for row in f:  # Algorithm R: every image of cluster k is kept with probability R / n_k
+                    n = seen[k] = seen.get(k, 0) + 1
+                    if len(pool) < reservoir:
+                        pool.append(row.clone())
+                    else:
+                        j = rng.randrange(n)
+                        if j < reservoir:
+                            pool[j] = row.clone()
+            bar.update(len(x))
     return {
         k: ReferenceStats(sums[k], torch.stack(kept[k]) if kept[k] else torch.zeros(0, d, dtype=torch.float64))
         for k in sorted(sums)
