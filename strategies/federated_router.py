@@ -281,10 +281,11 @@ def federated_reference(
     ]
     sums: dict[int, FeatureSums] = {}
     failed: dict[str, str] = {}
+    dim = 2048 if inception else feature_net.config.feature_dim  # what every node's sums must have
     for reply in grid.send_and_receive(messages, timeout=timeout):
         node = reply.metadata.src_node_id
         if reply.has_error():
-            failed[str(node)] = reply.error.reason
+            failed[str(node)] = _one_line(reply.error.reason)
             continue
         for k in clusters.get(node, []):
             name = f"sums-{k}"
@@ -292,14 +293,14 @@ def federated_reference(
                 if name not in reply.content.array_records:
                     raise ValueError(f"no {name}")
                 arrays = {a: reply.content[name][a].numpy() for a in reply.content[name]}
-                sums[k] = FeatureSums.from_numpy(arrays, source=f"node {node}, cluster {k}")
-            except ValueError as e:
-                failed[f"{node}/{k}"] = str(e)
+                got = FeatureSums.from_numpy(arrays, source=f"node {node}, cluster {k}")
+                if got.dim != dim:
+                    raise ValueError(f"node {node}, cluster {k}: {got.dim}-d feature sums, expected {dim}-d")
+                sums[k] = got
+            except Exception as e:  # whatever a malformed reply raises costs this node's cluster only
+                failed[f"{node}/{k}"] = f"{type(e).__name__}: {_one_line(str(e))}"
     for key, why in failed.items():
         log(WARNING, "federated reference statistics: %s left out: %s", key, why)
-    dims = {s.dim for s in sums.values()}
-    if len(dims) > 1:
-        raise RuntimeError(f"nodes sent feature sums of different dimensions {sorted(dims)}")
     record = {
         "federated": True,
         "clusters": sorted(sums),
@@ -358,3 +359,9 @@ def finish_federated(
         if not reference:
             raise RuntimeError("no node sent feature sums; the FID reference is empty")
     return evaluate_and_report(cfg, run_dir, dataset_dir, missing, router=router, extra=extra, reference=reference)
+
+
+def _one_line(text: str) -> str:
+    """A peer's message as one bounded line."""
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(no reason given)"

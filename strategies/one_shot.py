@@ -151,8 +151,8 @@ class OneShotExperts(Strategy):
                 ]
                 try:
                     simulated = _partitions(answers[0]) if answers else 0
-                except wire.WireError as e:
-                    log(WARNING, "node %d: %s; not treated as simulated", node_ids[0], e)
+                except Exception as e:  # whatever a node's answer raises costs this node only
+                    log(WARNING, "node %d: %s; not treated as simulated", node_ids[0], _summary_line(str(e)))
                     simulated = 0
             if simulated and len(node_ids) >= simulated:
                 break  # every simulated node is there; more will not come
@@ -168,8 +168,8 @@ class OneShotExperts(Strategy):
         for node_id in sorted(info):
             try:
                 claims = self._claims(info[node_id])
-            except wire.WireError as e:
-                log(WARNING, "node %d: %s; skipped", node_id, e)
+            except Exception as e:  # whatever a node's answer raises costs this node only
+                log(WARNING, "node %d: %s; skipped", node_id, _summary_line(str(e)))
                 continue
             if claims is None:
                 log(WARNING, "node %d has no expert-id or partition-id in its node config; skipped", node_id)
@@ -206,8 +206,10 @@ class OneShotExperts(Strategy):
     @staticmethod
     def _node_info(reply: Message) -> dict | None:
         """A query reply's node config as a dict, or None (logged) for an error reply or a malformed one: no
-        :data:`~hddm_flower.wire.NODE_INFO` record, or more than :data:`MAX_NODE_INFO_ITEMS` keys."""
+        :data:`~hddm_flower.wire.NODE_INFO` record, or more than :data:`MAX_NODE_INFO_ITEMS` keys. The files of
+        any arrays the reply carried are removed."""
         node = reply.metadata.src_node_id
+        discard(reply)  # a query reply has no weights to keep: whatever arrays it carried were spooled in vain
         if reply.has_error():
             log(WARNING, "node %d did not answer the query: %s", node, _summary_line(reply.error.reason))
             return None

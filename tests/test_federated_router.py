@@ -156,3 +156,35 @@ def test_server_app_with_federated_router_and_reference(tiny_config_path, cache_
     assert top2["num_reference"] == report["reference_statistics"]["num_images"]
     assert "federated" in report["metrics"]["evaluation"]["protocol"]["reference"]
     assert (run_dir / "router" / "hddm_router.json").exists() and "KID" in (run_dir / "report.md").read_text()
+
+
+def test_hostile_feature_sums_cost_only_their_cluster(tiny_config, cache_dir):
+    """Node 11 answers honestly; node 12 sends sums of another dimension, node 13 an array numpy cannot read, node
+    14 an error: the reference holds cluster 0, the others are recorded as failed, and the run is not stopped."""
+    from flwr.app import Message, RecordDict
+
+    cfg = _cfg(tiny_config, cache_dir)
+    net = M.FeatureClassifier(in_channels=3, num_classes=4, text_dim=384).eval()
+    d = net.config.feature_dim
+    gen = torch.Generator().manual_seed(0)
+
+    def sums(dim: int) -> ArrayRecord:
+        arrays = FeatureSums.of(torch.randn(5, dim, generator=gen, dtype=torch.float64)).to_numpy()
+        return ArrayRecord({n: Array(a) for n, a in arrays.items()})
+
+    def node(msg, context):
+        k = CLUSTERS[context.node_id][0]
+        if context.node_id == 14:
+            raise RuntimeError("out of memory\nwhile computing features")
+        record = sums(d + 1 if context.node_id == 12 else d)
+        if context.node_id == 13:
+            record["total"] = Array(dtype="float64", shape=(d,), stype="numpy.ndarray", data=b"\x00" * 7)
+        return Message(RecordDict({f"sums-{k}": record}), reply_to=msg)
+
+    got, record = federated_reference(
+        FakeGrid(node, {n: {} for n in CLUSTERS}), cfg, CLUSTERS, net, "random test net", timeout=5, cache_dir=""
+    )
+    assert sorted(got) == [0] and got[0].dim == d
+    assert sorted(record["failed"]) == ["12/1", "13/2", "14"], record["failed"]
+    assert f"{d + 1}-d feature sums, expected {d}-d" in record["failed"]["12/1"]
+    assert all("\n" not in why for why in record["failed"].values())

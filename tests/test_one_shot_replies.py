@@ -172,3 +172,20 @@ def test_malformed_query_replies_skip_the_node():
         strategy._claims({"expert-id": float("inf")})  # int(inf): OverflowError escaped discover() before
     with pytest.raises(wire.WireError, match="expected an integer"):
         strategy._claims({"partition-id": True})
+
+
+def test_a_query_reply_that_carries_weights_leaves_no_file_behind(tmp_path):
+    """A node answers the query with its node info and a weights-sized array of the spooled stype: the array is
+    written to the incoming folder as it arrives (as any reply's is) and removed once the node info is read."""
+    from tests.fake_grid import WireRuntime, wire_grid
+
+    def deliver(message):
+        junk = ArrayRecord({"w": Array(dtype="uint8", shape=(4096,), stype=wire.STYPE, data=b"\1" * 4096)})
+        info = ConfigRecord({"expert-id": 0})
+        return Message(RecordDict({wire.NODE_INFO: info, "junk": junk}), reply_to=message)
+
+    run = tmp_path / "run"
+    strategy = OneShotExperts(ExpertStore(run, SPEC), {}, ["fm", "fm"], node_wait_timeout=0, poll_interval=0.01)
+    strategy.discover(wire_grid(WireRuntime([7], deliver)), timeout=5)
+    assert strategy.assignment == {7: [0]}
+    assert [p.name for p in run.rglob("*") if p.is_file()] == []
