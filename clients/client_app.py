@@ -18,7 +18,7 @@ output, all this node needs; it must be the shard set of the expert id the serve
 default inside a Ray actor, i.e. in simulation).
 
 Restarts: with ``expert.checkpoint_every`` > 0 the training state is saved in ``work-dir`` every N steps under a
-name made of the expert id and a hash of the experiment and objective. A restarted node that gets the same expert
+name made of the expert id and a hash of the experiment's training sections, the objective and the dataset. A restarted node that gets the same expert
 of the same experiment again (e.g. from a later run that targets the missing experts) resumes from the last
 checkpoint, and the final metadata says how many steps were resumed (``resumed_steps``). The final checkpoint is
 kept there too, so a node whose reply was lost sends it again instead of training again.
@@ -99,19 +99,19 @@ def train(msg: Message, context: Context) -> Message:
     else:  # the embedded dataset, prepared locally (once per cache directory)
         dataset_dir = prepare_data(cfg, str(node.get("cache-dir", "")) or str(task[wire.TASK_CACHE_DIR]) or None)
 
-    log.info(
-        "expert %d: training %s on cluster %d (%s, assigned %s)", expert_id, objective, expert_id, device, assigned
-    )
     work = None
     if cfg.expert.checkpoint_every:  # a restarted node (same work-dir, same expert) resumes from its checkpoints
-        what = {k: cfg.to_dict()[k] for k in TRAINING_SECTIONS}  # not federation/sampling: they change per run
-        digest = hashlib.sha256(f"{json.dumps(what, sort_keys=True)}|{objective}".encode()).hexdigest()[:16]
-        work = Path(str(node.get("work-dir", "")) or default_cache_dir() / "work") / f"expert-{expert_id}-{digest}"
+        work = Path(str(node.get("work-dir", "")) or default_cache_dir() / "work") / _work_name(
+            cfg, expert_id, objective, dataset_dir
+        )
     done = _finished(work)
     if done is not None:  # trained before, but the reply never made it (server timed out, node restarted …)
         blob, model_config, meta = done
         log.info("expert %d: already trained (%s); sending the kept checkpoint", expert_id, work)
     else:
+        log.info(
+            "expert %d: training %s on cluster %d (%s, assigned %s)", expert_id, objective, expert_id, device, assigned
+        )
         checkpoint = work.with_suffix(".pt") if work else None
         dtype = cfg.expert.weights_dtype
         if _isolated(node):
@@ -222,6 +222,17 @@ def _workers():
     return _WORKERS
 
 
+def _work_name(cfg, expert_id: int, objective: str, dataset_dir: Path) -> str:
+    """The name of an expert's training state and kept result in the node's work directory: the expert id and a
+    hash of what its weights depend on — the training sections of the experiment (not federation or sampling:
+    they change per run), the objective this node trains, and the data (the prepared dataset's ``meta.json``:
+    source, sizes, clusters). Another experiment, objective or dataset never picks up this expert."""
+    what = {k: cfg.to_dict()[k] for k in TRAINING_SECTIONS}
+    data = hashlib.sha256((Path(dataset_dir) / "meta.json").read_bytes()).hexdigest()
+    digest = hashlib.sha256(f"{json.dumps(what, sort_keys=True)}|{objective}|{data}".encode()).hexdigest()[:16]
+    return f"expert-{expert_id}-{digest}"
+
+
 def _keep(work: Path, blob: bytes, model_config: dict, meta: dict) -> None:
     """Keep the final checkpoint next to the training state (weights first, then the JSON that marks it done)."""
     weights, info = work.with_suffix(".safetensors"), work.with_suffix(".json")
@@ -238,12 +249,15 @@ def _finished(work: Path | None) -> tuple[bytes, dict, dict] | None:
     """The kept final checkpoint of this expert and experiment, if it exists and its hash still matches."""
     if work is None or not work.with_suffix(".json").exists():
         return None
-    info = json.loads(work.with_suffix(".json").read_text())
-    blob = work.with_suffix(".safetensors").read_bytes()
-    if hashlib.sha256(blob).hexdigest() != info["meta"]["sha256"]:
-        log.warning("kept checkpoint %s is corrupt; training again", work)
+    try:
+        info = json.loads(work.with_suffix(".json").read_text())
+        blob = work.with_suffix(".safetensors").read_bytes()
+        if hashlib.sha256(blob).hexdigest() != info["meta"]["sha256"]:
+            raise ValueError("its sha256 does not match its metadata")
+        return blob, info["model_config"], info["meta"]
+    except (OSError, ValueError, KeyError, TypeError) as e:  # a damaged copy costs a training, not the expert
+        log.warning("kept checkpoint %s is unusable (%s); training again", work, str(e).splitlines()[0][:200])
         return None
-    return blob, info["model_config"], info["meta"]
 
 
 def _set_threads(node) -> None:
