@@ -170,7 +170,9 @@ def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> d
             strategy.discover(grid, timeout=10)
             messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
             ids = grid.push_messages(messages)
-            strategy._message_expert.update({i: int(m.content["config"]["expert-id"]) for i, m in zip(ids, messages)})
+            strategy._message_experts.update(
+                {i: [int(m.content["config"]["expert-id"])] for i, m in zip(ids, messages)}
+            )
             strategy.aggregate_train(1, grid.pull_messages(ids))
         else:
             strategy.start(grid, timeout=600)

@@ -8,7 +8,9 @@ Messages it answers:
   FID reference statistics, on this node's clusters (:mod:`clients.federated`).
 * ``train``: trains expert ``expert-id`` on its cluster with the objective the server assigned, or the one the
   SuperNode's ``--node-config objective=...`` forces (the metadata records both), and replies with the weights
-  (``expert``), the checkpoint metadata and the model config (``meta``), and compute metrics (``metrics``).
+  (``expert``), the checkpoint metadata and the model config (``meta``), and compute metrics (``metrics``). A
+  simulated SuperNode holding several experts gets them all in one message (``expert-ids``), trains them side by
+  side on its CPUs and replies with each under its own record names, or an error record for one that failed.
 
 Node config keys understood (all optional): ``partition-id`` / ``expert-id``, ``objective`` (fm|ddpm),
 ``data-dir`` (a prepared dataset directory), ``shard-set`` (one cluster's folder ``cluster-k`` of `hddm cluster`
@@ -78,60 +80,69 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Train one expert in isolation and reply with its final checkpoint."""
+    """Train the expert(s) of the message in isolation and reply with their final checkpoints.
+
+    A message naming one expert (an institution) gets the one-expert reply, or an error reply when its training
+    fails. A message naming several (a simulated SuperNode holding several experts) trains them side by side,
+    as many at once as this ClientApp has CPUs, one thread each (:func:`_train_all`), and replies with each
+    expert's records under its own names (:func:`hddm_flower.wire.expert_record`) or, for an expert whose
+    training failed, an error record: one failure costs only its own expert."""
     node = context.node_config
     task = msg.content[wire.TASK]
     cfg = config_from_dict(json.loads(str(task[wire.TASK_EXPERIMENT])), source="train message")
-    expert_id = int(task[wire.TASK_EXPERT_ID])
-    assigned = str(task[wire.TASK_OBJECTIVE])
-    objective = str(node.get("objective", assigned))
-    if objective not in OBJECTIVES:
-        raise ValueError(f"node config objective={objective!r} is not one of {OBJECTIVES}")
+    jobs = _jobs(task, node)
     _set_threads(node)
     device = str(node.get("device", "cuda" if torch.cuda.is_available() else "cpu"))
 
-    if node.get("shard-set"):  # this institution's own cluster folder (`hddm cluster` output: cluster-k/)
-        dataset_dir = Path(str(node["shard-set"]))
-        cluster_shards(dataset_dir, expert_id)  # fail early: a wrong path, another cluster's set, or no shards
-    elif node.get("data-dir"):
-        dataset_dir = Path(str(node["data-dir"]))
-        cluster_shards(dataset_dir, expert_id)  # fail early and clearly on a wrong path or an empty cluster
+    if node.get("shard-set") or node.get("data-dir"):  # this institution's own cluster folder or prepared dataset
+        dataset_dir = Path(str(node.get("shard-set") or node["data-dir"]))
+        for expert_id, _, _ in jobs:  # fail early: a wrong path, another cluster's set, or no shards
+            cluster_shards(dataset_dir, expert_id)
     else:  # the embedded dataset, prepared locally (once per cache directory)
         dataset_dir = prepare_data(cfg, str(node.get("cache-dir", "")) or str(task[wire.TASK_CACHE_DIR]) or None)
 
-    work = None
-    if cfg.expert.checkpoint_every:  # a restarted node (same work-dir, same expert) resumes from its checkpoints
-        work = Path(str(node.get("work-dir", "")) or default_cache_dir() / "work") / _work_name(
-            cfg, expert_id, objective, dataset_dir
+    several = len(jobs) > 1
+    content = RecordDict()
+    for expert_id, result in _train_all(cfg, dataset_dir, jobs, device, node, context.node_id).items():
+        key = expert_id if several else None
+        if isinstance(result, BaseException):
+            if not several:
+                raise result
+            log.warning("expert %d failed: %s", expert_id, result)
+            reason = f"{type(result).__name__}: {str(result).strip()}"[: wire.MAX_REASON_CHARS]
+            content[wire.expert_record(wire.ERROR, key)] = ConfigRecord({wire.ERROR_REASON: reason})
+            continue
+        blob, model_config, meta = result
+        content[wire.expert_record(wire.EXPERT, key)] = ArrayRecord(  # the safetensors file as one raw array:
+            {wire.WEIGHTS: Array(dtype="uint8", shape=(len(blob),), stype=wire.STYPE, data=blob)}  # dtypes kept
         )
-    done = _finished(work)
-    if done is not None:  # trained before, but the reply never made it (server timed out, node restarted …)
-        blob, model_config, meta = done
-        log.info("expert %d: already trained (%s); sending the kept checkpoint", expert_id, work)
+        content[wire.expert_record(wire.META, key)] = ConfigRecord(
+            {wire.META_JSON: json.dumps(meta), wire.MODEL_CONFIG_JSON: json.dumps(model_config)}
+        )
+        content[wire.expert_record(wire.METRICS, key)] = _metrics(expert_id, meta)
+    return Message(content, reply_to=msg)
+
+
+def _jobs(task: ConfigRecord, node) -> list[tuple[int, str, str]]:
+    """(expert id, objective assigned, objective trained) of each expert a train message names; the node
+    config's ``objective`` overrides the assigned one (the metadata records both)."""
+    if wire.TASK_EXPERT_IDS in task:
+        ids, assigned = list(task[wire.TASK_EXPERT_IDS]), list(task[wire.TASK_OBJECTIVES])
+        if len(ids) != len(assigned):
+            raise ValueError(f"train message: {len(ids)} expert ids but {len(assigned)} objectives")
     else:
-        log.info(
-            "expert %d: training %s on cluster %d (%s, assigned %s)", expert_id, objective, expert_id, device, assigned
-        )
-        checkpoint = work.with_suffix(".pt") if work else None
-        dtype = cfg.expert.weights_dtype
-        if _isolated(node):
-            blob, model_config, meta = _train_in_child(cfg, dataset_dir, expert_id, objective, device, checkpoint)
-        else:
-            state, model_config, meta = train_one_expert(
-                cfg, dataset_dir, expert_id, objective, device=device, checkpoint=checkpoint
-            )
-            blob = weights_bytes(state, dtype)
-            del state
-        meta |= {
-            "objective_assigned": assigned,
-            "node_id": context.node_id,
-            "weights_dtype": dtype,
-            "sha256": hashlib.sha256(blob).hexdigest(),
-        }
-        if work is not None:  # keep the result until a later message (or the operator) no longer needs it
-            _keep(work, blob, model_config, meta)
-            work.with_suffix(".pt").unlink(missing_ok=True)
-    metrics = MetricRecord(
+        ids, assigned = [task[wire.TASK_EXPERT_ID]], [task[wire.TASK_OBJECTIVE]]
+    jobs = []
+    for expert_id, objective_assigned in zip(ids, assigned):
+        objective = str(node.get("objective", objective_assigned))
+        if objective not in OBJECTIVES:
+            raise ValueError(f"node config objective={objective!r} is not one of {OBJECTIVES}")
+        jobs.append((int(expert_id), str(objective_assigned), objective))
+    return jobs
+
+
+def _metrics(expert_id: int, meta: dict) -> MetricRecord:
+    return MetricRecord(
         {
             "expert-id": expert_id,
             "steps": meta["steps"],
@@ -142,19 +153,118 @@ def train(msg: Message, context: Context) -> Message:
             "final-loss": float(meta["final_loss"]),
         }
     )
-    content = RecordDict(
-        {
-            # the safetensors file as one raw array: every tensor travels in its own dtype (bf16 as bf16)
-            wire.EXPERT: ArrayRecord(
-                {wire.WEIGHTS: Array(dtype="uint8", shape=(len(blob),), stype=wire.STYPE, data=blob)}
-            ),
-            wire.META: ConfigRecord(
-                {wire.META_JSON: json.dumps(meta), wire.MODEL_CONFIG_JSON: json.dumps(model_config)}
-            ),
-            wire.METRICS: metrics,
-        }
+
+
+def _work_dir(cfg, node, expert_id: int, objective: str, dataset_dir: Path) -> Path | None:
+    """Where a restarted node finds this expert's training state and kept result (``expert.checkpoint_every`` >
+    0; named by :func:`_work_name`), or None."""
+    if not cfg.expert.checkpoint_every:
+        return None
+    return Path(str(node.get("work-dir", "")) or default_cache_dir() / "work") / _work_name(
+        cfg, expert_id, objective, dataset_dir
     )
-    return Message(content, reply_to=msg)
+
+
+def _train_all(cfg, dataset_dir: Path, jobs: list[tuple[int, str, str]], device: str, node, node_id: int) -> dict:
+    """Train every job; expert id → (weights blob, model config, metadata) or the exception it ended with.
+
+    Isolated (in simulation), each expert trains in its own child process, as many at once as this process has
+    torch threads (the actor's CPUs), the threads shared evenly among them (one each when there are more experts
+    than CPUs); not isolated, one after another in this process. An expert trained before whose reply was lost
+    is sent again from its kept checkpoint (``work-dir``)."""
+    results: dict[int, object] = {}
+    pending = []
+    for expert_id, assigned, objective in jobs:
+        work = _work_dir(cfg, node, expert_id, objective, dataset_dir)
+        done = _finished(work)
+        if done is not None:  # trained before, but the reply never made it (server timed out, node restarted …)
+            log.info("expert %d: already trained (%s); sending the kept checkpoint", expert_id, work)
+            results[expert_id] = done
+        else:
+            pending.append((expert_id, assigned, objective, work))
+    if _isolated(node):
+        trained = _train_side_by_side(cfg, dataset_dir, pending, device)
+    else:
+        trained = _train_here(cfg, dataset_dir, pending, device, raise_errors=len(jobs) == 1)
+    for job in pending:
+        result = trained[job[0]]
+        results[job[0]] = result if isinstance(result, BaseException) else _finish(job, cfg, node_id, *result)
+    return {k: results[k] for k, _, _ in jobs}
+
+
+def _train_side_by_side(cfg, dataset_dir: Path, pending: list, device: str) -> dict:
+    """Each expert in its own child process, as many at once as this process has torch threads, the threads
+    shared evenly among them; expert id → (blob, model config, metadata) or the exception it ended with."""
+    threads = torch.get_num_threads()
+    at_once = max(1, min(len(pending), threads))
+    each = max(1, threads // at_once)
+    if len(pending) > 1:
+        log.info("training experts %s: %d at a time, %d thread(s) each", [j[0] for j in pending], at_once, each)
+    results: dict[int, object] = {}
+    running: dict[int, tuple] = {}  # expert id → (child process, its temporary directory)
+    queue = list(pending)
+    while queue or running:
+        while queue and len(running) < at_once:
+            expert_id, assigned, objective, work = queue.pop(0)
+            _announce(expert_id, objective, assigned, device, each)
+            checkpoint = work.with_suffix(".pt") if work else None
+            running[expert_id] = _start_child(cfg, dataset_dir, expert_id, objective, device, checkpoint, each)
+        ended = _wait_any([child for child, _ in running.values()])
+        for expert_id in [k for k, (child, _) in running.items() if child in ended]:
+            child, tmp = running.pop(expert_id)
+            try:
+                results[expert_id] = _collect(child, tmp, expert_id)
+            except Exception as e:  # this expert only; the caller reports it
+                results[expert_id] = e
+    return results
+
+
+def _train_here(cfg, dataset_dir: Path, pending: list, device: str, *, raise_errors: bool) -> dict:
+    """Each expert in this process, one after another; a failure raises (``raise_errors``) or is the expert's
+    result."""
+    results: dict[int, object] = {}
+    for expert_id, assigned, objective, work in pending:
+        _announce(expert_id, objective, assigned, device, torch.get_num_threads())
+        try:
+            checkpoint = work.with_suffix(".pt") if work else None
+            state, model_config, meta = train_one_expert(
+                cfg, dataset_dir, expert_id, objective, device=device, checkpoint=checkpoint
+            )
+            results[expert_id] = (weights_bytes(state, cfg.expert.weights_dtype), model_config, meta)
+            del state
+        except Exception as e:
+            if raise_errors:
+                raise
+            results[expert_id] = e
+    return results
+
+
+def _announce(expert_id: int, objective: str, assigned: str, device: str, threads: int) -> None:
+    log.info(
+        "expert %d: training %s on cluster %d (%s, %d thread%s, assigned %s)",
+        expert_id,
+        objective,
+        expert_id,
+        device,
+        threads,
+        "" if threads == 1 else "s",
+        assigned,
+    )
+
+
+def _finish(job, cfg, node_id: int, blob: bytes, model_config: dict, meta: dict) -> tuple[bytes, dict, dict]:
+    """Complete a fresh expert's metadata and keep it for a resend (with ``work-dir``)."""
+    _, assigned, _, work = job
+    meta |= {
+        "objective_assigned": assigned,
+        "node_id": node_id,
+        "weights_dtype": cfg.expert.weights_dtype,
+        "sha256": hashlib.sha256(blob).hexdigest(),
+    }
+    if work is not None:  # keep the result until a later message (or the operator) no longer needs it
+        _keep(work, blob, model_config, meta)
+        work.with_suffix(".pt").unlink(missing_ok=True)
+    return blob, model_config, meta
 
 
 def _isolated(node) -> bool:
@@ -169,29 +279,59 @@ def _isolated(node) -> bool:
 def _train_in_child(
     cfg, dataset_dir: Path, expert_id: int, objective: str, device: str, checkpoint: Path | None
 ) -> tuple[bytes, dict, dict]:
-    """Train in a child process (:func:`clients.train_worker.run`) and read back its weights; a crash of the child
-    becomes an exception. The child is forked from this process's fork server, which has torch, diffusers and the
-    core imported once (:func:`_workers`), so an expert costs a fork, not an interpreter start and its imports."""
+    """Train one expert in a child process with this process's torch threads (:func:`_start_child`) and wait for
+    it (:func:`_collect`)."""
+    child, tmp = _start_child(cfg, dataset_dir, expert_id, objective, device, checkpoint, torch.get_num_threads())
+    child.join()
+    return _collect(child, tmp, expert_id)
+
+
+def _start_child(cfg, dataset_dir: Path, expert_id: int, objective: str, device: str, checkpoint, threads: int):
+    """Start training in a child process (:func:`clients.train_worker.run`) with ``threads`` torch threads;
+    returns the process and its temporary directory. The child is forked from this process's fork server, which
+    has torch, diffusers and the core imported once (:func:`_workers`), so an expert costs a fork, not an
+    interpreter start and its imports."""
     from clients import train_worker
 
-    with tempfile.TemporaryDirectory(prefix=f"hddm-expert-{expert_id}-") as tmp:
-        out = Path(tmp)
-        spec = {
-            "experiment": cfg.to_dict(),
-            "dataset_dir": str(dataset_dir),
-            "expert_id": expert_id,
-            "objective": objective,
-            "device": device,
-            "checkpoint": str(checkpoint) if checkpoint else None,
-            "out": tmp,
-            "threads": torch.get_num_threads(),
-        }
-        (out / "spec.json").write_text(json.dumps(spec))
-        child = _workers().Process(
-            target=train_worker.run, args=(str(out / "spec.json"),), name=f"hddm-expert-{expert_id}"
-        )
-        child.start()
-        child.join()
+    tmp = tempfile.TemporaryDirectory(prefix=f"hddm-expert-{expert_id}-")
+    out = Path(tmp.name)
+    spec = {
+        "experiment": cfg.to_dict(),
+        "dataset_dir": str(dataset_dir),
+        "expert_id": expert_id,
+        "objective": objective,
+        "device": device,
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "out": tmp.name,
+        "threads": threads,
+        "owner": os.getpid(),  # the training ends if this process does (clients.train_worker)
+    }
+    (out / "spec.json").write_text(json.dumps(spec))
+    child = _workers().Process(target=train_worker.run, args=(str(out / "spec.json"),), name=f"hddm-expert-{expert_id}")
+    child.start()
+    return child, tmp
+
+
+def _wait_any(children: list) -> set:
+    """Block until at least one of the child processes has ended; the ended ones."""
+    from multiprocessing.connection import wait
+
+    wait([c.sentinel for c in children])
+    ended = set()
+    for c in children:
+        if not c.is_alive():
+            c.join()
+            ended.add(c)
+    return ended
+
+
+def _collect(child, tmp: tempfile.TemporaryDirectory, expert_id: int) -> tuple[bytes, dict, dict]:
+    """Read an ended child's weights and result; a crash or failure of the child becomes an exception naming
+    the expert. Removes the child's temporary directory."""
+    from clients import train_worker
+
+    with tmp:
+        out = Path(tmp.name)
         rc = child.exitcode
         if rc:
             if rc < 0:
@@ -262,8 +402,9 @@ def _finished(work: Path | None) -> tuple[bytes, dict, dict] | None:
 
 def _set_threads(node) -> None:
     """``num-threads`` if the node config says; in simulation the CPUs Ray gave this ClientApp's actor
-    (``client-resources-num-cpus``: Flower runs as many actors as the CPUs allow, each training one expert at a
-    time); else all cores (a real SuperNode), shared among ``num-partitions`` if given."""
+    (``client-resources-num-cpus``: Flower runs as many actors as the CPUs allow; an actor given several experts
+    trains as many at once as it has CPUs, see :func:`_train_side_by_side`); else all cores (a real SuperNode),
+    shared among ``num-partitions`` if given."""
     if "num-threads" in node:
         n = int(node["num-threads"])
     elif (cpus := _actor_cpus()) is not None:

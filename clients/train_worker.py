@@ -5,13 +5,17 @@ segfault in a kernel) would kill the actor and fail other nodes' experts with it
 down only this process; the ClientApp turns it into an error reply for this expert alone. The ClientApp forks it
 from a fork server that has :data:`PRELOAD` imported. Imports the core only (no Flower); writes
 ``weights.safetensors`` and ``result.json`` (model config and metadata) into the spec's ``out`` directory, its
-pid to ``pid`` when it starts, and the last line of an error to ``error.txt``.
+pid to ``pid`` when it starts, and the last line of an error to ``error.txt``. It ends when the ClientApp that
+started it (the spec's ``owner`` pid) ends — a stopped run, a killed actor or SuperNode: no training outlives the
+process that waits for it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 PRELOAD = ("torch", "diffusers", "hddm_flower.stages.expert", "hddm_flower.checkpoints", "hddm_flower.config_io")
@@ -20,7 +24,10 @@ ERROR = "error.txt"
 
 def run(spec_path: str) -> None:
     """:func:`main` in a forked child: exit code 1 and the error's last line in ``out/error.txt`` if it raises."""
-    out = Path(json.loads(Path(spec_path).read_text())["out"])
+    spec = json.loads(Path(spec_path).read_text())
+    if spec.get("owner"):
+        _end_with(int(spec["owner"]))
+    out = Path(spec["out"])
     (out / "pid").write_text(str(os.getpid()))
     try:
         main(spec_path)
@@ -28,6 +35,24 @@ def run(spec_path: str) -> None:
         lines = str(e).strip().splitlines()
         (out / ERROR).write_text(f"{type(e).__name__}: {lines[-1] if lines else ''}"[:500])
         raise
+
+
+def _end_with(pid: int, interval: float = 2.0) -> None:
+    """Exit when process ``pid`` (the ClientApp waiting for this training) has ended: a daemon thread checks
+    every ``interval`` seconds. (The fork server cannot do it: every child it forks holds its liveness pipe, so it
+    outlives the ClientApp as long as a training runs.)"""
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # alive, under another user (cannot happen for a parent; harmless)
+                pass
+            time.sleep(interval)
+
+    threading.Thread(target=watch, name="hddm-end-with-clientapp", daemon=True).start()
 
 
 def main(spec_path: str) -> None:

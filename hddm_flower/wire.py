@@ -7,7 +7,11 @@ framework-free, and the client never imports the server side):
 * a **train** message carries its task in the ConfigRecord :data:`TASK` (keys ``TASK_*``);
 * a **train** reply carries the weights as one array :data:`WEIGHTS` of stype :data:`STYPE` (the safetensors file's
   bytes, so every tensor travels in its own dtype) in the ArrayRecord :data:`EXPERT`, the checkpoint metadata and
-  the model config as JSON strings in the ConfigRecord :data:`META`, and compute figures in :data:`METRICS`.
+  the model config as JSON strings in the ConfigRecord :data:`META`, and compute figures in :data:`METRICS`;
+* a **train** message to a node that holds several experts (a simulated SuperNode) lists them all in
+  :data:`TASK_EXPERT_IDS` with their objectives in :data:`TASK_OBJECTIVES`; its reply carries each expert's records
+  under :func:`expert_record` names (``expert.3``, ``meta.3``, ``metrics.3``), or an :data:`ERROR` record for an
+  expert whose training failed, so that one expert's failure costs only that expert.
 
 Nothing a peer sends is used before it is bounded: :func:`loads` parses JSON with limits on size, nesting and
 element count and refuses NaN and infinities; :func:`as_int`, :func:`as_float` and :func:`as_str` take one value of
@@ -32,6 +36,8 @@ TASK_CLUSTER_ID = "cluster-id"
 TASK_OBJECTIVE = "objective"
 TASK_EXPERIMENT = "experiment"  # the resolved configuration as JSON
 TASK_CACHE_DIR = "cache-dir"
+TASK_EXPERT_IDS = "expert-ids"  # several experts for one node: all of them (TASK_EXPERT_ID is the first)
+TASK_OBJECTIVES = "objectives"  # … and the objective of each, in the same order
 
 EXPERT = "expert"  # train reply: ArrayRecord holding exactly one array …
 WEIGHTS = "weights"  # … named so, of stype STYPE
@@ -39,12 +45,21 @@ META = "meta"  # train reply: ConfigRecord with two JSON strings …
 META_JSON = "meta"  # … the checkpoint metadata
 MODEL_CONFIG_JSON = "model-config"  # … and the diffusers model config
 METRICS = "metrics"  # train reply: MetricRecord of compute figures (informational)
+ERROR = "error"  # several-expert train reply: ConfigRecord with ERROR_REASON for an expert that failed
+ERROR_REASON = "reason"
+MAX_REASON_CHARS = 500
 
 MAX_META_BYTES = 2 * 2**20  # checkpoint metadata (a loss curve of ~10⁵ points fits)
 MAX_MODEL_CONFIG_BYTES = 64 * 2**10
 MAX_DEPTH = 8
 MAX_ELEMENTS = 500_000
 MAX_INT = 2**62
+
+
+def expert_record(name: str, expert_id: int | None) -> str:
+    """The name of one expert's record in a train reply: ``name`` itself in the reply to a one-expert message
+    (``expert_id`` None), ``name.k`` for expert k in the reply to a message that lists several."""
+    return name if expert_id is None else f"{name}.{int(expert_id)}"
 
 
 class WireError(ValueError):

@@ -30,7 +30,8 @@ class OneShotExperts(Strategy):
     """One-shot federation of diffusion experts, without aggregation.
 
     Each node (institution) trains one expert on its own cluster with its own objective (a simulated node may
-    train several, see :meth:`discover`) and replies once per expert with the final checkpoint: its safetensors
+    hold several, see :meth:`discover`: it gets them all in one message, trains them side by side and replies
+    with all of them, each checked alone) and replies with the final checkpoint: its safetensors
     bytes as one array (the wire format of :mod:`hddm_flower.wire`, so bf16 travels as bf16). Nothing is
     averaged: each reply is pulled alone, its weights written to disk chunk by chunk as they arrive
     (:func:`strategies.spool.pull_replies`; in deployment the server never holds a whole checkpoint in memory) and
@@ -101,7 +102,7 @@ class OneShotExperts(Strategy):
         self.assignment: dict[int, list[int]] = {}  # node id → its expert ids (one, except simulated nodes)
         self.received: dict[int, dict[str, Any]] = {}  # expert id → checkpoint metadata
         self.missing: dict[int, str] = {}  # expert id → reason
-        self._message_expert: dict[str, int] = {}  # train message id → expert id
+        self._message_experts: dict[str, list[int]] = {}  # train message id → its expert ids
 
     @property
     def num_experts(self) -> int:
@@ -238,16 +239,21 @@ class OneShotExperts(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """One train message per assigned expert, to its node: the expert id, cluster, objective and the
-        experiment, in a fresh record."""
+        """One train message per node, in a fresh record: the expert id, cluster, objective and the experiment.
+        A node holding several experts (a simulated SuperNode) gets them all in one message
+        (:data:`~hddm_flower.wire.TASK_EXPERT_IDS`, :data:`~hddm_flower.wire.TASK_OBJECTIVES`), so that it can
+        train them side by side on its CPUs."""
         messages = []
-        pairs = sorted((e, n) for n, experts in self.assignment.items() for e in experts)
-        for expert_id, node_id in pairs:
+        for node_id, experts in sorted(self.assignment.items(), key=lambda item: min(item[1])):
+            expert_id = min(experts)
             task = ConfigRecord(dict(config))
             task[wire.TASK_ROUND] = server_round
             task[wire.TASK_EXPERT_ID] = expert_id
             task[wire.TASK_CLUSTER_ID] = expert_id
             task[wire.TASK_OBJECTIVE] = self.objectives[expert_id]
+            if len(experts) > 1:
+                task[wire.TASK_EXPERT_IDS] = sorted(experts)
+                task[wire.TASK_OBJECTIVES] = [self.objectives[k] for k in sorted(experts)]
             task[wire.TASK_EXPERIMENT] = json.dumps(self.experiment)
             task[wire.TASK_CACHE_DIR] = self.cache_dir
             messages.append(
@@ -264,43 +270,57 @@ class OneShotExperts(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """No averaging: hand each reply to the store as it arrives. Whatever reading, checking or installing a
-        reply raises, only its own expert is lost (recorded in ``missing`` with the reason)."""
+        """No averaging: hand each expert of each reply to the store as it arrives. Whatever reading, checking or
+        installing an expert raises, only that expert is lost (recorded in ``missing`` with the reason); an error
+        reply costs the experts of its message."""
         for reply in replies:
-            expert_id = self._message_expert.get(reply.metadata.reply_to_message_id)
-            if expert_id is None:
+            experts = self._message_experts.get(reply.metadata.reply_to_message_id)
+            if experts is None:
                 log(WARNING, "reply to an unknown message %s ignored", reply.metadata.reply_to_message_id)
                 discard(reply)
                 continue
             if reply.has_error():
                 reason = f"error reply (code {reply.error.code}): {_summary_line(reply.error.reason)}"
-                self._lose(expert_id, reason)
+                for expert_id in experts:
+                    self._lose(expert_id, reason)
                 continue
             try:
                 how = "spooled to disk" if spooled_arrays(reply) else "pulled in memory"
-                meta = self._receive(expert_id, reply.content)
-            except (CheckpointRejected, wire.WireError) as e:
-                self._lose(expert_id, f"rejected checkpoint: {_summary_line(str(e))}")
-                continue
-            except Exception as e:  # a malformed reply or a failure while installing it: this expert only
-                self._lose(expert_id, f"reply could not be accepted ({type(e).__name__}: {_summary_line(str(e))})")
-                continue
+                for expert_id in experts:
+                    self._accept_one(expert_id, reply.content, expert_id if len(experts) > 1 else None, how)
             finally:
-                discard(reply)  # whatever _receive did not move into the expert's folder
-                del reply  # an in-memory checkpoint's bytes go with it: one at a time
-            self.received[expert_id] = meta
-            log(
-                INFO,
-                "expert %d (%s) received: %d steps (%d resumed), %.0f device-s, %d bytes (%s)",
-                expert_id,
-                meta["objective"],
-                meta["steps"],
-                meta.get("resumed_steps", 0),
-                meta["device_seconds"],
-                meta["weights_bytes"],
-                how,
-            )
+                discard(reply)  # whatever _receive did not move into the experts' folders
+                del reply  # an in-memory checkpoint's bytes go with it: one message at a time
         return None, MetricRecord({"experts-received": len(self.received), "experts-missing": len(self.missing)})
+
+    def _accept_one(self, expert_id: int, content: RecordDict, key: int | None, how: str) -> None:
+        """Receive one expert of a reply (its records named by :func:`~hddm_flower.wire.expert_record` with
+        ``key``); whatever fails costs this expert only."""
+        try:
+            error = content.config_records.get(wire.expert_record(wire.ERROR, key)) if key is not None else None
+            if error is not None:
+                reason = wire.as_str(error.get(wire.ERROR_REASON, ""), "error reason", max_len=wire.MAX_REASON_CHARS)
+                self._lose(expert_id, f"training failed on the node: {_summary_line(reason)}")
+                return
+            meta = self._receive(expert_id, content, key)
+        except (CheckpointRejected, wire.WireError) as e:
+            self._lose(expert_id, f"rejected checkpoint: {_summary_line(str(e))}")
+            return
+        except Exception as e:  # a malformed reply or a failure while installing it: this expert only
+            self._lose(expert_id, f"reply could not be accepted ({type(e).__name__}: {_summary_line(str(e))})")
+            return
+        self.received[expert_id] = meta
+        log(
+            INFO,
+            "expert %d (%s) received: %d steps (%d resumed), %.0f device-s, %d bytes (%s)",
+            expert_id,
+            meta["objective"],
+            meta["steps"],
+            meta.get("resumed_steps", 0),
+            meta["device_seconds"],
+            meta["weights_bytes"],
+            how,
+        )
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -340,7 +360,7 @@ class OneShotExperts(Strategy):
         self.summary()
         self.discover(grid, timeout=min(timeout, 300.0))
         messages = list(self.configure_train(1, initial_arrays or ArrayRecord(), train_config or ConfigRecord(), grid))
-        _, metrics = self.aggregate_train(1, self._stream(grid, messages, timeout, self._message_expert))
+        _, metrics = self.aggregate_train(1, self._stream(grid, messages, timeout, self._message_experts))
         result = Result()
         result.train_metrics_clientapp[1] = metrics
         log(INFO, "OneShotExperts: %d experts received, %d missing", len(self.received), len(self.missing))
@@ -361,23 +381,23 @@ class OneShotExperts(Strategy):
     # -- helpers -----------------------------------------------------------------------------------------------
 
     def _stream(
-        self, grid: Grid, messages: list[Message], timeout: float, expert_of: dict[str, int]
+        self, grid: Grid, messages: list[Message], timeout: float, expert_of: dict[str, list[int]]
     ) -> Iterator[Message]:
         """Push ``messages`` and yield replies as they arrive, until all arrived or ``timeout`` passed.
-        Fills ``expert_of`` (message id → expert id, for train messages) so replies map back by
+        Fills ``expert_of`` (message id → its expert ids, for train messages) so replies map back by
         ``reply_to_message_id`` (error replies from the SuperLink carry node id 1)."""
         ids = list(grid.push_messages(messages))
         pending = set()
         for message_id, message in zip(ids, messages):
             is_train = message.metadata.message_type == MessageType.TRAIN
-            expert_id = int(message.content[wire.TASK][wire.TASK_EXPERT_ID]) if is_train else None
+            experts = _task_experts(message.content[wire.TASK]) if is_train else []
             if not message_id:
-                if is_train:
+                for expert_id in experts:
                     self._lose(expert_id, "the train message could not be delivered to its node")
                 continue
             pending.add(message_id)
             if is_train:
-                expert_of[message_id] = expert_id
+                expert_of[message_id] = experts
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for message_id in sorted(pending):  # one id per pull: one checkpoint at a time
@@ -387,24 +407,26 @@ class OneShotExperts(Strategy):
             if pending:
                 time.sleep(self.poll_interval)
         for message_id in pending:
-            if message_id in expert_of:
-                self._lose(expert_of[message_id], f"no reply within {timeout:.0f} s (node silent or too slow)")
+            for expert_id in expert_of.get(message_id, []):
+                self._lose(expert_id, f"no reply within {timeout:.0f} s (node silent or too slow)")
 
-    def _receive(self, expert_id: int, content: RecordDict) -> dict:
-        """Take a train reply apart (the wire format of :mod:`hddm_flower.wire`), put its weights in a file of the
-        store's incoming folder, and hand them with the metadata and model config to ``store.accept``."""
-        meta_record = content.config_records.get(wire.META)
-        arrays = content.array_records.get(wire.EXPERT)
+    def _receive(self, expert_id: int, content: RecordDict, key: int | None = None) -> dict:
+        """Take one expert of a train reply apart (the wire format of :mod:`hddm_flower.wire`; ``key``: the
+        suffix of its record names in a several-expert reply), put its weights in a file of the store's incoming
+        folder, and hand them with the metadata and model config to ``store.accept``."""
+        meta_name, expert_name = wire.expert_record(wire.META, key), wire.expert_record(wire.EXPERT, key)
+        meta_record = content.config_records.get(meta_name)
+        arrays = content.array_records.get(expert_name)
         if meta_record is None or arrays is None:
             raise CheckpointRejected(
-                f"the reply lacks its {wire.META!r} config record or its {wire.EXPERT!r} array record "
+                f"the reply lacks its {meta_name!r} config record or its {expert_name!r} array record "
                 f"(it has {sorted(content)[:6]})"
             )
         if wire.META_JSON not in meta_record or wire.MODEL_CONFIG_JSON not in meta_record:
-            raise CheckpointRejected(f"the {wire.META!r} record lacks {wire.META_JSON!r} or {wire.MODEL_CONFIG_JSON!r}")
+            raise CheckpointRejected(f"the {meta_name!r} record lacks {wire.META_JSON!r} or {wire.MODEL_CONFIG_JSON!r}")
         if list(arrays) != [wire.WEIGHTS] or arrays[wire.WEIGHTS].stype != wire.STYPE:
             raise CheckpointRejected(
-                f"the reply's {wire.EXPERT!r} record must hold one array {wire.WEIGHTS!r} of stype "
+                f"the reply's {expert_name!r} record must hold one array {wire.WEIGHTS!r} of stype "
                 f"{wire.STYPE!r} (the safetensors file)"
             )
         weights = arrays[wire.WEIGHTS]
@@ -426,7 +448,7 @@ class OneShotExperts(Strategy):
             else:
                 with os.fdopen(fd, "wb") as f:
                     f.write(weights.data)
-            del weights, arrays, content[wire.EXPERT]  # nothing holds the bytes in memory any more
+            del weights, arrays, content[expert_name]  # nothing holds the bytes in memory any more
             return self.store.accept(
                 expert_id, Path(tmp), meta_record[wire.META_JSON], meta_record[wire.MODEL_CONFIG_JSON]
             )
@@ -436,6 +458,13 @@ class OneShotExperts(Strategy):
     def _lose(self, expert_id: int, reason: str) -> None:
         log(WARNING, "expert %d missing: %s", expert_id, reason)
         self.missing[expert_id] = reason
+
+
+def _task_experts(task: ConfigRecord) -> list[int]:
+    """The expert ids a train task (our own message) names: all of them, or its one expert."""
+    if wire.TASK_EXPERT_IDS in task:
+        return [int(k) for k in task[wire.TASK_EXPERT_IDS]]
+    return [int(task[wire.TASK_EXPERT_ID])]
 
 
 def _partitions(node_config: dict) -> int:

@@ -603,17 +603,42 @@ def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config
 
 
 def test_fewer_simulated_nodes_than_experts_each_train_several(tiny_config, dataset_dir, cache_dir, tmp_path):
-    """Plain `flwr run .` simulates 2 SuperNodes (flwr ≥ 1.32): partition p of n trains experts p, p+n, …; the
-    server does not wait for min_nodes when every simulated node is there. Institutions (expert-id, or a
-    partition-id without num-partitions) keep one expert each."""
-    nodes = {10: {"partition-id": 0, "num-partitions": 2}, 11: {"partition-id": 1, "num-partitions": 2}}
-    strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, min_nodes=4, node_wait_timeout=60.0)
-    started = time.monotonic()
-    strategy.start(FakeGrid(client_app, nodes), timeout=60.0)
-    assert time.monotonic() - started < 30  # it did not wait the 60 s for 4 nodes
-    assert strategy.assignment == {10: [0, 2], 11: [1, 3]} and strategy.missing == {}
-    assert sorted(strategy.received) == [0, 1, 2, 3]
-    assert [strategy.received[k]["objective"] for k in range(4)] == ["fm", "ddpm", "ddpm", "fm"]
+    """Plain `flwr run .` simulates 2 SuperNodes (flwr ≥ 1.32): partition p of n holds experts p, p+n, …, gets
+    them all in one train message and replies with all of them; the server does not wait for min_nodes when every
+    simulated node is there (it waits up to 3600 s for 4). Node 10 trains its two side by side in forked processes (2 CPUs: two at once, one
+    thread each), node 11 one after another in its own process. A failing training (a corrupt training state in
+    the work dir) costs only its own expert. Institutions (expert-id, or a partition-id without num-partitions)
+    keep one expert each."""
+    import clients.client_app as ca
+    from hddm_flower.config_io import config_from_dict
+
+    values = tiny_config.to_dict()
+    values["expert"] = values["expert"] | {"checkpoint_every": 1000}  # a work dir, never written at 3 steps
+    cfg = config_from_dict(values)
+    work = str(tmp_path / "work")
+    nodes = {
+        10: {"partition-id": 0, "num-partitions": 2, "isolate-training": True, "num-threads": 2, "work-dir": work},
+        11: {"partition-id": 1, "num-partitions": 2, "isolate-training": False, "work-dir": work},
+    }
+    for k, node in ((2, nodes[10]), (3, nodes[11])):  # one training of each node fails on resuming its state
+        state = ca._work_dir(cfg, node, k, cfg.objective_of()[k], dataset_dir).with_suffix(".pt")
+        state.parent.mkdir(parents=True, exist_ok=True)
+        state.write_bytes(b"not a training state")
+    # were the server to wait for min_nodes, this test would outlast its timeout (300 s)
+    strategy = _strategy(cfg, tmp_path / "run", cache_dir, dataset_dir, min_nodes=4, node_wait_timeout=3600.0)
+    grid = FakeGrid(client_app, nodes)
+    strategy.start(grid, timeout=120.0)
+    assert strategy.assignment == {10: [0, 2], 11: [1, 3]}
+    tasks = {m.metadata.dst_node_id: m.content["config"] for m in grid.sent if m.metadata.message_type == "train"}
+    assert {n: (list(t["expert-ids"]), list(t["objectives"])) for n, t in tasks.items()} == {
+        10: ([0, 2], ["fm", "ddpm"]),
+        11: ([1, 3], ["ddpm", "fm"]),
+    }
+    assert sorted(strategy.received) == [0, 1] and sorted(strategy.missing) == [2, 3]
+    assert all("training failed on the node" in strategy.missing[k] for k in (2, 3)), strategy.missing
+    assert [strategy.received[k]["objective"] for k in (0, 1)] == ["fm", "ddpm"]
+    assert strategy.received[0]["cpu_threads"] == 1  # side by side: one thread each of the node's two
+    assert sorted(p.name for p in (tmp_path / "run" / "experts").iterdir()) == ["expert-0", "expert-1"]
     one_each = _strategy(tiny_config, tmp_path / "b", cache_dir, dataset_dir, node_wait_timeout=0.1)
     assert one_each._claims({"partition-id": 2}) == [2] and one_each._claims(
         {"expert-id": 3, "partition-id": 0, "num-partitions": 2}

@@ -60,7 +60,7 @@ def _deliver(run_dir, content: RecordDict) -> OneShotExperts:
     strategy = OneShotExperts(ExpertStore(run_dir, SPEC), {}, ["fm", "fm"])
     train = Message(RecordDict(), dst_node_id=7, message_type=MessageType.TRAIN)
     train.metadata.__dict__["_message_id"] = "m0"
-    strategy._message_expert["m0"] = 0
+    strategy._message_experts["m0"] = [0]
     reply = Message(content, reply_to=train)
     strategy.aggregate_train(1, [reply])
     return strategy
