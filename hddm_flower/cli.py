@@ -209,7 +209,12 @@ def cmd_evaluate(args) -> None:
     print(f"report: {run_dir / 'report.md'}  (features: {ev['feature_network']})")
     for mode, x in ev["modes"].items():
         kid = "–" if x["kid"] is None else f"{x['kid']:.4f}"
-        print(f"  {mode:>10}: FID {x['fid']:.2f}  KID {kid}  diversity {x['lpips']['mean']:.3f}")
+        print(
+            f"  {mode:>10}: FID {x['fid']:.2f}  KID {kid}  adherence {x['adherence']:.3f}  "
+            f"diversity {x['lpips']['mean']:.3f}"
+        )
+    rows = report["metrics"]["sampling"]["adherence"]
+    print(f"  sample rows: adherence {' '.join('–' if a is None else f'{a:.2f}' for a in rows['per_prompt'])}")
 
 
 def cmd_reproduce(args) -> None:

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from . import metrics as M
+from .adherence import classify
 from .config import Config
 from .config_rules import ConfigError
 from .data import Split, load_split, load_uncond, read_meta, split_size
@@ -361,6 +362,7 @@ def evaluate_run(
     uncond = load_uncond(dataset_dir)
     result: dict[str, Any] = {
         "feature_network": fx.name,
+        "adherence_classifier": M.classifier_features(classifier, desc).name,  # the cluster of every sample
         "diversity_distance": distance.name,
         "protocol": {
             "prompts": len(prompts.captions),
@@ -396,6 +398,10 @@ def evaluate_run(
         images = flat.reshape(*images.shape[:2], *flat.shape[1:])
         samples[mode] = images
         r = _quality(fx, ref_feats, flat, ev) | {"lpips": M.intra_prompt_diversity(images, distance)} | trace
+        # the fraction of samples the run's feature classifier puts in the cluster of their prompt's image
+        r["adherence"] = float(
+            (classify(classifier, flat) == prompts.labels.repeat_interleave(images.shape[1])).double().mean()
+        )
         r["lpips"].pop("distance")
         if ev.clip:
             r["clip_score"] = M.clip_score(
@@ -403,10 +409,11 @@ def evaluate_run(
             )
         result["modes"][mode] = r
         log.info(
-            "%s: FID %.2f KID %s %s %.3f (%.0f s; features: %s)",
+            "%s: FID %.2f KID %s adherence %.3f %s %.3f (%.0f s; features: %s)",
             mode,
             r["fid"],
             "–" if r["kid"] is None else f"{r['kid']:.4f}",
+            r["adherence"],
             "LPIPS" if distance.name.startswith("LPIPS") else "diversity (fallback distance, not LPIPS)",
             r["lpips"]["mean"],
             r["seconds"],

@@ -132,11 +132,13 @@ def render_report_md(r: dict) -> str:
             f"samples, same noise, {p['num_steps']} steps, CFG {p['cfg_scale']}, seed {p['seed']})",
             "",
             f"- FID/KID features: **{ev['feature_network']}**; reference: {p['reference']}",
+            f"- adherence: the fraction of samples that {ev.get('adherence_classifier', 'the feature classifier')} "
+            "puts in the cluster of their prompt's image",
             f"- diversity: {ev['diversity_distance']}",
             "",
-            "| routing | FID ↓ | KID ↓ | intra-prompt diversity ↑ | CLIP ↑ | experts per step | x̂0 clamps "
-            "| 1−t<t_eps rows | s |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| routing | FID ↓ | KID ↓ | adherence ↑ | intra-prompt diversity ↑ | CLIP ↑ | experts per step "
+            "| x̂0 clamps | 1−t<t_eps rows | s |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for mode, x in ev["modes"].items():
             c = x["clamps"]
@@ -144,7 +146,7 @@ def render_report_md(r: dict) -> str:
             eps_rows = f"{c['t_eps_rows']}/{c['rows']}" if c.get("rows") else "–"
             clip = _fmt(x["clip_score"]["value"], ".2f") if "clip_score" in x else "–"
             lines.append(
-                f"| {mode} | {x['fid']:.2f} | {_kid(x)} | {x['lpips']['mean']:.3f}"
+                f"| {mode} | {x['fid']:.2f} | {_kid(x)} | {_fmt(x.get('adherence'), '.3f')} | {x['lpips']['mean']:.3f}"
                 f" ± {x['lpips']['std']:.3f} | {clip} | {sum(x['usage']):.2f} | {clamps} | {eps_rows} "
                 f"| {x['seconds']:.0f} |"
             )
@@ -166,13 +168,27 @@ def render_report_md(r: dict) -> str:
     for key in ("router_top1_accuracy", "router_top2_accuracy", "ensemble_velocity_mse", "oracle_velocity_mse"):
         lines.append(f"| {key} | " + " | ".join(f"{x:.3f}" for x in m[key]) + " |")
     s = m["sampling"]
+    a = s.get("adherence")
+    rows = "rows are the prompts" + (
+        f", with their adherence (the fraction of a row's samples that {a['classifier']} puts in the cluster of "
+        f"the prompt's image; mean {_fmt(a['mean'], '.3f')})"
+        if a
+        else ""
+    )
     lines += [
         "",
         f"Samples ({s['sampler']}; {s['num_steps']} steps, CFG {s['cfg_scale']}, routing {s['routing']}"
-        f" k={s['top_k']}, conversion {s['conversion']}); rows are the prompts:",
+        f" k={s['top_k']}, conversion {s['conversion']}); {rows}:",
         "",
     ]
-    lines += [f"{i + 1}. {p}" for i, p in enumerate(s["prompts"])] + ["", f"![samples]({s['grid']})", ""]
+    if a:
+        lines += [
+            f"{i + 1}. {p}: {_fmt(x, '.3f')} (cluster {', '.join(map(str, k)) or 'none: not a caption'})"
+            for i, (p, x, k) in enumerate(zip(s["prompts"], a["per_prompt"], a["clusters"]))
+        ]
+    else:
+        lines += [f"{i + 1}. {p}" for i, p in enumerate(s["prompts"])]
+    lines += ["", f"![samples]({s['grid']})", ""]
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..adherence import prompt_adherence, prompt_clusters
 from ..checkpoints import load_expert, load_router
 from ..config import Config
 from ..data import load_split
@@ -12,9 +13,10 @@ from ..devices import resolve_device, resolve_precision
 from ..ensemble import Ensemble, VelocityScaling
 from ..evaluate import evaluate_run
 from ..hddm_pipeline import load_pipeline, sample_images, write_run_index
+from ..metrics import FeatureClassifier
 from ..models import Router
 from ..report import save_grid, write_report
-from ..rundir import ROUTER, SAMPLES, expert_folders
+from ..rundir import FEATURE_NET, ROUTER, SAMPLES, expert_folders
 from .diagnostics import evaluate
 from .router import fit_router
 
@@ -91,6 +93,8 @@ def evaluate_and_report(
     pipe.to(resolve_device(cfg.coordinator.device))
     images = sample_images(pipe, s.prompts, samples_per_prompt=s.samples_per_prompt, seed=s.seed)
     save_grid(images, len(s.prompts), run_dir / SAMPLES)
+    classifier = FeatureClassifier.from_pretrained(feature_dir or run_dir / FEATURE_NET).eval()
+    adherence = prompt_adherence(classifier, images, prompt_clusters(dataset_dir, s.prompts), s.samples_per_prompt)
     metrics["sampling"] = {
         "grid": SAMPLES,
         "prompts": s.prompts,
@@ -103,6 +107,7 @@ def evaluate_and_report(
         "t_eps": s.t_eps,
         "x0_clamp": s.x0_clamp,
         "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing",
+        "adherence": adherence | {"classifier": metrics["evaluation"]["adherence_classifier"]},
     }
     metrics["feature_network"] = metrics["evaluation"]["feature_network"]
     return write_report(cfg, run_dir, dataset_dir, metas, missing, metrics, extra or {})

@@ -1,0 +1,34 @@
+"""Prompt adherence: each prompt's cluster from the dataset's captions, and the fraction of its samples a real
+feature classifier puts there."""
+
+import pytest
+import torch
+
+from hddm_flower.adherence import prompt_adherence, prompt_clusters
+from hddm_flower.data import load_split
+from hddm_flower.metrics import FeatureClassifier
+
+
+def test_prompt_clusters_come_from_the_dataset_captions(dataset_dir):
+    both = [load_split(dataset_dir, None, split) for split in ("train", "val")]
+    truth: dict[str, set[int]] = {}
+    for split in both:
+        for caption, k in zip(split.captions, split.labels.tolist()):
+            truth.setdefault(caption, set()).add(k)
+    picked = [both[0].captions[0], both[1].captions[-1], both[0].captions[len(both[0].captions) // 2]]
+    got = prompt_clusters(dataset_dir, [*picked, "no emoji is called this"])
+    assert got == [sorted(truth[c]) for c in picked] + [[]]
+
+
+def test_adherence_is_the_fraction_of_a_prompts_samples_in_its_cluster():
+    net = FeatureClassifier(in_channels=3, num_classes=4, text_dim=8, feature_dim=8, widths=(8,)).eval()
+    with torch.no_grad():  # a classifier that puts every image in cluster 2 (its logits: the head's bias only)
+        net.cls_head.weight.zero_()
+        net.cls_head.bias.copy_(torch.tensor([0.0, 0.0, 5.0, 0.0]))
+    images = torch.rand(4 * 3, 3, 8, 8) * 2 - 1
+    a = prompt_adherence(net, images, [[2], [1], [], [1, 2]], samples_per_prompt=3)
+    assert a["per_prompt"] == [1.0, 0.0, None, 1.0]
+    assert a["mean"] == pytest.approx(2 / 3)
+    assert a["predicted"] == [[2, 2, 2]] * 4
+    with pytest.raises(ValueError, match="12 images for 3 prompts"):
+        prompt_adherence(net, images, [[2], [1], []], samples_per_prompt=3)
