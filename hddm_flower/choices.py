@@ -28,6 +28,8 @@ CLUSTER_FEATURES = ("pixels", "caption", "dinov2")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 """Dtypes an expert's weights may be stored and sent in."""
 OPTIMIZERS = ("auto", "fused", "foreach", "default")
+LR_SCHEDULES = ("constant", "cosine")
+"""Learning rate after the warm-up: constant, or a cosine decay to ``optim.min_lr_ratio`` × lr at the last step."""
 """AdamW implementations: ``auto`` picks the fused kernel where torch has one."""
 PRECISIONS = ("no", "bf16")
 ROUTER_TRAINING = ("central", "federated")

@@ -10,6 +10,7 @@ from .choices import (
     CLUSTER_FEATURES,
     CONVERSIONS,
     DATASETS,
+    LR_SCHEDULES,
     OBJECTIVES,
     OPTIMIZERS,
     PRECISIONS,
@@ -143,12 +144,16 @@ class OptimConfig:
     warmup_steps: int = 50  # the learning rate rises linearly over these many steps
     grad_clip: float = 1.0  # bound on the gradient's global norm; 0 = no clipping
     implementation: str = "auto"  # AdamW kernel: auto (fused where torch has it: CPU, CUDA), fused, foreach, default
+    schedule: str = "constant"  # after the warm-up: constant, or cosine (decay to min_lr_ratio × lr at the end)
+    min_lr_ratio: float = 0.0  # the cosine schedule's final learning rate, as a fraction of lr
 
     def validate(self, source: str = "<config>", prefix: str = "optim.") -> OptimConfig:
         r = _Rules(self, source, prefix)
         r.positive("lr")
         r.at_least(0, "weight_decay", "warmup_steps", "grad_clip")
         r.choice("implementation", OPTIMIZERS, "AdamW implementation")
+        r.choice("schedule", LR_SCHEDULES, "learning-rate schedule")
+        r.within("min_lr_ratio", 0, 1)
         return self
 
 

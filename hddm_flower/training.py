@@ -9,6 +9,7 @@ checkpoint metadata reports about compute.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import resource
 import time
@@ -77,6 +78,19 @@ def make_optimizer(params, lr: float, weight_decay: float, impl: str, device: to
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kw)
 
 
+def lr_factor(step: int, optim: OptimConfig, steps: int) -> float:
+    """The learning rate of 0-based optimiser step ``step`` as a fraction of ``optim.lr``: linear warm-up
+    (step + 1) / warmup_steps over the first ``warmup_steps`` steps, then 1 (``schedule: constant``), or a cosine
+    from 1 at the end of the warm-up towards ``min_lr_ratio`` at step ``steps`` (``schedule: cosine``)."""
+    warmup = optim.warmup_steps
+    if step < warmup:
+        return (step + 1) / warmup
+    if optim.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def fit(
     model: torch.nn.Module,
     loss_fn: Callable[[torch.Generator], Tensor],
@@ -105,8 +119,7 @@ def fit(
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
     opt = make_optimizer(params, optim.lr, optim.weight_decay, optim.implementation, device)
-    warmup = optim.warmup_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, warmup)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, optim, steps))
     g = torch.Generator().manual_seed(seed)
     if ema_decay:
         from diffusers.training_utils import EMAModel  # heavy import: only when EMA is on
