@@ -150,8 +150,8 @@ class OneShotExperts(Strategy):
                     )
                     if (info := self._node_info(r)) is not None
                 ]
-                try:
-                    simulated = _partitions(answers[0]) if answers else 0
+                try:  # no answer yet (an actor still starting on a busy machine): ask again next time
+                    simulated = _partitions(answers[0]) if answers else None
                 except Exception as e:  # whatever a node's answer raises costs this node only
                     log(WARNING, "node %d: %s; not treated as simulated", node_ids[0], _summary_line(str(e)))
                     simulated = 0
