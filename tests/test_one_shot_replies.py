@@ -107,6 +107,30 @@ def test_a_hostile_reply_costs_only_its_expert(blob, tmp_path, content, reason):
     assert _only_experts_left(tmp_path) == []  # nothing half-written
 
 
+@pytest.mark.parametrize(
+    "reason, why", [("RuntimeError: boom", "training failed on the node: RuntimeError: boom"), (5, "expected a string")]
+)
+def test_a_several_expert_reply_costs_each_expert_only_its_own_records(blob, tmp_path, reason, why):
+    """A simulated node's reply to a message naming experts 0, 1, 2: expert 0's records (under their ``.0``
+    names) are installed; expert 1's error record (its reason a string, or hostile) and expert 2's absent records
+    cost only those experts; records in the one-expert format do not stand in for any of them."""
+    strategy = OneShotExperts(
+        ExpertStore(tmp_path, ExpertSpec(num_experts=3, model_config=CONFIG, max_bytes=2**20, preset="test")),
+        {},
+        ["fm", "fm", "fm"],
+    )
+    train = Message(RecordDict(), dst_node_id=7, message_type=MessageType.TRAIN)
+    train.metadata.__dict__["_message_id"] = "m0"
+    strategy._message_experts["m0"] = [0, 1, 2]
+    content = {wire.expert_record(name, 0): record for name, record in _records(blob).items()}
+    content[wire.expert_record(wire.ERROR, 1)] = ConfigRecord({wire.ERROR_REASON: reason})
+    content |= _records(blob)  # the one-expert names: not expert 2's
+    strategy.aggregate_train(1, [Message(RecordDict(content), reply_to=train)])
+    assert list(strategy.received) == [0] and sorted(strategy.missing) == [1, 2]
+    assert why in strategy.missing[1] and "lacks its 'meta.2'" in strategy.missing[2], strategy.missing
+    assert _only_experts_left(tmp_path) == ["expert-0"]
+
+
 records = st.dictionaries(
     st.sampled_from([wire.EXPERT, wire.META, wire.METRICS, "other"]),
     st.sampled_from(["array", "config", "metric"]),
