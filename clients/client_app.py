@@ -4,8 +4,10 @@ Messages it answers:
 
 * ``query``: reports this node's ``node_config`` (partition or expert id, objective override, data directory), so
   the server can assign experts to nodes.
-* ``train.router``, ``evaluate.router``, ``query.feature_stats``: the federated router's rounds and the federated
-  FID reference statistics, on this node's clusters (:mod:`clients.federated`).
+* ``train.router``, ``evaluate.router``, ``query.feature_stats``, ``train.feature_net``: the federated router's
+  rounds, the federated FID reference statistics and feature classifier, on this node's clusters
+  (:mod:`clients.federated`).
+* ``query.declare`` (``data.partition: institution``): what this node's own data is (:mod:`clients.institution`).
 * ``train``: trains expert ``expert-id`` on its cluster with the objective the server assigned, or the one the
   SuperNode's ``--node-config objective=...`` forces (the metadata records both), and replies with the weights
   (``expert``), the checkpoint metadata and the model config (``meta``), and compute metrics (``metrics``). A
@@ -51,7 +53,7 @@ from hddm_flower.logs import quiet_libraries
 from hddm_flower.stages.expert import train_one_expert
 from hddm_flower.stages.prepare import prepare_data
 
-from . import federated
+from . import federated, institution
 
 app = ClientApp()
 quiet_libraries()  # no third-party progress bars or warnings in the Flower log
@@ -68,6 +70,9 @@ if not _core_log.handlers:
 app.train("router")(federated.train_router)
 app.evaluate("router")(federated.evaluate_router)
 app.query("feature_stats")(federated.feature_stats)
+app.train("feature_net")(federated.train_feature_net)
+# institution-owned data: the node's declaration (clients/institution.py)
+app.query("declare")(institution.declare)
 
 
 @app.query()
@@ -94,7 +99,9 @@ def train(msg: Message, context: Context) -> Message:
     _set_threads(node)
     device = str(node.get("device", "cuda" if torch.cuda.is_available() else "cpu"))
 
-    if node.get("shard-set") or node.get("data-dir"):  # this institution's own cluster folder or prepared dataset
+    if cfg.data.partition == "institution":  # this node's own data is its cluster, whatever its expert id
+        dataset_dir = institution.institution_data(context, cfg)
+    elif node.get("shard-set") or node.get("data-dir"):  # this institution's own cluster folder or prepared dataset
         dataset_dir = Path(str(node.get("shard-set") or node["data-dir"]))
         for expert_id, _, _ in jobs:  # fail early: a wrong path, another cluster's set, or no shards
             cluster_shards(dataset_dir, expert_id)

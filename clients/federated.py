@@ -7,6 +7,8 @@ Each computes on this node's own clusters and replies with a model update, count
   weights and the number of images they saw.
 * ``evaluate.router``: the router's confusion counts and top-2 hits on this node's held-out split at
   ``evaluation.times`` (:func:`hddm_flower.federated.router_confusion`).
+* ``train.feature_net``: a round of the evaluation's feature classifier when the coordinator holds no images
+  (``data.partition: institution``): as ``train.router``, with the classifier's objective on clean images.
 * ``query.feature_stats``: per cluster, the sums ``(n, Σf, Σffᵀ)`` of the features of this node's images (train
   and validation, as the central reference) with the run's feature network, which the message carries.
 
@@ -30,10 +32,12 @@ from hddm_flower.config import Config
 from hddm_flower.config_io import config_from_dict
 from hddm_flower.data import Split, cluster_shards, load_split
 from hddm_flower.encoders import pixel_decoder
-from hddm_flower.federated import feature_sums, router_confusion, router_local_update
-from hddm_flower.metrics import FeatureClassifier, classifier_features, inception_features
+from hddm_flower.federated import feature_net_local_update, feature_sums, router_confusion, router_local_update
+from hddm_flower.metrics import FeatureClassifier, classifier_features, inception_features, pooled_caption
 from hddm_flower.models import Router
 from hddm_flower.stages.prepare import prepare_data
+
+from .institution import institution_data
 
 log = logging.getLogger("hddm_flower.client")
 _SPLITS: dict[tuple, Split] = {}  # (dataset dir, clusters, split) → the split, kept across rounds of one run
@@ -43,6 +47,8 @@ def node_dataset(context: Context, cfg: Config, cache_dir: str, clusters: list[i
     """This node's prepared data: its ``shard-set`` (one cluster's folder) or ``data-dir``, else the embedded
     dataset in the cache. Fails early, naming the path, when a cluster has no shards there."""
     node = context.node_config
+    if cfg.data.partition == "institution":  # this node's own data (clients/institution.py)
+        return institution_data(context, cfg)
     if node.get("shard-set") or node.get("data-dir"):
         dataset_dir = Path(str(node.get("shard-set") or node["data-dir"]))
         for k in clusters:
@@ -117,6 +123,49 @@ def train_router(msg: Message, context: Context) -> Message:
         RecordDict({"arrays": ArrayRecord(router.state_dict()), "metrics": metrics}),
         reply_to=msg,
     )
+
+
+@functools.lru_cache(maxsize=2)
+def _feature_net_of(config: str) -> FeatureClassifier:
+    return FeatureClassifier.from_config(json.loads(config))
+
+
+def train_feature_net(msg: Message, context: Context) -> Message:
+    """One round of the evaluation's feature classifier (``data.partition: institution``, no local Inception): local
+    SGD steps of the received classifier on this node's clean training images (decoded to pixels), labels and
+    caption embeddings; replies with the new weights and the number of images they saw."""
+    cfg, clusters, dataset_dir, conf = _task(msg, context)
+    data = _split(dataset_dir, clusters, "train")
+    net = _feature_net_of(str(conf["feature-net-config"]))
+    net.load_state_dict(msg.content["arrays"].to_torch_state_dict(), strict=True)
+    start = time.perf_counter()
+    stats = feature_net_local_update(
+        net,
+        _pixels(cfg, dataset_dir, clusters, data),
+        data.labels,
+        pooled_caption(*data.cond),
+        steps=cfg.router.local_steps,
+        batch_size=max(1, round(FEATURE_BATCH * len(clusters) / cfg.num_experts)),
+        lr=cfg.router.local_lr,
+        seed=cfg.evaluation.seed * 1_000_003 + int(conf["server-round"]) * 1009 + clusters[0],
+    )
+    metrics = MetricRecord(
+        {"num-examples": stats["num-examples"], "train-loss": stats["loss"], "seconds": time.perf_counter() - start}
+    )
+    return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics}), reply_to=msg)
+
+
+FEATURE_BATCH = 64  # the central feature classifier's batch (hddm_flower.evaluate.feature_network)
+_PIXELS: dict[tuple, torch.Tensor] = {}
+
+
+def _pixels(cfg: Config, dataset_dir: Path, clusters: list[int], data: Split) -> torch.Tensor:
+    """The training split as pixels (latents decoded once per run by the node's VAE)."""
+    key = (str(dataset_dir), tuple(clusters))
+    if key not in _PIXELS:
+        _PIXELS.clear()
+        _PIXELS[key] = pixel_decoder(cfg, dataset_dir)(data.images)
+    return _PIXELS[key]
 
 
 def evaluate_router(msg: Message, context: Context) -> Message:

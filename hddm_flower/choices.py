@@ -36,6 +36,9 @@ ROUTER_TRAINING = ("central", "federated")
 """Where the router is trained: on the coordinator's copy of all clusters, or in rounds over the nodes."""
 SERVER_OPTIMIZERS = ("adam", "avg")
 """Federated router training: FedAdam (Adam on the averaged update) or FedAvg."""
+PARTITIONS = ("central", "institution")
+"""Whose data is whose: the coordinator clusters one dataset into the experts' clusters, or each node's own
+prepared data is its cluster (the coordinator holds none)."""
 REFERENCES = ("central", "federated")
 """FID reference statistics: the coordinator's images, or sums the nodes send."""
 

@@ -82,6 +82,13 @@ def cmd_prepare(args) -> None:
     cfg = _config(args)
     if args.skip_bad_shards:
         cfg.data.skip_bad_shards = True
+    if cfg.data.partition == "institution":  # one institution's own data, one cluster (no clustering)
+        from .stages.prepare import prepare_institution
+
+        d = prepare_institution(cfg, args.cache_dir or None, progress=True)
+        _print_clusters(d, read_meta(d))
+        print(f"  one institution's data: pass {d} as this SuperNode's --node-config data-dir")
+        return
     if _embedded(cfg) and args.out is None and args.repeat == 1:  # the embedded default, clustered in one go
         d = _dataset(args, cfg)
         _print_clusters(d, read_meta(d))

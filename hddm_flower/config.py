@@ -86,6 +86,13 @@ class Config:
         for i, mode in enumerate(self.evaluation.routing_modes):
             if (_top_k_of(mode) or 0) > k:
                 r.fail(f"evaluation.routing_modes[{i}]", f"{mode} needs at least {_top_k_of(mode)} experts, not {k}")
+        if d.partition == "institution":  # the coordinator holds no image: everything it did with data, federated
+            if self.router.training != "federated":
+                r.fail("router.training", "must be federated with data.partition: institution (no central images)")
+            if self.evaluation.reference != "federated":
+                r.fail("evaluation.reference", "must be federated with data.partition: institution (no central images)")
+            if d.name == "gmm":
+                r.fail("data.partition", "institution needs real per-node data; name: gmm is one synthetic mixture")
         if self.federation.min_experts > k:
             r.fail("federation.min_experts", f"must be in 1..{k}")
         return self

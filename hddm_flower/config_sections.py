@@ -13,6 +13,7 @@ from .choices import (
     LR_SCHEDULES,
     OBJECTIVES,
     OPTIMIZERS,
+    PARTITIONS,
     PRECISIONS,
     REFERENCES,
     ROUTER_TRAINING,
@@ -46,6 +47,9 @@ class DataConfig:
     skip_bad_shards: bool = False  # a missing or unreadable input shard: skip it (listed in the manifest)
     device: str = ""  # encoders' device in prepare/cluster ("" = cuda if available, else cpu)
     stream: bool = False  # experts stream their cluster's shards (webdataset) instead of loading it into RAM
+    # "central": one dataset clustered into num_experts clusters (the paper's setting); "institution": each node's
+    # own prepared data is its cluster, the coordinator holds none (docs/deployment.md)
+    partition: str = "central"
     prepared: str = ""  # an `hddm cluster --out` folder to use as is (nothing is prepared); "" = build in the cache
     skin_tones: bool = False  # add the 1,875 skin-tone variants (mostly "People & Body")
     val_fraction: float = 0.05
@@ -67,6 +71,7 @@ class DataConfig:
         if self.name == "folder" and not self.folder.strip():
             r.fail("folder", "name: folder needs the image folder")
         r.choice("cluster_features", CLUSTER_FEATURES, "features")
+        r.choice("partition", PARTITIONS, "partition")
         if self.cluster_features == "dinov2" and not self.dinov2.strip():
             r.fail("dinov2", "cluster_features: dinov2 needs a local DINOv2 folder")
         if self.name == "gmm":  # the limits of hddm_flower.gmm_data (8 patterns, 6 colours), checked without torch

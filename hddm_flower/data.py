@@ -73,9 +73,11 @@ def cluster_shards(dataset_dir: str | os.PathLike, cluster: int, meta: dict | No
     """The shard paths of one cluster: ``dataset_dir/cluster-k/shard-*.tar``, or, when ``dataset_dir`` is itself
     one cluster's shard set (its ``meta.json`` has ``cluster_set``), that folder's shards."""
     meta = meta or read_meta(dataset_dir)
-    if not 0 <= cluster < meta["num_clusters"]:
+    if meta.get("institution"):  # one institution's own data: its single cluster is whichever expert it trains
+        folder = Path(dataset_dir) / "cluster-0"
+    elif not 0 <= cluster < meta["num_clusters"]:
         raise ValueError(f"cluster {cluster} does not exist in {dataset_dir} (it has {meta['num_clusters']})")
-    if "cluster_set" in meta:
+    elif "cluster_set" in meta:
         if meta["cluster_set"] != cluster:
             raise ValueError(
                 f"{dataset_dir} is the shard set of cluster {meta['cluster_set']}, not of cluster {cluster}"
@@ -183,7 +185,8 @@ def stream_batches(
 def split_size(meta: dict, clusters: list[int] | None = None, split: str | None = "train") -> int:
     """Number of samples of ``split`` (``"train"``, ``"val"``, or None for both) in ``clusters`` (default all),
     from ``meta.json`` (no shard is read)."""
-    infos = [c for c in meta["clusters"] if clusters is None or c["id"] in clusters]
+    every = clusters is None or meta.get("institution")  # an institution's one cluster answers to any id
+    infos = [c for c in meta["clusters"] if every or c["id"] in clusters]
     val = sum(c.get("val", 0) for c in infos)
     return {"train": sum(c["size"] for c in infos) - val, "val": val, None: sum(c["size"] for c in infos)}[split]
 

@@ -35,6 +35,7 @@ from .encoders import pixel_decoder
 from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from .experts import DDPMExpert, map_cond
 from .federated import FeatureSums, frechet_distance_from_sums
+from .institution import DATA_FREE
 from .models import TextCond
 from .reference import DEFAULT_KID_RESERVOIR, ReferenceStats, pooled, reference_statistics
 from .report import plot_router_weights, plot_usage, save_prompt_grids
@@ -107,6 +108,18 @@ def choose_prompts(dataset_dir: Path, n: int, seed: int, clusters: list[int] | N
         ),
         torch.tensor([r[2] for r in rows]),
     )
+
+
+def config_prompts(cfg: Config, dataset_dir: Path) -> Prompts:
+    """The evaluation's prompts when the coordinator holds no caption: the first ``evaluation.num_prompts`` of
+    ``sampling.prompts``, encoded by the coordinator's text encoder (the one the nodes declared). No cluster is
+    known for them (label −1: oracle routing is not available)."""
+    from .text import TextEncoder
+
+    meta = read_meta(dataset_dir)
+    captions = list(dict.fromkeys(cfg.sampling.prompts))[: cfg.evaluation.num_prompts]
+    cond, _ = TextEncoder(cfg.data.text_encoder or None, max_length=meta["max_caption_tokens"]).encode(captions)
+    return Prompts(captions, cond, torch.full((len(captions),), -1))
 
 
 class _TracedRouter(nn.Module):
@@ -218,13 +231,26 @@ def sample_mode(
     return torch.cat(out).reshape(P, S, *noise.shape[1:]), trace
 
 
+def feature_description(dataset_dir: Path) -> str:
+    """What the run's feature classifier was trained on (part of every FID's feature-network name)."""
+    meta = read_meta(dataset_dir)
+    if meta.get(DATA_FREE):
+        return f"trained federatedly on the institutions' {meta['name']} v{meta['version']} images"
+    return f"trained on {meta['name']} v{meta['version']} ({Path(dataset_dir).name})"
+
+
 def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None, progress: bool = False):
     """(FeatureExtractor, classifier or None, description): Inception from ``evaluation.inception_weights`` if
     set, else the classifier in ``folder`` (trained on the dataset and saved there on first use)."""
     ev = cfg.evaluation
     meta = read_meta(dataset_dir)
     device = resolve_device(cfg.coordinator.device)
-    desc = f"trained on {meta['name']} v{meta['version']} ({Path(dataset_dir).name})"
+    desc = feature_description(dataset_dir)
+    if meta.get(DATA_FREE) and not (folder / "config.json").exists():
+        raise ValueError(
+            f"{folder} holds no feature classifier and the coordinator holds no images to train one: train it "
+            "federatedly first (strategies/federated_router.py) or set evaluation.inception_weights"
+        )
     if (folder / "config.json").exists():
         info = json.loads((folder / "hddm_feature_net.json").read_text())
         if (info.get("steps"), info.get("seed"), info.get("trained_on")) != (ev.feature_steps, ev.seed, desc):
@@ -358,7 +384,17 @@ def evaluate_run(
             + ("reused from" if cached["reused"] else "computed in one streaming pass, cached in")
             + f" {cached['file'] or 'nowhere (the dataset folder is read-only)'}"
         )
-    prompts = choose_prompts(dataset_dir, ev.num_prompts, ev.seed)
+    data_free = bool(read_meta(dataset_dir).get(DATA_FREE))
+    if data_free:  # no caption on the coordinator: the config's prompts; oracle routing needs captions' clusters
+        prompts = config_prompts(cfg, dataset_dir)
+        skipped = {m: "oracle routing needs the cluster of each prompt's image" for m in modes if "oracle" in m}
+        modes = [m for m in modes if m not in skipped]
+        prompt_source = (
+            "sampling.prompts: the coordinator holds no caption (institution-owned data), and captions are data"
+        )
+    else:
+        prompts, skipped = choose_prompts(dataset_dir, ev.num_prompts, ev.seed), {}
+        prompt_source = "held-out captions first (val split), then training captions"
     uncond = load_uncond(dataset_dir)
     result: dict[str, Any] = {
         "feature_network": fx.name,
@@ -374,11 +410,13 @@ def evaluate_run(
             "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing",
             "conversion": s.conversion,
             "reference": reference_text,
-            "prompt_source": "held-out captions first (val split), then training captions",
+            "prompt_source": prompt_source,
         },
         "prompts": prompts.captions,
         "modes": {},
     }
+    if skipped:
+        result["skipped_modes"] = skipped
     samples = {}
     for mode in modes:
         images, trace = sample_mode(
@@ -399,8 +437,12 @@ def evaluate_run(
         samples[mode] = images
         r = _quality(fx, ref_feats, flat, ev) | {"lpips": M.intra_prompt_diversity(images, distance)} | trace
         # the fraction of samples the run's feature classifier puts in the cluster of their prompt's image
-        r["adherence"] = float(
-            (classify(classifier, flat) == prompts.labels.repeat_interleave(images.shape[1])).double().mean()
+        r["adherence"] = (
+            None  # the config's prompts have no known cluster on a coordinator without data
+            if data_free
+            else float(
+                (classify(classifier, flat) == prompts.labels.repeat_interleave(images.shape[1])).double().mean()
+            )
         )
         r["lpips"].pop("distance")
         if ev.clip:
@@ -409,11 +451,11 @@ def evaluate_run(
             )
         result["modes"][mode] = r
         log.info(
-            "%s: FID %.2f KID %s adherence %.3f %s %.3f (%.0f s; features: %s)",
+            "%s: FID %.2f KID %s adherence %s %s %.3f (%.0f s; features: %s)",
             mode,
             r["fid"],
             "–" if r["kid"] is None else f"{r['kid']:.4f}",
-            r["adherence"],
+            "–" if r["adherence"] is None else f"{r['adherence']:.3f}",
             "LPIPS" if distance.name.startswith("LPIPS") else "diversity (fallback distance, not LPIPS)",
             r["lpips"]["mean"],
             r["seconds"],
@@ -424,7 +466,9 @@ def evaluate_run(
         "router_weights": plot_router_weights(result["modes"], ensemble.num_experts, out_dir / ROUTER_WEIGHTS_PLOT),
         "expert_usage": plot_usage(result["modes"], ensemble.num_experts, out_dir / EXPERT_USAGE_PLOT),
     }
-    if per_expert:
+    if per_expert and data_free:
+        result["per_expert_skipped"] = "each expert alone needs captions of its own cluster; the coordinator has none"
+    elif per_expert:
         if reference is not None:
             per_cluster = {k: (sums.count, sums) for k, sums in reference.items()}
         else:

@@ -9,6 +9,7 @@ Three pieces, each a pure function of one node's data; the Flower adapters (``cl
   pooled features (both go through torchmetrics' FID; only its reference state is set from the sums).
 * :func:`router_local_update`: a few SGD steps of the router on one node's clusters (often a single cluster: every
   label the same, the hardest non-IID case), returning the new weights for the server to average.
+* :func:`feature_net_local_update`: the same for the evaluation's feature classifier (offline FID features).
 * :func:`router_confusion`: the router's confusion counts on one node's held-out images at given times; counts
   add across nodes, so the server's accuracy is exactly the pooled accuracy.
 """
@@ -185,6 +186,34 @@ def router_local_update(
             opt.step()
             losses.append(loss.item())
     router.eval()
+    return {"loss": float(np.mean(losses)), "num-examples": steps * batch_size}
+
+
+def feature_net_local_update(
+    net, images: Tensor, labels: Tensor, caption_emb: Tensor, *, steps: int, batch_size: int, lr: float, seed: int
+) -> dict:
+    """``steps`` plain SGD steps of the evaluation's feature classifier (:class:`hddm_flower.metrics.FeatureClassifier`,
+    in place) on one node's clean images (pixels), cluster labels and caption embeddings, with the central
+    classifier's objective (:func:`hddm_flower.metrics.feature_classifier_loss`). The same machinery as
+    :func:`router_local_update`: with one step per round, the server's weighted average is one central SGD step on a
+    cluster-stratified batch. Returns ``{"loss", "num-examples"}``."""
+    from .metrics import feature_classifier_loss
+
+    if len(images) == 0:
+        raise ValueError("no training images on this node")
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    net.train()
+    losses = []
+    with torch.enable_grad():
+        for _ in range(steps):
+            idx = torch.randint(0, len(images), (batch_size,), generator=g)
+            loss, _ = feature_classifier_loss(net, images[idx], labels[idx], caption_emb[idx], g)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    net.eval()
     return {"loss": float(np.mean(losses)), "num-examples": steps * batch_size}
 
 

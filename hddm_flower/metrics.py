@@ -143,6 +143,18 @@ def pooled_caption(states: Tensor, mask: Tensor) -> Tensor:
     return F.normalize((states * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
 
 
+def feature_classifier_loss(
+    net: FeatureClassifier, x: Tensor, labels: Tensor, caption_emb: Tensor, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """The feature classifier's objective on one batch: cross-entropy on the cluster labels plus the cosine
+    distance of its text head to the caption embedding, on images flipped horizontally at random. Returns
+    (loss, logits)."""
+    flip = (torch.rand(len(x), generator=generator) < 0.5).to(x.device)
+    x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    logits, e = net(x)
+    return F.cross_entropy(logits, labels) + (1 - F.cosine_similarity(e, caption_emb)).mean(), logits
+
+
 def train_feature_classifier(
     images: Tensor,
     labels: Tensor,
@@ -206,14 +218,12 @@ def train_feature_classifier_stream(
 
     def loss_fn(g: torch.Generator) -> Tensor:
         x, y, emb = (t.to(device, non_blocking=True) for t in next(batches))
-        flip = (torch.rand(len(x), generator=g) < 0.5).to(device)
-        x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-        logits, e = net(x)
+        loss, logits = feature_classifier_loss(net, x, y, emb, g)
         step[0] += 1
         if step[0] > steps - max(1, steps // 10):
             hits[0] += (logits.argmax(-1) == y).sum()
             hits[1] += len(y)
-        return F.cross_entropy(logits, y) + (1 - F.cosine_similarity(e, emb)).mean()
+        return loss
 
     net.train()
     with torch.enable_grad():

@@ -166,7 +166,8 @@ def render_report_md(r: dict) -> str:
         "|---" * (len(t) + 1) + "|",
     ]
     for key in ("router_top1_accuracy", "router_top2_accuracy", "ensemble_velocity_mse", "oracle_velocity_mse"):
-        lines.append(f"| {key} | " + " | ".join(f"{x:.3f}" for x in m[key]) + " |")
+        lines.append(f"| {key} | " + " | ".join(_fmt(x) for x in m[key]) + " |")
+    lines += [f"- {what}: {why}" for what, why in m.get("skipped", {}).items()]
     s = m["sampling"]
     a = s.get("adherence")
     rows = "rows are the prompts" + (

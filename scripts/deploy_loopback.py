@@ -18,12 +18,16 @@ What it does, in order (each step is a method of :class:`Deployment`, which the 
    the run completes without their experts, saying why; a second run that targets only those experts resumes
    both from their local checkpoints and completes the run directory with every expert; a run whose message TTL
    is shorter than its training records the expiry (code 3);
-6. stops everything it started: each process was started in its own process group and is stopped by its PID.
+6. with ``--institution`` every node holds its own shard set and cache and the coordinator none
+   (``data.partition: institution``, federated feature classifier, router and reference statistics); afterwards
+   the coordinator's cache and run directory are checked for shards and latents;
+7. stops everything it started: each process was started in its own process group and is stopped by its PID.
 
 Usage (the run directory, logs and keys stay in the work directory it prints)::
 
     python scripts/deploy_loopback.py --nodes 3 --port 19400 [--drill]
     python scripts/deploy_loopback.py --nodes 3 --config configs/default.yaml --overrides "expert.steps=30"
+    python scripts/deploy_loopback.py --nodes 3 --institution   # the coordinator holds no data
 """
 
 from __future__ import annotations
@@ -343,10 +347,17 @@ def deploy(
     drill: bool = False,
     data_dir: str = "",
     objectives: list[str] | None = None,
+    institution: bool = False,
 ) -> dict:
     """The whole story for ``nodes`` institutions (expert k on node k), then optionally the fault drill; returns
     what happened (also written to ``work/deploy.json``)."""
     out: dict = {"nodes": nodes, "port": port, "work": str(work)}
+    if institution:  # each node holds its own data; the coordinator's cache starts and must stay without samples
+        shard_sets = institution_data(config, overrides, work)
+        # a drill's budget: few rounds of the federated router and feature classifier (later overrides win)
+        overrides = f"{INSTITUTION} router.rounds=10 evaluation.feature_steps=10 {overrides}".strip()
+        cache_dir = work / "coordinator-cache"
+        cache_dir.mkdir(parents=True, exist_ok=True)
     with Deployment(work, port) as d:
         d.certificates()
         d.start_superlink()
@@ -363,6 +374,8 @@ def deploy(
             }
             if data_dir:  # the institution's own prepared data
                 config["data-dir"] = data_dir
+            if institution:  # its own shard set and cache, nothing shared with the coordinator
+                config |= {"shard-set": shard_sets[k], "cache-dir": str(work / f"node-{k}-cache")}
             if objectives and objectives[k]:  # the institution insists on its objective
                 config["objective"] = objectives[k]
             d.start_supernode(f"supernode-{k}", keys[k], config, port + 3 + k)
@@ -380,8 +393,35 @@ def deploy(
                 | {"run-dir": str(work / "run"), "overrides": f"federation.min_nodes={nodes} {overrides}".strip()}
             )
             out["run"] = {"status": d.wait_run(run_id, timeout), "run_dir": str(work / "run")}
+    if institution:
+        out["institution"] = {
+            "coordinator_cache": str(cache_dir),
+            "samples_on_coordinator": [str(p) for p in sample_files(cache_dir) + sample_files(work / "run")],
+        }
     (work / "deploy.json").write_text(json.dumps(out, indent=2))
     return out
+
+
+INSTITUTION = "data.partition=institution router.training=federated evaluation.reference=federated"
+SAMPLE_FILES = (".tar", ".npy", ".latent.npy")  # shards and latents (the run directory's PNGs are its own samples)
+
+
+def institution_data(config: str, overrides: str, work: Path) -> list[str]:
+    """The institutions' own data for an ``--institution`` run: the embedded dataset of the run's config prepared
+    in ``work/institutions-data`` (standing in for data the institutions hold), one ``cluster-k`` shard set per
+    node; the coordinator is never given this path."""
+    sys.path.insert(0, str(APP))
+    from hddm_flower.config_io import load_config, parse_overrides
+    from hddm_flower.stages.prepare import prepare_data
+
+    cfg = load_config(APP / config, parse_overrides(overrides))
+    prepared = prepare_data(cfg, work / "institutions-data")
+    return [str(prepared / f"cluster-{k}") for k in range(cfg.num_experts)]
+
+
+def sample_files(root: Path) -> list[Path]:
+    """Shards and latents under ``root``: what a coordinator without data must not hold."""
+    return [p for p in root.rglob("*") if p.is_file() and p.name.endswith(SAMPLE_FILES)] if root.exists() else []
 
 
 def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: str, work: Path, timeout: float) -> dict:
@@ -467,6 +507,10 @@ def check(out: dict) -> list[str]:
         problems.append(f"run: {out['run']['status']}")
     elif not (Path(out["run"]["run_dir"]) / "report.json").exists():
         problems.append("run: no report.json")
+    if out.get("institution", {}).get("samples_on_coordinator"):
+        problems.append(
+            f"institution: the coordinator holds samples {out['institution']['samples_on_coordinator'][:3]}"
+        )
     drill = out.get("drill")
     if drill is not None:
         crashed, lost = nodes - 2, nodes - 1
@@ -532,7 +576,15 @@ def main(argv: list[str] | None = None) -> int:
         "mid-training, a run that targets only their experts resuming both, a message whose TTL "
         "expires (needs ≥ 3 nodes)",
     )
+    p.add_argument(
+        "--institution",
+        action="store_true",
+        help="institution-owned data: each node trains on its own shard set and cache, the coordinator holds no "
+        "data (data.partition: institution, federated router and reference); checks it holds no sample",
+    )
     args = p.parse_args(argv)
+    if args.institution and (args.drill or args.data_dir):
+        p.error("--institution runs without --drill and --data-dir")
     if args.nodes < 1 or (args.drill and args.nodes < 3):
         p.error("--nodes must be ≥ 1 (≥ 3 with --drill)")
     for tool in ("openssl", "ssh-keygen"):
@@ -567,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             drill=args.drill,
             data_dir=args.data_dir,
             objectives=objectives,
+            institution=args.institution,
         )
     except DeploymentError as e:
         print(f"deploy: error: {e} (logs in {work})", file=sys.stderr)

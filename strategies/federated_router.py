@@ -20,6 +20,7 @@ is dropped and logged, never averaged), the sum of confusion counts, and the byt
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterable
 from logging import INFO, WARNING
@@ -37,8 +38,10 @@ from hddm_flower.checkpoints import TIME_CONVENTION, save_router
 from hddm_flower.config import Config
 from hddm_flower.data import read_meta
 from hddm_flower.encoders import pixel_decoder
-from hddm_flower.evaluate import FEATURE_NET, feature_network
+from hddm_flower.evaluate import FEATURE_NET, feature_description, feature_network
 from hddm_flower.federated import FeatureSums, accuracy_from_confusion
+from hddm_flower.institution import is_data_free
+from hddm_flower.metrics import FeatureClassifier
 from hddm_flower.models import Router, router_config
 from hddm_flower.rundir import ROUTER
 from hddm_flower.stages.assemble import evaluate_and_report
@@ -64,11 +67,18 @@ def _config(values: dict) -> ConfigRecord:
     return ConfigRecord({k: v for k, v in values.items() if v != ""})
 
 
+def _model_config(model) -> dict:
+    """A diffusers model's config without its private keys (``_name_or_path`` of a loaded one is a path)."""
+    return {k: v for k, v in model.config.items() if not k.startswith("_")}
+
+
 def _record_bytes(record: RecordDict) -> int:
     return sum(r.count_bytes() for r in record.values())
 
 
-def _make_strategy(server_optimizer: str):
+def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool = True):
+    """Flower's FedAdam or FedAvg with the ClientApp's ``<type>.<action>`` messages (``router``, or
+    ``feature_net`` for the evaluation's feature classifier, which has no evaluation rounds)."""
     base = FedAdam if server_optimizer == "adam" else FedAvg
 
     class RouterStrategy(base):
@@ -102,11 +112,11 @@ def _make_strategy(server_optimizer: str):
             self.sent_bytes[rnd] = self.sent_bytes.get(rnd, 0) + _record_bytes(record) * len(nodes)
             if message_type == MessageType.TRAIN:
                 self._global = record[self.arrayrecord_key]
-            return super()._construct_messages(record, nodes, f"{message_type}.{ACTION}")
+            return super()._construct_messages(record, nodes, f"{message_type}.{action}")
 
         def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
             """Held-out counts every ``evaluate_every`` rounds and after the last one."""
-            if server_round % self.evaluate_every and server_round != self.num_rounds:
+            if not evaluate or (server_round % self.evaluate_every and server_round != self.num_rounds):
                 return []
             return super().configure_evaluate(server_round, arrays, config, grid)
 
@@ -251,6 +261,72 @@ def train_router_federated(
     return router, record
 
 
+def train_feature_net_federated(
+    grid: Grid, cfg: Config, clusters: dict[int, list[int]], dataset_dir: Path, folder: Path, *, timeout: float
+) -> dict:
+    """The evaluation's feature classifier (offline FID features) when the coordinator holds no images: the
+    router's machinery (Flower's FedAdam/FedAvg over the same nodes, one local SGD step per round by default,
+    ClientApp action ``train.feature_net``) for ``evaluation.feature_steps`` rounds; saved into ``folder`` the way
+    :func:`hddm_flower.evaluate.feature_network` finds it. Returns its record for the report."""
+    ev, r = cfg.evaluation, cfg.router
+    meta = read_meta(dataset_dir)
+    torch.manual_seed(ev.seed)
+    channels = 3 if meta.get("latent") else meta["channels"]
+    net = FeatureClassifier(in_channels=channels, num_classes=cfg.num_experts, text_dim=meta["text_dim"])
+    strategy = _make_strategy(r.server_optimizer, "feature_net", evaluate=False)(
+        {int(n): [int(k) for k in c] for n, c in clusters.items()},
+        cfg.num_experts,
+        len(ev.times),
+        ev.feature_steps,
+        **(
+            {"eta": FEATURE_LR, "eta_l": r.local_lr, "tau": 1e-8, "beta_2": 0.999}
+            if r.server_optimizer == "adam"
+            else {}
+        ),
+    )
+    shared = {
+        "experiment": json.dumps(cfg.to_dict()),
+        "clusters": json.dumps({str(n): c for n, c in strategy.clusters.items()}),
+        "feature-net-config": json.dumps(_model_config(net)),
+    }
+    start = time.perf_counter()
+    result = strategy.start(
+        grid, ArrayRecord(net.state_dict()), num_rounds=ev.feature_steps, timeout=timeout, train_config=_config(shared)
+    )
+    if result.arrays is None or not result.train_metrics_clientapp:
+        raise RuntimeError(f"the federated feature classifier got no valid update in {ev.feature_steps} rounds")
+    net.load_state_dict(result.arrays.to_torch_state_dict(), strict=True)
+    net.eval().save_pretrained(folder)
+    sent, received = strategy.sent_bytes, strategy.received_bytes
+    record = {
+        "training": "federated",
+        "strategy": f"flwr {type(strategy).__mro__[1].__name__}",
+        "rounds": ev.feature_steps,
+        "nodes": {str(n): c for n, c in strategy.clusters.items()},
+        "images_seen": strategy.images_seen,
+        "wall_seconds": round(time.perf_counter() - start, 2),
+        "bytes_sent": int(sum(sent.values())),
+        "bytes_received": int(sum(received.values())),
+        "dropped_replies": {str(k): v for k, v in strategy.dropped.items()},
+    }
+    (folder / "hddm_feature_net.json").write_text(
+        json.dumps(
+            {
+                "steps": ev.feature_steps,
+                "seed": ev.seed,
+                "trained_on": feature_description(dataset_dir),
+                "data": "federated: each node's own clean images, one cluster per node",
+                **record,
+            },
+            indent=2,
+        )
+    )
+    return record
+
+
+FEATURE_LR = 2e-3  # the central feature classifier's Adam step size (hddm_flower.metrics)
+
+
 def federated_reference(
     grid: Grid,
     cfg: Config,
@@ -273,7 +349,7 @@ def federated_reference(
     }
     content = RecordDict({"config": _config(base)})
     if not inception:
-        content["config"]["feature-net-config"] = json.dumps(dict(feature_net.config))
+        content["config"]["feature-net-config"] = json.dumps(_model_config(feature_net))
         content["config"]["feature-net-description"] = description
         content["feature-net"] = ArrayRecord(feature_net.state_dict())
     messages = [
@@ -352,6 +428,8 @@ def finish_federated(
     extra["router"] = record
     reference = None
     if cfg.evaluation.reference == "federated":
+        if is_data_free(dataset_dir) and not cfg.evaluation.inception_weights:
+            extra["feature_net"] = _federated_feature_net(grid, cfg, clusters, dataset_dir, run_dir, timeout)
         _, net, desc = feature_network(cfg, dataset_dir, run_dir / FEATURE_NET, decode=pixel_decoder(cfg, dataset_dir))
         reference, extra["reference_statistics"] = federated_reference(
             grid, cfg, clusters, net, desc, timeout=timeout, cache_dir=cache_dir
@@ -365,3 +443,26 @@ def _one_line(text: str) -> str:
     """A peer's message as one bounded line."""
     lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
     return lines[-1][:300] if lines else "(no reason given)"
+
+
+def _federated_feature_net(
+    grid: Grid, cfg: Config, clusters: dict[int, list[int]], dataset_dir: Path, run_dir: Path, timeout: float
+) -> dict:
+    """The run's feature classifier trained over ``clusters``, reused when it was trained over the same nodes'
+    clusters with the same settings (a re-run that adds an institution trains it again)."""
+    folder = run_dir / FEATURE_NET
+    info = folder / "hddm_feature_net.json"
+    want = {str(n): [int(k) for k in c] for n, c in clusters.items()}
+    if info.exists():
+        old = json.loads(info.read_text())
+        same = (old.get("steps"), old.get("seed"), old.get("nodes")) == (
+            cfg.evaluation.feature_steps,
+            cfg.evaluation.seed,
+            want,
+        )
+        if same:
+            return {k: old[k] for k in ("training", "strategy", "rounds", "nodes", "images_seen") if k in old} | {
+                "reused": True
+            }
+        shutil.rmtree(folder)
+    return train_feature_net_federated(grid, cfg, clusters, dataset_dir, folder, timeout=timeout)

@@ -15,11 +15,20 @@ from hddm_flower.config import Config
 from hddm_flower.config_io import load_config, parse_overrides
 from hddm_flower.config_rules import ConfigError
 from hddm_flower.logs import quiet_libraries
-from hddm_flower.rundir import CONFIG, REPORT_JSON, check_rerun, missing_experts, present_experts, write_config
+from hddm_flower.rundir import (
+    CONFIG,
+    REPORT_JSON,
+    check_rerun,
+    missing_experts,
+    present_experts,
+    trained_objectives,
+    write_config,
+)
 from hddm_flower.stages.expert import expert_spec
 from hddm_flower.stages.prepare import assign_objectives, prepare_data
 
 from .federated_router import finish_federated
+from .institution import gather_declarations
 from .one_shot import OneShotExperts
 
 APP_DIR = Path(__file__).resolve().parent.parent
@@ -62,8 +71,12 @@ def summary_metrics(report: dict) -> dict[str, float]:
     m = report["metrics"]
     out = {}
     for i, t in enumerate(m["times"]):
-        out[f"router-top1-accuracy-t{t:g}"] = float(m["router_top1_accuracy"][i])
-        out[f"ensemble-velocity-mse-t{t:g}"] = float(m["ensemble_velocity_mse"][i])
+        for key, name in (
+            ("router_top1_accuracy", "router-top1-accuracy"),
+            ("ensemble_velocity_mse", "ensemble-velocity-mse"),
+        ):
+            if m[key][i] is not None:  # None: skipped (a coordinator without data has no velocity diagnostics)
+                out[f"{name}-t{t:g}"] = float(m[key][i])
     return out
 
 
@@ -78,9 +91,17 @@ def main(grid: Grid, context: Context) -> None:
         write_config(run_dir / CONFIG, cfg, f"resolved from {path}")
     log(INFO, "hddm-flower: run directory %s", run_dir)
 
-    dataset_dir = prepare_data(cfg, cache_dir or None)  # the coordinator's copy (router training, evaluation)
-    objectives = assign_objectives(cfg, dataset_dir)
     f = cfg.federation
+    institutions = None
+    if cfg.data.partition == "institution":  # the nodes' own data: declarations, no copy on the coordinator
+        fixed = {k: o for k, o in enumerate(trained_objectives(run_dir, [""] * cfg.num_experts)) if o}
+        institutions = gather_declarations(grid, cfg, run_dir, timeout=f.train_timeout, fixed=fixed)
+        dataset_dir, objectives = institutions.descriptor, institutions.objectives
+        targets = [k for k in (range(cfg.num_experts) if targets is None else targets) if k in institutions.nodes]
+        targets = [k for k in targets if k not in present]
+    else:
+        dataset_dir = prepare_data(cfg, cache_dir or None)  # the coordinator's copy (router training, evaluation)
+        objectives = assign_objectives(cfg, dataset_dir)
     strategy = OneShotExperts(
         ExpertStore(run_dir, expert_spec(cfg, dataset_dir)),
         cfg.to_dict(),
@@ -96,12 +117,15 @@ def main(grid: Grid, context: Context) -> None:
 
     def ensemble_fn(received: dict, missing: dict) -> dict:
         log(INFO, "hddm-flower: training the router, assembling %d experts, sampling", len(received) + len(present))
+        clusters = strategy.assignment
+        if institutions is not None:  # every node that declared and whose expert is here, late joiners included
+            clusters = institutions.clusters(present_experts(run_dir))
         report = finish_federated(
             grid,
             cfg,
             run_dir,
             dataset_dir,
-            strategy.assignment,
+            clusters,
             missing_experts(run_dir, cfg.num_experts, missing, default=NOT_TRAINED),
             extra={
                 "flower": {
@@ -109,7 +133,8 @@ def main(grid: Grid, context: Context) -> None:
                     "trained": strategy.targets,
                     "assignment": {str(n): e for n, e in strategy.assignment.items()},
                 }
-            },
+            }
+            | ({"institutions": institutions.record()} if institutions is not None else {}),
             timeout=f.train_timeout,
             cache_dir=cache_dir,
         )

@@ -13,11 +13,12 @@ from ..devices import resolve_device, resolve_precision
 from ..ensemble import Ensemble, VelocityScaling
 from ..evaluate import evaluate_run
 from ..hddm_pipeline import load_pipeline, sample_images, write_run_index
+from ..institution import is_data_free
 from ..metrics import FeatureClassifier
 from ..models import Router
 from ..report import save_grid, write_report
 from ..rundir import FEATURE_NET, ROUTER, SAMPLES, expert_folders
-from .diagnostics import evaluate
+from .diagnostics import evaluate, skipped_diagnostics
 from .router import fit_router
 
 
@@ -77,7 +78,12 @@ def evaluate_and_report(
     reference statistics per cluster (see :func:`hddm_flower.evaluate.evaluate_run`)."""
     ensemble, metas = load_ensemble(cfg, run_dir, router)
     s = cfg.sampling
-    metrics = evaluate(ensemble, load_split(dataset_dir, None, "val"), seed=s.seed, times=tuple(cfg.evaluation.times))
+    if is_data_free(dataset_dir):  # institution-owned data: no held-out image on the coordinator
+        metrics = skipped_diagnostics(cfg, (extra or {}).get("router", {}).get("heldout"))
+    else:
+        metrics = evaluate(
+            ensemble, load_split(dataset_dir, None, "val"), seed=s.seed, times=tuple(cfg.evaluation.times)
+        )
     metrics["evaluation"] = evaluate_run(
         cfg,
         ensemble,
@@ -94,7 +100,9 @@ def evaluate_and_report(
     images = sample_images(pipe, s.prompts, samples_per_prompt=s.samples_per_prompt, seed=s.seed)
     save_grid(images, len(s.prompts), run_dir / SAMPLES)
     classifier = FeatureClassifier.from_pretrained(feature_dir or run_dir / FEATURE_NET).eval()
-    adherence = prompt_adherence(classifier, images, prompt_clusters(dataset_dir, s.prompts), s.samples_per_prompt)
+    # a coordinator without data knows no prompt's cluster (that needs the captions): adherence None, said so
+    clusters = [[] for _ in s.prompts] if is_data_free(dataset_dir) else prompt_clusters(dataset_dir, s.prompts)
+    adherence = prompt_adherence(classifier, images, clusters, s.samples_per_prompt)
     metrics["sampling"] = {
         "grid": SAMPLES,
         "prompts": s.prompts,

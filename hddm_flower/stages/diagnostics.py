@@ -62,3 +62,26 @@ def evaluate(
                 per_expert[k].append(((v_k - target[rows]) ** 2).mean().item())
     out["expert_velocity_mse"] = {str(k): float(np.mean(v)) if v else None for k, v in per_expert.items()}
     return out
+
+
+SKIPPED = "skipped: the coordinator holds no held-out image (institution-owned data)"
+
+
+def skipped_diagnostics(cfg, heldout: dict | None) -> dict[str, Any]:
+    """The diagnostics block of a coordinator without data: router accuracy from the federated held-out counts
+    (``heldout``: the federated router's record, summed confusion counts of the nodes' validation splits); the
+    velocity errors need held-out images and are listed as skipped (None)."""
+    times = list(cfg.evaluation.times)
+    none = [None] * len(times)
+    heldout = heldout or {}
+    return {
+        "times": times,
+        "num_images": heldout.get("num_images", 0),
+        "router_top1_accuracy": heldout.get("top1", none),
+        "router_top2_accuracy": heldout.get("top2", none),
+        "router_accuracy_source": "federated: confusion counts of the nodes' validation splits, summed",
+        "ensemble_velocity_mse": none,
+        "oracle_velocity_mse": none,
+        "expert_velocity_mse": {},
+        "skipped": {"velocity diagnostics": SKIPPED},
+    }

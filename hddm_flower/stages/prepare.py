@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from ..cluster import cluster_encoded
@@ -73,6 +75,23 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: 
                         )
                 cluster_with_config(cfg, encoded, out, progress=progress)
     check_clusters(read_meta(out), cfg.num_experts, str(out))
+    return out
+
+
+def prepare_institution(cfg: Config, cache_dir: str | Path | None = None, *, progress: bool = False) -> Path:
+    """One institution's own data (``data.partition: institution``) as a one-cluster dataset: the data section's
+    input prepared as usual (`hddm prepare`: encoded, text states, detail scores) without clustering it into
+    ``num_experts`` (a one-cluster dataset), marked ``institution`` in its ``meta.json`` so that its single
+    cluster trains whichever expert id the federation assigns (:func:`~hddm_flower.data.cluster_shards`)."""
+    one = dataclasses.replace(
+        cfg, num_experts=1, data=dataclasses.replace(cfg.data, partition="central", fine_clusters=1)
+    )
+    out = prepare_data(one, cache_dir, progress=progress)
+    meta = read_meta(out)
+    if not meta.get("institution"):
+        tmp = out / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta | {"institution": True}, indent=2))
+        os.replace(tmp, out / "meta.json")
     return out
 
 

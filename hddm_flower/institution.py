@@ -1,0 +1,216 @@
+"""Institution-owned data (``data.partition: institution``): what a node declares about its data, how the
+coordinator checks the declarations, and the data-free description of the run's data the coordinator works from
+(framework-free; the Flower adapters are ``clients/institution.py`` and ``strategies/institution.py``).
+
+Each node's own prepared data is its cluster. A node declares the properties every expert and the router must share
+(image shape, channels, latent space, text encoder and its token count) and two statistics of its own data (the
+number of images and the mean detail score that ``objectives.ddpm_clusters: auto`` ranks). Nothing else leaves
+the node at this stage: no image, latent, caption or text state. The coordinator parses every declaration with
+bounds (a malformed one costs only its node), stops the run when the accepted ones disagree (naming the node and
+the field), and writes a *descriptor*: a ``meta.json`` with the shape of a prepared dataset but no shard, plus the
+empty caption's text states computed by its own copy of the text encoder. The descriptor is what the coordinator's
+code reads where it would otherwise read the dataset's metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .config import Config
+from .data import read_meta, split_size
+from .wire import WireError, as_float, as_int, as_str, loads
+
+DECLARATION_VERSION = 1
+MAX_DECLARATION_BYTES = 8192
+AGREED_FIELDS = ("image_size", "channels", "latent", "text_encoder", "text_dim", "max_caption_tokens")
+"""Fields every node's declaration must share: the experts' input shape and latent space, the text encoder and its
+token count (a node that differs would train an expert the ensemble cannot mix)."""
+DECLARATION = "declaration"  # the declare reply's ConfigRecord …
+DECLARATION_JSON = "declaration-json"  # … holding the declaration as JSON text
+CLAIM = "expert-id"  # … and the expert id the node claims
+DATA_FREE = "data_free"
+"""``meta.json`` key that marks a descriptor: the dataset's shape without any sample."""
+
+
+class DeclarationMismatch(ValueError):
+    """Two nodes declared different values of an :data:`AGREED_FIELDS` field."""
+
+
+def latent_fingerprint(meta: dict) -> str:
+    """The latent space of a prepared dataset as one comparable string: ``pixels``, or the VAE's name, scaling
+    factor, latent channels and downsampling (its local path differs between nodes and is left out)."""
+    latent = meta.get("latent")
+    if not latent:
+        return "pixels"
+    return f"{latent['name']} scale={latent['scaling_factor']:g} channels={latent['channels']} /{latent['downsample']}"
+
+
+def local_cluster(meta: dict) -> int:
+    """The cluster of a node's own data folder: a ``cluster-k`` shard set's k, else 0 (a one-cluster dataset)."""
+    return int(meta["cluster_set"]) if "cluster_set" in meta else 0
+
+
+def declaration(dataset_dir: Path) -> dict[str, Any]:
+    """What a node declares about its prepared data (``dataset_dir``: an institution's one-cluster dataset or a
+    ``cluster-k`` shard set): the shared properties of :data:`AGREED_FIELDS`, its number of images (train + val)
+    and its cluster's mean detail score. Statistics only, read from its ``meta.json``."""
+    meta = read_meta(dataset_dir)
+    k = local_cluster(meta)
+    cluster = next(c for c in meta["clusters"] if int(c["id"]) == k)
+    return {
+        "version": DECLARATION_VERSION,
+        "dataset": f"{meta['name']} v{meta['version']}",
+        "image_size": int(meta["image_size"]),
+        "channels": int(meta["channels"]),
+        "latent": latent_fingerprint(meta),
+        "text_encoder": str(meta["text_encoder"]),
+        "text_dim": int(meta["text_dim"]),
+        "max_caption_tokens": int(meta["max_caption_tokens"]),
+        "num_train": split_size(meta, [k], "train"),
+        "num_val": split_size(meta, [k], "val"),
+        "detail": float(cluster["detail"]),
+    }
+
+
+def parse_declaration(text: Any, node: int) -> dict[str, Any]:
+    """A node's declaration (JSON text) checked field by field with bounds; :class:`~hddm_flower.wire.WireError`
+    names the node and the field."""
+    where = f"node {node} declaration"
+    d = loads(text, where, max_bytes=MAX_DECLARATION_BYTES, max_depth=2, max_elements=64)
+    if not isinstance(d, dict):
+        raise WireError(f"{where}: not a JSON object")
+    if d.get("version") != DECLARATION_VERSION:
+        raise WireError(f"{where}: version {d.get('version')!r}, expected {DECLARATION_VERSION}")
+    out = {
+        "dataset": as_str(d.get("dataset"), f"{where}.dataset", max_len=128),
+        "image_size": as_int(d.get("image_size"), f"{where}.image_size", 1, 4096),
+        "channels": as_int(d.get("channels"), f"{where}.channels", 1, 64),
+        "latent": as_str(d.get("latent"), f"{where}.latent", max_len=256),
+        "text_encoder": as_str(d.get("text_encoder"), f"{where}.text_encoder", max_len=256),
+        "text_dim": as_int(d.get("text_dim"), f"{where}.text_dim", 1, 65536),
+        "max_caption_tokens": as_int(d.get("max_caption_tokens"), f"{where}.max_caption_tokens", 1, 4096),
+        "num_train": as_int(d.get("num_train"), f"{where}.num_train", 1),
+        "num_val": as_int(d.get("num_val"), f"{where}.num_val", 0),
+        "detail": as_float(d.get("detail"), f"{where}.detail", 0.0, 1e6),
+    }
+    extra = sorted(set(d) - set(out) - {"version"})
+    if extra:
+        raise WireError(f"{where}: unknown fields {extra[:3]}")
+    return out
+
+
+def check_agreement(declarations: dict[int, dict]) -> None:
+    """Stop when the nodes' declarations (node id → parsed declaration) disagree on a field of
+    :data:`AGREED_FIELDS`: the value most nodes declared (the lowest node's on a tie) is the run's, and the message
+    names the first node that differs, the field and both values."""
+    for field in AGREED_FIELDS:
+        values = {n: d[field] for n, d in sorted(declarations.items())}
+        counts = Counter(values.values())
+        top = max(counts.values(), default=0)
+        agreed = next(v for v in values.values() if counts[v] == top) if values else None
+        for node, value in values.items():
+            if value != agreed:
+                raise DeclarationMismatch(
+                    f"node {node} declares {field} {value!r}, the other nodes {agreed!r}: the experts of one run must "
+                    f"share it (prepare that node's data like the others')"
+                )
+
+
+def cluster_details(cfg: Config, declarations: dict[int, dict]) -> list[float]:
+    """Detail score per expert id (expert id → declaration); an expert no node declared ranks last (-inf)."""
+    return [declarations[k]["detail"] if k in declarations else -math.inf for k in range(cfg.num_experts)]
+
+
+def institution_objectives(cfg: Config, declarations: dict[int, dict], fixed: dict[int, str]) -> list[str]:
+    """The objective of every expert id from the declared detail scores (``objectives.ddpm_clusters: auto``: DDPM
+    to the most detailed) with the experts already trained into the run (``fixed``: expert id → objective)
+    kept as they are: a late institution gets one of the DDPM places its predecessors left, if its detail ranks."""
+    o = cfg.objectives
+    if o.per_expert is not None or o.ddpm == 0 or o.ddpm_clusters != "auto":
+        return [fixed.get(k, obj) for k, obj in enumerate(cfg.objective_of(cluster_details(cfg, declarations)))]
+    details = cluster_details(cfg, declarations)
+    free = sorted((k for k in range(cfg.num_experts) if k not in fixed), key=lambda k: -details[k])
+    ddpm = set(free[: max(0, o.ddpm - sum(v == "ddpm" for v in fixed.values()))])
+    return [fixed.get(k, "ddpm" if k in ddpm else "fm") for k in range(cfg.num_experts)]
+
+
+def descriptor_meta(cfg: Config, declarations: dict[int, dict]) -> dict[str, Any]:
+    """The descriptor's ``meta.json`` from the accepted declarations (expert id → declaration): the fields of a
+    prepared dataset's metadata the coordinator reads, no sample and no caption."""
+    first = declarations[min(declarations)]
+    latent = None
+    if first["latent"] != "pixels":
+        if not cfg.data.vae:
+            raise ValueError(
+                f"the nodes declare latents ({first['latent']}): set data.vae to the coordinator's copy of that VAE"
+            )
+        from .encoders import LatentCodec
+
+        codec = LatentCodec(cfg.data.vae)
+        c = codec.vae.config
+        latent = {
+            "name": codec.name,
+            "path": str(codec.path),
+            "scaling_factor": codec.scaling_factor,
+            "channels": int(c.latent_channels),
+            "downsample": codec.downsample,
+        }
+        if latent_fingerprint({"latent": latent}) != first["latent"]:
+            raise ValueError(
+                f"data.vae is {latent_fingerprint({'latent': latent})}; the nodes declare {first['latent']}"
+            )
+    clusters = [
+        {"id": k, "size": d["num_train"] + d["num_val"], "val": d["num_val"], "detail": d["detail"], "categories": {}}
+        for k, d in sorted(declarations.items())
+    ]
+    return {
+        "name": first["dataset"].split(" v")[0],
+        "version": int(v) if (v := first["dataset"].rsplit(" v", 1)[-1]).isdigit() else v,
+        "image_size": first["image_size"],
+        "channels": first["channels"],
+        "latent": latent,
+        "num_images": sum(c["size"] for c in clusters),
+        "num_clusters": cfg.num_experts,
+        "text_encoder": first["text_encoder"],
+        "text_dim": first["text_dim"],
+        "max_caption_tokens": first["max_caption_tokens"],
+        "cluster_features": "institution-owned: each node's own data is its cluster (no clustering)",
+        "license": "held by the institutions (the coordinator holds no sample)",
+        "clusters": clusters,
+        DATA_FREE: True,
+        "declared_by": {str(k): "node declaration" for k in sorted(declarations)},
+    }
+
+
+def write_descriptor(out: Path, cfg: Config, declarations: dict[int, dict]) -> Path:
+    """Write the descriptor into ``out`` (``meta.json`` and the empty caption's ``uncond.safetensors``, encoded by
+    the coordinator's text encoder ``data.text_encoder``, whose name must be the one the nodes declared)."""
+    from safetensors.torch import save_file
+
+    from .text import TextEncoder
+
+    meta = descriptor_meta(cfg, declarations)
+    encoder = TextEncoder(cfg.data.text_encoder or None, max_length=meta["max_caption_tokens"])
+    if encoder.name != meta["text_encoder"] or encoder.dim != meta["text_dim"]:
+        raise ValueError(
+            f"the coordinator's text encoder is {encoder.name} ({encoder.dim}-d); the nodes declare "
+            f"{meta['text_encoder']} ({meta['text_dim']}-d): set data.text_encoder to the same model"
+        )
+    uncond, _ = encoder.encode([""])
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "uncond.safetensors.tmp"
+    save_file({"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()}, tmp)
+    os.replace(tmp, out / "uncond.safetensors")
+    (out / "meta.json.tmp").write_text(json.dumps(meta, indent=2))
+    os.replace(out / "meta.json.tmp", out / "meta.json")
+    return out
+
+
+def is_data_free(dataset_dir: Path) -> bool:
+    """Whether ``dataset_dir`` is a descriptor (no sample to read)."""
+    return bool(read_meta(dataset_dir).get(DATA_FREE))

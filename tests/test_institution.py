@@ -1,0 +1,200 @@
+"""Institution-owned data (``data.partition: institution``): declarations, their checks, the data-free
+coordinator, and the ServerApp end to end over 4 nodes whose own data is their cluster."""
+
+import json
+import math
+
+import pytest
+from flwr.app import Context, RecordDict
+
+from clients.client_app import app as client_app
+from hddm_flower.config_io import load_config, parse_overrides
+from hddm_flower.config_rules import ConfigError
+from hddm_flower.institution import (
+    DeclarationMismatch,
+    check_agreement,
+    cluster_details,
+    declaration,
+    institution_objectives,
+    parse_declaration,
+)
+from hddm_flower.wire import WireError
+from tests.fake_grid import FakeGrid
+
+INSTITUTION = "data.partition=institution router.training=federated evaluation.reference=federated"
+SAMPLE_SUFFIXES = (".tar", ".png", ".npy", ".jpg", ".jpeg", ".webp")
+
+
+def sample_files(root):
+    """Files under ``root`` that hold samples of a cluster: shards, images, latents."""
+    return [p for p in root.rglob("*") if p.is_file() and p.name.endswith(SAMPLE_SUFFIXES)]
+
+
+def test_a_declaration_is_statistics_of_the_nodes_own_cluster(dataset_dir):
+    d = declaration(dataset_dir / "cluster-2")
+    meta = json.loads((dataset_dir / "meta.json").read_text())
+    c = meta["clusters"][2]
+    assert d["num_train"] + d["num_val"] == c["size"] and d["num_val"] == c["val"] and d["detail"] == c["detail"]
+    assert (d["image_size"], d["channels"], d["latent"]) == (16, 3, "pixels")
+    assert parse_declaration(json.dumps(d), 7) == {k: v for k, v in d.items() if k != "version"}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"image_size": -1}, "image_size"),
+        ({"detail": -1.0}, "detail"),
+        ({"text_encoder": "x" * 1000}, "text_encoder"),
+        ({"extra": 1}, "unknown fields"),
+        ({"version": 99}, "version"),
+    ],
+)
+def test_a_malformed_declaration_is_refused_naming_the_node_and_field(dataset_dir, change, message):
+    d = declaration(dataset_dir / "cluster-0") | change
+    with pytest.raises(WireError, match=f"node 5 declaration.*{message}"):
+        parse_declaration(json.dumps(d), 5)
+
+
+def test_declarations_that_disagree_name_the_node_and_the_field(dataset_dir):
+    d = parse_declaration(json.dumps(declaration(dataset_dir / "cluster-0")), 1)
+    check_agreement({1: d, 2: d | {"detail": 0.9}, 3: d})  # statistics may differ
+    with pytest.raises(DeclarationMismatch, match=r"^node 3 declares text_encoder 'clip:other'.*'bert:"):
+        check_agreement({1: d, 2: d, 3: d | {"text_encoder": "clip:other"}})
+    with pytest.raises(DeclarationMismatch, match="node 2 declares channels 1"):
+        check_agreement({1: d, 2: d | {"channels": 1}, 3: d})
+
+
+def test_auto_objectives_rank_the_declared_detail_scores(tiny_config_path):
+    cfg = load_config(tiny_config_path, parse_overrides("objectives.ddpm_clusters=auto"))
+    details = cluster_details(cfg, {0: {"detail": 0.3}, 1: {"detail": 0.1}, 3: {"detail": 0.5}})
+    assert details[2] == -math.inf
+    assert cfg.objective_of(details) == ["ddpm", "fm", "fm", "ddpm"]
+    declared = {0: {"detail": 0.3}, 1: {"detail": 0.1}, 2: {"detail": 0.9}, 3: {"detail": 0.5}}
+    assert institution_objectives(cfg, declared, {}) == ["fm", "fm", "ddpm", "ddpm"]
+    # experts already trained keep their objective; a late one takes a DDPM place left free if its detail ranks
+    assert institution_objectives(cfg, declared, {0: "ddpm", 1: "fm", 3: "fm"}) == ["ddpm", "fm", "ddpm", "fm"]
+    assert institution_objectives(cfg, declared, {0: "ddpm", 2: "ddpm", 3: "fm"}) == ["ddpm", "fm", "ddpm", "fm"]
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ("data.partition=institution evaluation.reference=federated", "router.training"),
+        ("data.partition=institution router.training=federated", "evaluation.reference"),
+        ("data.partition=somewhere", "data.partition"),
+    ],
+)
+def test_institution_partition_needs_the_federated_roads(tiny_config_path, overrides, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config(tiny_config_path, parse_overrides(overrides))
+
+
+def assert_coordinator_holds_no_sample(coordinator_cache, run_dir):
+    """The coordinator's cache is empty of samples, and its run directory holds no shard or latent and, as its
+    only data folder, the descriptor (metadata and the empty caption's text states)."""
+    assert sample_files(coordinator_cache) == []
+    assert [p for p in sample_files(run_dir) if not p.name.endswith(".png")] == []
+    assert sorted(p.name for p in (run_dir / "institutions").iterdir()) == ["meta.json", "uncond.safetensors"]
+    assert not any(p.name.startswith("cluster-") for p in run_dir.rglob("*"))
+
+
+@pytest.mark.timeout(900)
+def test_server_app_with_institution_owned_data(tiny_config_path, dataset_dir, cache_dir, tmp_path):
+    """4 nodes whose own data is their cluster (in-process Grid), the coordinator with an empty cache: declarations,
+    objectives from declared detail scores, experts, federated feature classifier, router and reference; one node
+    joins late and a targeted re-run brings its expert into the router rounds."""
+    from strategies.server_app import main as server_main
+
+    coordinator_cache = tmp_path / "coordinator-cache"
+    coordinator_cache.mkdir()
+    run_dir = tmp_path / "run"
+    run_config = {
+        "config": str(tiny_config_path),
+        "overrides": f"{INSTITUTION} objectives.ddpm_clusters=auto router.rounds=2 evaluation.feature_steps=2 "
+        "evaluation.routing_modes=[top2,oracle] federation.min_nodes=3 federation.min_experts=3",
+        "run-dir": str(run_dir),
+        "cache-dir": str(coordinator_cache),
+    }
+    nodes = {n: {"partition-id": n - 1, "cache-dir": str(cache_dir)} for n in range(1, 4)}  # simulated institutions
+    grid = FakeGrid(client_app, nodes)
+    server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [e["expert_id"] for e in report["experts"]] == [0, 1, 2]
+    inst = report["institutions"]
+    assert sorted(inst["declared"]) == ["0", "1", "2"] and inst["refused"] == {}
+    meta = json.loads((dataset_dir / "meta.json").read_text())
+    details = [c["detail"] for c in meta["clusters"][:3]]
+    assert [inst["declared"][str(k)]["detail"] for k in range(3)] == details
+    ddpm = sorted(sorted(range(3), key=lambda k: -details[k])[:2])
+    assert sorted(e["expert_id"] for e in report["experts"] if e["objective"] == "ddpm") == ddpm
+    assert report["feature_net"]["training"] == "federated" and report["feature_net"]["rounds"] == 2
+    assert "federatedly" in report["metrics"]["feature_network"]
+    ev = report["metrics"]["evaluation"]
+    assert list(ev["modes"]) == ["top2"] and "oracle" in ev["skipped_modes"] and "per_expert_skipped" in ev
+    assert ev["prompts"] == ["dog face", "japan flag"] and "sampling.prompts" in ev["protocol"]["prompt_source"]
+    assert report["metrics"]["ensemble_velocity_mse"] == [None] * 5 and report["metrics"]["skipped"]
+    assert report["metrics"]["router_top1_accuracy"] == report["router"]["heldout"]["top1"]
+    assert sorted(report["router"]["nodes"].values()) == [[0], [1], [2]]
+    assert_coordinator_holds_no_sample(coordinator_cache, run_dir)
+
+    # a fourth institution joins: a targeted re-run trains its expert, then every router round includes it
+    grid = FakeGrid(client_app, nodes | {4: {"expert-id": 3, "shard-set": str(dataset_dir / "cluster-3")}})
+    run_config["experts"] = "3"
+    server_main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [e["expert_id"] for e in report["experts"]] == [0, 1, 2, 3] and report["missing"] == []
+    assert sorted(report["router"]["nodes"].values()) == [[0], [1], [2], [3]]
+    assert report["reference_statistics"]["clusters"] == [0, 1, 2, 3]
+    assert sorted(report["feature_net"]["nodes"].values()) == [[0], [1], [2], [3]]
+    assert_coordinator_holds_no_sample(coordinator_cache, run_dir)
+
+
+@pytest.mark.simulation
+@pytest.mark.timeout(900)
+def test_ray_simulation_with_institution_owned_data(tiny_config_path, dataset_dir, cache_dir, tmp_path, monkeypatch):
+    """A real Flower simulation (Ray, 4 SuperNodes): each simulated institution holds one cluster in its own cache,
+    the coordinator's cache stays empty; federated feature classifier, router and reference statistics; the run
+    completes with all 4 experts and the coordinator never holds a sample."""
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from strategies.server_app import main as server_main
+
+    monkeypatch.setenv("HDDM_CACHE", str(cache_dir))  # the nodes' own caches (Ray's workers inherit it)
+    coordinator_cache = tmp_path / "coordinator-cache"
+    coordinator_cache.mkdir()
+    run_dir = tmp_path / "run"
+    run_config = {
+        "config": str(tiny_config_path),
+        "overrides": f"{INSTITUTION} router.rounds=1 evaluation.feature_steps=1 evaluation.routing_modes=[top2]",
+        "run-dir": str(run_dir),
+        "cache-dir": str(coordinator_cache),
+    }
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:  # run_simulation passes an empty run config
+        context.run_config.update(run_config)
+        server_main(grid, context)
+
+    run_simulation(
+        server_app=server,
+        client_app=client_app,
+        num_supernodes=4,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False},
+        },
+    )
+    report = json.loads((run_dir / "report.json").read_text())
+    assert [e["expert_id"] for e in report["experts"]] == [0, 1, 2, 3] and report["missing"] == []
+    assert sorted(report["institutions"]["declared"]) == ["0", "1", "2", "3"]
+    assert report["router"]["training"] == "federated" and sorted(report["router"]["nodes"].values()) == [
+        [0],
+        [1],
+        [2],
+        [3],
+    ]
+    assert report["reference_statistics"]["clusters"] == [0, 1, 2, 3]
+    assert report["feature_net"]["training"] == "federated"
+    assert_coordinator_holds_no_sample(coordinator_cache, run_dir)
