@@ -428,7 +428,7 @@ def finish_federated(
     extra["router"] = record
     reference = None
     if cfg.evaluation.reference == "federated":
-        if is_data_free(dataset_dir) and not cfg.evaluation.inception_weights:
+        if is_data_free(dataset_dir):  # no image here: the classifier (FID features or LPIPS fallback) federated
             extra["feature_net"] = _federated_feature_net(grid, cfg, clusters, dataset_dir, run_dir, timeout)
         _, net, desc = feature_network(cfg, dataset_dir, run_dir / FEATURE_NET, decode=pixel_decoder(cfg, dataset_dir))
         reference, extra["reference_statistics"] = federated_reference(
