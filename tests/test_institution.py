@@ -98,6 +98,7 @@ def assert_coordinator_holds_no_sample(coordinator_cache, run_dir):
     assert not any(p.name.startswith("cluster-") for p in run_dir.rglob("*"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_server_app_with_institution_owned_data(tiny_config_path, dataset_dir, cache_dir, tmp_path):
     """4 nodes whose own data is their cluster (in-process Grid), the coordinator with an empty cache: declarations,
@@ -150,6 +151,7 @@ def test_server_app_with_institution_owned_data(tiny_config_path, dataset_dir, c
 
 
 @pytest.mark.simulation
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ray_simulation_with_institution_owned_data(tiny_config_path, dataset_dir, cache_dir, tmp_path, monkeypatch):
     """A real Flower simulation (Ray, 4 SuperNodes): each simulated institution holds one cluster in its own cache,
@@ -166,7 +168,8 @@ def test_ray_simulation_with_institution_owned_data(tiny_config_path, dataset_di
     run_dir = tmp_path / "run"
     run_config = {
         "config": str(tiny_config_path),
-        "overrides": f"{INSTITUTION} router.rounds=1 evaluation.feature_steps=1 evaluation.routing_modes=[top2]",
+        "overrides": f"{INSTITUTION} router.rounds=1 evaluation.feature_steps=1 evaluation.routing_modes=[top2] "
+        "federation.train_timeout=600",  # the first message waits for Ray to start the actors
         "run-dir": str(run_dir),
         "cache-dir": str(coordinator_cache),
     }
