@@ -355,7 +355,7 @@ def deploy(
     if institution:  # each node holds its own data; the coordinator's cache starts and must stay without samples
         shard_sets = institution_data(config, overrides, work)
         # a drill's budget: few rounds of the federated router and feature classifier (later overrides win)
-        overrides = f"{INSTITUTION} router.rounds=10 evaluation.feature_steps=10 {overrides}".strip()
+        overrides = f"{INSTITUTION} router.rounds=2 evaluation.feature_steps=2 {overrides}".strip()
         cache_dir = work / "coordinator-cache"
         cache_dir.mkdir(parents=True, exist_ok=True)
     with Deployment(work, port) as d:
@@ -582,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         help="institution-owned data: each node trains on its own shard set and cache, the coordinator holds no "
         "data (data.partition: institution, federated router and reference); checks it holds no sample",
     )
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take (default 900)")
     args = p.parse_args(argv)
     if args.institution and (args.drill or args.data_dir):
         p.error("--institution runs without --drill and --data-dir")
@@ -620,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data_dir,
             objectives=objectives,
             institution=args.institution,
+            timeout=args.timeout,
         )
     except DeploymentError as e:
         print(f"deploy: error: {e} (logs in {work})", file=sys.stderr)
