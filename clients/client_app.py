@@ -17,15 +17,17 @@ Messages it answers:
 Node config keys understood (all optional): ``partition-id`` / ``expert-id``, ``objective`` (fm|ddpm),
 ``data-dir`` (a prepared dataset directory), ``shard-set`` (one cluster's folder ``cluster-k`` of `hddm cluster`
 output, all this node needs; it must be the shard set of the expert id the server assigns), ``cache-dir``,
-``work-dir`` (training-state checkpoints when ``expert.checkpoint_every`` > 0), ``device`` (e.g. cuda:0),
+``work-dir`` (training-state checkpoints when ``expert.checkpoint_every`` > 0, and the final weights), ``device`` (e.g. cuda:0),
 ``num-threads``, ``isolate-training`` (train in a child process, so that a hard crash fails only this expert; the
 default inside a Ray actor, i.e. in simulation).
 
 Restarts: with ``expert.checkpoint_every`` > 0 the training state is saved in ``work-dir`` every N steps under a
-name made of the expert id and a hash of the experiment's training sections, the objective and the dataset. A restarted node that gets the same expert
-of the same experiment again (e.g. from a later run that targets the missing experts) resumes from the last
-checkpoint, and the final metadata says how many steps were resumed (``resumed_steps``). The final checkpoint is
-kept there too, so a node whose reply was lost sends it again instead of training again.
+name made of the expert id and a hash of the experiment's training sections, the objective and the dataset. A
+restarted node that gets the same expert of the same experiment again (e.g. from a later run that targets the
+missing experts) resumes from the last checkpoint, and the final metadata says how many steps were resumed
+(``resumed_steps``). The final checkpoint is kept there too (also with ``checkpoint_every`` 0 when the node config
+names a ``work-dir``), so a node whose reply was lost — the server stopped waiting, the coordinator crashed —
+sends it again instead of training again.
 """
 
 from __future__ import annotations
@@ -164,8 +166,8 @@ def _metrics(expert_id: int, meta: dict) -> MetricRecord:
 
 def _work_dir(cfg, node, expert_id: int, objective: str, dataset_dir: Path) -> Path | None:
     """Where a restarted node finds this expert's training state and kept result (``expert.checkpoint_every`` >
-    0; named by :func:`_work_name`), or None."""
-    if not cfg.expert.checkpoint_every:
+    0, or a node config that names a ``work-dir``; named by :func:`_work_name`), or None."""
+    if not cfg.expert.checkpoint_every and not node.get("work-dir"):
         return None
     return Path(str(node.get("work-dir", "")) or default_cache_dir() / "work") / _work_name(
         cfg, expert_id, objective, dataset_dir

@@ -21,11 +21,15 @@ What it does, in order (each step is a method of :class:`Deployment`, which the 
 6. with ``--institution`` every node holds its own shard set and cache and the coordinator none
    (``data.partition: institution``, federated feature classifier, router and reference statistics); afterwards
    the coordinator's cache and run directory are checked for shards and latents;
-7. stops everything it started: each process was started in its own process group and is stopped by its PID.
+7. with ``--crash-drill`` the run is the coordinator crash drill instead (:func:`crash_drill`): the SuperLink
+   (state in ``work/state.db``; ``--superlink-state memory`` for none) and the run's ServerApp are SIGKILLed while
+   every expert trains; the SuperNodes finish and keep their experts; after the SuperLink's restart a re-run into
+   the same run directory collects the kept experts without a training step;
+8. stops everything it started: each process was started in its own process group and is stopped by its PID.
 
 Usage (the run directory, logs and keys stay in the work directory it prints)::
 
-    python scripts/deploy_loopback.py --nodes 3 --port 19400 [--drill]
+    python scripts/deploy_loopback.py --nodes 3 --port 19400 [--drill | --crash-drill]
     python scripts/deploy_loopback.py --nodes 3 --config configs/default.yaml --overrides "expert.steps=30"
     python scripts/deploy_loopback.py --nodes 3 --institution   # the coordinator holds no data
 """
@@ -33,6 +37,7 @@ Usage (the run directory, logs and keys stay in the work directory it prints)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -76,8 +81,9 @@ class Deployment:
     """Processes of one loopback deployment under ``work``; ``port`` is the SuperLink's, the SuperNodes' local
     ClientApp ports follow it (``port + 3 + k``)."""
 
-    def __init__(self, work: str | os.PathLike, port: int = 19400, *, quiet: bool = True):
+    def __init__(self, work: str | os.PathLike, port: int = 19400, *, quiet: bool = True, database: Path | None = None):
         self.work, self.port, self.quiet = Path(work), port, quiet
+        self.database = database  # the SuperLink's SQLite state (None: in memory, lost when it stops)
         self.work.mkdir(parents=True, exist_ok=True)
         self.env = dict(
             os.environ,
@@ -161,8 +167,10 @@ class Deployment:
 
     # -- processes ---------------------------------------------------------------------------------------------
 
-    def start_superlink(self, timeout: float = 60.0) -> None:
-        if not port_free(self.port):  # never talk to somebody else's SuperLink
+    def start_superlink(self, timeout: float = 60.0, *, restart: bool = False) -> None:
+        """Start the SuperLink and wait until its control API answers. ``restart``: the port was this deployment's
+        SuperLink's a moment ago (its closed connections may still hold it), so it is not checked."""
+        if not restart and not port_free(self.port):  # never talk to somebody else's SuperLink
             raise DeploymentError(f"port {self.port} is already in use")
         self._start(
             "superlink",
@@ -179,6 +187,7 @@ class Deployment:
             "--port",
             str(self.port),
             "--disable-runtime-dependency-installation",
+            *(["--database", str(self.database)] if self.database else []),
         )
         deadline = time.monotonic() + timeout
         while True:
@@ -215,6 +224,21 @@ class Deployment:
             "--node-config",
             config,
         )
+
+    def children(self, name: str, program: str) -> list:
+        """The running processes under started process ``name`` whose command line names ``program``."""
+        import psutil
+
+        def runs(p: psutil.Process) -> bool:
+            try:
+                return _running(p) and any(program in c for c in p.cmdline())
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):  # exited since children() listed it: not running
+                return False
+
+        try:
+            return [p for p in psutil.Process(self.procs[name].pid).children(recursive=True) if runs(p)]
+        except psutil.NoSuchProcess:
+            return []
 
     def kill_clientapps(self, name: str) -> int:
         """SIGKILL the ClientApp processes under SuperNode ``name`` (what the kernel's OOM killer does to a process
@@ -277,6 +301,15 @@ class Deployment:
         out = self._flwr("run", str(APP), CONNECTION, "--run-config", text, "--format", "json")
         return int(json.loads(out)["run-id"])
 
+    def run_status(self, run_id: int) -> str:
+        """The run's status as ``flwr ls`` says ("" when the SuperLink does not know it)."""
+        out = self._try_flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json")
+        runs = json.loads(out).get("runs", []) if out else []
+        return runs[0]["status"] if runs else ""
+
+    def stop_run(self, run_id: int) -> None:
+        self._flwr("stop", str(run_id), CONNECTION)
+
     def wait_run(self, run_id: int, timeout: float = 600.0) -> str:
         """Wait until the run finished; returns its status (``finished:completed`` when it succeeded) and writes
         its ServerApp log to ``run-<id>.log``."""
@@ -284,9 +317,7 @@ class Deployment:
 
         def finished() -> bool:
             nonlocal status
-            out = self._try_flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json")
-            runs = json.loads(out).get("runs", []) if out else []
-            status = runs[0]["status"] if runs else ""
+            status = self.run_status(run_id)
             return status.startswith("finished")
 
         self._wait(finished, timeout, f"run {run_id} did not finish", interval=3.0)
@@ -345,12 +376,15 @@ def deploy(
     cache_dir: Path,
     timeout: float = 900.0,
     drill: bool = False,
+    crash: bool = False,
+    database: bool = True,
     data_dir: str = "",
     objectives: list[str] | None = None,
     institution: bool = False,
 ) -> dict:
     """The whole story for ``nodes`` institutions (expert k on node k), then optionally the fault drill; returns
-    what happened (also written to ``work/deploy.json``)."""
+    what happened (also written to ``work/deploy.json``). ``crash``: the coordinator crash drill instead
+    (:func:`crash_drill`; its SuperLink keeps its state in ``work/state.db`` unless ``database`` is False)."""
     out: dict = {"nodes": nodes, "port": port, "work": str(work)}
     if institution:  # each node holds its own data; the coordinator's cache starts and must stay without samples
         shard_sets = institution_data(config, overrides, work)
@@ -358,7 +392,7 @@ def deploy(
         overrides = f"{INSTITUTION} router.rounds=2 evaluation.feature_steps=2 {overrides}".strip()
         cache_dir = work / "coordinator-cache"
         cache_dir.mkdir(parents=True, exist_ok=True)
-    with Deployment(work, port) as d:
+    with Deployment(work, port, database=work / "state.db" if crash and database else None) as d:
         d.certificates()
         d.start_superlink()
         keys = [d.node_key(f"node-{k}") for k in range(nodes)]
@@ -387,6 +421,9 @@ def deploy(
         if drill:  # the run goes through a crash and a restart, and ends with every expert
             out["drill"] = fault_drill(d, nodes, node, run_config, overrides, work, timeout)
             out["run"] = {"status": out["drill"]["resumed_run"]["status"], "run_dir": str(work / "run")}
+        elif crash:  # the coordinator crashes mid-training; a re-run collects what the nodes kept
+            out["crash_drill"] = crash_drill(d, nodes, node, run_config, overrides, work, timeout)
+            out["run"] = {"status": out["crash_drill"]["collected_run"]["status"], "run_dir": str(work / "run")}
         else:
             run_id = d.submit(
                 run_config
@@ -499,6 +536,135 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
     return result
 
 
+CRASH_STEPS = 2000  # long enough to kill the coordinator mid-training, short enough for a drill
+
+
+def crash_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: str, work: Path, timeout: float) -> dict:
+    """The coordinator crashes while every expert trains; the nodes keep training and keep their experts; after a
+    restart, a plain re-run into the same run directory collects them without training again.
+
+    1. a run starts (checkpoint every 50 steps, so that each node keeps its training state and its final expert
+       in its work directory); once every node has written a training checkpoint, the SuperLink is SIGKILLed with
+       everything it started (its SuperExec and the run's ServerApp: the coordinator's machine is gone);
+    2. the SuperNodes live on and their ClientApps finish training (each keeps its final expert, keyed by expert
+       id and a hash of the training configuration, objective and data); the drill waits for all of them;
+    3. the SuperLink restarts on the same state database (``--database``: the registered node keys and node ids
+       survive, so the SuperNodes reconnect by themselves); the dead run is stopped (``flwr stop``) unless the
+       SuperLink marked it failed already. With an in-memory SuperLink (``database`` None) the coordinator
+       registers the keys again and restarts the SuperNodes that exited, as the institutions would;
+    4. the same run config is submitted again into the same run directory (it holds no expert): every node
+       answers with the expert it kept, no training step runs, and the run completes with every expert."""
+    result: dict = {}
+    run_dir = work / "run"
+    crash = (
+        f"{overrides} federation.min_nodes={nodes} federation.min_experts={nodes} federation.train_timeout=300 "
+        f"expert.steps={CRASH_STEPS} expert.checkpoint_every=50 expert.log_every=100"
+    )
+    config = run_config | {"run-dir": str(run_dir), "overrides": crash}
+    started = time.monotonic()
+    run_a = d.submit(config)
+    deadline = started + timeout
+    for k in range(nodes):  # every node is training
+        while not list((work / f"work-{k}").glob(f"expert-{k}-*.pt")):
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"node {k} never wrote a training checkpoint")
+            time.sleep(0.2)
+    serverapps = d.children("superlink", "flwr-serverapp")
+    result["serverapps_killed"] = len(serverapps)
+    coordinator = d.children("superlink", "")  # the SuperExec and the ServerApp run in process groups of their own
+    d.stop("superlink", signal.SIGKILL)  # the coordinator's machine is gone: SuperLink, SuperExec, ServerApp
+    for p in coordinator:
+        with contextlib.suppress(Exception):  # gone already
+            p.kill()
+    time.sleep(1.0)
+    result["superlink_state"] = str(d.database) if d.database else "memory"
+    result["coordinator_gone"] = not any(_running(p) for p in serverapps)
+    result["killed_after_s"] = round(time.monotonic() - started, 1)
+    trained: dict[int, float] = {}
+    while len(trained) < nodes:  # the nodes train on, and keep what they trained
+        for k in range(nodes):
+            if k not in trained and list((work / f"work-{k}").glob(f"expert-{k}-*.json")):
+                trained[k] = round(time.monotonic() - started, 1)
+        if time.monotonic() > deadline:
+            raise DeploymentError(f"nodes {sorted(set(range(nodes)) - set(trained))} never kept a trained expert")
+        time.sleep(0.5)
+    result["kept_after_s"] = trained
+    result["supernodes_alive"] = [k for k in range(nodes) if d.procs[f"supernode-{k}"].poll() is None]
+    marks = {k: (work / f"supernode-{k}.log").stat().st_size for k in range(nodes)}
+    result["training_s"] = max(trained.values())
+    restart = time.monotonic()
+    d.start_superlink(restart=True)
+    if d.database is None:  # an in-memory SuperLink starts empty: the coordinator registers the keys again
+        for k in range(nodes):
+            d.register(d.node_key(f"node-{k}"))
+    try:
+        d.wait_nodes(nodes, timeout=120)  # do the SuperNodes reconnect by themselves?
+        result["reconnected_by_themselves"] = True
+    except DeploymentError:
+        result["reconnected_by_themselves"] = False
+    result["supernodes_exited"] = [k for k in range(nodes) if d.procs[f"supernode-{k}"].poll() is not None]
+    for k in result["supernodes_exited"]:  # the institution restarts its SuperNode: same key, same work-dir
+        node(k)
+    if not result["reconnected_by_themselves"]:
+        d.wait_nodes(nodes, timeout=120)
+    result["reconnected_s"] = round(time.monotonic() - restart, 1)
+    result["dead_run_status"] = d.run_status(run_a)
+    if result["dead_run_status"] and not result["dead_run_status"].startswith("finished"):  # still "running"
+        d.stop_run(run_a)
+    collect = time.monotonic()
+    run_b = d.submit(config)
+    asked: dict[int, float] = {}  # node k → when its SuperNode received the re-run's train message
+    installed: dict[int, float] = {}  # expert k → when its folder appeared in the run directory
+    while len(installed) < nodes and time.monotonic() < collect + timeout:
+        for k in range(nodes):
+            log = work / f"supernode-{k}.log"
+            if k not in asked and "Receiving: train message" in log.read_text(errors="replace")[marks[k] :]:
+                asked[k] = time.monotonic()
+            if k not in installed and (run_dir / "experts" / f"expert-{k}").is_dir():
+                installed[k] = time.monotonic()
+        time.sleep(0.5)
+    result["collect_s"] = round(time.monotonic() - collect, 1)  # submitted → every expert installed
+    # train message received by the node → its expert installed on the server: what answering took the node
+    result["answer_s"] = {k: round(installed[k] - asked[k], 1) for k in installed if k in asked}
+    status = d.wait_run(run_b, timeout)
+    result["rerun_s"] = round(time.monotonic() - collect, 1)  # … → router, evaluation and report done
+    logs = {k: (work / f"supernode-{k}.log").read_text(errors="replace")[marks[k] :] for k in range(nodes)}
+    result["collected_run"] = {
+        "status": status,
+        "report": json.loads((run_dir / "report.json").read_text()),
+        "kept_sent": {k: "sending the kept checkpoint" in log for k, log in logs.items()},
+        "same_weights": {  # the expert installed is the one the node kept (same sha256)
+            k: _kept_sha256(work / f"work-{k}", k) == _installed_sha256(run_dir, k) for k in range(nodes)
+        },
+        "training_device_s": {  # how long each expert's training took, as its node measured it
+            e["expert_id"]: round(float(e["device_seconds"]), 1)
+            for e in json.loads((run_dir / "report.json").read_text()).get("experts", [])
+        },
+        "training_steps": {k: log.count(f"expert {k} [") for k, log in logs.items()},  # "expert k [fm] step …"
+    }
+    return result
+
+
+def _kept_sha256(work_dir: Path, k: int) -> str | None:
+    kept = list(work_dir.glob(f"expert-{k}-*.json"))
+    return json.loads(kept[0].read_text())["meta"].get("sha256") if len(kept) == 1 else None
+
+
+def _installed_sha256(run_dir: Path, k: int) -> str | None:
+    meta = run_dir / "experts" / f"expert-{k}" / "hddm_expert.json"
+    return json.loads(meta.read_text()).get("sha256") if meta.exists() else None
+
+
+def _running(p) -> bool:
+    """Is psutil process ``p`` still running (a zombie is not: it only waits to be reaped)?"""
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def check(out: dict) -> list[str]:
     """What did not go as it should (empty when the deployment, and the drill if run, behaved)."""
     problems = []
@@ -538,6 +704,29 @@ def check(out: dict) -> list[str]:
         reasons = [m["reason"] for m in expired["report"]["missing"] if m["expert_id"] == 0]
         if expired["status"] != "finished:failed" or not reasons or "(code 3)" not in reasons[0]:
             problems.append(f"drill: the run with a 5 s TTL ended {expired['status']}, expert 0: {reasons}")
+    crash = out.get("crash_drill")
+    if crash is not None:
+        if not crash["serverapps_killed"] or not crash["coordinator_gone"]:
+            problems.append(
+                f"crash drill: {crash['serverapps_killed']} ServerApps killed, gone: {crash['coordinator_gone']}"
+            )
+        if crash["supernodes_alive"] != list(range(nodes)):
+            problems.append(f"crash drill: only SuperNodes {crash['supernodes_alive']} outlived the SuperLink")
+        collected = crash["collected_run"]
+        report = collected["report"]
+        if (
+            collected["status"] != "finished:completed"
+            or report.get("missing")
+            or sorted(e["expert_id"] for e in report.get("experts", [])) != list(range(nodes))
+        ):
+            problems.append(f"crash drill: the re-run ended {collected['status']}, missing {report.get('missing')}")
+        if not all(collected["same_weights"].values()):
+            problems.append(f"crash drill: installed experts are not the kept ones: {collected['same_weights']}")
+        if not all(collected["kept_sent"].values()) or any(collected["training_steps"].values()):
+            problems.append(
+                f"crash drill: kept experts sent {collected['kept_sent']}, "
+                f"training steps logged after the restart {collected['training_steps']}"
+            )
     return problems
 
 
@@ -583,11 +772,29 @@ def main(argv: list[str] | None = None) -> int:
         "data (data.partition: institution, federated router and reference); checks it holds no sample",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take (default 900)")
+    p.add_argument(
+        "--crash-drill",
+        action="store_true",
+        help="run the coordinator crash drill instead: the SuperLink and ServerApp are killed while every expert "
+        "trains, the SuperNodes finish and keep their experts, the SuperLink restarts on its state database, and "
+        "a re-run into the same run directory collects the kept experts without training them again",
+    )
+    p.add_argument(
+        "--superlink-state",
+        choices=("database", "memory"),
+        default="database",
+        help="with --crash-drill: the SuperLink's state in work/state.db (it survives the crash) or in memory "
+        "(the keys are registered again and exited SuperNodes restarted)",
+    )
     args = p.parse_args(argv)
     if args.institution and (args.drill or args.data_dir):
         p.error("--institution runs without --drill and --data-dir")
     if args.nodes < 1 or (args.drill and args.nodes < 3):
         p.error("--nodes must be ≥ 1 (≥ 3 with --drill)")
+    if args.drill and args.crash_drill:
+        p.error("--drill and --crash-drill are two separate drills; choose one")
+    if args.superlink_state != "database" and not args.crash_drill:
+        p.error("--superlink-state belongs to --crash-drill")
     for tool in ("openssl", "ssh-keygen"):
         if shutil.which(tool) is None:
             p.error(f"{tool} is not installed")
@@ -618,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides=overrides,
             cache_dir=args.cache_dir or work / "cache",
             drill=args.drill,
+            crash=args.crash_drill,
+            database=args.superlink_state == "database",
             data_dir=args.data_dir,
             objectives=objectives,
             institution=args.institution,
@@ -635,6 +844,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{ {k: e.get('resumed_steps') for k, e in d['resumed_run']['experts'].items()} }, missing "
             f"{d['resumed_run']['report']['missing']}; 5 s TTL: {d['expired_run']['status']}, "
             f"{d['expired_run']['report']['missing'][:1]}"
+        )
+    if args.crash_drill:
+        c = out["crash_drill"]
+        print(
+            f"crash drill: SuperLink and {c['serverapps_killed']} ServerApp killed at {c['killed_after_s']} s; "
+            f"experts kept by the nodes at {c['kept_after_s']} s; SuperLink state {c['superlink_state']}: "
+            f"SuperNodes reconnected by themselves: {c['reconnected_by_themselves']}, exited: "
+            f"{c['supernodes_exited']}, all online {c['reconnected_s']} s after the restart; the re-run collected "
+            f"them in {c['collect_s']} s (train message received → expert installed: {c['answer_s']} s) and "
+            f"finished in {c['rerun_s']} s (trainings took "
+            f"{c['collected_run']['training_device_s']} device-s; "
+            f"kept experts sent: {c['collected_run']['kept_sent']}, training steps logged: "
+            f"{c['collected_run']['training_steps']}), missing {c['collected_run']['report'].get('missing')}"
         )
     problems = check(out)
     for problem in problems:

@@ -46,3 +46,48 @@ def test_a_kept_expert_is_sent_only_while_intact(tmp_path):
     assert _finished(work) is None
     work.with_suffix(".json").write_text("[]")
     assert _finished(work) is None
+
+
+def test_a_node_with_a_work_dir_keeps_its_expert_without_checkpoints(tiny_config, dataset_dir, cache_dir, tmp_path):
+    """``expert.checkpoint_every`` 0, but the node config names a ``work-dir``: the final expert is kept there, and
+    the same task again is answered with it (same bytes) without a training step."""
+    import logging
+
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from clients.client_app import app
+    from hddm_flower import wire
+
+    assert tiny_config.expert.checkpoint_every == 0
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 7, 1
+    node = {"expert-id": 0, "work-dir": str(tmp_path / "work"), "cache-dir": str(cache_dir), "num-threads": 1}
+    task = {
+        wire.TASK_EXPERT_ID: 0,
+        wire.TASK_CLUSTER_ID: 0,
+        wire.TASK_OBJECTIVE: "fm",
+        wire.TASK_EXPERIMENT: json.dumps(tiny_config.to_dict()),
+        wire.TASK_CACHE_DIR: str(cache_dir),
+    }
+
+    def ask() -> tuple[bytes, list[str]]:
+        msg = Message(RecordDict({wire.TASK: ConfigRecord(task)}), dst_node_id=7, message_type=MessageType.TRAIN)
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        core = logging.getLogger("hddm_flower")
+        core.addHandler(handler)
+        try:
+            reply = app(msg, Context(run_id=1, node_id=7, node_config=node, state=RecordDict(), run_config={}))
+        finally:
+            core.removeHandler(handler)
+        assert not reply.has_error(), reply.error
+        return reply.content[wire.EXPERT][wire.WEIGHTS].data, [r.getMessage() for r in records]
+
+    first, log1 = ask()
+    assert any("training fm" in line for line in log1) and any(" step 3/3 " in line for line in log1)
+    assert [p.suffix for p in sorted((tmp_path / "work").iterdir())] == [".json", ".safetensors"]
+    again, log2 = ask()
+    assert again == first
+    assert any("sending the kept checkpoint" in line for line in log2)
+    assert not any(" step " in line or "training fm" in line for line in log2)

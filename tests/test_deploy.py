@@ -102,6 +102,51 @@ def test_deployment_script_with_tls_node_auth_and_its_fault_drill(tiny_config_pa
     assert not _running(tmp_path)  # everything it started is gone
 
 
+@pytest.mark.drill
+@pytest.mark.timeout(1500)
+def test_coordinator_crash_drill(request, tiny_config_path, cache_dir, tmp_path):
+    """`scripts/deploy-loopback-tls.sh 3 0 --crash-drill`: the SuperLink (on its state database) and the run's
+    ServerApp are SIGKILLed while the three experts train; the SuperNodes train on and keep their experts; the
+    SuperLink restarts, the SuperNodes reconnect by themselves, and a re-run into the same run directory installs
+    the three kept experts (the same sha256) without a training step, and completes. Several minutes: opt-in with
+    `pytest -m drill tests/test_deploy.py`."""
+    if "drill" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the coordinator crash drill takes minutes; run it with: pytest -m drill tests/test_deploy.py")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    res = subprocess.run(
+        [
+            str(ROOT / "scripts" / "deploy-loopback-tls.sh"),
+            "3",
+            "0",
+            "--work",
+            str(tmp_path),
+            "--config",
+            str(tiny_config_path),
+            "--cache-dir",
+            str(cache_dir),
+            "--overrides",
+            f"{THREE} federation.min_experts=3",
+            "--crash-drill",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    crash = json.loads((tmp_path / "deploy.json").read_text())["crash_drill"]
+    assert crash["serverapps_killed"] == 1 and crash["coordinator_gone"]
+    assert crash["supernodes_alive"] == [0, 1, 2]  # the SuperNodes outlived the coordinator …
+    assert sorted(crash["kept_after_s"]) == ["0", "1", "2"]  # … finished training and kept their experts
+    assert crash["reconnected_by_themselves"] and crash["supernodes_exited"] == []  # --database kept their keys
+    collected = crash["collected_run"]
+    assert collected["status"] == "finished:completed" and collected["report"]["missing"] == []
+    assert [e["expert_id"] for e in collected["report"]["experts"]] == [0, 1, 2]
+    assert all(collected["kept_sent"].values()) and not any(collected["training_steps"].values())
+    assert all(collected["same_weights"].values())
+    assert not _running(tmp_path)
+
+
 def _running(work: Path) -> list[str]:
     """Processes of this deployment still alive (their command lines name its work directory)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
