@@ -787,8 +787,8 @@ def main(argv: list[str] | None = None) -> int:
         "(the keys are registered again and exited SuperNodes restarted)",
     )
     args = p.parse_args(argv)
-    if args.institution and (args.drill or args.data_dir):
-        p.error("--institution runs without --drill and --data-dir")
+    if args.institution and (args.drill or args.crash_drill or args.data_dir):
+        p.error("--institution runs without --drill, --crash-drill and --data-dir")
     if args.nodes < 1 or (args.drill and args.nodes < 3):
         p.error("--nodes must be ≥ 1 (≥ 3 with --drill)")
     if args.drill and args.crash_drill:
@@ -798,6 +798,8 @@ def main(argv: list[str] | None = None) -> int:
     for tool in ("openssl", "ssh-keygen"):
         if shutil.which(tool) is None:
             p.error(f"{tool} is not installed")
+    # SIGTERM (a test's or a supervisor's timeout) unwinds like an error: every process started is stopped
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = args.work or Path(tempfile.mkdtemp(prefix="hddm-deploy-"))
     if not args.port:
         try:

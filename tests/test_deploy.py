@@ -34,7 +34,7 @@ def test_deployment_script_with_tls_node_auth_and_its_fault_drill(tiny_config_pa
     whose message TTL (5 s) is shorter than its training records the expiry (code 3). Every process the script
     started is gone afterwards."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    res = subprocess.run(
+    res = _script(
         [
             str(ROOT / "scripts" / "deploy-loopback-tls.sh"),
             "3",
@@ -49,9 +49,7 @@ def test_deployment_script_with_tls_node_auth_and_its_fault_drill(tiny_config_pa
             f"{THREE} federation.min_experts=3",
             "--drill",
         ],
-        env=env,
-        capture_output=True,
-        text=True,
+        env,
         timeout=560,
     )
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
@@ -113,7 +111,7 @@ def test_coordinator_crash_drill(request, tiny_config_path, cache_dir, tmp_path)
     if "drill" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("the coordinator crash drill takes minutes; run it with: pytest -m drill tests/test_deploy.py")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    res = subprocess.run(
+    res = _script(
         [
             str(ROOT / "scripts" / "deploy-loopback-tls.sh"),
             "3",
@@ -128,9 +126,7 @@ def test_coordinator_crash_drill(request, tiny_config_path, cache_dir, tmp_path)
             f"{THREE} federation.min_experts=3",
             "--crash-drill",
         ],
-        env=env,
-        capture_output=True,
-        text=True,
+        env,
         timeout=1400,
     )
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
@@ -145,6 +141,23 @@ def test_coordinator_crash_drill(request, tiny_config_path, cache_dir, tmp_path)
     assert all(collected["kept_sent"].values()) and not any(collected["training_steps"].values())
     assert all(collected["same_weights"].values())
     assert not _running(tmp_path)
+
+
+def _script(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run the deployment script; past ``timeout`` it gets SIGTERM (it then stops every process it started) before
+    the test fails, so that no SuperLink or SuperNode outlives the test."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"the deployment script ran past {timeout:.0f} s: {(out + err)[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _running(work: Path) -> list[str]:
