@@ -41,6 +41,10 @@ from .institution import institution_data
 
 log = logging.getLogger("hddm_flower.client")
 _SPLITS: dict[tuple, Split] = {}  # (dataset dir, clusters, split) → the split, kept across rounds of one run
+# A process that serves several nodes (simulation, in-process benchmarks) asks for a train and a val split per node
+# in turn every round: a bound below 2 × nodes evicts each split just before it is needed again (every message
+# re-read its shards: a third of an in-process round's time). One node's splits are what it trains from anyway.
+MAX_SPLITS = 64
 
 
 def node_dataset(context: Context, cfg: Config, cache_dir: str, clusters: list[int]) -> Path:
@@ -67,7 +71,7 @@ def my_clusters(context: Context, clusters_json: str) -> list[int]:
 def _split(dataset_dir: Path, clusters: list[int], split: str) -> Split:
     key = (str(dataset_dir), tuple(clusters), split)
     if key not in _SPLITS:
-        if len(_SPLITS) >= 4:
+        if len(_SPLITS) >= MAX_SPLITS:
             _SPLITS.pop(next(iter(_SPLITS)))
         _SPLITS[key] = load_split(dataset_dir, clusters, split)
     return _SPLITS[key]
