@@ -330,7 +330,7 @@ class EvaluationConfig:
     kid_subset_size: int = 100
     kid_subsets: int = 100
     reference_images: int = 0  # KID reference: a seeded reservoir of this many images per cluster (0 = 10,000)
-    truth_seeds: int = 3  # gmm datasets: sampling seeds per row (noise and true samples); intervals across them
+    seeds: int = 3  # `hddm reproduce`: sampling seeds per row (prompts/noise, gmm: also true samples); intervals
     times: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # router accuracy vs t
     # FID reference statistics: "central" (the coordinator's images) or "federated" (each node sends the sums
     # n, Σf, Σffᵀ of its clusters' features; FID only, no KID)
@@ -357,7 +357,7 @@ class EvaluationConfig:
             "feature_steps",
             "kid_subset_size",
             "kid_subsets",
-            "truth_seeds",
+            "seeds",
         )
         r.at_least(0, "num_steps", "grid_prompts", "reference_images")
         r.choice("reference", REFERENCES, "value")

@@ -347,16 +347,21 @@ def evaluate_run(
     modes: list[str] | None = None,
     per_expert: bool = True,
     reference: dict[int, FeatureSums] | None = None,
+    seed: int | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
     """All metrics of one ensemble; writes grids and plots into ``out_dir``. Returns the ``evaluation`` block of
     report.json (the feature network and the distance are named in it).
+
+    ``seed``: the seed of the prompts and the noise (default ``evaluation.seed``, which also seeds the feature
+    classifier, the KID reference reservoir and KID's subsets: those stay fixed across seeds).
 
     ``reference``: federated FID reference statistics per cluster (:mod:`hddm_flower.federated`, summed from the
     nodes' replies) instead of the coordinator's images: FID from the sums, no KID."""
     ev, s = cfg.evaluation, cfg.sampling
     modes = modes or ev.routing_modes
     steps = ev.num_steps or s.num_steps
+    seed = ev.seed if seed is None else seed
     decode = pixel_decoder(cfg, dataset_dir)  # every metric, plot and grid works on pixels (latents decoded)
     fx, classifier, desc = feature_network(
         cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress
@@ -393,7 +398,7 @@ def evaluate_run(
             "sampling.prompts: the coordinator holds no caption (institution-owned data), and captions are data"
         )
     else:
-        prompts, skipped = choose_prompts(dataset_dir, ev.num_prompts, ev.seed), {}
+        prompts, skipped = choose_prompts(dataset_dir, ev.num_prompts, seed), {}
         prompt_source = "held-out captions first (val split), then training captions"
     uncond = load_uncond(dataset_dir)
     result: dict[str, Any] = {
@@ -406,7 +411,7 @@ def evaluate_run(
             "num_steps": steps,
             "cfg_scale": s.cfg_scale,
             "threshold": s.threshold,
-            "seed": ev.seed,
+            "seed": seed,
             "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing",
             "conversion": s.conversion,
             "reference": reference_text,
@@ -428,7 +433,7 @@ def evaluate_run(
             num_steps=steps,
             cfg_scale=s.cfg_scale,
             threshold=s.threshold,
-            seed=ev.seed,
+            seed=seed,
             batch_size=ev.batch_size,
             progress=progress,
         )

@@ -42,10 +42,11 @@ from .ensemble import Ensemble
 from .evaluate import evaluate_run, feature_network
 from .provenance import now, versions
 from .rundir import CONFIG, FEATURE_NET, ROUTER, expert_dir, experts_dir, write_atomic
-from .stages.assemble import evaluate_and_report
+from .stages.assemble import evaluate_and_report, load_ensemble
 from .stages.expert import build_expert, train_one_expert
 from .stages.router import fit_router
 from .training import train_expert
+from .truth import interval
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
             mixed_precision=resolve_precision(cfg.coordinator.mixed_precision, dev),
         ).to(dev)
         run_dir.mkdir(parents=True, exist_ok=True)
-        return name, evaluate_run(
+        result = evaluate_run(
             cfg,
             ens,
             dataset_dir,
@@ -168,6 +169,7 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
             per_expert=False,
             progress=progress,
         )
+        return name, _more_seeds(cfg, result, ens, dataset_dir, run_dir, Path(feature_dir), progress)
     report = evaluate_and_report(
         cfg,
         run_dir,
@@ -181,7 +183,51 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
     result["router_top1_accuracy"] = dict(
         zip(map(str, report["metrics"]["times"]), report["metrics"]["router_top1_accuracy"])
     )
+    if cfg.evaluation.seeds > 1:
+        ens, _ = load_ensemble(cfg, run_dir)
+        result = _more_seeds(cfg, result, ens, dataset_dir, run_dir, Path(feature_dir), progress)
     return name, result
+
+
+SEED_METRICS = ("fid", "kid", "diversity")
+
+
+def _more_seeds(
+    cfg: Config, result: dict, ens: Ensemble, dataset_dir: Path, run_dir: Path, feature_dir: Path, progress: bool
+) -> dict:
+    """Evaluate the same modes again with seeds ``evaluation.seed + 1 …`` (other prompts and noise; the same
+    feature network and reference) into ``run_dir/seeds/``, and add ``per_seed`` values and their Student-t
+    ``intervals`` to ``result``. The seeds are the same for every configuration: inference stays aligned."""
+    ev = cfg.evaluation
+    runs = [result]
+    for i in range(1, ev.seeds):
+        seed = ev.seed + i
+        runs.append(
+            evaluate_run(
+                cfg,
+                ens,
+                dataset_dir,
+                run_dir / "seeds" / f"seed-{seed}",
+                feature_dir=feature_dir,
+                modes=list(result["modes"]),
+                per_expert=False,
+                seed=seed,
+                progress=progress,
+            )
+        )
+    result["per_seed"] = {
+        mode: [{"seed": r["protocol"]["seed"]} | _seed_values(r["modes"][mode]) for r in runs]
+        for mode in result["modes"]
+    }
+    result["intervals"] = {
+        mode: {m: interval([v[m] for v in values]) for m in SEED_METRICS if None not in [v[m] for v in values]}
+        for mode, values in result["per_seed"].items()
+    }
+    return result
+
+
+def _seed_values(x: dict) -> dict:
+    return {"fid": x["fid"], "kid": x["kid"], "diversity": x["lpips"]["mean"]}
 
 
 def _train_job(a: tuple) -> None:
@@ -443,8 +489,21 @@ def _summary(r: dict) -> dict:
     return {
         mode: {k: x[k] for k in ("fid", "kid", "kid_std")}
         | {"diversity": x["lpips"]["mean"], "diversity_std": x["lpips"]["std"]}
+        | ({"per_seed": r["per_seed"][mode], "intervals": r["intervals"][mode]} if "intervals" in r else {})
         for mode, x in r["modes"].items()
     }
+
+
+def _cells(r: dict, mode: str) -> tuple[str, str, str]:
+    """FID, KID and diversity of one configuration's ``mode``: mean ± 95 % half-width across seeds when there are
+    several; otherwise the one seed's value (KID ± its spread over subsets, diversity ± its spread over prompts)."""
+    if "intervals" in r:
+        iv = r["intervals"][mode]
+        cell = lambda m, spec: "–" if m not in iv else f"{iv[m]['mean']:{spec}} ± {iv[m]['half']:{spec}}"  # noqa: E731
+        return cell("fid", ".2f"), cell("kid", ".4f"), cell("diversity", ".3f")
+    x = r["modes"][mode]
+    kid = "–" if x["kid"] is None else f"{x['kid']:.4f} ± {x['kid_std']:.4f}"
+    return f"{x['fid']:.2f}", kid, f"{x['lpips']['mean']:.3f} ± {x['lpips']['std']:.3f}"
 
 
 def _f(x: float | None, spec: str = ".2f") -> str:
@@ -457,7 +516,7 @@ def render_tables(manifest: dict, results: dict) -> str:
     anyr = next(iter(results.values()))
     p = anyr["protocol"]
     names = [n for n in results if n != "monolith"]
-    mono = results["monolith"]["modes"]["top1"]
+    seeds = len(next(iter(anyr["per_seed"].values()))) if "per_seed" in anyr else 1
     lines = [
         f"Produced by `{manifest['command'] or 'hddm reproduce'}` on {manifest['created_at']} in "
         f"{manifest['seconds'] / 60:.1f} min wall, {manifest['cpu_seconds'] / 60:.1f} min CPU ({manifest['device']}, "
@@ -473,6 +532,13 @@ def render_tables(manifest: dict, results: dict) -> str:
         f"row, {p['sampler']}, {p['num_steps']} steps, CFG {p['cfg_scale']}, threshold {p['threshold']}; "
         f"reference: {p['reference']}.",
         f"FID/KID features: **{anyr['feature_network']}**. Diversity: {anyr['diversity_distance']}.",
+        (
+            f"Seeds: {seeds} (`evaluation.seed` + 0 … {seeds - 1}: other prompts and noise, the same feature network "
+            "and reference); each cell is the mean over seeds ± the half-width of its 95 % Student-t interval."
+            if seeds > 1
+            else "One seed: KID ± its standard deviation over subsets, diversity ± its standard deviation over "
+            "prompts; nothing here is an interval across seeds."
+        ),
         "",
         "**Table 1 — heterogeneous vs homogeneous (top-2 routing).**",
         "",
@@ -480,18 +546,11 @@ def render_tables(manifest: dict, results: dict) -> str:
         "|---|---|---|---|---|---|",
     ]
     for n in names:
-        x = results[n]["modes"].get("top2")
-        if x is None:
+        if "top2" not in results[n]["modes"]:
             continue
         paper = PAPER_HETERO.get(n, (None, "–"))
-        lines.append(
-            f"| {n} | {x['fid']:.2f} | {x['kid']:.4f} ± {x['kid_std']:.4f} | {x['lpips']['mean']:.3f} ± "
-            f"{x['lpips']['std']:.3f} | {_f(paper[0])} | {paper[1]} |"
-        )
-    lines.append(
-        f"| monolith (equal compute) | {mono['fid']:.2f} | {mono['kid']:.4f} ± {mono['kid_std']:.4f} | "
-        f"{mono['lpips']['mean']:.3f} ± {mono['lpips']['std']:.3f} | – | – |"
-    )
+        lines.append(f"| {n} | " + " | ".join(_cells(results[n], "top2")) + f" | {_f(paper[0])} | {paper[1]} |")
+    lines.append("| monolith (equal compute) | " + " | ".join(_cells(results["monolith"], "top1")) + " | – | – |")
     lines += [
         "",
         "**Table 2 — routing vs a monolith of equal compute (FID ↓; KID in brackets).**",
@@ -500,18 +559,13 @@ def render_tables(manifest: dict, results: dict) -> str:
         "|---" * (len(names) + 3) + "|",
     ]
     paper = PAPER_ROUTING["monolith"]
-    lines.append(
-        "| monolith | "
-        + " | ".join(f"{mono['fid']:.2f} ({mono['kid']:.4f})" for _ in names)
-        + f" | {_f(paper[0])} | {_f(paper[1])} |"
-    )
+    fid_kid = lambda r, mode: "{} ({})".format(*_cells(r, mode)[:2]) if mode in r["modes"] else "–"  # noqa: E731
+    mono_cell = fid_kid(results["monolith"], "top1")
+    lines.append("| monolith | " + " | ".join(mono_cell for _ in names) + f" | {_f(paper[0])} | {_f(paper[1])} |")
     modes = list(anyr["modes"])
     for mode in modes:
         paper = PAPER_ROUTING.get(mode, (None, None))
-        cells = []
-        for n in names:
-            x = results[n]["modes"].get(mode)
-            cells.append(f"{x['fid']:.2f} ({x['kid']:.4f})" if x else "–")
+        cells = [fid_kid(results[n], mode) for n in names]
         lines.append(f"| {mode} | " + " | ".join(cells) + f" | {_f(paper[0])} | {_f(paper[1])} |")
     acc = results[names[0]]["router_top1_accuracy"]
     lines += [

@@ -3,7 +3,7 @@
 Aligned inference as in :mod:`hddm_flower.evaluate`: for each seed every row samples the same prompts (every
 mixture component's caption, ``evaluation.samples_per_prompt`` times) from the same noise with the same sampler,
 steps and CFG, and is compared with fresh true samples for the same prompts (:mod:`hddm_flower.truth`). Seeds
-``evaluation.seed + i`` for ``i < evaluation.truth_seeds`` change the noise and the true samples; intervals are
+``evaluation.seed + i`` for ``i < evaluation.seeds`` change the noise and the true samples; intervals are
 across seeds.
 
 Rows: true samples against true samples (what "indistinguishable" means at this sample size); exact experts
@@ -153,7 +153,7 @@ def evaluate_group(a: tuple) -> dict[str, Any]:
             ensembles[key] = _ensemble(cfg, row, ref, out, objectives)
         ens = ensembles.get(key)
         per_seed, seconds = [], 0.0
-        for i in range(ev.truth_seeds):
+        for i in range(ev.seeds):
             seed = ev.seed + i
             reference = _true_draws(ref, comps, n, 1_000_000 + seed)  # the truth every row of this seed is scored on
             start = time.perf_counter()
@@ -179,7 +179,7 @@ def evaluate_group(a: tuple) -> dict[str, Any]:
         results[row.name] = {
             "row": row.__dict__,
             "samples_per_seed": n,
-            "seeds": ev.truth_seeds,
+            "seeds": ev.seeds,
             "per_seed": per_seed,
             "metrics": summary,
             "sampling_seconds": round(seconds, 1),
@@ -274,8 +274,8 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
         f"monolith {cfg['num_experts'] * cfg['expert']['steps']} steps; router `{cfg['router']['preset']}` × "
         f"{cfg['router']['steps']} steps.",
         f"Aligned inference: every component's caption × {ev['samples_per_prompt']} samples = "
-        f"{anyr['samples_per_seed']} samples per row and seed, {ev['truth_seeds']} seeds "
-        f"({anyr['samples_per_seed'] * ev['truth_seeds']} samples per row), the same noise in every row, FM Euler "
+        f"{anyr['samples_per_seed']} samples per row and seed, {ev['seeds']} seeds "
+        f"({anyr['samples_per_seed'] * ev['seeds']} samples per row), the same noise in every row, FM Euler "
         f"{ev['num_steps'] or cfg['sampling']['num_steps']} steps, CFG {cfg['sampling']['cfg_scale']}, DDPM schedule "
         f"{cfg['ddpm']['schedule']}. Each cell: mean over seeds ± the half-width of its 95 % Student-t interval. "
         f"MMD: Gaussian kernel, bandwidth {anyr['bandwidth']:.3f} (median distance of true samples). The truth: "

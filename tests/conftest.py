@@ -25,6 +25,7 @@ TINY = {
         "feature_steps": 3,
         "kid_subset_size": 4,
         "kid_subsets": 3,
+        "seeds": 1,
     },
     "federation": {"min_nodes": 4, "min_experts": 2, "node_wait_timeout": 5, "train_timeout": 60},
 }

@@ -49,7 +49,8 @@ def test_prompts_are_distinct_held_out_first_and_seeded(tiny_config, dataset_dir
 
 @pytest.fixture(scope="module")
 def reproduced(tmp_path_factory, dataset_dir):
-    d = dict(TINY, evaluation=dict(TINY["evaluation"], routing_modes=["top1", "top2", "full", "threshold", "oracle"]))
+    modes = ["top1", "top2", "full", "threshold", "oracle"]
+    d = dict(TINY, evaluation=dict(TINY["evaluation"], routing_modes=modes, seeds=2))
     path = tmp_path_factory.mktemp("repro") / "tiny.yaml"
     path.write_text(yaml.safe_dump(d))
     cfg = load_config(path)
@@ -74,6 +75,15 @@ def test_reproduce_writes_tables_manifest_and_runs(reproduced):
     tables = (out / "tables.md").read_text()
     for text in ("Table 1", "Table 2", "2DDPM:2FM", "monolith", "hddm feature classifier", "22.60", "29.64"):
         assert text in tables
+    # two seeds, the same for every configuration (other prompts and noise); intervals across them
+    assert "Seeds: 2" in tables and "95 % Student-t" in tables
+    for modes in manifest["results"].values():
+        for r in modes.values():
+            assert [v["seed"] for v in r["per_seed"]] == [cfg.evaluation.seed, cfg.evaluation.seed + 1]
+            fids = [v["fid"] for v in r["per_seed"]]
+            assert fids[0] == r["fid"] and r["intervals"]["fid"]["n"] == 2
+            assert r["intervals"]["fid"]["lo"] <= min(fids) <= max(fids) <= r["intervals"]["fid"]["hi"]
+    assert (out / "runs" / "4FM" / "seeds" / f"seed-{cfg.evaluation.seed + 1}" / "expert-usage.png").is_file()
     run = out / "runs" / "2DDPM-2FM"
     links = sorted(os.readlink(p) for p in (run / "experts").glob("expert-*"))
     assert len(links) == 4 and all(not os.path.isabs(x) for x in links)

@@ -92,7 +92,7 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
             "evaluation": {
                 "routing_modes": ["top1", "oracle"],
                 "samples_per_prompt": 2,
-                "truth_seeds": 2,
+                "seeds": 2,
                 "num_steps": 3,
             },
             "federation": {"min_nodes": 2, "min_experts": 1},
