@@ -129,7 +129,7 @@ def main() -> None:
     load, trained_by = os.getloadavg(), None
     if args.fid_from:  # the routers of an earlier run: only the FID is computed now
         kept = json.loads((Path(args.fid_from) / "results.json").read_text())
-        results, load, trained_by = kept["results"], kept["load"], kept["command"]
+        results, trained_by = kept["results"], kept["command"]  # the load is this run's: the FID is measured now
         for name, r in results.items():
             name_cfg = cfg if name == "central" else _federated(cfg, name)
             r["fid"] = fid(
