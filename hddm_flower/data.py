@@ -275,6 +275,19 @@ def extend_dataset(base: str | os.PathLike, cluster_dir: str | os.PathLike, out:
     return out
 
 
+def stratified_split(
+    labels: np.ndarray, num_clusters: int, val_fraction: float, rng: np.random.Generator
+) -> np.ndarray:
+    """ "train"/"val" per sample, stratified: ``val_fraction`` of each cluster (rounded) is held out, and every
+    cluster of ≥ 2 samples keeps at least one validation sample."""
+    split = np.full(len(labels), "train", dtype=object)
+    for k in range(num_clusters):
+        idx = rng.permutation(np.flatnonzero(labels == k))
+        n_val = max(1, round(val_fraction * len(idx))) if len(idx) >= 2 and val_fraction > 0 else 0
+        split[idx[:n_val]] = "val"
+    return split
+
+
 def check_clusters(meta: dict, num_experts: int, source: str = "") -> None:
     """Before any training: the dataset has one non-empty cluster per expert."""
     where = f" in {source}" if source else ""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import DATASET_VERSION
+from .data import DATASET_VERSION, stratified_split
 from .text import TextEncoder
 
 log = logging.getLogger(__name__)
@@ -199,11 +199,7 @@ def prepare_embedded(
         order = np.argsort(-np.bincount(raw, minlength=num_clusters), kind="stable")  # id 0 = largest cluster
         labels = np.argsort(order)[raw]
         # held-out split, stratified: every cluster of ≥ 2 images keeps at least one validation image
-        split, rng = np.full(len(images), "train", dtype=object), np.random.default_rng(seed + 1)
-        for k in range(num_clusters):
-            idx = rng.permutation(np.flatnonzero(labels == k))
-            n_val = max(1, round(val_fraction * len(idx))) if len(idx) >= 2 and val_fraction > 0 else 0
-            split[idx[:n_val]] = "val"
+        split = stratified_split(labels, num_clusters, val_fraction, np.random.default_rng(seed + 1))
 
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:

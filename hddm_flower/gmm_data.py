@@ -238,11 +238,9 @@ def prepare_gmm(
         x, comp = mixture.sample(spec.num_samples, torch.Generator().manual_seed(spec.seed + 1))
         images = x.float().reshape(-1, spec.channels, spec.image_size, spec.image_size).numpy()
         labels = torch.as_tensor(cluster_of)[comp].numpy()
-        split, rng = np.full(len(images), "train", dtype=object), np.random.default_rng(spec.seed + 2)
-        for k in range(spec.num_clusters):
-            idx = rng.permutation(np.flatnonzero(labels == k))
-            n_val = max(1, round(val_fraction * len(idx))) if len(idx) >= 2 and val_fraction > 0 else 0
-            split[idx[:n_val]] = "val"
+        from .data import stratified_split
+
+        split = stratified_split(labels, spec.num_clusters, val_fraction, np.random.default_rng(spec.seed + 2))
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             clusters = []
