@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -42,7 +44,7 @@ from clients.client_app import app as client_app  # noqa: E402
 from hddm_flower import metrics as M  # noqa: E402
 from hddm_flower.checkpoints import load_router, save_router  # noqa: E402
 from hddm_flower.config_io import load_config, parse_overrides  # noqa: E402
-from hddm_flower.data import load_split, load_uncond, read_meta  # noqa: E402
+from hddm_flower.data import load_split, load_uncond, read_meta, split_size  # noqa: E402
 from hddm_flower.evaluate import FEATURE_NET, all_images, choose_prompts, feature_network, sample_mode  # noqa: E402
 from hddm_flower.federated import accuracy_from_confusion, router_confusion  # noqa: E402
 from hddm_flower.models import router_config  # noqa: E402
@@ -50,7 +52,7 @@ from hddm_flower.provenance import versions  # noqa: E402
 from hddm_flower.stages.assemble import load_ensemble  # noqa: E402
 from hddm_flower.stages.prepare import prepare_data  # noqa: E402
 from hddm_flower.stages.router import fit_router  # noqa: E402
-from strategies.federated_router import train_router_federated  # noqa: E402
+from strategies.federated_router import node_sizes, train_router_federated  # noqa: E402
 from tests.fake_grid import FakeGrid  # noqa: E402
 
 VARIANTS = {
@@ -63,6 +65,18 @@ VARIANTS = {
 def heldout(router, val, times, seed) -> list[float]:
     conf, _ = router_confusion(router, val.images, val.labels, times, seed=seed)
     return accuracy_from_confusion(conf)
+
+
+def prior_gap(router, meta: dict, k: int, n: int = 4096) -> dict:
+    """The router at t = 1, where x_t is pure noise and the exact posterior p(k | x_1) is the clusters' training
+    frequencies: its mean probabilities over ``n`` noise draws and their total-variation distance to them."""
+    freq = torch.tensor([split_size(meta, [c], "train") for c in range(k)], dtype=torch.float64)
+    freq = freq / freq.sum()
+    g = torch.Generator().manual_seed(7)
+    shape = (n, router.config.in_channels, router.config.sample_size, router.config.sample_size)
+    with torch.no_grad():
+        probs = router(torch.randn(shape, generator=g), torch.ones(n)).softmax(-1).double().mean(0)
+    return {"mean_probs": probs.tolist(), "frequencies": freq.tolist(), "tv": 0.5 * float((probs - freq).abs().sum())}
 
 
 def fid(cfg, run_dir: Path, router, dataset_dir: Path, seeds: int, feature_dir: Path) -> dict:
@@ -140,6 +154,7 @@ def main() -> None:
                 args.fid_seeds,
                 feature_dir,
             )
+            r["prior_at_t1"] = prior_gap(load_router(Path(args.fid_from) / name), meta, cfg.num_experts)
             print(json.dumps({name: r["fid"]}), flush=True)
     else:
         results = train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, feature_dir, load)
@@ -153,7 +168,7 @@ def _federated(cfg, name: str):
 
 
 def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, feature_dir, load) -> dict:
-    results = {}
+    results, meta = {}, read_meta(dataset_dir)
 
     def keep(name: str, router, meta: dict) -> None:  # after each router: a long run can be stopped and reused
         if args.keep:
@@ -173,6 +188,7 @@ def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, featur
         "rounds": 0,
         "bytes_total": 0,
         "top1": heldout(router, val, times, seed),
+        "prior_at_t1": prior_gap(router, meta, cfg.num_experts),
     }
     if args.experts:
         results["central"]["fid"] = fid(cfg, d, router, dataset_dir, args.fid_seeds, feature_dir)
@@ -183,7 +199,9 @@ def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, featur
         fcfg = _federated(cfg, name)
         grid = FakeGrid(client_app, {n: {"cache-dir": args.cache_dir or ""} for n in clusters})
         t0 = time.perf_counter()
-        router, record = train_router_federated(grid, fcfg, clusters, rc, timeout=3600, cache_dir=args.cache_dir or "")
+        router, record = train_router_federated(
+            grid, fcfg, clusters, rc, sizes=node_sizes(meta, clusters), timeout=3600, cache_dir=args.cache_dir or ""
+        )
         wall = time.perf_counter() - t0
         d = run_dir_with(name)
         results[name] = {
@@ -198,6 +216,7 @@ def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, featur
             "top1": heldout(router, val, times, seed),
             "top1_federated_counts": record["heldout"].get("top1"),
             "top1_per_round": record["heldout_per_round"],
+            "prior_at_t1": prior_gap(router, meta, cfg.num_experts),
         }
         if args.experts:
             results[name]["fid"] = fid(fcfg, d, router, dataset_dir, args.fid_seeds, feature_dir)
@@ -236,15 +255,18 @@ def render(out: dict) -> str:
         "",
         "| router | rounds | images seen | wall s | bytes on the wire | "
         + " | ".join(f"top-1 t={x:g}" for x in t)
-        + " | top-2 FID (mean ± std) |",
-        "|---" * (6 + len(t)) + "|",
+        + " | TV to the prior at t=1 | top-2 FID (mean ± std) |",
+        "|---" * (7 + len(t)) + "|",
     ]
     for name, r in out["results"].items():
         f = r.get("fid")
         fid_cell = f"{f['mean']:.2f} ± {f['std']:.2f}" if f else "–"
+        tv = f"{r['prior_at_t1']['tv']:.3f}" if r.get("prior_at_t1") else "–"
         lines.append(
             f"| {name}: {r['training']} | {r['rounds']} | {r['images_seen']} | {r['wall_seconds']:.0f} "
-            f"| {r['bytes_total'] / 2**20:.0f} MiB | " + " | ".join(f"{a:.3f}" for a in r["top1"]) + f" | {fid_cell} |"
+            f"| {r['bytes_total'] / 2**20:.0f} MiB | "
+            + " | ".join(f"{a:.3f}" for a in r["top1"])
+            + f" | {tv} | {fid_cell} |"
         )
     fx = next((r["fid"]["feature_network"] for r in out["results"].values() if r.get("fid")), None)
     if fx:

@@ -4,7 +4,8 @@ Each computes on this node's own clusters and replies with a model update, count
 
 * ``train.router`` (a round of :class:`strategies.federated_router.RouterStrategy`): a few SGD steps of the
   global router on this node's clusters (:func:`hddm_flower.federated.router_local_update`); replies with the new
-  weights and the number of images they saw.
+  weights, ``num-examples`` = the node's number of training images (FedAvg's weight n_k, which the server checks
+  against the size the node declared) and ``images-seen`` = the images its steps drew.
 * ``evaluate.router``: the router's confusion counts and top-2 hits on this node's held-out split at
   ``evaluation.times`` (:func:`hddm_flower.federated.router_confusion`).
 * ``train.feature_net``: a round of the evaluation's feature classifier when the coordinator holds no images
@@ -32,7 +33,13 @@ from hddm_flower.config import Config
 from hddm_flower.config_io import config_from_dict
 from hddm_flower.data import Split, cluster_shards, load_split
 from hddm_flower.encoders import pixel_decoder
-from hddm_flower.federated import feature_net_local_update, feature_sums, router_confusion, router_local_update
+from hddm_flower.federated import (
+    FEATURE_BATCH,
+    feature_net_local_update,
+    feature_sums,
+    router_confusion,
+    router_local_update,
+)
 from hddm_flower.metrics import FeatureClassifier, classifier_features, inception_features, pooled_caption
 from hddm_flower.models import Router
 from hddm_flower.stages.prepare import prepare_data
@@ -120,12 +127,20 @@ def train_router(msg: Message, context: Context) -> Message:
         seed=r.seed * 1_000_003 + server_round * 1009 + clusters[0],
         alpha=r.restricted_softmax,
     )
-    metrics = MetricRecord(
-        {"num-examples": stats["num-examples"], "train-loss": stats["loss"], "seconds": time.perf_counter() - start}
-    )
     return Message(
-        RecordDict({"arrays": ArrayRecord(router.state_dict()), "metrics": metrics}),
-        reply_to=msg,
+        RecordDict({"arrays": ArrayRecord(router.state_dict()), "metrics": _metrics(data, stats, start)}), reply_to=msg
+    )
+
+
+def _metrics(data: Split, stats: dict, start: float) -> MetricRecord:
+    """A training round's reply metrics: FedAvg's weight ``num-examples`` is this node's training-set size."""
+    return MetricRecord(
+        {
+            "num-examples": len(data),
+            "images-seen": stats["images-seen"],
+            "train-loss": stats["loss"],
+            "seconds": time.perf_counter() - start,
+        }
     )
 
 
@@ -153,13 +168,11 @@ def train_feature_net(msg: Message, context: Context) -> Message:
         lr=cfg.router.local_lr,
         seed=cfg.evaluation.seed * 1_000_003 + int(conf["server-round"]) * 1009 + clusters[0],
     )
-    metrics = MetricRecord(
-        {"num-examples": stats["num-examples"], "train-loss": stats["loss"], "seconds": time.perf_counter() - start}
+    return Message(
+        RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": _metrics(data, stats, start)}), reply_to=msg
     )
-    return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics}), reply_to=msg)
 
 
-FEATURE_BATCH = 64  # the central feature classifier's batch (hddm_flower.evaluate.feature_network)
 _PIXELS: dict[tuple, torch.Tensor] = {}
 
 

@@ -8,7 +8,8 @@ Three pieces, each a pure function of one node's data; the Flower adapters (``cl
   :func:`frechet_distance_from_sums` gives the same FID as :func:`hddm_flower.metrics.frechet_distance` on the
   pooled features (both go through torchmetrics' FID; only its reference state is set from the sums).
 * :func:`router_local_update`: a few SGD steps of the router on one node's clusters (often a single cluster: every
-  label the same, the hardest non-IID case), returning the new weights for the server to average.
+  label the same, the hardest non-IID case), returning the new weights for the server to average, weighted by
+  the node's number of training images (FedAvg's n_k), so that the average follows the pooled data's loss.
 * :func:`feature_net_local_update`: the same for the evaluation's feature classifier (offline FID features).
 * :func:`router_confusion`: the router's confusion counts on one node's held-out images at given times; counts
   add across nodes, so the server's accuracy is exactly the pooled accuracy.
@@ -128,6 +129,8 @@ def frechet_distance_from_sums(reference: FeatureSums, fake: Tensor) -> float:
 # ----------------------------------------------------------------------------------------------------------------
 # The router on one node
 
+FEATURE_BATCH = 64  # the central feature classifier's batch (hddm_flower.evaluate.feature_network)
+
 
 def restricted_logits(logits: Tensor, local: Tensor, alpha: float) -> Tensor:
     """Restricted softmax (FedRS, Li & Zhan 2021): the logits of classes absent from this node scaled by ``alpha``
@@ -164,9 +167,11 @@ def router_local_update(
     """``steps`` plain SGD steps of ``router`` (in place) on one node's images and cluster labels.
 
     SGD without momentum keeps no state between rounds, so with one local step the average of the nodes' new
-    weights (weighted by their number of images) is exactly one central SGD step on the union of their batches;
-    a server optimiser (FedAdam) then turns these averaged steps into central Adam on cluster-stratified batches.
-    Returns ``{"loss": mean loss, "num-examples": images the step saw}``.
+    weights, weighted by each node's number of training images n_k, is exactly one central SGD step on the
+    pooled loss Σ_k (n_k / n) · (node k's batch loss): in expectation the loss of batches drawn from all the data,
+    whose cluster frequencies are the router's prior. (Equal weights would train the router towards a uniform
+    prior instead: wrong at t → 1, where the exact posterior is the prior.) A server optimiser (FedAdam) then
+    turns these averaged steps into central Adam. Returns ``{"loss": mean loss, "images-seen": steps × batch}``.
     """
     if len(images) == 0:
         raise ValueError("no training images on this node")
@@ -186,7 +191,7 @@ def router_local_update(
             opt.step()
             losses.append(loss.item())
     router.eval()
-    return {"loss": float(np.mean(losses)), "num-examples": steps * batch_size}
+    return {"loss": float(np.mean(losses)), "images-seen": steps * batch_size}
 
 
 def feature_net_local_update(
@@ -195,8 +200,8 @@ def feature_net_local_update(
     """``steps`` plain SGD steps of the evaluation's feature classifier (:class:`hddm_flower.metrics.FeatureClassifier`,
     in place) on one node's clean images (pixels), cluster labels and caption embeddings, with the central
     classifier's objective (:func:`hddm_flower.metrics.feature_classifier_loss`). The same machinery as
-    :func:`router_local_update`: with one step per round, the server's weighted average is one central SGD step on a
-    cluster-stratified batch. Returns ``{"loss", "num-examples"}``."""
+    :func:`router_local_update`: with one step per round, the server's average weighted by the nodes' training-set
+    sizes is one central SGD step on the pooled loss. Returns ``{"loss", "images-seen"}``."""
     from .metrics import feature_classifier_loss
 
     if len(images) == 0:
@@ -214,7 +219,7 @@ def feature_net_local_update(
             opt.step()
             losses.append(loss.item())
     net.eval()
-    return {"loss": float(np.mean(losses)), "num-examples": steps * batch_size}
+    return {"loss": float(np.mean(losses)), "images-seen": steps * batch_size}
 
 
 @torch.no_grad()

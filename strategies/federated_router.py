@@ -5,9 +5,10 @@ adam``) or FedAvg (``avg``) over the nodes that hold the clusters: each node tak
 steps on its own clusters and returns the weights; Flower averages them (weighted by images) and, for FedAdam,
 applies Adam to the averaged update. Every node holds one cluster in the hardest case, so a node's own objective
 only ever says "my class": the remedy here is to keep the rounds close to central training: full participation
-and one local SGD step make the weighted average exactly one central SGD step on a cluster-stratified batch
-(tested in tests/test_federated.py), and FedAdam's server-side Adam makes the rounds follow Adam, the central
-router's optimiser. More local steps trade rounds for client drift; the restricted softmax
+and one local SGD step make the average, weighted by each node's number of training images (FedAvg's n_k, checked
+against the size the node declared), exactly one central SGD step on the pooled loss (tested in
+tests/test_federated.py; equal weights would teach the router a uniform prior instead of the clusters'
+frequencies), and FedAdam's server-side Adam makes the rounds follow Adam, the central router's optimiser. More local steps trade rounds for client drift; the restricted softmax
 (``router.restricted_softmax`` < 1) damps that drift. Held-out accuracy is computed federatedly every round:
 each node returns its confusion counts, the server adds them.
 
@@ -36,10 +37,10 @@ from flwr.serverapp.strategy import FedAdam, FedAvg
 
 from hddm_flower.checkpoints import TIME_CONVENTION, save_router
 from hddm_flower.config import Config
-from hddm_flower.data import read_meta
+from hddm_flower.data import read_meta, split_size
 from hddm_flower.encoders import pixel_decoder
 from hddm_flower.evaluate import FEATURE_NET, feature_description, feature_network
-from hddm_flower.federated import FeatureSums, accuracy_from_confusion
+from hddm_flower.federated import FEATURE_BATCH, FeatureSums, accuracy_from_confusion
 from hddm_flower.institution import is_data_free
 from hddm_flower.metrics import FeatureClassifier
 from hddm_flower.models import Router, router_config
@@ -85,7 +86,18 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
         """Flower's FedAdam/FedAvg over the nodes in ``clusters`` (node id → cluster ids), with the ClientApp's
         ``router`` actions, replies checked against the global model, and the bytes per round counted."""
 
-        def __init__(self, clusters: dict[int, list[int]], num_classes: int, num_times: int, num_rounds: int, **kwargs):
+        def __init__(
+            self,
+            clusters: dict[int, list[int]],
+            sizes: dict[int, int],
+            max_images: int,
+            num_classes: int,
+            num_times: int,
+            num_rounds: int,
+            **kwargs,
+        ):
+            """``sizes``: each node's number of training images (its FedAvg weight, from what it declared);
+            ``max_images``: the most images one node's local steps may draw in a round."""
             n = len(clusters)
             super().__init__(
                 min_train_nodes=n,
@@ -95,6 +107,7 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
                 **kwargs,
             )
             self.clusters, self.num_classes, self.num_times = clusters, num_classes, num_times
+            self.sizes, self.max_images = sizes, max_images
             self.images_seen, self.num_rounds, self.slowest_node_seconds = 0, num_rounds, 0.0
             self.evaluate_every = max(1, -(-num_rounds // 10))  # about ten evaluations per run
             self.sent_bytes: dict[int, int] = {}
@@ -129,7 +142,7 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             self._count(server_round, replies)
             good = [m for m in replies if m.has_error() or self._valid(server_round, m)]
             ok = [m.content["metrics"] for m in good if not m.has_error()]
-            self.images_seen += sum(int(m[self.weighted_by_key]) for m in ok)
+            self.images_seen += sum(int(m["images-seen"]) for m in ok)
             self.slowest_node_seconds += max((float(m.get("seconds", 0.0)) for m in ok), default=0.0)
             arrays, metrics = super().aggregate_train(server_round, good)
             if arrays is not None:  # FedAdam computes in float64: the model keeps its own dtypes on the wire
@@ -151,8 +164,8 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             return False
 
         def _valid(self, server_round: int, msg: Message) -> bool:
-            """The reply's router has exactly the global model's arrays (names, shapes, dtypes), all finite, and
-            a positive image count no larger than the round asked for."""
+            """The reply's router has exactly the global model's arrays (names, shapes, dtypes), all finite, its
+            weight is the node's declared number of training images, and it drew at most ``max_images``."""
             content = msg.content
             if self.arrayrecord_key not in content.array_records or "metrics" not in content.metric_records:
                 return self._drop(server_round, msg, "no arrays or no metrics")
@@ -164,9 +177,13 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
                     return self._drop(server_round, msg, f"array {name} is {a.dtype}{a.shape}")
                 if not np.isfinite(a.numpy()).all():
                     return self._drop(server_round, msg, f"array {name} is not finite")
-            n = content["metrics"].get(self.weighted_by_key)
-            if not isinstance(n, int) or n <= 0:
-                return self._drop(server_round, msg, f"{self.weighted_by_key} = {n!r}")
+            node, m = msg.metadata.src_node_id, content["metrics"]
+            n, want = m.get(self.weighted_by_key), self.sizes.get(node)
+            if n != want:
+                return self._drop(server_round, msg, f"{self.weighted_by_key} = {n!r}, the node declared {want}")
+            seen = m.get("images-seen")
+            if not isinstance(seen, int) or not 0 < seen <= self.max_images:
+                return self._drop(server_round, msg, f"images-seen = {seen!r}, not in 1..{self.max_images}")
             return True
 
         def _valid_counts(self, server_round: int, msg: Message) -> bool:
@@ -187,17 +204,33 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
     return RouterStrategy
 
 
+def node_sizes(meta: dict, clusters: dict[int, list[int]]) -> dict[int, int]:
+    """Each node's number of training images (its FedAvg weight), from the dataset's ``meta.json`` (in
+    ``data.partition: institution``, what the nodes declared)."""
+    return {int(n): split_size(meta, [int(k) for k in c], "train") for n, c in clusters.items()}
+
+
 def train_router_federated(
-    grid: Grid, cfg: Config, clusters: dict[int, list[int]], router_config: dict, *, timeout: float, cache_dir: str
+    grid: Grid,
+    cfg: Config,
+    clusters: dict[int, list[int]],
+    router_config: dict,
+    *,
+    sizes: dict[int, int],
+    timeout: float,
+    cache_dir: str,
 ) -> tuple[Router, dict]:
     """Train the router by ``cfg.router.num_rounds`` rounds over the nodes in ``clusters`` (node id → its cluster
-    ids); returns the router and its record for the report: rounds, bytes per round and in total, wall time,
-    federated held-out accuracy per round and time, dropped replies."""
+    ids; ``sizes``: node id → its number of training images, :func:`node_sizes`); returns the router and its
+    record for the report: rounds, bytes per round and in total, wall time, federated held-out accuracy per round
+    and time, dropped replies."""
     r = cfg.router
     torch.manual_seed(r.seed)  # the same initial router as the central one
     router = Router(**router_config)
     strategy = _make_strategy(r.server_optimizer)(
         {int(n): [int(k) for k in c] for n, c in clusters.items()},
+        sizes,
+        r.local_steps * r.batch_size,
         cfg.num_experts,
         len(cfg.evaluation.times),
         r.num_rounds,
@@ -275,6 +308,8 @@ def train_feature_net_federated(
     net = FeatureClassifier(in_channels=channels, num_classes=cfg.num_experts, text_dim=meta["text_dim"])
     strategy = _make_strategy(r.server_optimizer, "feature_net", evaluate=False)(
         {int(n): [int(k) for k in c] for n, c in clusters.items()},
+        node_sizes(meta, clusters),
+        r.local_steps * FEATURE_BATCH,
         cfg.num_experts,
         len(ev.times),
         ev.feature_steps,
@@ -408,7 +443,9 @@ def finish_federated(
         config = router_config(
             cfg.router.preset, num_experts=cfg.num_experts, sample_size=meta["image_size"], in_channels=meta["channels"]
         )
-        router, record = train_router_federated(grid, cfg, clusters, config, timeout=timeout, cache_dir=cache_dir)
+        router, record = train_router_federated(
+            grid, cfg, clusters, config, sizes=node_sizes(meta, clusters), timeout=timeout, cache_dir=cache_dir
+        )
         save_router(
             run_dir / ROUTER,
             router,

@@ -15,7 +15,7 @@ from hddm_flower.data import load_split, read_meta
 from hddm_flower.evaluate import all_images
 from hddm_flower.federated import FeatureSums, frechet_distance_from_sums
 from hddm_flower.models import router_config
-from strategies.federated_router import federated_reference, train_router_federated
+from strategies.federated_router import federated_reference, node_sizes, train_router_federated
 from tests.fake_grid import FakeGrid
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}  # node id → its one cluster
@@ -33,11 +33,21 @@ def _router_config(cfg, dataset_dir):
     )
 
 
+def _sizes(dataset_dir):
+    return node_sizes(read_meta(dataset_dir), CLUSTERS)
+
+
 def test_federated_router_rounds_over_single_cluster_nodes(tiny_config, dataset_dir, cache_dir):
     cfg = _cfg(tiny_config, cache_dir, training="federated", rounds=2)
     grid = FakeGrid(client_app, {n: {} for n in CLUSTERS})
     router, record = train_router_federated(
-        grid, cfg, CLUSTERS, _router_config(cfg, dataset_dir), timeout=60, cache_dir=str(cache_dir)
+        grid,
+        cfg,
+        CLUSTERS,
+        _router_config(cfg, dataset_dir),
+        sizes=_sizes(dataset_dir),
+        timeout=60,
+        cache_dir=str(cache_dir),
     )
     kinds = [m.metadata.message_type for m in grid.sent]
     assert kinds == (["train.router"] * 4 + ["evaluate.router"] * 4) * 2  # full participation, the router actions
@@ -59,18 +69,27 @@ def test_a_malformed_update_costs_only_its_own_reply(tiny_config, dataset_dir, c
             reply.content["arrays"] = ArrayRecord({**{k: arrays[k] for k in arrays}, name: Array(bad)})
         if node == 13 and reply.metadata.message_type.startswith("evaluate"):
             reply.content["metrics"]["confusion"] = [10**6] * len(reply.content["metrics"]["confusion"])
+        if node == 14 and reply.metadata.message_type.startswith("train"):  # claims a weight it does not have
+            reply.content["metrics"]["num-examples"] = 10**6
         return reply
 
     cfg = _cfg(tiny_config, cache_dir, training="federated", rounds=1, server_optimizer="avg", local_lr=0.05)
     grid = FakeGrid(client_app, {n: {} for n in CLUSTERS}, tamper=tamper)
     router, record = train_router_federated(
-        grid, cfg, CLUSTERS, _router_config(cfg, dataset_dir), timeout=60, cache_dir=str(cache_dir)
+        grid,
+        cfg,
+        CLUSTERS,
+        _router_config(cfg, dataset_dir),
+        sizes=_sizes(dataset_dir),
+        timeout=60,
+        cache_dir=str(cache_dir),
     )
     dropped = record["dropped_replies"]["1"]
     assert any("node 12" in d and "not finite" in d for d in dropped)
     assert any("node 13" in d and "add up" in d for d in dropped)
+    assert any("node 14" in d and f"declared {_sizes(dataset_dir)[14]}" in d for d in dropped)
     assert all(torch.isfinite(v).all() for v in router.state_dict().values())
-    assert record["images_seen"] == 3 * 2  # the three good updates were averaged
+    assert record["images_seen"] == 2 * 2  # the two good updates were averaged
     assert record["strategy"] == "flwr FedAvg"
 
 
