@@ -2,15 +2,16 @@
 
 After the experts arrived, the router is trained by rounds of Flower's own FedAdam (``router.server_optimizer:
 adam``) or FedAvg (``avg``) over the nodes that hold the clusters: each node takes ``router.local_steps`` SGD
-steps on its own clusters and returns the weights; Flower averages them (weighted by images) and, for FedAdam,
+steps on its own clusters and returns the weights; Flower averages them (weighted by data) and, for FedAdam,
 applies Adam to the averaged update. Every node holds one cluster in the hardest case, so a node's own objective
 only ever says "my class": the remedy here is to keep the rounds close to central training: full participation
 and one local SGD step make the average, weighted by each node's number of training images (FedAvg's n_k, checked
 against the size the node declared), exactly one central SGD step on the pooled loss (tested in
 tests/test_federated.py; equal weights would teach the router a uniform prior instead of the clusters'
-frequencies), and FedAdam's server-side Adam makes the rounds follow Adam, the central router's optimiser. More local steps trade rounds for client drift; the restricted softmax
-(``router.restricted_softmax`` < 1) damps that drift. Held-out accuracy is computed federatedly every round:
-each node returns its confusion counts, the server adds them.
+frequencies), and FedAdam's server-side Adam, with the central router's warm-up and schedule on its step size,
+makes the rounds follow Adam, the central router's optimiser. More local steps trade rounds for client drift;
+the restricted softmax (``router.restricted_softmax`` < 1) damps that drift. Held-out accuracy is computed
+federatedly every round: each node returns its confusion counts, the server adds them.
 
 :class:`RouterStrategy` changes only what Flower's strategy leaves to the app: the message types (the
 ``router`` actions of the ClientApp, so they do not reach the expert-training handler), the nodes (those with
@@ -37,6 +38,7 @@ from flwr.serverapp.strategy import FedAdam, FedAvg
 
 from hddm_flower.checkpoints import TIME_CONVENTION, save_router
 from hddm_flower.config import Config
+from hddm_flower.config_sections import OptimConfig
 from hddm_flower.data import read_meta, split_size
 from hddm_flower.encoders import pixel_decoder
 from hddm_flower.evaluate import FEATURE_NET, feature_description, feature_network
@@ -47,6 +49,7 @@ from hddm_flower.models import Router, router_config
 from hddm_flower.rundir import ROUTER
 from hddm_flower.stages.assemble import evaluate_and_report
 from hddm_flower.stages.router import fit_router
+from hddm_flower.training import lr_factor
 
 ACTION = "router"
 
@@ -94,10 +97,12 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             num_classes: int,
             num_times: int,
             num_rounds: int,
+            optim: OptimConfig | None = None,
             **kwargs,
         ):
             """``sizes``: each node's number of training images (its FedAvg weight, from what it declared);
-            ``max_images``: the most images one node's local steps may draw in a round."""
+            ``max_images``: the most images one node's local steps may draw in a round; ``optim`` (FedAdam): the
+            central optimiser's warm-up and schedule, which the server's step size follows round by round."""
             n = len(clusters)
             super().__init__(
                 min_train_nodes=n,
@@ -107,7 +112,8 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
                 **kwargs,
             )
             self.clusters, self.num_classes, self.num_times = clusters, num_classes, num_times
-            self.sizes, self.max_images = sizes, max_images
+            self.sizes, self.max_images, self.optim = sizes, max_images, optim
+            self.base_eta, self.server_lr = getattr(self, "eta", None), []
             self.images_seen, self.num_rounds, self.slowest_node_seconds = 0, num_rounds, 0.0
             self.evaluate_every = max(1, -(-num_rounds // 10))  # about ten evaluations per run
             self.sent_bytes: dict[int, int] = {}
@@ -144,6 +150,9 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             ok = [m.content["metrics"] for m in good if not m.has_error()]
             self.images_seen += sum(int(m["images-seen"]) for m in ok)
             self.slowest_node_seconds += max((float(m.get("seconds", 0.0)) for m in ok), default=0.0)
+            if self.base_eta is not None and self.optim is not None:  # FedAdam: round r is central step r − 1
+                self.eta = self.base_eta * lr_factor(server_round - 1, self.optim, self.num_rounds)
+                self.server_lr.append(self.eta)
             arrays, metrics = super().aggregate_train(server_round, good)
             if arrays is not None:  # FedAdam computes in float64: the model keeps its own dtypes on the wire
                 arrays = ArrayRecord(
@@ -234,6 +243,7 @@ def train_router_federated(
         cfg.num_experts,
         len(cfg.evaluation.times),
         r.num_rounds,
+        r.optim,
         **(
             {"eta": r.optim.lr, "eta_l": r.local_lr, "tau": 1e-8, "beta_2": 0.999}
             if r.server_optimizer == "adam"
@@ -281,6 +291,10 @@ def train_router_federated(
         "restricted_softmax": r.restricted_softmax,
         "nodes": {str(n): c for n, c in strategy.clusters.items()},
         "images_seen": strategy.images_seen,
+        "server_lr": {"warmup_rounds": r.optim.warmup_steps, "schedule": r.optim.schedule}
+        if r.server_optimizer == "adam"
+        else None,
+        "server_lr_per_round": [round(x, 10) for x in strategy.server_lr],
         "wall_seconds": round(seconds, 2),
         # the local training's share of the wall time when the nodes work in parallel (the slowest node per round)
         "slowest_node_seconds": round(strategy.slowest_node_seconds, 2),

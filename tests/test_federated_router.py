@@ -15,6 +15,7 @@ from hddm_flower.data import load_split, read_meta
 from hddm_flower.evaluate import all_images
 from hddm_flower.federated import FeatureSums, frechet_distance_from_sums
 from hddm_flower.models import router_config
+from hddm_flower.training import lr_factor
 from strategies.federated_router import federated_reference, node_sizes, train_router_federated
 from tests.fake_grid import FakeGrid
 
@@ -52,6 +53,9 @@ def test_federated_router_rounds_over_single_cluster_nodes(tiny_config, dataset_
     kinds = [m.metadata.message_type for m in grid.sent]
     assert kinds == (["train.router"] * 4 + ["evaluate.router"] * 4) * 2  # full participation, the router actions
     assert record["rounds"] == 2 and record["strategy"] == "flwr FedAdam"
+    lr = cfg.router.optim.lr  # the server's Adam step follows the central warm-up: round r is step r − 1
+    assert record["server_lr_per_round"] == pytest.approx([lr * lr_factor(s, cfg.router.optim, 2) for s in (0, 1)])
+    assert record["server_lr_per_round"][0] < record["server_lr_per_round"][1] <= lr
     assert record["images_seen"] == 2 * 4 * 2  # rounds × nodes × (batch 8 · 1 cluster / 4 clusters)
     assert record["heldout"]["num_images"] == len(load_split(dataset_dir, None, "val"))  # each counted once
     assert len(record["heldout"]["top1"]) == len(cfg.evaluation.times)
