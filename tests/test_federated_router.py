@@ -38,18 +38,15 @@ def _sizes(dataset_dir):
     return node_sizes(read_meta(dataset_dir), CLUSTERS)
 
 
+def _train(grid, cfg, dataset_dir, cache_dir):
+    rc, sizes = _router_config(cfg, dataset_dir), _sizes(dataset_dir)
+    return train_router_federated(grid, cfg, CLUSTERS, rc, sizes=sizes, timeout=60, cache_dir=str(cache_dir))
+
+
 def test_federated_router_rounds_over_single_cluster_nodes(tiny_config, dataset_dir, cache_dir):
     cfg = _cfg(tiny_config, cache_dir, training="federated", rounds=2)
     grid = FakeGrid(client_app, {n: {} for n in CLUSTERS})
-    router, record = train_router_federated(
-        grid,
-        cfg,
-        CLUSTERS,
-        _router_config(cfg, dataset_dir),
-        sizes=_sizes(dataset_dir),
-        timeout=60,
-        cache_dir=str(cache_dir),
-    )
+    router, record = _train(grid, cfg, dataset_dir, cache_dir)
     kinds = [m.metadata.message_type for m in grid.sent]
     assert kinds == (["train.router"] * 4 + ["evaluate.router"] * 4) * 2  # full participation, the router actions
     assert record["rounds"] == 2 and record["strategy"] == "flwr FedAdam"
@@ -79,15 +76,7 @@ def test_a_malformed_update_costs_only_its_own_reply(tiny_config, dataset_dir, c
 
     cfg = _cfg(tiny_config, cache_dir, training="federated", rounds=1, server_optimizer="avg", local_lr=0.05)
     grid = FakeGrid(client_app, {n: {} for n in CLUSTERS}, tamper=tamper)
-    router, record = train_router_federated(
-        grid,
-        cfg,
-        CLUSTERS,
-        _router_config(cfg, dataset_dir),
-        sizes=_sizes(dataset_dir),
-        timeout=60,
-        cache_dir=str(cache_dir),
-    )
+    router, record = _train(grid, cfg, dataset_dir, cache_dir)
     dropped = record["dropped_replies"]["1"]
     assert any("node 12" in d and "not finite" in d for d in dropped)
     assert any("node 13" in d and "add up" in d for d in dropped)
