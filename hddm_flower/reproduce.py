@@ -510,6 +510,34 @@ def _f(x: float | None, spec: str = ".2f") -> str:
     return "–" if x is None else format(x, spec)
 
 
+def paired_differences(results: dict) -> list[dict]:
+    """The paper's comparisons as differences paired by seed (every row of a seed shares its prompts and noise, so
+    the prompt set's effect, which moves all rows together, cancels): per configuration, top-2 − each other mode
+    and top-2 − the monolith; across configurations, each pair at top-2. Each entry: ``what``, and per metric the
+    Student-t interval of the per-seed differences with ``resolved`` = the interval excludes 0. Empty with one
+    seed."""
+    if any("per_seed" not in r or any(len(v) < 2 for v in r["per_seed"].values()) for r in results.values()):
+        return []
+    names = [n for n in results if n != "monolith" and "top2" in results[n]["per_seed"]]
+    seeds = lambda n, mode: results[n]["per_seed"][mode]  # noqa: E731
+    pairs = [(f"{n}: top2 − {m}", seeds(n, "top2"), seeds(n, m)) for n in names for m in results[n]["per_seed"]]
+    pairs = [p for p in pairs if not p[0].endswith("− top2")]
+    pairs += [(f"{n}: top2 − monolith", seeds(n, "top2"), seeds("monolith", "top1")) for n in names]
+    pairs += [
+        (f"top2: {b} − {a}", seeds(b, "top2"), seeds(a, "top2")) for i, a in enumerate(names) for b in names[i + 1 :]
+    ]
+    out = []
+    for what, x, y in pairs:
+        entry = {"what": what}
+        for m in ("fid", "kid"):
+            d = [u[m] - v[m] for u, v in zip(x, y) if u[m] is not None and v[m] is not None]
+            if len(d) == len(x) > 1:
+                iv = interval(d)
+                entry[m] = iv | {"per_seed": d, "resolved": not iv["lo"] <= 0 <= iv["hi"]}
+        out.append(entry)
+    return out
+
+
 def render_tables(manifest: dict, results: dict) -> str:
     """The two tables (markdown), each beside the paper's numbers, with how they were produced."""
     cfg = manifest["config"]
@@ -567,6 +595,24 @@ def render_tables(manifest: dict, results: dict) -> str:
         paper = PAPER_ROUTING.get(mode, (None, None))
         cells = [fid_kid(results[n], mode) for n in names]
         lines.append(f"| {mode} | " + " | ".join(cells) + f" | {_f(paper[0])} | {_f(paper[1])} |")
+    paired = paired_differences(results)
+    if paired:
+        lines += [
+            "",
+            "**Table 3 — paired differences across the seeds (every row of a seed shares its prompts and noise).** "
+            "Mean ± 95 % half-width of the per-seed differences; resolved = the interval excludes 0.",
+            "",
+            "| comparison | FID difference | per seed | KID difference | resolved |",
+            "|---|---|---|---|---|",
+        ]
+        for e in paired:
+            fid, kid = e.get("fid"), e.get("kid")
+            cell = lambda iv, spec: "–" if iv is None else f"{iv['mean']:+{spec}} ± {iv['half']:{spec}}"  # noqa: E731
+            per = "–" if fid is None else ", ".join(f"{v:+.1f}" for v in fid["per_seed"])
+            res = [m.upper() for m in ("fid", "kid") if e.get(m) and e[m]["resolved"]]
+            lines.append(
+                f"| {e['what']} | {cell(fid, '.2f')} | {per} | {cell(kid, '.4f')} | {', '.join(res) or 'no'} |"
+            )
     acc = results[names[0]]["router_top1_accuracy"]
     lines += [
         "",

@@ -12,7 +12,7 @@ from hddm_flower.cli import main
 from hddm_flower.config_io import load_config
 from hddm_flower.config_rules import ConfigError
 from hddm_flower.evaluate import choose_prompts, parse_mode
-from hddm_flower.reproduce import default_configs, reproduce
+from hddm_flower.reproduce import default_configs, paired_differences, reproduce
 
 from .conftest import TINY
 
@@ -161,3 +161,34 @@ def test_monolith_sees_what_the_experts_saw(tiny_config, dataset_dir):
     _, _, meta = train_monolith(cfg, dataset_dir)
     assert meta["steps"] == cfg.num_experts * e.steps and meta["grad_accumulation"] == 3
     assert meta["images_seen"] == cfg.num_experts * e.steps * e.batch_size * e.grad_accumulation
+
+
+def test_paired_differences_cancel_what_every_row_of_a_seed_shares():
+    """Each seed moves every row by the same amount (its prompts): the marginal intervals are wide, the paired
+    differences exact. One seed gives no paired table."""
+    shift = [0.0, -30.0, 25.0]  # the prompt set of each seed
+
+    def rows(**offsets):
+        return {
+            m: [{"seed": s, "fid": 50 + o + shift[s], "kid": 10 + o / 2} for s in range(3)] for m, o in offsets.items()
+        }
+
+    results = {
+        "8FM": {"per_seed": rows(top2=0.0, full=12.0)},
+        "2DDPM:6FM": {"per_seed": rows(top2=-1.0, full=9.0)},
+        "monolith": {"per_seed": rows(top1=0.0)},
+    }
+    got = {e["what"]: e for e in paired_differences(results)}
+    assert set(got) == {
+        "8FM: top2 − full",
+        "2DDPM:6FM: top2 − full",
+        "8FM: top2 − monolith",
+        "2DDPM:6FM: top2 − monolith",
+        "top2: 2DDPM:6FM − 8FM",
+    }
+    full = got["8FM: top2 − full"]["fid"]
+    assert full["mean"] == pytest.approx(-12.0) and full["half"] == pytest.approx(0.0) and full["resolved"]
+    assert got["top2: 2DDPM:6FM − 8FM"]["kid"]["mean"] == pytest.approx(-0.5)
+    assert not got["8FM: top2 − monolith"]["fid"]["resolved"]  # a difference of exactly 0
+    one = {n: {"per_seed": {m: v[:1] for m, v in r["per_seed"].items()}} for n, r in results.items()}
+    assert paired_differences(one) == []
