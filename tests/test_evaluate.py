@@ -77,6 +77,7 @@ def test_reproduce_writes_tables_manifest_and_runs(reproduced):
         assert text in tables
     # two seeds, the same for every configuration (other prompts and noise); intervals across them
     assert "Seeds: 2" in tables and "95 % Student-t" in tables
+    assert "Table 3" in tables and "| 2DDPM:2FM: top2 − full |" in tables and "| top2: 2DDPM:2FM − 4FM |" in tables
     for modes in manifest["results"].values():
         for r in modes.values():
             assert [v["seed"] for v in r["per_seed"]] == [cfg.evaluation.seed, cfg.evaluation.seed + 1]
