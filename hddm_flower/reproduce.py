@@ -520,8 +520,12 @@ def paired_differences(results: dict) -> list[dict]:
         return []
     names = [n for n in results if n != "monolith" and "top2" in results[n]["per_seed"]]
     seeds = lambda n, mode: results[n]["per_seed"][mode]  # noqa: E731
-    pairs = [(f"{n}: top2 − {m}", seeds(n, "top2"), seeds(n, m)) for n in names for m in results[n]["per_seed"]]
-    pairs = [p for p in pairs if not p[0].endswith("− top2")]
+    pairs = [
+        (f"{n}: top2 − {m}", seeds(n, "top2"), seeds(n, m))
+        for n in names
+        for m in results[n]["per_seed"]
+        if m != "top2"
+    ]
     pairs += [(f"{n}: top2 − monolith", seeds(n, "top2"), seeds("monolith", "top1")) for n in names]
     pairs += [
         (f"top2: {b} − {a}", seeds(b, "top2"), seeds(a, "top2")) for i, a in enumerate(names) for b in names[i + 1 :]
