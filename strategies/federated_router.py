@@ -291,9 +291,6 @@ def train_router_federated(
         "restricted_softmax": r.restricted_softmax,
         "nodes": {str(n): c for n, c in strategy.clusters.items()},
         "images_seen": strategy.images_seen,
-        "server_lr": {"warmup_rounds": r.optim.warmup_steps, "schedule": r.optim.schedule}
-        if r.server_optimizer == "adam"
-        else None,
         "server_lr_per_round": [round(x, 10) for x in strategy.server_lr],
         "wall_seconds": round(seconds, 2),
         # the local training's share of the wall time when the nodes work in parallel (the slowest node per round)
