@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -147,12 +148,24 @@ def _expanded_size(node: yaml.Node, where: str, memo: dict[int, int], active: se
     return size
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, with YAML 1.2's floats: ``2e-3`` and ``1E5`` are numbers (YAML 1.1 reads a float
+    without a dot as a string, and ``lr: 2e-3`` would be refused)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def _parse_yaml(text: str, where: str) -> Any:
     """Parse YAML text with bounds: at most ``MAX_DEPTH`` levels and ``MAX_NODES`` values after alias expansion
     (so an alias bomb is refused before anything is built), every failure a one-line :class:`ConfigError`."""
     loader = None
     try:
-        loader = yaml.SafeLoader(text)  # (its reader already refuses control characters)
+        loader = _Loader(text)  # (its reader already refuses control characters)
         node = loader.get_single_node()
         if node is None:
             return None

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hddm_flower.config import Config
 from hddm_flower.config_io import config_from_dict, load_config, parse_overrides
@@ -85,6 +86,25 @@ def test_overrides(tmp_path):
         load_config(p, {"expert.step": 3})
     with pytest.raises(ConfigError, match="not of the form key=value"):
         parse_overrides("expert.steps")
+
+
+def test_exponent_floats_without_a_dot_are_numbers(tmp_path):
+    """YAML 1.1 reads 2e-3 as a string; the config reads it (in files and overrides) as YAML 1.2 does."""
+    o = parse_overrides("expert.optim.lr=2e-3 sampling.cfg_scale=+1E1 a=.5e1 b=1e c=e5 d=2e-3x e=10")
+    assert o == {
+        "expert.optim.lr": 0.002,
+        "sampling.cfg_scale": 10.0,
+        "a": 5.0,
+        "b": "1e",
+        "c": "e5",
+        "d": "2e-3x",
+        "e": 10,
+    }
+    cfg = load_config(
+        _write(tmp_path, "expert:\n  optim: {lr: 3e-4}\n"), {"sampling.cfg_scale": o["sampling.cfg_scale"]}
+    )
+    assert (cfg.expert.optim.lr, cfg.sampling.cfg_scale) == (3e-4, 10.0)
+    assert yaml.safe_load("x: 2e-3") == {"x": "2e-3"}  # PyYAML's own loader is left as it is
 
 
 def test_round_trip_through_dict():
