@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoints import REQUIRED_META, TIME_CONVENTION, CheckpointRejected, install_expert, validate_weights_file
-from .choices import OBJECTIVES, WIRE_DTYPES
+from .choices import FM_TIME_SAMPLINGS, OBJECTIVES, WIRE_DTYPES
 from .objectives import SCHEDULES
 from .rundir import expert_dir, experts_dir
 from .wire import (
@@ -97,6 +97,8 @@ def parse_expert_meta(meta: Any, *, max_id: int = MAX_EXPERT_ID) -> dict[str, An
                     raise WireError(f"metadata of a ddpm expert lacks {k!r}")
             out["schedule"] = as_str(m["schedule"], "metadata schedule", choices=SCHEDULES)
             out["num_train_timesteps"] = as_int(m["num_train_timesteps"], "metadata num_train_timesteps", 2, 100_000)
+        if out["objective"] == "fm" and m.get("time_sampling") is not None:  # how training drew t
+            out["time_sampling"] = _time_sampling(m["time_sampling"])
         if m.get("weights_dtype") is not None:
             out["weights_dtype"] = as_str(m["weights_dtype"], "metadata weights_dtype", choices=WIRE_DTYPES)
         for k in ("resumed_steps", "peak_memory_bytes"):
@@ -107,6 +109,18 @@ def parse_expert_meta(meta: Any, *, max_id: int = MAX_EXPERT_ID) -> dict[str, An
     except WireError as e:
         raise CheckpointRejected(str(e)) from None
     return out
+
+
+def _time_sampling(value: Any) -> dict[str, Any]:
+    """An FM expert's ``time_sampling`` metadata, checked: what :class:`~hddm_flower.experts.FlowMatchingExpert`
+    accepts, nothing else."""
+    if not isinstance(value, dict):
+        raise WireError(f"metadata time_sampling: expected an object, got {type(value).__name__}")
+    kind = as_str(value.get("kind"), "metadata time_sampling kind", choices=FM_TIME_SAMPLINGS)
+    if kind == "uniform":
+        return {"kind": kind}
+    mean = as_float(value.get("mean"), "metadata time_sampling mean", -100.0, 100.0)
+    return {"kind": kind, "mean": mean, "std": as_float(value.get("std"), "metadata time_sampling std", 1e-6, 100.0)}
 
 
 _REQUIRED = (*REQUIRED_META, "sha256")  # what a checkpoint's own metadata must hold, plus its hash on the wire

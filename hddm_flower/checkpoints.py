@@ -328,7 +328,7 @@ def make_expert(
 ) -> Expert:
     """Wrap a network in the adapter its metadata names: the one place the objective is read."""
     if meta["objective"] == "fm":
-        return FlowMatchingExpert(net)
+        return FlowMatchingExpert(net, meta.get("time_sampling"))
     if meta["objective"] == "ddpm":
         return DDPMExpert(
             net, meta["schedule"], meta["num_train_timesteps"], conversion=conversion, t_eps=t_eps, x0_clamp=x0_clamp

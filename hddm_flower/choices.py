@@ -28,9 +28,12 @@ CLUSTER_FEATURES = ("pixels", "caption", "dinov2")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 """Dtypes an expert's weights may be stored and sent in."""
 OPTIMIZERS = ("auto", "fused", "foreach", "default")
+"""AdamW implementations: ``auto`` picks the fused kernel where torch has one."""
 LR_SCHEDULES = ("constant", "cosine")
 """Learning rate after the warm-up: constant, or a cosine decay to ``optim.min_lr_ratio`` × lr at the last step."""
-"""AdamW implementations: ``auto`` picks the fused kernel where torch has one."""
+FM_TIME_SAMPLINGS = ("uniform", "logit_normal")
+"""How an FM expert draws its training times: uniform on (0, 1), or logit-normal (SD3: more steps at intermediate
+noise, fewer at the ends)."""
 PRECISIONS = ("no", "bf16")
 ROUTER_TRAINING = ("central", "federated")
 """Where the router is trained: on the coordinator's copy of all clusters, or in rounds over the nodes."""

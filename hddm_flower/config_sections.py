@@ -10,6 +10,7 @@ from .choices import (
     CLUSTER_FEATURES,
     CONVERSIONS,
     DATASETS,
+    FM_TIME_SAMPLINGS,
     LR_SCHEDULES,
     OBJECTIVES,
     OPTIMIZERS,
@@ -179,6 +180,9 @@ class ExpertConfig:
     batch_size: int = 32
     optim: OptimConfig = field(default_factory=OptimConfig)
     caption_dropout: float = 0.1  # probability of the empty caption, for classifier-free guidance
+    fm_time_sampling: str = "uniform"  # FM experts' training times: uniform, or logit_normal (SD3)
+    fm_logit_mean: float = 0.0  # logit_normal: t = sigmoid(mean + std·z), z ~ N(0, 1)
+    fm_logit_std: float = 1.0
     grad_accumulation: int = 1  # micro-batches per optimiser step (images per step = batch_size × this)
     ema_decay: float = 0.0  # > 0: keep an EMA of the weights and export it (the metadata says so)
     mixed_precision: str = "no"  # or "bf16" (autocast)
@@ -197,6 +201,8 @@ class ExpertConfig:
         r.at_least(0, "checkpoint_every")
         self.optim.validate(source, f"{prefix}optim.")
         r.within("caption_dropout", 0, 1)
+        r.choice("fm_time_sampling", FM_TIME_SAMPLINGS, "FM time sampling")
+        r.positive("fm_logit_std")
         r.within("ema_decay", 0, 1, hi_open=True)
         r.choice("mixed_precision", PRECISIONS, "precision")
         r.choice("weights_dtype", WIRE_DTYPES, "dtype")

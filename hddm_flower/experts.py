@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .choices import CONVERSIONS, T_EPS, X0_CLAMP
+from .choices import CONVERSIONS, FM_TIME_SAMPLINGS, T_EPS, X0_CLAMP
 from .objectives import (
     FM_TIME_SCALE,
     ddpm_alpha_bar,
@@ -24,6 +24,7 @@ from .objectives import (
     fm_input_scale,
     fm_interpolate,
     fm_loss,
+    logit_normal_time,
     naive_timestep,
     snr_matched_timestep,
 )
@@ -98,6 +99,21 @@ class FlowMatchingExpert(Expert):
 
     objective = "fm"
 
+    def __init__(self, net: Net, time_sampling: dict | None = None):
+        """``time_sampling``: how training draws t, ``{"kind": "uniform"}`` (default) or
+        ``{"kind": "logit_normal", "mean": m, "std": s}`` (:func:`~hddm_flower.objectives.logit_normal_time`)."""
+        super().__init__(net)
+        self.time_sampling = dict(time_sampling or {"kind": "uniform"})
+        if self.time_sampling["kind"] not in FM_TIME_SAMPLINGS:
+            raise ValueError(f"unknown FM time sampling {self.time_sampling['kind']!r}; expected {FM_TIME_SAMPLINGS}")
+
+    def training_times(self, n: int, generator: torch.Generator | None, like: Tensor) -> Tensor:
+        """``n`` training times in (0, 1) from ``generator``, by the expert's time sampling."""
+        ts = self.time_sampling
+        if ts["kind"] == "logit_normal":
+            return logit_normal_time(_draw(torch.randn, (n,), generator, like), ts["mean"], ts["std"])
+        return _draw(torch.rand, (n,), generator, like)
+
     def net_inputs(self, x_t, t):
         return x_t, FM_TIME_SCALE * t
 
@@ -105,7 +121,7 @@ class FlowMatchingExpert(Expert):
         return out
 
     def training_loss(self, x0, cond, generator=None):
-        t = _draw(torch.rand, (x0.shape[0],), generator, x0)
+        t = self.training_times(x0.shape[0], generator, x0)
         eps = _draw(torch.randn, x0.shape, generator, x0)
         x_t = fm_interpolate(x0, eps, t)
         return fm_loss(self.net(x_t, FM_TIME_SCALE * t, cond), x0, eps)

@@ -47,6 +47,13 @@ def fm_interpolate(x0: Tensor, eps: Tensor, t: Tensor) -> Tensor:
     return (1 - t) * x0 + t * eps
 
 
+def logit_normal_time(z: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
+    """Training times ``t = sigmoid(mean + std·z)`` from standard normal ``z``: the logit-normal density
+    ``p(t) = exp(−(logit t − mean)² / 2std²) / (std·sqrt(2π)·t·(1 − t))`` of SD3 (Esser et al. 2024), which spends
+    the steps on intermediate noise levels instead of the nearly clean and nearly pure-noise ends."""
+    return torch.sigmoid(mean + std * z)
+
+
 def fm_velocity_target(x0: Tensor, eps: Tensor) -> Tensor:
     """The regression target of an FM expert, ``v = eps − x0``."""
     return eps - x0

@@ -81,6 +81,10 @@ def test_a_good_expert_is_installed_with_its_metadata(blob, tmp_path):
         ({"sha256": "ab" * 40}, "characters"),
         ({"sha256": "zz" * 32}, "hex"),
         ({"weights_dtype": "int8"}, "not one of"),
+        ({"objective": "fm", "time_sampling": "logit_normal"}, "expected an object"),
+        ({"objective": "fm", "time_sampling": {"kind": "beta"}}, "not one of"),
+        ({"objective": "fm", "time_sampling": {"kind": "logit_normal", "mean": 0}}, "std: expected a number"),
+        ({"objective": "fm", "time_sampling": {"kind": "logit_normal", "mean": 0, "std": 0}}, "outside"),
     ],
 )
 def test_each_bad_field_is_refused_in_one_line(blob, tmp_path, change, reason):

@@ -132,6 +132,23 @@ def test_init_per_objective_and_expert(tmp_path):
         load_config(_write(tmp_path, "expert:\n  init: {sde: /a}\n"))
 
 
+def test_fm_time_sampling_is_checked_and_reaches_the_fm_experts_metadata(tmp_path):
+    from hddm_flower.checkpoints import make_expert
+    from hddm_flower.stages.expert import build_expert
+
+    with pytest.raises(ConfigError, match=r"expert\.fm_time_sampling: .*'beta'"):
+        load_config(_write(tmp_path, "expert: {fm_time_sampling: beta}\n"))
+    with pytest.raises(ConfigError, match=r"expert\.fm_logit_std"):
+        load_config(_write(tmp_path, "expert: {fm_time_sampling: logit_normal, fm_logit_std: 0}\n"))
+    cfg = load_config(_write(tmp_path, "expert: {preset: test, fm_time_sampling: logit_normal, fm_logit_mean: 0.5}\n"))
+    shapes = {"image_size": 8, "channels": 3, "text_dim": 8}
+    fm, _, meta = build_expert(cfg, shapes, "fm")
+    assert meta["time_sampling"] == {"kind": "logit_normal", "mean": 0.5, "std": 1.0}
+    assert make_expert(fm.net, meta).time_sampling == fm.time_sampling == meta["time_sampling"]
+    assert "time_sampling" not in build_expert(cfg, shapes, "ddpm")[2]  # DDPM timesteps stay uniform
+    assert build_expert(Config(), shapes, "fm")[2]["time_sampling"] == {"kind": "uniform"}
+
+
 def test_paper_configs_state_the_paper_setup():
     paper = load_config(Path(__file__).parent.parent / "configs" / "paper-2ddpm-6fm.yaml")
     assert (paper.expert.preset, paper.router.preset, paper.num_experts) == ("XL/2", "B/2", 8)

@@ -202,3 +202,51 @@ def test_training_losses_vanish_for_exact_predictors(schedule):
     torch.testing.assert_close(
         ddpm_noise(x0, eps, tau, ab), ab[tau].sqrt()[:, None] * x0 + (1 - ab[tau]).sqrt()[:, None] * eps
     )
+
+
+def _normal_cdf(x):
+    return 0.5 * (1 + torch.erf(x / math.sqrt(2)))
+
+
+@pytest.mark.parametrize(("mean", "std"), [(0.0, 1.0), (-0.5, 0.6)])
+def test_logit_normal_training_times_follow_their_closed_form(mean, std):
+    """An FM expert with logit-normal time sampling draws t with CDF Φ((logit t − mean) / std), 0 at t = 0 and 1 at
+    t = 1, whose derivative is the density of :func:`logit_normal_time`'s docstring; its loss still vanishes for an
+    exact predictor."""
+    n = 200_000
+    fm = FlowMatchingExpert(
+        lambda x_t, ts, c: torch.zeros_like(x_t), {"kind": "logit_normal", "mean": mean, "std": std}
+    )
+    like = torch.zeros(1, dtype=torch.float64)
+    t = fm.training_times(n, torch.Generator().manual_seed(0), like)
+    assert t.dtype == torch.float64 and bool(((t > 0) & (t < 1)).all())
+    inner = T_GRID[(T_GRID > 0) & (T_GRID < 1)]
+    cdf = _normal_cdf((torch.logit(inner) - mean) / std)
+    empirical = (t[None, :] <= inner[:, None]).double().mean(1)
+    assert float((empirical - cdf).abs().max()) < 5 * math.sqrt(0.25 / n)  # 5 standard errors at worst
+    assert float((t <= 0.0).double().mean()) == 0.0 and float((t <= 1.0).double().mean()) == 1.0
+    h = 1e-6  # the density is the CDF's derivative
+    density = torch.exp(-((torch.logit(inner) - mean) ** 2) / (2 * std**2)) / (
+        std * math.sqrt(2 * math.pi) * inner * (1 - inner)
+    )
+    ok = (inner > 1e-3) & (inner < 1 - 1e-3)  # central differences need room on both sides
+    x = inner[ok]
+    numeric = (_normal_cdf((torch.logit(x + h) - mean) / std) - _normal_cdf((torch.logit(x - h) - mean) / std)) / (
+        2 * h
+    )
+    torch.testing.assert_close(numeric, density[ok], rtol=1e-4, atol=1e-8)
+    x0 = torch.randn(8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    exact = FlowMatchingExpert(
+        lambda x_t, ts, c: velocity_from_x0(x_t, ts / 999, x0), {"kind": "logit_normal", "mean": mean, "std": std}
+    )
+    assert exact.training_loss(x0, None, generator=torch.Generator().manual_seed(2)).item() < 1e-20
+
+
+def test_uniform_training_times_are_torch_rand_and_unknown_kinds_are_refused():
+    """The default draws exactly what ``torch.rand`` draws from the same generator (runs stay reproducible)."""
+    like = torch.zeros(1, dtype=torch.float64)
+    fm = FlowMatchingExpert(lambda x_t, ts, c: x_t)
+    t = fm.training_times(64, torch.Generator().manual_seed(3), like)
+    assert torch.equal(t, torch.rand(64, generator=torch.Generator().manual_seed(3), dtype=torch.float64))
+    with pytest.raises(ValueError, match="unknown FM time sampling 'beta'"):
+        FlowMatchingExpert(lambda x_t, ts, c: x_t, {"kind": "beta"})

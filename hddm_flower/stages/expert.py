@@ -55,6 +55,11 @@ def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int
     meta["sample_range"] = cfg.sampling.x0_clamp  # |x0| bound of the data: diffusers' clip_sample_range
     if objective == "ddpm":
         meta |= {"schedule": cfg.ddpm.schedule, "num_train_timesteps": cfg.ddpm.num_train_timesteps}
+    else:  # how training drew t (sampling does not depend on it)
+        e = cfg.expert
+        meta["time_sampling"] = {"kind": e.fm_time_sampling} | (
+            {"mean": e.fm_logit_mean, "std": e.fm_logit_std} if e.fm_time_sampling == "logit_normal" else {}
+        )
     net = ExpertNet.from_config(model_config)
     init = cfg.init_for(expert_id, objective)
     meta["init"] = init
