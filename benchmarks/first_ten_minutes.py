@@ -50,7 +50,21 @@ METRICS = ("fid", "kid", "adherence", "adherence_rows")
 
 
 def measure(run_dir: Path, feature_dir: Path, args, scale: float | None) -> dict:
-    """Per-seed metrics of one run at one CFG scale, with the shared feature classifier."""
+    """Per-seed metrics of one run at one CFG scale, with the shared feature classifier; kept in
+    ``OUT_points/`` and reused by a later call with the same run and protocol (separate calls can measure runs
+    in parallel, and a last call with all of them writes the comparison)."""
+    key = {"run_dir": str(run_dir), "cfg": scale, "seeds": args.seeds, "prompts": args.prompts}
+    key |= {"samples": args.samples, "feature_steps": args.feature_steps}
+    kept = args.out.parent / (args.out.name + "_points") / f"{run_dir.name}-cfg{scale}.json"
+    if kept.is_file() and json.loads(kept.read_text())["key"] == key:
+        return json.loads(kept.read_text())["point"]
+    point = _measure(run_dir, feature_dir, args, scale)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps({"key": key, "point": point}, indent=2))
+    return point
+
+
+def _measure(run_dir: Path, feature_dir: Path, args, scale: float | None) -> dict:
     cfg = load_config(run_dir / CONFIG)
     s, ev = cfg.sampling, cfg.evaluation
     scale = s.cfg_scale if scale is None else scale

@@ -133,6 +133,12 @@ def cmd_train_expert(args) -> None:
     from .stages.prepare import assign_objectives
 
     cfg = _config(args)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads {args.threads}: expected at least 1")
+        import torch
+
+        torch.set_num_threads(args.threads)
     cluster = None
     if args.cluster_data:  # a new institution's own shard set (it joins with hddm add-expert --cluster-data)
         d = Path(args.cluster_data)
@@ -406,6 +412,13 @@ def build_parser() -> argparse.ArgumentParser:
         "an institution joining an assembled run with data it never had (needs --objective)",
     )
     sp.add_argument("--device", default="cpu")
+    sp.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads of torch (default: torch's own, one per core); give each of several trainings that "
+        "share one machine its share, e.g. --threads 1 for two on 2 cores (else they spin against each other)",
+    )
     sp.add_argument(
         "--checkpoint",
         type=Path,

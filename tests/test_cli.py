@@ -19,24 +19,16 @@ def test_stages_without_flower(tiny_config_path, dataset_dir, cache_dir, tmp_pat
     assert main(["prepare", *common]) == 0
     assert "4 clusters" in capsys.readouterr().out
     run = tmp_path / "run"
-    for k in (0, 1):
-        assert (
-            main(
-                [
-                    "train-expert",
-                    *common,
-                    "--expert-id",
-                    str(k),
-                    "--out",
-                    str(run / "experts" / f"expert-{k}"),
-                    "--set",
-                    "expert.steps=2",
-                ]
-            )
-            == 0
-        )
+    threads = torch.get_num_threads()
+    try:
+        for k in (0, 1):
+            out = ["--out", str(run / "experts" / f"expert-{k}"), "--set", "expert.steps=2", "--threads", "1"]
+            assert main(["train-expert", *common, "--expert-id", str(k), *out]) == 0
+    finally:
+        torch.set_num_threads(threads)  # --threads set this process's torch threads
     meta = json.loads((run / "experts" / "expert-1" / "hddm_expert.json").read_text())
     assert meta["objective"] == "ddpm" and meta["steps"] == 2  # the config gives cluster 1 DDPM
+    assert meta["cpu_threads"] == 1
     assert main(["assemble", *common, "--run-dir", str(run), "--device", "cpu"]) == 0
     report = json.loads((run / "report.json").read_text())
     assert len(report["experts"]) == 2 and [m["expert_id"] for m in report["missing"]] == [2, 3]
@@ -68,6 +60,7 @@ def test_stages_without_flower(tiny_config_path, dataset_dir, cache_dir, tmp_pat
     [
         (["--set", "expert.stpes=3", "--expert-id", "0", "--out", "X"], "unknown key expert.stpes"),
         (["--expert-id", "7", "--out", "X"], "--expert-id 7 is outside 0..3"),
+        (["--threads", "0", "--expert-id", "0", "--out", "X"], "--threads 0: expected at least 1"),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(tiny_config_path, dataset_dir, cache_dir, tmp_path, capsys, args, message):
