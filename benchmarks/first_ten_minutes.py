@@ -178,7 +178,7 @@ def main() -> None:
 
 
 def _iv(x: dict, spec: str) -> str:
-    return f"{x['mean']:{spec}} ± {x['half']:{spec}}"
+    return f"{x['mean']:{spec}} ± {x['half']:{spec.lstrip('+')}}"
 
 
 def markdown(r: dict) -> str:
