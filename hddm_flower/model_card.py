@@ -33,6 +33,12 @@ def _categories(cluster: dict, n: int = 3) -> str:
     return ", ".join(list(cluster.get("categories", {}))[:n]) or "–"
 
 
+def _time_sampling(ts: dict) -> str:
+    if ts.get("kind") == "logit_normal":
+        return f"logit-normal, t = sigmoid({ts.get('mean')} + {ts.get('std')}·z), z ~ N(0, 1)"
+    return "uniform on (0, 1)"
+
+
 def _objective(e: dict) -> str:
     return "Flow Matching (velocity ε − x0)" if e["objective"] == "fm" else f"DDPM ε-prediction ({e.get('schedule')})"
 
@@ -133,7 +139,8 @@ def expert_card(report: dict, expert: dict) -> str:
         "",
         f"- Objective: {_objective(expert)}; time convention in `hddm_expert.json` → `time`.",
         f"- Steps: {expert['steps']}, images seen: {expert['images_seen']}, device-hours: "
-        f"{_hours(expert.get('device_seconds'))} on {expert.get('device', '?')}; EMA weights: {expert.get('ema')}.",
+        f"{_hours(expert.get('device_seconds'))} on {expert.get('device', '?')}; EMA weights: {expert.get('ema')}"
+        + (f"; training times: {_time_sampling(expert['time_sampling'])}." if expert.get("time_sampling") else "."),
         f"- Weights sha256: `{expert.get('sha256', '?')}`.",
         "",
         "## Sampling with diffusers alone",

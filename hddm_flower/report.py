@@ -56,6 +56,7 @@ def write_report(
         "final_loss",
         "cluster_size",
         "ema",
+        "time_sampling",
         "sha256",
         "node_id",
         "objective_assigned",

@@ -95,6 +95,7 @@ def test_model_cards_in_the_run_and_every_expert_folder(run):
     )
     assert "FlowMatchEulerDiscreteScheduler" in fm and "linspace(1, 0, n + 1)" in fm and "Flow Matching" in fm
     assert "DDPMScheduler" in ddpm and "clip_sample" in ddpm and "DDPM ε-prediction (linear)" in ddpm
+    assert "training times: uniform on (0, 1)" in fm and "training times" not in ddpm  # FM: how t was drawn
     for text in (fm, ddpm):
         assert "CC-BY 4.0" in text and "images seen" in text and "text_encoder.json" in text
 
