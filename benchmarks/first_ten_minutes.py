@@ -12,7 +12,8 @@ on 64 samples: two runs' reports do not compare. Here every run is measured with
 
 Seeds pair the runs (a seed fixes the prompts and the noise for every run), so each candidate's difference from
 the ``--baseline`` run is a per-seed difference with a Student-t 95 % interval. ``--cfg`` evaluates each run at
-other CFG scales too (the run's own scale if not given). No training of experts or routers: the runs' own.
+other CFG scales (the run's own scale if not given); ``NAME=RUN_DIR@SCALE`` one run at one scale. No training of
+experts or routers: the runs' own.
 
     python benchmarks/first_ten_minutes.py --runs default=RUN_A fast=RUN_B --baseline default --seeds 5
 
@@ -124,9 +125,11 @@ def held_out_accuracy(feature_dir: Path, runs: dict, args) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", nargs="+", required=True, help="NAME=RUN_DIR of finished runs")
+    p.add_argument(
+        "--runs", nargs="+", required=True, help="NAME=RUN_DIR of finished runs; NAME=RUN_DIR@SCALE: at this CFG scale"
+    )
     p.add_argument("--baseline", required=True, help="the NAME every other run is compared with")
-    p.add_argument("--cfg", type=float, nargs="*", default=[], help="CFG scales (default: each run's own)")
+    p.add_argument("--cfg", type=float, nargs="*", default=[], help="CFG scales of runs without @ (default: their own)")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--prompts", type=int, default=32, help="held-out prompts per seed")
     p.add_argument("--samples", type=int, default=4, help="samples per held-out prompt")
@@ -134,12 +137,19 @@ def main() -> None:
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--out", type=Path, default=OUT, help="results path without suffix")
     args = p.parse_args()
-    runs = dict(r.split("=", 1) for r in args.runs)
-    if args.baseline not in runs:
-        sys.exit(f"--baseline {args.baseline!r} is none of the runs {sorted(runs)}")
-    for name, d in runs.items():
+    runs, scales = {}, {}
+    for spec in args.runs:
+        name, _, where = spec.partition("=")
+        d, at, scale = where.rpartition("@") if "@" in where else (where, "", "")
+        runs[name] = d
+        try:
+            scales[name] = [float(scale)] if at else (args.cfg or [None])
+        except ValueError:
+            sys.exit(f"{spec}: {scale!r} after @ is not a CFG scale")
         if not (Path(d) / REPORT_JSON).is_file():
             sys.exit(f"{name}={d}: not a finished run (no {REPORT_JSON})")
+    if args.baseline not in runs:
+        sys.exit(f"--baseline {args.baseline!r} is none of the runs {sorted(runs)}")
     torch.set_num_threads(1)
     feature_dir = args.out.parent / (args.out.name + "_feature_net")
     load0, start = os.getloadavg(), time.time()
@@ -147,7 +157,7 @@ def main() -> None:
         f"{name} @ cfg {scale:g}" if scale is not None else name: measure(Path(d).resolve(), feature_dir, args, scale)
         | {"name": name}
         for name, d in runs.items()
-        for scale in (args.cfg or [None])
+        for scale in scales[name]
     }
     base = {p["cfg_scale"]: p for p in points.values() if p["name"] == args.baseline}
     for pt in points.values():
