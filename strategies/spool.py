@@ -37,6 +37,7 @@ from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object
 from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, inflate_object_from_contents, pull_objects
 from flwr.superlink.grid.http_grid import HttpGrid
 
+FLOWER_SERIES = (1, 42)  # the Flower release whose internals this module is written against (see above)
 CHUNKS_IN_FLIGHT = 2 * FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS  # ≤ 4 × 5 MiB of an array in memory at a time
 MAX_INLINE_BYTES = 64 * 2**20  # what a reply may hold in memory besides its spooled arrays (metadata, metrics)
 MALFORMED = (ValueError, KeyError, IndexError, TypeError, AttributeError)  # what bad object contents raise

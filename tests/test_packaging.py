@@ -1,14 +1,23 @@
-"""The installed command line: `hddm --version` and every `--help` answer without importing torch, and the
-shipped configs travel inside the package so an installed `hddm` finds its default."""
+"""The installed command line: `hddm --version` and every `--help` answer without importing torch, the
+shipped configs travel inside the package so an installed `hddm` finds its default, the Flower app bundle passes
+Flower's format-v1 checks, and the installed Flower is the release the spooling code was written for."""
 
+import importlib.metadata
+import io
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import yaml
+from flwr.cli.build import build_fab_from_disk
+from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 from hddm_flower.config import shipped_configs
+from strategies.spool import FLOWER_SERIES
 
 ROOT = Path(__file__).parent.parent
 
@@ -54,3 +63,40 @@ def test_configs_ship_inside_the_package_and_are_self_contained():
     for path in shipped_configs().glob("*.yaml"):
         base = (yaml.safe_load(path.read_text()) or {}).get("base")
         assert base is None or (path.parent / base).resolve().parent == path.parent.resolve(), path.name
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_installed_flower_is_the_release_the_spool_was_written_for():
+    """strategies/spool.py builds Flower's private Runtime API requests; on another Flower release it must be
+    re-checked before anything runs on it (the next release renames ``PullAppMessagesRequest.message_ids``)."""
+    installed = Version(importlib.metadata.version("flwr"))
+    series = ".".join(map(str, FLOWER_SERIES))
+    assert installed.release[:2] == FLOWER_SERIES, (
+        f"flwr {installed} is installed, but strategies/spool.py was written against Flower {series}'s internals "
+        f"(HttpGrid._runtime_client, PullAppMessagesRequest.message_ids): check it against this release with "
+        f"tests/test_spool.py and benchmarks/server_memory.py, then update FLOWER_SERIES and pyproject's flwr bound"
+    )
+    fields = PullAppMessagesRequest.DESCRIPTOR.fields_by_name
+    assert "message_ids" in fields, f"PullAppMessagesRequest has no message_ids in flwr {installed}: {sorted(fields)}"
+    [flwr_req] = [Requirement(d) for d in _pyproject()["project"]["dependencies"] if Requirement(d).name == "flwr"]
+    assert f"{series}.0" in flwr_req.specifier and f"{series}.99" in flwr_req.specifier, flwr_req
+    nxt = f"{FLOWER_SERIES[0]}.{FLOWER_SERIES[1] + 1}.0"
+    assert nxt not in flwr_req.specifier, f"pyproject admits flwr {nxt}, which spool.py was not written for"
+
+
+def test_flower_app_bundle_passes_format_v1_with_its_licence():
+    """What `flwr build` bundles: format version 1 with a target version inside the flwr bound (Flower's own
+    checks raise otherwise), the Apache-2.0 LICENSE inside the bundle, no tests' caches or virtual environments."""
+    app = _pyproject()["tool"]["flwr"]["app"]
+    assert app["fab-format-version"] == 1
+    fab = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT)))
+    names = set(fab.namelist())
+    assert "LICENSE" in names and "pyproject.toml" in names
+    assert fab.read("LICENSE") == (ROOT / "LICENSE").read_bytes()
+    assert b"Apache License" in fab.read("LICENSE") and b"Version 2.0, January 2004" in fab.read("LICENSE")
+    bundled = tomllib.loads(fab.read("pyproject.toml").decode())
+    assert bundled["tool"]["flwr"]["app"]["flwr-version-target"] == app["flwr-version-target"]
+    assert not any(n.startswith(".venv/") or "__pycache__" in n for n in names)
