@@ -358,7 +358,7 @@ def save_router(folder: str | os.PathLike, router: Router, meta: dict[str, Any])
     tmp = _atomic_folder(folder)
     try:
         router.save_pretrained(tmp)
-        (tmp / ROUTER_META).write_text(json.dumps(meta, indent=2))
+        (tmp / ROUTER_META).write_text(json.dumps(meta, indent=2, allow_nan=False))
         _commit(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -15,8 +15,11 @@ federatedly every round: each node returns its confusion counts, the server adds
 
 :class:`RouterStrategy` changes only what Flower's strategy leaves to the app: the message types (the
 ``router`` actions of the ClientApp, so they do not reach the expert-training handler), the nodes (those with
-clusters), the check of every reply against the global model before Flower averages (a peer's malformed update
-is dropped and logged, never averaged), the sum of confusion counts, and the bytes it moved.
+clusters), the check of every reply against its schema and the global model before Flower averages
+(:mod:`strategies.round_replies`: one reply per asked node, exact records and metric keys, the arrays deserialised and
+checked, and those checked arrays averaged; a malformed update is dropped and recorded with its reason in the
+report's ``dropped_replies``, never averaged, and an aggregation Flower refuses skips the round, not the run), the
+sum of confusion counts, and the bytes it moved.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app.exception import AppExitException
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdam, FedAvg
@@ -50,6 +54,8 @@ from hddm_flower.rundir import ROUTER
 from hddm_flower.stages.assemble import evaluate_and_report
 from hddm_flower.stages.router import fit_router
 from hddm_flower.training import lr_factor
+
+from .round_replies import ReplyRefused, check_evaluate_reply, check_train_reply, one_per_node
 
 ACTION = "router"
 
@@ -119,7 +125,8 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             self.sent_bytes: dict[int, int] = {}
             self.received_bytes: dict[int, int] = {}
             self.dropped: dict[int, list[str]] = {}
-            self._global: ArrayRecord | None = None
+            self._global: dict[str, np.ndarray] = {}
+            self._sent: list[Message] = []
 
         def summary(self) -> None:
             super().summary()
@@ -130,85 +137,99 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             rnd = int(record[self.configrecord_key]["server-round"])
             self.sent_bytes[rnd] = self.sent_bytes.get(rnd, 0) + _record_bytes(record) * len(nodes)
             if message_type == MessageType.TRAIN:
-                self._global = record[self.arrayrecord_key]
-            return super()._construct_messages(record, nodes, f"{message_type}.{action}")
+                self._global = {k: a.numpy() for k, a in record[self.arrayrecord_key].items()}
+            self._sent = list(super()._construct_messages(record, nodes, f"{message_type}.{action}"))
+            return self._sent
 
         def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
             """Held-out counts every ``evaluate_every`` rounds and after the last one."""
             if not evaluate or (server_round % self.evaluate_every and server_round != self.num_rounds):
+                self._sent = []
                 return []
             return super().configure_evaluate(server_round, arrays, config, grid)
 
         def _count(self, server_round: int, replies: list[Message]) -> None:
-            got = sum(_record_bytes(m.content) for m in replies if not m.has_error())
+            got = 0
+            for m in replies:
+                try:
+                    got += 0 if m.has_error() else _record_bytes(m.content)
+                except Exception as e:  # a record Flower cannot size: the reply is dropped below anyway
+                    log(WARNING, "router round %d: a reply's size is unknown (%s)", server_round, type(e).__name__)
             self.received_bytes[server_round] = self.received_bytes.get(server_round, 0) + got
 
-        def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        def _checked(self, server_round: int, replies: Iterable[Message], check) -> list[Message]:
+            """The replies of this round that pass ``check(node, message)`` (which returns the checked content),
+            one per asked node (:func:`~strategies.round_replies.one_per_node`), each carrying what was checked.
+            Whatever checking one reply raises costs that reply only; every drop is recorded with its reason."""
             replies = list(replies)
             self._count(server_round, replies)
-            good = [m for m in replies if m.has_error() or self._valid(server_round, m)]
-            ok = [m.content["metrics"] for m in good if not m.has_error()]
-            self.images_seen += sum(int(m["images-seen"]) for m in ok)
-            self.slowest_node_seconds += max((float(m.get("seconds", 0.0)) for m in ok), default=0.0)
+            asked = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent}
+            kept, dropped = one_per_node(replies, asked)
+            for why in dropped:
+                self._record_drop(server_round, why)
+            good = []
+            for node, msg in kept:
+                if msg.has_error():
+                    self._record_drop(server_round, f"node {node}: error reply ({_one_line(msg.error.reason)})")
+                    continue
+                try:
+                    msg.content = check(node, msg)
+                except ReplyRefused as e:
+                    self._record_drop(server_round, f"node {node}: {e}")
+                    continue
+                except Exception as e:  # whatever a hostile reply raises costs this reply only
+                    self._record_drop(server_round, f"node {node}: {type(e).__name__}: {_one_line(str(e))}")
+                    continue
+                good.append(msg)
+            return good
+
+        def _aggregate(self, server_round: int, aggregate, replies: list[Message]):
+            """Flower's aggregation of the checked replies; an ``AppExitException`` it raises (e.g.
+            ``InconsistentMessageReplies``) skips this round's aggregation, recorded, instead of ending the run."""
+            try:
+                return aggregate(server_round, replies)
+            except AppExitException as e:
+                self._record_drop(server_round, f"aggregation skipped ({type(e).__name__}: {_one_line(str(e))})")
+                return None
+
+        def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+            good = self._checked(server_round, replies, self._check_train)
+            ok = [m.content["metrics"] for m in good]
             if self.base_eta is not None and self.optim is not None:  # FedAdam: round r is central step r − 1
                 self.eta = self.base_eta * lr_factor(server_round - 1, self.optim, self.num_rounds)
                 self.server_lr.append(self.eta)
-            arrays, metrics = super().aggregate_train(server_round, good)
+            out = self._aggregate(server_round, super().aggregate_train, good) if good else None
+            arrays, metrics = out if out is not None else (None, None)
             if arrays is not None:  # FedAdam computes in float64: the model keeps its own dtypes on the wire
+                self.images_seen += sum(int(m["images-seen"]) for m in ok)
+                self.slowest_node_seconds += max((float(m["seconds"]) for m in ok), default=0.0)
                 arrays = ArrayRecord(
                     {k: Array(a.numpy().astype(self._global[k].dtype, copy=False)) for k, a in arrays.items()}
                 )
             return arrays, metrics
 
         def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
-            replies = list(replies)
-            self._count(server_round, replies)
-            good = [m for m in replies if m.has_error() or self._valid_counts(server_round, m)]
-            return super().aggregate_evaluate(server_round, good)
+            good = self._checked(server_round, replies, self._check_counts)
+            return self._aggregate(server_round, super().aggregate_evaluate, good) if good else None
 
-        def _drop(self, server_round: int, msg: Message, why: str) -> bool:
-            node = msg.metadata.src_node_id
-            log(WARNING, "router round %d: the reply of node %d is dropped: %s", server_round, node, why)
-            self.dropped.setdefault(server_round, []).append(f"node {node}: {why}")
-            return False
+        def _record_drop(self, server_round: int, why: str) -> None:
+            log(WARNING, "router round %d: a reply is dropped: %s", server_round, why)
+            self.dropped.setdefault(server_round, []).append(why)
 
-        def _valid(self, server_round: int, msg: Message) -> bool:
-            """The reply's router has exactly the global model's arrays (names, shapes, dtypes), all finite, its
-            weight is the node's declared number of training images, and it drew at most ``max_images``."""
-            content = msg.content
-            if self.arrayrecord_key not in content.array_records or "metrics" not in content.metric_records:
-                return self._drop(server_round, msg, "no arrays or no metrics")
-            got, want = content[self.arrayrecord_key], self._global
-            if set(got) != set(want):
-                return self._drop(server_round, msg, f"arrays {sorted(set(got) ^ set(want))[:3]} differ")
-            for name, a in got.items():
-                if a.shape != want[name].shape or a.dtype != want[name].dtype:
-                    return self._drop(server_round, msg, f"array {name} is {a.dtype}{a.shape}")
-                if not np.isfinite(a.numpy()).all():
-                    return self._drop(server_round, msg, f"array {name} is not finite")
-            node, m = msg.metadata.src_node_id, content["metrics"]
-            n, want = m.get(self.weighted_by_key), self.sizes.get(node)
+        def _check_train(self, node: int, msg: Message) -> RecordDict:
+            """The train reply's schema (:func:`~strategies.round_replies.check_train_reply`: records, metric keys
+            and types, the global model's arrays deserialised and checked), its weight is the node's declared number
+            of training images, and it drew at most ``max_images``."""
+            content, m = check_train_reply(msg.content, self._global)
+            n, want = m[self.weighted_by_key], self.sizes.get(node)
             if n != want:
-                return self._drop(server_round, msg, f"{self.weighted_by_key} = {n!r}, the node declared {want}")
-            seen = m.get("images-seen")
-            if not isinstance(seen, int) or not 0 < seen <= self.max_images:
-                return self._drop(server_round, msg, f"images-seen = {seen!r}, not in 1..{self.max_images}")
-            return True
+                raise ReplyRefused(f"{self.weighted_by_key} = {n!r}, the node declared {want}")
+            if not 0 < m["images-seen"] <= self.max_images:
+                raise ReplyRefused(f"images-seen = {m['images-seen']!r}, not in 1..{self.max_images}")
+            return content
 
-        def _valid_counts(self, server_round: int, msg: Message) -> bool:
-            m = msg.content.metric_records.get("metrics")
-            if m is None:
-                return self._drop(server_round, msg, "no metrics")
-            conf, top2, n = m.get("confusion"), m.get("top2-hits"), m.get("num-examples")
-            k, t = self.num_classes, self.num_times
-            if not (isinstance(conf, list) and len(conf) == t * k * k and all(isinstance(x, int) for x in conf)):
-                return self._drop(server_round, msg, f"confusion is not {t}×{k}×{k} integer counts")
-            if not (isinstance(top2, list) and len(top2) == t and isinstance(n, int) and n >= 0):
-                return self._drop(server_round, msg, "top-2 hits or num-examples malformed")
-            c = np.asarray(conf).reshape(t, k, k)
-            if (c < 0).any() or (c.sum((1, 2)) != n).any() or any(not 0 <= h <= n for h in top2):
-                return self._drop(server_round, msg, "counts do not add up to num-examples")
-            return True
+        def _check_counts(self, node: int, msg: Message) -> RecordDict:
+            return check_evaluate_reply(msg.content, self.num_times, self.num_classes)
 
     return RouterStrategy
 
