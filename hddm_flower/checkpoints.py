@@ -141,21 +141,6 @@ def scheduler_config(meta: dict[str, Any]):
     raise ValueError(f"unknown objective {meta['objective']!r} in expert {meta.get('expert_id')}")
 
 
-def check_expert_state(state_dict: dict[str, Tensor], model_config: dict) -> None:
-    """Raise ValueError unless ``state_dict`` has exactly the keys and shapes of ``model_config``'s model and only
-    finite values. The reference model is built on the meta device (no memory)."""
-    with torch.device("meta"):
-        ref = PixArtTransformer2DModel.from_config(model_config).state_dict()
-    missing, extra = sorted(set(ref) - set(state_dict)), sorted(set(state_dict) - set(ref))
-    if missing or extra:
-        raise ValueError(f"checkpoint keys do not match the model: missing {missing[:3]}, unexpected {extra[:3]}")
-    for k, v in state_dict.items():
-        if tuple(v.shape) != tuple(ref[k].shape):
-            raise ValueError(f"checkpoint tensor {k} has shape {tuple(v.shape)}, expected {tuple(ref[k].shape)}")
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise ValueError(f"checkpoint tensor {k} has non-finite values")
-
-
 def _wire_state(state_dict: dict[str, Tensor], dtype: str | None) -> dict[str, Tensor]:
     """``state_dict`` on the CPU, contiguous, its floating tensors cast to ``dtype`` (None: each keeps its own)."""
     if dtype is not None and dtype not in WIRE_DTYPES:

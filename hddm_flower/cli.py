@@ -511,15 +511,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _versions() -> str:
     """``hddm-flower X (flwr …, torch …, diffusers …)`` from the installed metadata (nothing is imported)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from .provenance import package_version
 
-    found = []
-    for name in ("flwr", "torch", "diffusers", "transformers"):
-        try:
-            found.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            found.append(f"{name} missing")
-    return f"hddm-flower {__version__} ({', '.join(found)})"
+    found = ", ".join(f"{name} {package_version(name)}" for name in ("flwr", "torch", "diffusers", "transformers"))
+    return f"hddm-flower {__version__} ({found})"
 
 
 def _close_progress_bars() -> None:

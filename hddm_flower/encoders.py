@@ -75,8 +75,3 @@ def pixel_decoder(cfg: Config, dataset_dir: Path):
         return torch.cat([codec.decode(x[i : i + 64].to(device)).to(x.device) for i in range(0, len(x), 64)])
 
     return decode
-
-
-def to_pixels(cfg: Config, dataset_dir: Path, x: torch.Tensor) -> torch.Tensor:
-    """Samples in the experts' space → images in [−1, 1]: decoded by the dataset's VAE when it has latents."""
-    return pixel_decoder(cfg, dataset_dir)(x)

@@ -27,11 +27,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .provenance import versions
 
 log = logging.getLogger(__name__)
 
@@ -275,16 +276,6 @@ def _jpeg(image: np.ndarray, quality: int = 95) -> bytes:
 # Encoding and writing
 
 
-def _versions() -> dict[str, str]:
-    out = {}
-    for pkg in ("hddm-flower", "torch", "diffusers", "transformers", "webdataset", "pillow"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
-
-
 class Encoders:
     """The text encoder and (optionally) the VAE, loaded once from local folders."""
 
@@ -493,7 +484,7 @@ def prepare_shards(
         "image_size": pixel_size // enc_desc["latent"]["downsample"] if latent else pixel_size,
         "stored": ("latent.npy (C, h, w) float16 + jpg preview" if latent else "png") + " + txt + emb.npy + json",
         **enc_desc,
-        "versions": _versions(),
+        "versions": versions(),
         "shards": [{"name": r["output"], "count": r["count"], "unit": r["unit"]} for r in records if r["output"]],
     }
     (out / "manifest.json.partial").write_text(json.dumps(manifest, indent=2))

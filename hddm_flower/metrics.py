@@ -155,42 +155,6 @@ def feature_classifier_loss(
     return F.cross_entropy(logits, labels) + (1 - F.cosine_similarity(e, caption_emb)).mean(), logits
 
 
-def train_feature_classifier(
-    images: Tensor,
-    labels: Tensor,
-    caption_emb: Tensor,
-    num_classes: int,
-    *,
-    steps: int = 600,
-    batch_size: int = 64,
-    lr: float = 2e-3,
-    seed: int = 0,
-    progress: bool = False,
-) -> tuple[FeatureClassifier, dict]:
-    """:func:`train_feature_classifier_stream` on tensors in memory (random batches); ``train_accuracy`` is
-    measured on all of them."""
-    g = torch.Generator().manual_seed(seed + 1)
-
-    def batches():
-        while True:
-            idx = torch.randint(0, len(images), (batch_size,), generator=g)
-            yield images[idx], labels[idx], caption_emb[idx]
-
-    net, stats = train_feature_classifier_stream(
-        batches(),
-        num_classes,
-        in_channels=images.shape[1],
-        text_dim=caption_emb.shape[1],
-        steps=steps,
-        lr=lr,
-        seed=seed,
-        progress=progress,
-    )
-    with torch.no_grad():
-        acc = torch.cat([net(images[i : i + 512])[0].argmax(-1) for i in range(0, len(images), 512)])
-    return net, stats | {"batch_size": batch_size, "train_accuracy": (acc == labels).float().mean().item()}
-
-
 def train_feature_classifier_stream(
     batches,
     num_classes: int,

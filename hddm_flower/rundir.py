@@ -48,7 +48,6 @@ EXPERT_USAGE_PLOT = "expert-usage.png"
 MODEL_INDEX = "model_index.json"  # the run directory as a diffusers pipeline folder
 FEATURE_NET = "feature_net"  # also the diffusers pipeline component of that name
 EXPERT_PREFIX = "expert-"
-MODEL_INDEX = "model_index.json"
 PIPELINE_FILE = "pipeline.py"  # for DiffusionPipeline.from_pretrained(run_dir, custom_pipeline="pipeline")
 TEXT_ENCODER_REF = "text_encoder.json"
 UNCOND = "uncond.safetensors"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import stat
 from pathlib import Path
 from typing import IO
@@ -98,30 +97,3 @@ def copy_file(src: str | os.PathLike, dst: str | os.PathLike, what: str, max_byt
             dst.unlink(missing_ok=True)
             raise
     return n
-
-
-def copy_tree(src: str | os.PathLike, dst: str | os.PathLike, what: str, max_bytes: int = 0) -> int:
-    """Copy the folder ``src`` to the new folder ``dst``: only directories and regular files (symlinks to regular
-    files are copied as files; anything else is refused), at most ``max_bytes`` bytes in all (0 = no limit).
-    ``dst`` is removed if anything fails. Returns the bytes copied."""
-    src, dst = Path(src), Path(dst)
-    if not src.is_dir():
-        raise UnsafeFile(f"{what} {src} is not a directory")
-    dst.mkdir(parents=True)
-    total = 0
-    try:
-        for root, dirs, files in os.walk(src, followlinks=False):
-            rel = Path(root).relative_to(src)
-            for d in dirs:
-                if Path(root, d).is_symlink():
-                    raise UnsafeFile(f"{what} {Path(root, d)} is a symbolic link to a directory")
-                (dst / rel / d).mkdir()
-            for name in sorted(files):
-                left = max_bytes - total if max_bytes else 0
-                if max_bytes and left <= 0:
-                    raise UnsafeFile(f"{what} {src} holds more than the limit of {max_bytes} bytes")
-                total += copy_file(Path(root, name), dst / rel / name, what, left)
-    except BaseException:
-        shutil.rmtree(dst, ignore_errors=True)
-        raise
-    return total

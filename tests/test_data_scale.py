@@ -193,7 +193,7 @@ def test_resume_after_an_interruption_writes_no_duplicates(shards, tmp_path):
 def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     """img2dataset shards → VAE latents + CLIP states → DINOv2 hierarchical k-means → shard sets → an expert
     trained on latents → samples decoded by the VAE."""
-    from hddm_flower.encoders import LatentCodec, to_pixels
+    from hddm_flower.encoders import LatentCodec, pixel_decoder
     from hddm_flower.stages.expert import train_one_expert
     from hddm_flower.stages.prepare import prepare_data
 
@@ -244,7 +244,7 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     state, model_config, emeta = train_one_expert(cfg, d, 0, "fm")
     assert model_config["in_channels"] == 4 and model_config["sample_size"] == 8 and emeta["steps"] == 2
     x = torch.randn(2, 4, 8, 8)
-    img = to_pixels(cfg, d, x)
+    img = pixel_decoder(cfg, d)(x)
     assert img.shape == (2, 3, 16, 16) and img.abs().max() <= 1
     torch.testing.assert_close(img, LatentCodec(models["vae"]).decode(x))
     # an institution's folder alone is enough to train

@@ -43,8 +43,9 @@ def pipe(run):
 
 def test_run_directory_is_a_diffusers_pipeline(run, pipe, tiny_config, dataset_dir):
     from hddm_flower.data import load_uncond, read_meta
+    from hddm_flower.ensemble import sample_ensemble
+    from hddm_flower.models import TextCond
     from hddm_flower.stages.assemble import load_ensemble
-    from hddm_flower.stages.sample import sample_grid
     from hddm_flower.text import TextEncoder
 
     index = json.loads((run / "model_index.json").read_text())
@@ -59,16 +60,15 @@ def test_run_directory_is_a_diffusers_pipeline(run, pipe, tiny_config, dataset_d
     prompts, g = ["dog face", "japan flag"], torch.Generator().manual_seed(3)
     x = pipe(prompts, num_inference_steps=3, num_images_per_prompt=2, generator=g, output_type="latent").images
     ensemble, _ = load_ensemble(tiny_config, run)
-    ref = sample_grid(
-        ensemble,
-        TextEncoder(None, read_meta(dataset_dir)["max_caption_tokens"]),
-        prompts,
-        load_uncond(dataset_dir),
-        samples_per_prompt=2,
-        num_steps=3,
-        cfg_scale=tiny_config.sampling.cfg_scale,
-        seed=3,
-    )
+    cond, _ = TextEncoder(None, read_meta(dataset_dir)["max_caption_tokens"]).encode(prompts)
+    cond = TextCond(cond.states.repeat_interleave(2, 0), cond.mask.repeat_interleave(2, 0))  # prompt-major
+    uncond = load_uncond(dataset_dir)
+    un = TextCond(uncond.states.expand(4, -1, -1), uncond.mask.expand(4, -1))
+    g_ref = torch.Generator().manual_seed(3)
+    size = ensemble.router.config.sample_size
+    noise = torch.randn(4, ensemble.router.config.in_channels, size, size, generator=g_ref)
+    cfg_scale = tiny_config.sampling.cfg_scale
+    ref = sample_ensemble(ensemble, noise, cond, un, num_steps=3, cfg_scale=cfg_scale, generator=g_ref)
     torch.testing.assert_close(x, ref, rtol=0, atol=0)
     pt = pipe(prompts, num_inference_steps=3, num_images_per_prompt=2, generator=g.manual_seed(3), output_type="pt")
     torch.testing.assert_close(pt.images, (ref.clamp(-1, 1) + 1) / 2)

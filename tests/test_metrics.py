@@ -142,13 +142,21 @@ def test_inception_features_from_a_local_file(tmp_path):
         M.inception_features(tmp_path / "nope.pth")
 
 
-def test_train_feature_classifier_learns_separable_clusters():
+def test_feature_classifier_learns_separable_clusters():
     g = torch.Generator().manual_seed(0)
     labels = torch.arange(2).repeat(40)
     images = torch.randn(80, 3, 16, 16, generator=g) * 0.1 + (labels[:, None, None, None] * 2 - 1) * 0.5
     emb = torch.nn.functional.normalize(torch.randn(80, 6, generator=g), dim=-1)
-    net, stats = M.train_feature_classifier(images, labels, emb, 2, steps=30, batch_size=16)
-    assert stats["train_accuracy"] == 1.0 and net.config.num_classes == 2
+    g = torch.Generator().manual_seed(1)
+
+    def batches():
+        while True:
+            idx = torch.randint(0, len(images), (16,), generator=g)
+            yield images[idx], labels[idx], emb[idx]
+
+    net, _ = M.train_feature_classifier_stream(batches(), 2, in_channels=3, text_dim=6, steps=30)
+    with torch.no_grad():
+        assert (net(images)[0].argmax(-1) == labels).all() and net.config.num_classes == 2
 
 
 def _tiny_clip(folder):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hddm_flower.safeio import UnsafeFile, copy_file, copy_tree, read_text
+from hddm_flower.safeio import UnsafeFile, copy_file, read_text
 
 
 def test_only_regular_files_within_the_limit_are_read(tmp_path):
@@ -41,20 +41,6 @@ def test_copies_are_bounded_and_leave_nothing_on_failure(tmp_path):
     assert not (tmp_path / "copy2").exists() and not (tmp_path / "copy3").exists()
     with pytest.raises(FileExistsError):  # never over an existing file
         copy_file(src, tmp_path / "copy", "weights", 1000)
-
-
-def test_trees_copy_regular_files_only(tmp_path):
-    src = tmp_path / "set"
-    (src / "sub").mkdir(parents=True)
-    (src / "a").write_bytes(b"1" * 10)
-    (src / "sub" / "b").write_bytes(b"2" * 10)
-    assert copy_tree(src, tmp_path / "out", "shards", 100) == 20
-    with pytest.raises(UnsafeFile, match="more than the limit"):
-        copy_tree(src, tmp_path / "out2", "shards", 15)
-    os.mkfifo(src / "sub" / "fifo")
-    with pytest.raises(UnsafeFile, match="FIFO"):
-        copy_tree(src, tmp_path / "out3", "shards", 100)
-    assert not (tmp_path / "out2").exists() and not (tmp_path / "out3").exists()
 
 
 @pytest.fixture
