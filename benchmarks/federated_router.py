@@ -3,7 +3,7 @@
 Central: ``fit_router`` on the coordinator's copy of all clusters (``router.steps`` AdamW steps of
 ``router.batch_size`` images). Federated: ``train_router_federated`` — Flower's FedAdam/FedAvg strategy and the
 ClientApp's real ``train.router`` / ``evaluate.router`` handlers — over one node per cluster (each holds a single
-class), delivered in-process (``tests.fake_grid.FakeGrid``: no Ray, no network; the bytes are counted from the
+class), delivered in-process (``strategies.inprocess_grid.FakeGrid``: no Ray, no network; the bytes are counted from the
 records that would travel). The default variant spends the central budget (rounds × nodes × local batch =
 steps × batch images); the others trade rounds for local steps.
 
@@ -53,7 +53,7 @@ from hddm_flower.stages.assemble import load_ensemble  # noqa: E402
 from hddm_flower.stages.prepare import prepare_data  # noqa: E402
 from hddm_flower.stages.router import fit_router  # noqa: E402
 from strategies.federated_router import node_sizes, train_router_federated  # noqa: E402
-from tests.fake_grid import FakeGrid  # noqa: E402
+from strategies.inprocess_grid import FakeGrid  # noqa: E402
 
 VARIANTS = {
     "fedadam-1step": {},  # the default: FedAdam, one SGD step per node and round, rounds = router.steps

@@ -9,7 +9,7 @@ Two processes, as in a deployment:
   → ``deflate``: the 5 MiB ``ArrayChunk`` objects a SuperNode pushes), one file per object — standing in for the
   SuperLink's object store, which holds replies outside the ServerApp's process;
 * the *server* process (this one) runs :class:`OneShotExperts` over flwr's real ``HttpGrid``, whose Runtime API
-  client is ``tests/fake_grid.WireRuntime`` serving those objects (``PullMessages``, ``PullObject``,
+  client is ``strategies/inprocess_grid.WireRuntime`` serving those objects (``PullMessages``, ``PullObject``,
   ``ConfirmMessageReceived``; no HTTP). The strategy pulls each reply with ``strategies/spool.py`` (chunks written
   to disk as they arrive), validates the file (sha256, safetensors header, names, shapes, dtypes, finite values)
   and installs it.
@@ -63,7 +63,7 @@ def produce(store: Path, k: int, layers: int) -> dict:
     from flwr.supercore.task_identity import TaskIdentity
 
     from hddm_flower.checkpoints import TIME_CONVENTION, weights_bytes
-    from tests.fake_grid import store_reply
+    from strategies.inprocess_grid import store_reply
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 100 + k, 1
     config = model_config(layers)
@@ -133,8 +133,8 @@ def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> d
 
     import strategies.one_shot
     from hddm_flower.accept import ExpertSpec, ExpertStore
+    from strategies.inprocess_grid import WireRuntime, wire_grid
     from strategies.one_shot import OneShotExperts
-    from tests.fake_grid import WireRuntime, wire_grid
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     nodes = {100 + k: k for k in range(experts)}

@@ -478,9 +478,8 @@ def test_nodes_train_from_their_own_shard_set_only(tiny_config, dataset_dir, tmp
     from clients.client_app import app as client_app
     from hddm_flower.accept import ExpertStore
     from hddm_flower.stages.expert import expert_spec
+    from strategies.inprocess_grid import FakeGrid
     from strategies.one_shot import OneShotExperts
-
-    from .fake_grid import FakeGrid
 
     cfg = tiny_config
     sites = {}

@@ -20,9 +20,8 @@ from clients.client_app import app as client_app
 from hddm_flower.accept import ExpertStore
 from hddm_flower.checkpoints import CheckpointRejected, load_expert, validate_weights_file, weights_bytes
 from hddm_flower.stages.expert import expert_spec
+from strategies.inprocess_grid import FakeGrid, fake_over_wire, reply_weights, rewrite_weights, set_reply_weights
 from strategies.one_shot import OneShotExperts
-
-from .fake_grid import FakeGrid, fake_over_wire, reply_weights, rewrite_weights, set_reply_weights
 
 # "memory": the fake Grid hands replies over as objects; "wire": flwr's HttpGrid pulls them as Flower's wire objects
 # from a stand-in SuperLink, and the strategy spools the weights to disk chunk by chunk (strategies/spool.py)

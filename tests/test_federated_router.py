@@ -17,7 +17,7 @@ from hddm_flower.federated import FeatureSums, frechet_distance_from_sums
 from hddm_flower.models import router_config
 from hddm_flower.training import lr_factor
 from strategies.federated_router import federated_reference, node_sizes, train_router_federated
-from tests.fake_grid import FakeGrid
+from strategies.inprocess_grid import FakeGrid
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}  # node id → its one cluster
 

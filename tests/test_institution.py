@@ -19,7 +19,7 @@ from hddm_flower.institution import (
     parse_declaration,
 )
 from hddm_flower.wire import WireError
-from tests.fake_grid import FakeGrid
+from strategies.inprocess_grid import FakeGrid
 
 INSTITUTION = "data.partition=institution router.training=federated evaluation.reference=federated"
 SAMPLE_SUFFIXES = (".tar", ".png", ".npy", ".jpg", ".jpeg", ".webp")

@@ -201,7 +201,7 @@ def test_malformed_query_replies_skip_the_node():
 def test_a_query_reply_that_carries_weights_leaves_no_file_behind(tmp_path):
     """A node answers the query with its node info and a weights-sized array of the spooled stype: the array is
     written to the incoming folder as it arrives (as any reply's is) and removed once the node info is read."""
-    from tests.fake_grid import WireRuntime, wire_grid
+    from strategies.inprocess_grid import WireRuntime, wire_grid
 
     def deliver(message):
         junk = ArrayRecord({"w": Array(dtype="uint8", shape=(4096,), stype=wire.STYPE, data=b"\1" * 4096)})

@@ -20,7 +20,7 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 
 from hddm_flower.models import Router, router_config
 from strategies.federated_router import train_router_federated
-from tests.fake_grid import FakeGrid
+from strategies.inprocess_grid import FakeGrid
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}
 SIZES = {n: n for n in CLUSTERS}  # each node's number of training images (its FedAvg weight)

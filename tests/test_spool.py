@@ -1,6 +1,6 @@
 """Replies pulled through flwr's real HttpGrid with their weights spooled to disk chunk by chunk (strategies/spool.py).
 
-The stand-in SuperLink (tests/fake_grid.WireRuntime) serves Flower's wire objects: 5 MiB ArrayChunks under an Array,
+The stand-in SuperLink (strategies/inprocess_grid.WireRuntime) serves Flower's wire objects: 5 MiB ArrayChunks under an Array,
 an ArrayRecord, a RecordDict and the Message, as a SuperLink's object store does."""
 
 import hashlib
@@ -12,9 +12,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
+from strategies.inprocess_grid import WireRuntime, wire_grid
 from strategies.spool import CHUNKS_IN_FLIGHT, SpooledArray, discard, pull_replies
-
-from .fake_grid import WireRuntime, wire_grid
 
 CHUNK = 5 * 2**20  # flwr's ArrayChunk size
 

@@ -8,9 +8,8 @@ from clients.client_app import app as client_app
 from hddm_flower.accept import ExpertStore
 from hddm_flower.checkpoints import load_expert
 from hddm_flower.stages.expert import expert_spec
+from strategies.inprocess_grid import FakeGrid, rewrite_weights
 from strategies.one_shot import OneShotExperts
-
-from .fake_grid import FakeGrid, rewrite_weights
 
 
 def _strategy(cfg, run_dir, cache_dir, dataset_dir, **kw):
