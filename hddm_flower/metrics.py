@@ -292,10 +292,11 @@ class Distance:
 
     name: str
     fn: Callable[[Tensor, Tensor], Tensor]
+    device: torch.device = torch.device("cpu")  # where ``fn`` runs; the distances come back to the CPU
 
     @torch.no_grad()
     def __call__(self, a: Tensor, b: Tensor) -> Tensor:
-        return self.fn(a, b).reshape(len(a)).double()
+        return self.fn(a.to(self.device), b.to(self.device)).reshape(len(a)).double().cpu()
 
 
 def find_alexnet_weights(path: str | os.PathLike | None = None) -> Path | None:
@@ -350,6 +351,7 @@ def classifier_distance(net: FeatureClassifier, description: str) -> Distance:
         f"FALLBACK (not LPIPS; no AlexNet weights): LPIPS-style distance on the hddm feature classifier "
         f"({description})",
         fn,
+        device=next(net.parameters()).device,
     )
 
 

@@ -58,7 +58,9 @@ class TextEncoder:
 
     @torch.no_grad()
     def encode(self, texts: list[str], batch_size: int = 256) -> tuple[TextCond, Tensor]:
-        """Per-token states (N, max_length, dim) with their mask, and pooled embeddings (N, dim)."""
+        """Per-token states (N, max_length, dim) with their mask, and pooled embeddings (N, dim), computed on the
+        model's device in batches and returned on the CPU."""
+        device = self.model.device
         states, masks, pooled = [], [], []
         for i in range(0, len(texts), batch_size):
             tok = self.tokenizer(
@@ -68,9 +70,12 @@ class TextEncoder:
                 max_length=self.max_length,
                 return_tensors="pt",
             )
-            h = self.model(**tok).last_hidden_state  # (b, L, dim)
+            tok = {k: v.to(device) for k, v in tok.items()}
+            h = self.model(**tok).last_hidden_state.float()  # (b, L, dim)
             m = tok["attention_mask"].to(h.dtype)  # (b, L)
-            states.append(h * m[..., None])
-            masks.append(m)
-            pooled.append(torch.nn.functional.normalize((h * m[..., None]).sum(1) / m.sum(1, keepdim=True), dim=-1))
+            states.append((h * m[..., None]).cpu())
+            masks.append(m.cpu())
+            pooled.append(
+                torch.nn.functional.normalize((h * m[..., None]).sum(1) / m.sum(1, keepdim=True), dim=-1).cpu()
+            )
         return TextCond(torch.cat(states), torch.cat(masks)), torch.cat(pooled)

@@ -1,0 +1,111 @@
+"""Devices that agree: the coordinator's path with every module on an emulated CUDA device
+(:mod:`tests.device_emulation`), which raises on any operation mixing device and host tensors as CUDA does."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from hddm_flower.config_sections import CoordinatorConfig
+
+from .device_emulation import DeviceMismatch, emulated_cuda, on_device
+
+PRESENT = (0, 1, 3)  # expert 2 lost, as in the pipeline tests
+
+
+def test_the_emulated_device_raises_where_cuda_does():
+    with emulated_cuda():
+        host = torch.ones(4, 3)
+        dev = host.to("cuda")
+        assert dev.device == torch.device("cuda", 0) and host.device.type == "cpu" and on_device(dev)
+        assert not on_device(host)  # moving copies: the host tensor stays on the host
+        with pytest.raises(DeviceMismatch, match="same device"):
+            dev + host
+        assert on_device(dev * torch.tensor(2.0))  # a 0-dim host tensor is a scalar
+        assert on_device(dev[torch.tensor([0, 2])])  # a host index may index a device tensor
+        with pytest.raises(DeviceMismatch, match="indices"):
+            host[torch.tensor([0, 2]).to("cuda")]
+        with pytest.raises(TypeError, match="numpy"):
+            dev.numpy()
+        with pytest.raises(DeviceMismatch, match="generator"):
+            torch.randn(3, generator=torch.Generator().manual_seed(0), device="cuda")
+        net = torch.nn.Linear(3, 2).to(torch.device("cuda"))
+        assert next(net.parameters()).device.type == "cuda" and on_device(net(dev))
+        with pytest.raises(DeviceMismatch):
+            net(host)
+        assert not on_device(dev.cpu()) and on_device(torch.zeros(2, device=dev.device))
+
+
+def test_the_classifier_fallback_distance_takes_host_images():
+    """The offline diversity fallback (no AlexNet file) with its classifier on the device and host images."""
+    from hddm_flower.metrics import FeatureClassifier, classifier_distance
+
+    net = FeatureClassifier(num_classes=2, text_dim=4).eval()
+    a, b = torch.rand(3, 3, 8, 8) * 2 - 1, torch.rand(3, 3, 8, 8) * 2 - 1
+    expected = classifier_distance(net, "test")(a, b)
+    with emulated_cuda():
+        net.to("cuda")
+        got = classifier_distance(net, "test")(a, b)
+    assert not on_device(got)
+    torch.testing.assert_close(got, expected)
+
+
+def test_the_text_encoder_takes_its_models_device():
+    """Tokens go to the encoder's device (the pipeline's ``pipe.to(device)`` moves it); states come back to the
+    host."""
+    from hddm_flower.text import TextEncoder
+
+    enc = TextEncoder(max_length=8)
+    cond, pooled = enc.encode(["a red apple", "dog face"])
+    with emulated_cuda():
+        enc.model.to("cuda")
+        dev_cond, dev_pooled = enc.encode(["a red apple", "dog face"])
+        assert not any(on_device(t) for t in (dev_cond.states, dev_cond.mask, dev_pooled))  # back on the host
+    torch.testing.assert_close(dev_cond.states, cond.states)
+    torch.testing.assert_close(dev_pooled, pooled)
+
+
+@pytest.fixture(scope="module")
+def device_run(tiny_config, dataset_dir, tmp_path_factory):
+    """A tiny run whose experts were trained on the host and whose coordinator stages all ran on the emulated
+    device: router training, reference statistics, the feature classifier, diagnostics, every routing mode and
+    the per-expert pass, samples.png through HDDMPipeline, the report."""
+    from hddm_flower.checkpoints import save_expert
+    from hddm_flower.rundir import write_config
+    from hddm_flower.stages.assemble import finish_run
+    from hddm_flower.stages.expert import train_one_expert
+    from hddm_flower.stages.prepare import assign_objectives
+
+    cfg = dataclasses.replace(tiny_config, coordinator=CoordinatorConfig(device="cuda", mixed_precision="auto"))
+    cfg = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, routing_modes=["top2", "oracle"]))
+    run = tmp_path_factory.mktemp("device-run")
+    write_config(run / "config.yaml", cfg, "the tiny test config on an emulated CUDA coordinator")
+    objectives = assign_objectives(cfg, dataset_dir)
+    for k in PRESENT:
+        save_expert(run / "experts" / f"expert-{k}", *train_one_expert(cfg, dataset_dir, k, objectives[k]))
+    with emulated_cuda() as mode:
+        report = finish_run(cfg, run, dataset_dir, [{"expert_id": 2, "reason": "lost"}])
+    return run, report, mode.ops
+
+
+def test_every_coordinator_stage_runs_on_the_device(device_run):
+    run, report, ops = device_run
+    assert ops > 10_000  # the stages' work ran on the (emulated) device, not around it
+    router = json.loads((run / "router" / "hddm_router.json").read_text())
+    assert (router["device"], router["mixed_precision"]) == ("cuda", "bf16")  # auto precision on a CUDA device
+    m = report["metrics"]
+    assert set(m["evaluation"]["modes"]) == {"top2", "oracle"} and set(m["evaluation"]["per_expert"]) == {"0", "1", "3"}
+    assert all(v is not None for v in m["ensemble_velocity_mse"])
+    assert m["evaluation"]["diversity_distance"].startswith("FALLBACK")  # the classifier distance on the device
+    assert (run / "samples.png").is_file()
+
+
+def test_hddm_sample_on_the_device(device_run, tmp_path):
+    from hddm_flower.cli import main
+
+    run, _, _ = device_run
+    out = tmp_path / "grid.png"
+    with emulated_cuda() as mode:
+        assert main(["sample", "--run-dir", str(run), "--prompt", "red apple", "--out", str(out)]) == 0
+    assert out.is_file() and mode.ops > 1000
