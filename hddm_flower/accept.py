@@ -6,7 +6,9 @@ checks them in this order, cheapest first, and installs the expert only when all
 
 1. the metadata: bounded JSON (:func:`hddm_flower.wire.loads`), then every field the run relies on, with its type
    and range (:func:`parse_expert_meta`): expert id within the run, a known objective (with its schedule and
-   timestep count for DDPM), the time convention of this code, finite compute figures, a sha256;
+   timestep count for DDPM), the time convention of this code, finite compute figures, a sha256; then
+   cross-checked against the run (:func:`check_against_run`: cluster k for expert k, the assigned objective, the
+   run's FM time sampling);
 2. the model config: bounded JSON, equal to the run's (the preset at the dataset's shapes);
 3. the weights file (:func:`~hddm_flower.checkpoints.validate_weights_file`): size limit, sha256, a safetensors
    file (never unpickled), the names, shapes and dtype of the run's model, finite values;
@@ -57,12 +59,16 @@ class ExpertSpec:
         The size limit of the weights file (0 = none).
     preset : str
         The preset's name, for messages.
+    time_sampling : dict | None
+        How the run's FM experts draw their training times (``{"kind": "uniform"}`` or the logit-normal with its
+        mean and std); an FM expert that declares another is refused. None: not checked.
     """
 
     num_experts: int
     model_config: dict
     max_bytes: int
     preset: str = ""
+    time_sampling: dict | None = None
 
 
 def parse_expert_meta(meta: Any, *, max_id: int = MAX_EXPERT_ID) -> dict[str, Any]:
@@ -126,6 +132,25 @@ def _time_sampling(value: Any) -> dict[str, Any]:
 _REQUIRED = (*REQUIRED_META, "sha256")  # what a checkpoint's own metadata must hold, plus its hash on the wire
 
 
+def check_against_run(meta: dict[str, Any], spec: ExpertSpec, objective_assigned: str | None = None) -> None:
+    """Parsed metadata cross-checked against the run: expert k is trained on cluster k (the report, the model
+    cards and the evaluation look the cluster up by this id), the objective the run assigned, and an FM expert's
+    training-time sampling against the run's. Raises :class:`CheckpointRejected`."""
+    if meta["cluster_id"] != meta["expert_id"]:
+        raise CheckpointRejected(
+            f"metadata cluster_id {meta['cluster_id']} is not expert {meta['expert_id']}'s cluster (expert k is "
+            "trained on cluster k)"
+        )
+    if objective_assigned is not None and meta.get("objective_assigned", objective_assigned) != objective_assigned:
+        raise CheckpointRejected(
+            f"metadata objective_assigned {str(meta['objective_assigned'])[:20]!r} is not the {objective_assigned!r} "
+            "the run assigned"
+        )
+    ts = meta.get("time_sampling")
+    if spec.time_sampling is not None and meta["objective"] == "fm" and ts is not None and ts != spec.time_sampling:
+        raise CheckpointRejected(f"metadata time_sampling {ts} is not the run's {spec.time_sampling}")
+
+
 def parse_model_config(config: Any, expected: dict, preset: str = "") -> dict:
     """A peer's model config (JSON string or dict; keys starting with ``_`` ignored), equal to ``expected``."""
     try:
@@ -159,6 +184,7 @@ def accept_expert(
     note: dict | None = None,
     replace: bool = False,
     before_install: Callable[[dict], None] | None = None,
+    objective_assigned: str | None = None,
 ) -> dict[str, Any]:
     """Check an expert and install it as ``run_dir/experts/expert-<id>``; returns its installed metadata.
 
@@ -168,6 +194,8 @@ def accept_expert(
     (a late expert on a new cluster). ``note`` is added to the metadata (e.g. when it was added). An existing
     expert folder is refused unless ``replace``. ``before_install(meta)`` runs after every check passed and
     before the expert is installed (e.g. to grow the run for it); if it raises, nothing is installed.
+    ``objective_assigned``: the objective the run asked this expert for (the metadata's own
+    ``objective_assigned`` must say the same; the objective trained may differ, a node may force its own).
     """
     try:
         m = parse_expert_meta(meta)
@@ -176,6 +204,7 @@ def accept_expert(
             raise CheckpointRejected(f"reply claims expert {m['expert_id']}, expected {expert_id}")
         if m["expert_id"] > limit:
             raise CheckpointRejected(f"expert id {m['expert_id']} is outside this run's 0..{spec.num_experts - 1}")
+        check_against_run(m, spec, objective_assigned)
         config = parse_model_config(model_config, spec.model_config, spec.preset)
         folder = expert_dir(run_dir, m["expert_id"])
         if folder.exists() and not replace:
@@ -213,7 +242,12 @@ class ExpertStore:
     def max_bytes(self) -> int:
         return self.spec.max_bytes
 
-    def accept(self, expert_id: int, weights_file: Path, meta: Any, model_config: Any) -> dict[str, Any]:
-        """Accept the expert ``expert_id`` a node sent; raises :class:`CheckpointRejected` (or another exception
-        for a file-system failure) when it is refused, consuming ``weights_file`` either way."""
-        return accept_expert(self.run_dir, weights_file, meta, model_config, self.spec, expert_id=expert_id)
+    def accept(
+        self, expert_id: int, weights_file: Path, meta: Any, model_config: Any, objective: str | None = None
+    ) -> dict[str, Any]:
+        """Accept the expert ``expert_id`` a node sent (``objective``: the one the run assigned it); raises
+        :class:`CheckpointRejected` (or another exception for a file-system failure) when it is refused, consuming
+        ``weights_file`` either way."""
+        return accept_expert(
+            self.run_dir, weights_file, meta, model_config, self.spec, expert_id=expert_id, objective_assigned=objective
+        )

@@ -112,7 +112,7 @@ def render_report_md(r: dict) -> str:
     clusters = {c["id"]: c for c in r["dataset"]["clusters"]}
     per_expert = (ev or {}).get("per_expert", {})
     for e in r["experts"]:
-        cats = ", ".join(list(clusters[e["cluster_id"]]["categories"])[:2])
+        cats = ", ".join(list(clusters.get(e["cluster_id"], {}).get("categories", ["(not a cluster of the data)"]))[:2])
         obj = e["objective"] + (f" ({e['schedule']})" if e["objective"] == "ddpm" else "")
         mse = m["expert_velocity_mse"].get(str(e["expert_id"]))
         pe = per_expert.get(str(e["expert_id"]), {})

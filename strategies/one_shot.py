@@ -450,7 +450,11 @@ class OneShotExperts(Strategy):
                     f.write(weights.data)
             del weights, arrays, content[expert_name]  # nothing holds the bytes in memory any more
             return self.store.accept(
-                expert_id, Path(tmp), meta_record[wire.META_JSON], meta_record[wire.MODEL_CONFIG_JSON]
+                expert_id,
+                Path(tmp),
+                meta_record[wire.META_JSON],
+                meta_record[wire.MODEL_CONFIG_JSON],
+                self.objectives[expert_id],
             )
         finally:
             Path(tmp).unlink(missing_ok=True)

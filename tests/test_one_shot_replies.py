@@ -18,7 +18,7 @@ from hddm_flower.models import ExpertNet, expert_config
 from strategies.one_shot import OneShotExperts
 
 CONFIG = expert_config("test", sample_size=8, in_channels=3, caption_channels=16)
-SPEC = ExpertSpec(num_experts=2, model_config=CONFIG, max_bytes=2**20, preset="test")
+SPEC = ExpertSpec(num_experts=2, model_config=CONFIG, max_bytes=2**20, preset="test", time_sampling={"kind": "uniform"})
 TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
 
 
@@ -98,6 +98,16 @@ def test_a_good_reply_is_installed(blob, tmp_path):
         (lambda b: _records(b, config=json.dumps(CONFIG | {"num_layers": 2})), "differs"),
         (lambda b: _records(b + b"\0", meta=json.dumps(_meta(b))), "sha256 mismatch"),
         (lambda b: {}, "lacks"),
+        # valid on their own, wrong for this run: a cluster the run does not have (the report looked it up and
+        # raised after the whole evaluation), an objective the run did not assign, another FM time sampling
+        (lambda b: _records(b, meta=json.dumps(_meta(b) | {"cluster_id": 7})), "cluster_id 7"),
+        (lambda b: _records(b, meta=json.dumps(_meta(b) | {"objective_assigned": "ddpm"})), "objective_assigned"),
+        (
+            lambda b: _records(
+                b, meta=json.dumps(_meta(b) | {"time_sampling": {"kind": "logit_normal", "mean": 3.0, "std": 1.0}})
+            ),
+            "time_sampling",
+        ),
     ],
 )
 def test_a_hostile_reply_costs_only_its_expert(blob, tmp_path, content, reason):

@@ -37,9 +37,18 @@ def checkpoint_limit(cfg: Config, model_config: dict) -> int:
 
 def expert_spec(cfg: Config, dataset_dir: Path) -> ExpertSpec:
     """What every expert of this run must be (:class:`~hddm_flower.accept.ExpertSpec`): the preset at the dataset's
-    shapes and the upload size limit."""
+    shapes, the upload size limit and the FM experts' training-time sampling."""
     model_config = expected_model_config(cfg, dataset_dir)
-    return ExpertSpec(cfg.num_experts, model_config, checkpoint_limit(cfg, model_config), cfg.expert.preset)
+    limit = checkpoint_limit(cfg, model_config)
+    return ExpertSpec(cfg.num_experts, model_config, limit, cfg.expert.preset, fm_time_sampling(cfg))
+
+
+def fm_time_sampling(cfg: Config) -> dict:
+    """How this run's FM experts draw their training times, as their metadata records it."""
+    e = cfg.expert
+    return {"kind": e.fm_time_sampling} | (
+        {"mean": e.fm_logit_mean, "std": e.fm_logit_std} if e.fm_time_sampling == "logit_normal" else {}
+    )
 
 
 def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int = 0):
@@ -56,10 +65,7 @@ def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int
     if objective == "ddpm":
         meta |= {"schedule": cfg.ddpm.schedule, "num_train_timesteps": cfg.ddpm.num_train_timesteps}
     else:  # how training drew t (sampling does not depend on it)
-        e = cfg.expert
-        meta["time_sampling"] = {"kind": e.fm_time_sampling} | (
-            {"mean": e.fm_logit_mean, "std": e.fm_logit_std} if e.fm_time_sampling == "logit_normal" else {}
-        )
+        meta["time_sampling"] = fm_time_sampling(cfg)
     net = ExpertNet.from_config(model_config)
     init = cfg.init_for(expert_id, objective)
     meta["init"] = init
