@@ -29,6 +29,7 @@ from typing import Any
 
 from .checkpoints import REQUIRED_META, TIME_CONVENTION, CheckpointRejected, install_expert, validate_weights_file
 from .choices import FM_TIME_SAMPLINGS, OBJECTIVES, WIRE_DTYPES
+from .clean_prior import parse_clean_prior
 from .objectives import SCHEDULES
 from .rundir import expert_dir, experts_dir
 from .wire import (
@@ -103,6 +104,8 @@ def parse_expert_meta(meta: Any, *, max_id: int = MAX_EXPERT_ID) -> dict[str, An
                     raise WireError(f"metadata of a ddpm expert lacks {k!r}")
             out["schedule"] = as_str(m["schedule"], "metadata schedule", choices=SCHEDULES)
             out["num_train_timesteps"] = as_int(m["num_train_timesteps"], "metadata num_train_timesteps", 2, 100_000)
+        if out["objective"] == "ddpm" and m.get("clean_prior") is not None:  # the node's measured clean prior
+            parse_clean_prior(m["clean_prior"])
         if out["objective"] == "fm" and m.get("time_sampling") is not None:  # how training drew t
             out["time_sampling"] = _time_sampling(m["time_sampling"])
         if m.get("weights_dtype") is not None:

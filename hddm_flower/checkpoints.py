@@ -25,6 +25,7 @@ from safetensors.torch import save, save_file
 from torch import Tensor
 
 from .choices import T_EPS, WIRE_DTYPES, X0_CLAMP
+from .clean_prior import parse_clean_prior
 from .experts import DDPMExpert, Expert, FlowMatchingExpert
 from .models import ExpertNet, Router
 from .objectives import FM_TIME_SCALE
@@ -310,13 +311,26 @@ def make_expert(
     conversion: str = "schedule_aware",
     t_eps: float = T_EPS,
     x0_clamp: float = X0_CLAMP,
+    clean_estimate: str = "clamp",
 ) -> Expert:
-    """Wrap a network in the adapter its metadata names: the one place the objective is read."""
+    """Wrap a network in the adapter its metadata names: the one place the objective is read. A DDPM expert's
+    ``clean_prior`` (measured by its node, :mod:`hddm_flower.clean_prior`) is checked here; experts without one
+    load as before."""
     if meta["objective"] == "fm":
         return FlowMatchingExpert(net, meta.get("time_sampling"))
     if meta["objective"] == "ddpm":
+        prior = None
+        if meta.get("clean_prior") is not None:
+            prior = parse_clean_prior(meta["clean_prior"])
         return DDPMExpert(
-            net, meta["schedule"], meta["num_train_timesteps"], conversion=conversion, t_eps=t_eps, x0_clamp=x0_clamp
+            net,
+            meta["schedule"],
+            meta["num_train_timesteps"],
+            conversion=conversion,
+            t_eps=t_eps,
+            x0_clamp=x0_clamp,
+            clean_estimate=clean_estimate,
+            clean_prior=prior,
         )
     raise ValueError(f"unknown objective {meta['objective']!r} in expert {meta.get('expert_id')}")
 

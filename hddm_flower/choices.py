@@ -20,6 +20,12 @@ VELOCITY_SCALINGS = ("off", "fm_rms")
 converted velocity's per-sample RMS at that of the FM experts mixed into the same sample at the same step, else at
 :func:`hddm_flower.objectives.velocity_rms_prior`)."""
 
+CLEAN_ESTIMATES = ("clamp", "shrink", "shrink_naive")
+"""A converted DDPM expert's clean estimate: ``clamp`` (``x0_hat`` clamped to ``±x0_clamp``), ``shrink``
+(``mu + lambda(t)·(x0_hat − mu)`` with ``lambda = C/V`` measured by the node on its held-out split: an exact
+network keeps its velocity) or ``shrink_naive`` (``lambda = s²/(s² + e_eps·t²/(1 − t)²)`` from the data variance and
+the network's eps error: shrinks even an exact network). Experts without the measured table keep ``clamp``."""
+
 ROUTING_MODES = ("top_k", "full", "threshold", "sample", "oracle")
 """How router probabilities become mixing weights."""
 
@@ -52,6 +58,12 @@ X0_CLAMP = 1.0
 """Bound on a DDPM expert's clean estimate ``x0_hat`` in the conversion. Pixels live in [−1, 1], so clamping to
 ±1 projects the estimate onto the data's range and can only bring it closer to any clean image, elementwise.
 Latent data (VAE latents, roughly unit variance with tails past ±4) need a larger bound, set in their config."""
+
+ESTIMATE_GUARD = 1e-6
+"""Guard of ``t`` and ``1 − t`` in the shrunk conversion; it only meets terms that vanish at the endpoints."""
+
+SHRINK_BRANCH_T = 0.5
+"""The shrunk velocity is ``(x_t − x0_tilde)/t`` from this t up and the equal eps form below it."""
 
 MAX_SEED = 2**31 - 1
 """Largest seed a config may give (numpy, scikit-learn and torch all accept it, with room for per-expert offsets)."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .choices import (
+    CLEAN_ESTIMATES,
     CLUSTER_FEATURES,
     CONVERSIONS,
     DATASETS,
@@ -293,6 +294,11 @@ class SamplingConfig:
     velocity_scaling: str = "off"
     velocity_scaling_t: float = 0.85
     x0_variance: float = 1.0  # per-element variance of the data (≈ 1 for SD-VAE latents × 0.18215)
+    # a DDPM expert's clean estimate: "clamp" (x0_hat clamped to ±x0_clamp), "shrink" (mu + lambda(t)·(x0_hat − mu),
+    # lambda = C/V measured by the node; an exact network is unchanged) or "shrink_naive" (lambda from the data
+    # variance and the ε error; shrinks even an exact network). Experts without the measured table keep "clamp".
+    clean_estimate: str = "clamp"
+    handover_t: float = 1.0  # < 1: converted (DDPM) experts get no router weight at t > handover_t (1 = off)
     samples_per_prompt: int = 8
     seed: int = 0
     prompts: list[str] = field(default_factory=lambda: ["grinning face", "japan flag", "hot dog", "dog face"])
@@ -309,6 +315,8 @@ class SamplingConfig:
         r.choice("velocity_scaling", VELOCITY_SCALINGS, "velocity scaling")
         r.within("velocity_scaling_t", 0, 1, hi_open=True)
         r.at_least(0, "x0_variance")
+        r.choice("clean_estimate", CLEAN_ESTIMATES, "clean estimate")
+        r.within("handover_t", 0, 1)
         if not self.prompts:
             r.fail("prompts", "needs at least one prompt")
         for i, prompt in enumerate(self.prompts):
@@ -316,6 +324,16 @@ class SamplingConfig:
                 r.fail(f"prompts[{i}]", "is empty (the empty caption is the unconditional branch of guidance)")
         r.seed()
         return self
+
+    def conversion_options(self) -> dict[str, Any]:
+        """How a DDPM expert's output becomes a velocity (the keyword arguments of
+        :func:`~hddm_flower.checkpoints.make_expert`)."""
+        return {
+            "conversion": self.conversion,
+            "t_eps": self.t_eps,
+            "x0_clamp": self.x0_clamp,
+            "clean_estimate": self.clean_estimate,
+        }
 
 
 @dataclass

@@ -80,6 +80,17 @@ class VelocityScaling:
             raise ValueError(f"velocity scaling x0_variance {self.x0_variance} is negative")
 
 
+def hand_over(w: Tensor, converted: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Weights (B, K) with the ``converted`` experts (K,) bool given no weight on ``rows`` (B,) bool, renormalised
+    over the others; a row left with no weight keeps its weights (the fallback). Returns the weights and the rows
+    that fell back."""
+    kept = w.masked_fill(converted, 0)
+    total = kept.sum(-1, keepdim=True)
+    fallback = rows & (total[:, 0] <= 0)
+    handed = rows & ~fallback
+    return torch.where(handed[:, None], kept / total.clamp(min=torch.finfo(w.dtype).tiny), w), fallback
+
+
 class Ensemble(nn.Module):
     """Experts (any objective) plus a router, exposing the same ``velocity`` face as a single expert.
 
@@ -87,7 +98,11 @@ class Ensemble(nn.Module):
     federation) are masked out of the router's posterior, which is renormalised over the experts present.
     ``router(x_t, t) → logits (B, num_experts)``. ``velocity_scaling``: see :class:`VelocityScaling` (off by
     default); when it is on, each converted expert's ``clamp_counts`` (if set) also counts its eligible and scaled
-    rows. ``mixed_precision="bf16"``: :func:`sample_ensemble` runs the router and experts under bf16 autocast (the
+    rows. ``handover_t`` < 1: at t > handover_t the converted (DDPM) experts are masked out of the router's
+    posterior before the routing mode picks (so top-k picks among the FM experts), and oracle weights on a converted
+    expert move to the FM experts; a row with no FM weight left (no FM expert present, or the router gives the FM
+    experts probability 0, or an oracle row) keeps its weights. ``handover_counts`` (set to {} to count) counts the
+    rows past ``handover_t``, those handed over and those that fell back. ``mixed_precision="bf16"``: :func:`sample_ensemble` runs the router and experts under bf16 autocast (the
     state ``x`` and the Euler update stay float32).
     """
 
@@ -101,6 +116,7 @@ class Ensemble(nn.Module):
         k: int = 2,
         threshold: float = 0.2,
         velocity_scaling: VelocityScaling = VelocityScaling(),
+        handover_t: float = 1.0,
         mixed_precision: str = "no",
     ):
         super().__init__()
@@ -115,9 +131,16 @@ class Ensemble(nn.Module):
         self.router = router
         self.num_experts, self.routing, self.k, self.threshold = num_experts, routing, k, threshold
         self.velocity_scaling, self.mixed_precision = velocity_scaling, mixed_precision
+        if not 0 <= handover_t <= 1:
+            raise ValueError(f"handover_t {handover_t} is not in [0, 1]")
+        self.handover_t = handover_t
+        self.handover_counts: dict[str, int] | None = None
         present = torch.zeros(num_experts, dtype=torch.bool)
         present[list(experts)] = True
         self.register_buffer("present", present, persistent=False)
+        converted = torch.zeros(num_experts, dtype=torch.bool)
+        converted[[i for i, e in experts.items() if getattr(e, "converted", False)]] = True
+        self.register_buffer("converted", converted, persistent=False)
 
     @property
     def device(self) -> torch.device:
@@ -143,15 +166,30 @@ class Ensemble(nn.Module):
     ) -> Tensor:
         """Mixed FM velocity; ``routing`` overrides the ensemble's mode for this call (e.g. "oracle")."""
         t = torch.as_tensor(t, dtype=x_t.dtype, device=x_t.device).expand(x_t.shape[0])
-        # route
+        # route (past handover_t: among the FM experts)
+        probs = self.posterior(x_t, t)
+        late = None
+        if self.handover_t < 1 and bool((self.present & ~self.converted).any()):
+            late = t > self.handover_t
+            probs, _ = hand_over(probs, self.converted, late)
         w = routing_weights(
-            self.posterior(x_t, t),
+            probs,
             routing or self.routing,
             k=self.k,
             threshold=self.threshold,
             labels=labels,
             generator=generator,
         ).to(x_t.dtype)
+        if late is not None:
+            w, fallback = hand_over(w, self.converted, late)
+            if self.handover_counts is not None:
+                c = self.handover_counts
+                for key, value in (
+                    ("rows", len(t)),
+                    ("late_rows", int(late.sum())),
+                    ("fallback_rows", int(fallback.sum())),
+                ):
+                    c[key] = c.get(key, 0) + value
         # per-expert (guided) velocity, evaluated only on the rows routed to it; then combine
         parts = []
         for key, expert in self.experts.items():

@@ -171,6 +171,7 @@ def sample_mode(
         k=spec.get("k", 1),
         threshold=threshold,
         velocity_scaling=scaling,
+        handover_t=ensemble.handover_t,
         mixed_precision=ensemble.mixed_precision,
     ).to(ensemble.device)
     P, S = len(prompts.captions), samples_per_prompt
@@ -183,6 +184,7 @@ def sample_mode(
     counts = {}
     for e in _ddpm_experts(experts.values()):
         e.clamp_counts = counts
+    ens.handover_counts = {} if ens.handover_t < 1 else None
     g = torch.Generator().manual_seed(seed + 1)  # for routing mode "sample"
     start, out = time.perf_counter(), []
     try:
@@ -226,6 +228,7 @@ def sample_mode(
         "mean_weight": weights,
         "usage": np.mean(usage, axis=0).tolist(),  # fraction of (row, step) pairs each expert evaluated
         "clamps": counts,
+        "handover": ens.handover_counts,
         "seconds": round(seconds, 2),
     }
     return torch.cat(out).reshape(P, S, *noise.shape[1:]), trace

@@ -14,16 +14,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .choices import CONVERSIONS, FM_TIME_SAMPLINGS, T_EPS, X0_CLAMP
+from .choices import CLEAN_ESTIMATES, CONVERSIONS, FM_TIME_SAMPLINGS, T_EPS, X0_CLAMP
+from .clean_prior import CleanPrior
 from .objectives import (
     FM_TIME_SCALE,
     ddpm_alpha_bar,
     ddpm_eps_to_velocity,
+    ddpm_eps_to_velocity_shrunk,
     ddpm_loss,
     ddpm_noise,
     fm_input_scale,
     fm_interpolate,
     fm_loss,
+    interpolate_in_t,
     logit_normal_time,
     naive_timestep,
     snr_matched_timestep,
@@ -133,6 +136,11 @@ class DDPMExpert(Expert):
     ``conversion="schedule_aware"`` (default): SNR-matched fractional timestep and input rescaling, exact for an
     exact network. ``conversion="naive"``: ``tau = round((T−1)·t)`` on the unscaled ``x_t`` (the paper's variant,
     for ablations). ``t_eps`` and ``x0_clamp`` guard the clean estimate near pure noise.
+
+    ``clean_estimate="shrink"`` or ``"shrink_naive"`` with a measured ``clean_prior``
+    (:mod:`hddm_flower.clean_prior`) replaces the clamped estimate by ``mu + lambda(t)·(x0_hat − mu)``
+    (:func:`~hddm_flower.objectives.ddpm_eps_to_velocity_shrunk`); without a table the expert keeps ``clamp``
+    (counted as ``shrink_missing_rows``).
     """
 
     objective = "ddpm"
@@ -147,12 +155,22 @@ class DDPMExpert(Expert):
         conversion: str = "schedule_aware",
         t_eps: float = T_EPS,
         x0_clamp: float = X0_CLAMP,
+        clean_estimate: str = "clamp",
+        clean_prior: CleanPrior | None = None,
     ):
         super().__init__(net)
         if conversion not in CONVERSIONS:
             raise ValueError(f"unknown conversion {conversion!r}; expected one of {CONVERSIONS}")
+        if clean_estimate not in CLEAN_ESTIMATES:
+            raise ValueError(f"unknown clean estimate {clean_estimate!r}; expected one of {CLEAN_ESTIMATES}")
         self.schedule, self.conversion = schedule, conversion
         self.t_eps, self.x0_clamp = t_eps, x0_clamp
+        self.clean_estimate, self.clean_prior = clean_estimate, clean_prior
+        if clean_estimate != "clamp" and clean_prior is not None:
+            grid, lam = clean_prior.weights(clean_estimate)
+            self.register_buffer("lambda_grid", grid, persistent=False)
+            self.register_buffer("lambda_values", lam, persistent=False)
+            self.register_buffer("prior_mean", clean_prior.mean, persistent=False)
         self.register_buffer("alpha_bar", ddpm_alpha_bar(schedule, num_train_timesteps), persistent=False)
         self.clamp_counts: dict[str, int] | None = None  # set to {} to count how often the conversion's guards fire
 
@@ -166,10 +184,35 @@ class DDPMExpert(Expert):
         tau = snr_matched_timestep(t, self.alpha_bar).to(x_t.dtype)
         return x_t * fm_input_scale(t).reshape(-1, *([1] * (x_t.ndim - 1))), tau
 
+    @property
+    def shrinks(self) -> bool:
+        """Whether the velocity goes through the shrunk clean estimate (a shrink option and a table)."""
+        return self.clean_estimate != "clamp" and self.clean_prior is not None
+
+    def shrink_lambda(self, t: Tensor) -> Tensor:
+        """lambda(t) (B,) of the configured shrink, float64 (:class:`~hddm_flower.clean_prior.CleanPrior`)."""
+        return interpolate_in_t(t, self.lambda_grid, self.lambda_values)
+
     def to_velocity(self, x_t, t, out):
+        if self.shrinks:
+            lam = self.shrink_lambda(t)
+            if self.clamp_counts is not None:
+                self._count_shrink(x_t, t, out, lam)
+            return ddpm_eps_to_velocity_shrunk(x_t, t, out, self.prior_mean, lam)
         if self.clamp_counts is not None:
             self._count_clamps(x_t, t, out)
+            if self.clean_estimate != "clamp":
+                c = self.clamp_counts
+                c["shrink_missing_rows"] = c.get("shrink_missing_rows", 0) + len(t)
         return ddpm_eps_to_velocity(x_t, t, out, t_eps=self.t_eps, x0_clamp=self.x0_clamp)
+
+    def _count_shrink(self, x_t: Tensor, t: Tensor, eps_hat: Tensor, lam: Tensor) -> None:
+        """Rows through the shrink, the sum of their lambda (mean = sum / rows), and the clamp's counts as they
+        would have been (the clamp itself is not applied)."""
+        self._count_clamps(x_t, t, eps_hat)
+        c = self.clamp_counts
+        c["shrink_rows"] = c.get("shrink_rows", 0) + len(t)
+        c["shrink_lambda_sum"] = c.get("shrink_lambda_sum", 0.0) + float(lam.sum())
 
     def _count_clamps(self, x_t: Tensor, t: Tensor, eps_hat: Tensor) -> None:
         """Rows where ``1 − t < t_eps`` and elements where ``|x̂0| > x0_clamp`` (before clamping)."""

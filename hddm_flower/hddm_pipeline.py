@@ -99,15 +99,16 @@ class HDDMExperts(ModelMixin, ConfigMixin):
     def uncond(self) -> TextCond | None:
         return None if self.uncond_states is None else TextCond(self.uncond_states, self.uncond_mask)
 
-    def adapters(self, conversion: str = "schedule_aware", t_eps: float = 0.01, x0_clamp: float = 1.0) -> dict:
+    def adapters(
+        self,
+        conversion: str = "schedule_aware",
+        t_eps: float = 0.01,
+        x0_clamp: float = 1.0,
+        clean_estimate: str = "clamp",
+    ) -> dict:
         """Expert id → velocity adapter (:func:`~hddm_flower.checkpoints.make_expert`) over the loaded networks."""
-        return {
-            k: make_expert(
-                ExpertNet(self.transformers[str(k)]), self.metas[k], conversion=conversion, t_eps=t_eps,
-                x0_clamp=x0_clamp,
-            )
-            for k in self.ids
-        }  # fmt: skip
+        options = {"conversion": conversion, "t_eps": t_eps, "x0_clamp": x0_clamp, "clean_estimate": clean_estimate}
+        return {k: make_expert(ExpertNet(self.transformers[str(k)]), self.metas[k], **options) for k in self.ids}
 
     @classmethod
     def from_pretrained(
@@ -225,7 +226,10 @@ class HDDMPipeline(DiffusionPipeline):
         unless given)."""
         s = self.config.sampling
         adapters = self.experts.adapters(
-            s.get("conversion", "schedule_aware"), float(s.get("t_eps", 0.01)), float(s.get("x0_clamp", 1.0))
+            s.get("conversion", "schedule_aware"),
+            float(s.get("t_eps", 0.01)),
+            float(s.get("x0_clamp", 1.0)),
+            s.get("clean_estimate", "clamp"),
         )
         return Ensemble(
             adapters,
@@ -239,6 +243,7 @@ class HDDMPipeline(DiffusionPipeline):
                 float(s.get("velocity_scaling_t", 0.85)),
                 float(s.get("x0_variance", 1.0)),
             ),
+            handover_t=float(s.get("handover_t", 1.0)),
         ).to(self._execution_device)
 
     def check_inputs(self, prompt, num_inference_steps, guidance_scale, routing, top_k, n_per_prompt, output_type):
@@ -435,6 +440,8 @@ def sampling_defaults(cfg) -> dict:
         "velocity_scaling": s.velocity_scaling,
         "velocity_scaling_t": s.velocity_scaling_t,
         "x0_variance": s.x0_variance,
+        "clean_estimate": s.clean_estimate,
+        "handover_t": s.handover_t,
     }
 
 

@@ -25,7 +25,7 @@ import math
 import torch
 from torch import Tensor
 
-from .choices import SCHEDULES
+from .choices import ESTIMATE_GUARD, SCHEDULES, SHRINK_BRANCH_T
 
 FM_TIME_SCALE = 999.0
 """FM networks receive ``FM_TIME_SCALE·t`` as their timestep (the paper's "999·t")."""
@@ -181,6 +181,64 @@ def ddpm_eps_to_velocity(x_t: Tensor, t: Tensor, eps_hat: Tensor, *, t_eps: floa
     x0_hat = (x_t - tb * eps_hat) / (1 - tb).clamp(min=t_eps)
     x0_hat = x0_hat.clamp(-x0_clamp, x0_clamp)
     return eps_hat - x0_hat
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The error-aware clean estimate ("shrink"): a trained network's x0_hat combined with its cluster's mean
+#
+# A trained eps-network eps_hat = eps* + delta gives x0_hat = x0* − t·delta/(1 − t): near noise its clean estimate
+# is mostly the network's error amplified. The best linear estimate of x0 from x0_hat and the cluster mean mu is
+# x0_tilde = mu + lambda(t)·(x0_hat − mu), lambda = C/V with C = E[(x0_hat − mu)·(x0 − mu)], V = E‖x0_hat − mu‖²
+# (per element). Writing x0_hat = x0* + eta (eta uncorrelated), C = Var x0* and V = C + Var eta: the precisions of
+# the network's estimate and the prior combined. An exact network has V = C, lambda = 1: its velocity is unchanged.
+
+
+def shrink_weight(spread: Tensor, total: Tensor) -> Tensor:
+    """``lambda = C / V`` clipped to [0, 1], and 0 where ``V`` is 0 (nothing to combine: the estimate is the mean)."""
+    spread, total = torch.as_tensor(spread), torch.as_tensor(total)
+    lam = spread / total.clamp(min=torch.finfo(total.dtype).tiny)
+    return torch.where(total > 0, lam.clamp(0, 1), torch.zeros_like(lam))
+
+
+def naive_shrink_weight(t: Tensor, x0_variance: Tensor, eps_mse: Tensor) -> Tensor:
+    """The literal precision weighting ``s² / (s² + e_eps·t²/(1 − t)²)`` of the data variance ``s²`` and the
+    network's total eps error ``e_eps`` at t, turned into an x0 error by ``t/(1 − t)``: 1 at t = 0, 0 at t = 1.
+
+    It counts the prior twice (``e_eps`` of an exact network is the posterior variance, not 0), so it shrinks even
+    an exact network; :func:`shrink_weight` does not."""
+    t = torch.as_tensor(t, dtype=torch.float64)
+    s2 = torch.as_tensor(x0_variance, dtype=torch.float64)
+    err = torch.as_tensor(eps_mse, dtype=torch.float64) * t**2
+    return torch.where(t < 1, s2 * (1 - t) ** 2 / (s2 * (1 - t) ** 2 + err).clamp(min=1e-300), torch.zeros_like(t))
+
+
+def interpolate_in_t(t: Tensor, grid: Tensor, values: Tensor) -> Tensor:
+    """Piecewise-linear ``values`` (G,) over the increasing ``grid`` (G,) at times ``t`` (B,) (ends held)."""
+    t = torch.as_tensor(t, dtype=torch.float64).clamp(float(grid[0]), float(grid[-1]))
+    grid, values = grid.to(torch.float64), values.to(torch.float64)
+    hi = torch.searchsorted(grid, t).clamp(1, len(grid) - 1)
+    lo = hi - 1
+    frac = ((t - grid[lo]) / (grid[hi] - grid[lo])).clamp(0, 1)
+    return values[lo] + frac * (values[hi] - values[lo])
+
+
+def ddpm_eps_to_velocity_shrunk(x_t: Tensor, t: Tensor, eps_hat: Tensor, mean: Tensor, lam: Tensor) -> Tensor:
+    """FM velocity from a noise prediction through the shrunk clean estimate ``x0_tilde = mu + lam·(x0_hat − mu)``.
+
+    ``v = (x_t − x0_tilde)/t``, evaluated where it is stable: as written for ``t ≥ SHRINK_BRANCH_T``, and as the
+    equal ``eps_hat − x0_hat + (1 − lam)·(x0_hat − mu)/t`` below it (the conversion's own velocity plus the
+    shrink's correction). With ``lam = 1`` this is ``eps_hat − x0_hat`` exactly; no clamp, no ``t_eps``. The named
+    guard ``ESTIMATE_GUARD`` on ``t`` and ``1 − t`` only meets terms that vanish at the endpoints (``lam(0) = 1``,
+    ``lam(1) = 0``): at t = 1 the velocity is ``x_t − mu``, at t = 0 it is ``eps_hat − x_t``.
+    ``mean`` broadcasts against one sample (C, H, W); ``lam`` is per row (B,).
+    """
+    tb, lb = _bcast(t, x_t), _bcast(lam.to(x_t.dtype), x_t)
+    mu = mean.to(x_t.dtype)
+    x0_hat = (x_t - tb * eps_hat) / (1 - tb).clamp(min=ESTIMATE_GUARD)
+    x0_tilde = mu + lb * (x0_hat - mu)
+    high = (x_t - x0_tilde) / tb.clamp(min=ESTIMATE_GUARD)
+    low = eps_hat - x0_hat + (1 - lb) * (x0_hat - mu) / tb.clamp(min=ESTIMATE_GUARD)
+    return torch.where(tb >= SHRINK_BRANCH_T, high, low)
 
 
 # ----------------------------------------------------------------------------------------------------------------

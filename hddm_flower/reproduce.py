@@ -143,12 +143,7 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
     cfg, run_dir, dataset_dir = config_from_dict(cfg_dict, "reproduce"), Path(run_dir), Path(dataset_dir)
     if objectives is None:
         meta = read_meta(dataset_dir)
-        mono, _ = load_expert(
-            run_dir.parent.parent / "monolith",
-            conversion=cfg.sampling.conversion,
-            t_eps=cfg.sampling.t_eps,
-            x0_clamp=cfg.sampling.x0_clamp,
-        )
+        mono, _ = load_expert(run_dir.parent.parent / "monolith", **cfg.sampling.conversion_options())
         dev = resolve_device(cfg.coordinator.device)
         ens = Ensemble(
             {0: mono},

@@ -27,7 +27,7 @@ def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> t
     s = cfg.sampling
     experts, metas = {}, []
     for folder in expert_folders(run_dir).values():
-        expert, meta = load_expert(folder, conversion=s.conversion, t_eps=s.t_eps, x0_clamp=s.x0_clamp)
+        expert, meta = load_expert(folder, **s.conversion_options())
         experts[int(meta["expert_id"])] = expert
         metas.append(meta)
     router = router if router is not None else load_router(run_dir / ROUTER)
@@ -41,6 +41,7 @@ def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> t
         k=s.top_k,
         threshold=s.threshold,
         velocity_scaling=scaling,
+        handover_t=s.handover_t,
         mixed_precision=resolve_precision(cfg.coordinator.mixed_precision, device),
     )
     return ensemble.to(device), metas
@@ -114,6 +115,8 @@ def evaluate_and_report(
         "conversion": s.conversion,
         "t_eps": s.t_eps,
         "x0_clamp": s.x0_clamp,
+        "clean_estimate": s.clean_estimate,
+        "handover_t": s.handover_t,
         "sampler": "FM Euler, t from 1 to 0, CFG per expert before mixing",
         "adherence": adherence | {"classifier": metrics["evaluation"]["adherence_classifier"]},
     }

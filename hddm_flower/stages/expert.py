@@ -10,9 +10,10 @@ import torch
 
 from ..accept import ExpertSpec
 from ..checkpoints import TIME_CONVENTION, make_expert
+from ..clean_prior import measure_clean_prior
 from ..config import Config
 from ..convert import load_init
-from ..data import StreamingSplit, load_split, load_uncond, read_meta
+from ..data import Split, StreamingSplit, load_split, load_uncond, read_meta
 from ..models import ExpertNet, expert_config
 from ..provenance import now, package_version
 from ..training import train_expert
@@ -80,6 +81,31 @@ def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int
     return make_expert(net, meta), model_config, meta
 
 
+CLEAN_PRIOR_HELDOUT = 256
+"""Held-out images (each with 4 noise draws per time) a node uses to measure a DDPM expert's clean prior."""
+
+
+def clean_prior_meta(expert, train: Split | StreamingSplit, heldout: Split, seed: int) -> dict | None:
+    """A DDPM expert's measured clean prior (:mod:`hddm_flower.clean_prior`) as metadata: the mean of its training
+    images (of the held-out split when the training data streams) and the table on up to ``CLEAN_PRIOR_HELDOUT``
+    held-out images; None when the node has fewer than 2 held-out images."""
+    if len(heldout) < 2:
+        return None
+    images = train.images if isinstance(train, Split) else heldout.images
+    mean = images.double().mean(0)
+    n = min(len(heldout), CLEAN_PRIOR_HELDOUT)
+    x0, cond = heldout.batch(torch.arange(n))
+    was_training = expert.training
+    expert.eval()
+    try:
+        prior = measure_clean_prior(
+            expert.net, expert.alpha_bar, mean, x0, cond, generator=torch.Generator().manual_seed(seed)
+        )
+    finally:
+        expert.train(was_training)
+    return prior.to_meta()
+
+
 def train_one_expert(
     cfg: Config,
     dataset_dir: Path,
@@ -144,5 +170,9 @@ def train_one_expert(
         "created_at": now(),
         "hddm_flower": package_version("hddm-flower"),
     }
+    if objective == "ddpm":  # measured on the node's held-out split, shipped with the weights
+        prior = clean_prior_meta(expert, data, load_split(dataset_dir, [cluster], "val"), e.seed + expert_id + 7919)
+        if prior is not None:
+            meta["clean_prior"] = prior
     state = {k: v.detach().cpu() for k, v in expert.net.transformer.state_dict().items()}
     return state, model_config, meta
