@@ -1,8 +1,8 @@
 """All the performance figures in one command, written as JSON and as the Markdown table docs/performance.md shows.
 
-    python benchmarks/bench.py                 # CPU figures (≈ 25 min on 2 cores, most of it the federation runs)
-    python benchmarks/bench.py --quick         # fewer steps and repetitions (≈ 3 min): a smoke run, not for docs/performance.md
-    python benchmarks/bench.py --skip federation
+    python -m benchmarks.bench                 # CPU figures (≈ 25 min on 2 cores, most of it the federation runs)
+    python -m benchmarks.bench --quick         # fewer steps and repetitions (≈ 3 min): a smoke run, not for docs/performance.md
+    python -m benchmarks.bench --skip federation
 
 Parts (each a script of its own in ``benchmarks/``, runnable alone):
 
@@ -21,50 +21,17 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
-import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks import federation, gpu, sampling, train_step
+from benchmarks.common import RESULTS, commit, machine, write_result
+from hddm_flower.provenance import versions
+
 PARTS = ("train_step", "sampling", "federation", "gpu")
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return f"{model}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM{gpu}"
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _fmt(x, digits=2) -> str:
@@ -160,14 +127,14 @@ def main(argv=None) -> dict:
     common = [*(["--config", args.config] if args.config else [])]
     t0 = time.perf_counter()
     r: dict = {
-        "command": " ".join(["python benchmarks/bench.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m benchmarks.bench", *(sys.argv[1:] if argv is None else argv)]),
         "machine": machine(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": _commit(),
+        "commit": commit(),
     }
     if "train_step" not in args.skip:
         r["train_step"] = {
-            obj: _load("train_step").main(
+            obj: train_step.main(
                 [
                     *common,
                     *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
@@ -181,7 +148,7 @@ def main(argv=None) -> dict:
             for obj in ("fm", "ddpm")
         }
     if "sampling" not in args.skip:
-        r["sampling"] = _load("sampling").main(
+        r["sampling"] = sampling.main(
             [
                 *common,
                 *(["--steps", "2", "--reps", "1", "--batch-size", "8"] if q else []),
@@ -190,7 +157,7 @@ def main(argv=None) -> dict:
             ]
         )
     if "federation" not in args.skip:
-        r["federation"] = _load("federation").main(
+        r["federation"] = federation.main(
             [
                 *common,
                 *(["--cache-dir", args.cache_dir] if args.cache_dir else []),
@@ -202,10 +169,10 @@ def main(argv=None) -> dict:
             ]
         )
     if "gpu" not in args.skip and torch.cuda.is_available():
-        r["gpu"] = _load("gpu").main(["--out-dir", str(out)])
+        r["gpu"] = gpu.main(["--out-dir", str(out)])
     r["seconds"] = round(time.perf_counter() - t0, 1)
-    r["versions"] = _load("train_step").versions()
-    (out / "bench.json").write_text(json.dumps(r, indent=2))
+    r["versions"] = versions()
+    write_result(out / "bench.json", r)
     md = (
         f"Benchmarks ({r['date']}, commit {r['commit']}, {r['machine']}; torch {r['versions'].get('torch')}, "
         f"flwr {r['versions'].get('flwr')}, diffusers {r['versions'].get('diffusers')}). "

@@ -9,20 +9,19 @@ Stands in for the paper's ImageNet DiT-XL/2 → expert initialisation (≈1.2× 
 3. train the same expert (same cluster, steps, batch, seed) from the converted weights and from random weights,
    and compare loss curves and held-out losses.
 
-Writes ``benchmarks/results/convert_init.json`` and ``.md``. Run: ``python benchmarks/convert_init.py``.
+Writes ``benchmarks/results/convert_init.json`` and ``.md``. Run: ``python -m benchmarks.convert_init``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import ROOT, machine, write_result
 from hddm_flower.config_io import load_config
 from hddm_flower.config_sections import OptimConfig
 from hddm_flower.convert import convert_dit, read_dit, write_converted
@@ -34,8 +33,6 @@ from hddm_flower.provenance import versions
 from hddm_flower.stages.expert import build_expert
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.training import fit, train_expert
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def pretrain_dit(
@@ -153,14 +150,14 @@ def main(argv=None) -> dict:
         "expert_preset": cfg.expert.preset,
         "batch_size": cfg.expert.batch_size,
         "steps": args.steps,
-        "machine": platform.machine(),
+        "machine": machine(),
         "threads": torch.get_num_threads(),
         "versions": versions(),
-        "command": "python benchmarks/convert_init.py " + " ".join(argv or []),
+        "command": "python -m benchmarks.convert_init " + " ".join(argv or []),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    write_result(out.with_suffix(".json"), results)
     out.with_suffix(".md").write_text(render(results))
     print(render(results))
     return results

@@ -19,8 +19,8 @@ Each stage runs in its own process (stages cannot mask each other's peaks); it r
 Features are the run's own feature classifier on latents (no VAE and no Inception offline); the memory argument is
 the same for any feature network (its size does not depend on N).
 
-    python benchmarks/coordinator_scale.py                 # N = 20,000 and 4N = 80,000 (≈ 10 GB of disk, deleted)
-    python benchmarks/coordinator_scale.py --n 1600 --shard-size 50 --out /tmp/quick   # a quick look
+    python -m benchmarks.coordinator_scale                 # N = 20,000 and 4N = 80,000 (≈ 10 GB of disk, deleted)
+    python -m benchmarks.coordinator_scale --n 1600 --shard-size 50 --out /tmp/quick   # a quick look
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import ROOT, machine, module_command, write_result
 
 K, L, DIM, C, S = 8, 77, 768, 4, 32
 SHARD = 125  # samples per shard (--shard-size)
@@ -197,12 +196,12 @@ def setup_run(args, d: Path, work: Path) -> None:
 
 
 def run_stage(name: str, d: Path, work: Path, args) -> dict:
-    cmd = [sys.executable, __file__, "--stage", name, "--dataset", str(d), "--work", str(work)]
+    cmd = module_command("benchmarks.coordinator_scale", "--stage", name, "--dataset", str(d), "--work", str(work))
     cmd += ["--router-steps", str(args.router_steps), "--feature-steps", str(args.feature_steps)]
     cmd += ["--prompts", str(args.prompts), "--sample-steps", str(args.sample_steps), "--device", args.device]
     cmd += ["--kid-reservoir", str(args.kid_reservoir), "--threads", str(args.threads)]
     load = os.getloadavg()
-    out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
     if out.returncode:
         raise RuntimeError(f"stage {name} failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -271,14 +270,14 @@ def main() -> None:
     results["goal"] = "peak RSS at 4N ≤ 1.15 × peak RSS at N for every stage"
     results["goal_met"] = all(r["peak_rss"] <= 1.15 for r in results["ratios_4N_over_N"].values())
     results |= {
-        "command": "python benchmarks/coordinator_scale.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}",
+        "command": "python -m benchmarks.coordinator_scale " + " ".join(sys.argv[1:]),
+        "machine": f"{machine()}, Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "settings": {k: v for k, v in vars(args).items() if k not in ("stage", "dataset", "work", "keep", "out")},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    write_result(out.with_suffix(".json"), results)
     lines = [
         "# Coordinator scale: peak RSS and time per stage at N and 4N",
         "",

@@ -6,8 +6,8 @@ peak RSS (``ru_maxrss``) is its own; the small scale shows which memory grows wi
 machine pass the real models (``--vae``, ``--text-encoder``, ``--dinov2``, ``--device cuda``) and/or real shards
 (``--shards``) to measure the paper's setting with the same script.
 
-    python benchmarks/data_throughput.py                          # ≈ 51k samples, writes benchmarks/results/
-    python benchmarks/data_throughput.py --shards '/data/{00000..00009}.tar' --vae /models/sd-vae-ft-mse \\
+    python -m benchmarks.data_throughput                          # ≈ 51k samples, writes benchmarks/results/
+    python -m benchmarks.data_throughput --shards '/data/{00000..00009}.tar' --vae /models/sd-vae-ft-mse \\
         --text-encoder /models/clip-vit-large-patch14 --dinov2 /models/dinov2-large --device cuda --image-size 32
 """
 
@@ -17,25 +17,19 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.common import ROOT, machine, module_command, peak_rss_mib, write_result
+
 TARGET = 11_000_000
 
 
 def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _rss_mib() -> float:
-    """Peak resident memory of this process so far, MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _vmrss_mib() -> float:
@@ -64,7 +58,7 @@ def child(stage: str, spec: dict) -> dict:
         )
         pixel_size = d.image_size * (encoders.codec.downsample if encoders.codec is not None else 1)
         units, source = units_for(d, pixel_size, spec["repeat"])
-        base = _rss_mib()
+        base = peak_rss_mib()
         # in ten steps (a resumed run each time, as after an interruption), recording the resident memory
         trace, step = [], max(1, len(units) // 10)
         t0 = time.perf_counter()
@@ -86,7 +80,7 @@ def child(stage: str, spec: dict) -> dict:
         return {
             "seconds": seconds,
             "samples": m["num_samples"],
-            "peak_rss_mib": _rss_mib(),
+            "peak_rss_mib": peak_rss_mib(),
             "rss_after_model_load_mib": base,
             "disk_bytes": _du(Path(spec["encoded"])),
             "rss_trace": trace,
@@ -95,7 +89,7 @@ def child(stage: str, spec: dict) -> dict:
             "latent": m["latent"]["name"] if m["latent"] else "pixels",
         }
     feature_model(d.cluster_features, dinov2=d.dinov2, text_dim=384, device=d.device or "cpu")
-    base = _rss_mib()
+    base = peak_rss_mib()
     t0 = time.perf_counter()
     out = cluster_encoded(
         spec["encoded"],
@@ -115,7 +109,7 @@ def child(stage: str, spec: dict) -> dict:
     return {
         "seconds": seconds,
         "samples": meta["num_images"],
-        "peak_rss_mib": _rss_mib(),
+        "peak_rss_mib": peak_rss_mib(),
         "rss_after_model_load_mib": base,
         "passes_seconds": meta["seconds"],
         "kmeans": meta["kmeans"],
@@ -135,7 +129,8 @@ def _run_child(stage: str, spec: dict) -> dict:
         HF_HUB_DISABLE_PROGRESS_BARS="1",
     )
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", stage, "--spec", json.dumps(spec)],
+        module_command("benchmarks.data_throughput", "--child", stage, "--spec", json.dumps(spec)),
+        cwd=ROOT,
         capture_output=True,
         text=True,
         env=env,
@@ -222,13 +217,13 @@ def main(argv: list[str] | None = None) -> dict:
         "config": data | {"num_clusters": args.num_clusters},
         "threads": args.threads,
         "runs": runs,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": f"{machine()}, {platform.platform()}, Python {platform.python_version()}",
         "extrapolation": extrapolate(runs, args),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    write_result(out.with_suffix(".json"), result)
     out.with_suffix(".md").write_text(render(result))
     return result
 

@@ -13,7 +13,7 @@ time of the router phase and the bytes on the wire. With ``--experts DIR`` (expe
 from ``hddm train-expert``), the ensemble's FID under top-2 routing with the run's feature classifier, over
 ``--fid-seeds`` sampling seeds (mean ± std: the FID's own noise).
 
-    python benchmarks/federated_router.py --experts /tmp/experts --out benchmarks/results/federated_router.json
+    python -m benchmarks.federated_router --experts /tmp/experts --out benchmarks/results/federated_router.json
 
 Writes the JSON and a markdown table beside it (``.md``) with the command, the machine and the date.
 """
@@ -25,7 +25,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -36,24 +35,21 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-from clients.client_app import app as client_app  # noqa: E402
-from hddm_flower import metrics as M  # noqa: E402
-from hddm_flower.checkpoints import load_router, save_router  # noqa: E402
-from hddm_flower.config_io import load_config, parse_overrides  # noqa: E402
-from hddm_flower.data import load_split, load_uncond, read_meta, split_size  # noqa: E402
-from hddm_flower.evaluate import FEATURE_NET, all_images, choose_prompts, feature_network, sample_mode  # noqa: E402
-from hddm_flower.federated import accuracy_from_confusion, router_confusion  # noqa: E402
-from hddm_flower.models import router_config  # noqa: E402
-from hddm_flower.provenance import versions  # noqa: E402
-from hddm_flower.stages.assemble import load_ensemble  # noqa: E402
-from hddm_flower.stages.prepare import prepare_data  # noqa: E402
-from hddm_flower.stages.router import fit_router  # noqa: E402
-from strategies.federated_router import node_sizes, train_router_federated  # noqa: E402
-from strategies.inprocess_grid import FakeGrid  # noqa: E402
+from benchmarks.common import ROOT, machine, write_result
+from clients.client_app import app as client_app
+from hddm_flower import metrics as M
+from hddm_flower.checkpoints import load_router, save_router
+from hddm_flower.config_io import load_config, parse_overrides
+from hddm_flower.data import load_split, load_uncond, read_meta, split_size
+from hddm_flower.evaluate import FEATURE_NET, all_images, choose_prompts, feature_network, sample_mode
+from hddm_flower.federated import accuracy_from_confusion, router_confusion
+from hddm_flower.models import router_config
+from hddm_flower.provenance import versions
+from hddm_flower.stages.assemble import load_ensemble
+from hddm_flower.stages.prepare import prepare_data
+from hddm_flower.stages.router import fit_router
+from strategies.federated_router import node_sizes, train_router_federated
+from strategies.inprocess_grid import FakeGrid
 
 VARIANTS = {
     "fedadam-1step": {},  # the default: FedAdam, one SGD step per node and round, rounds = router.steps
@@ -173,7 +169,7 @@ def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, featur
     def keep(name: str, router, meta: dict) -> None:  # after each router: a long run can be stopped and reused
         if args.keep:
             save_router(Path(args.keep) / name, router, meta)
-            command = "python benchmarks/federated_router.py " + " ".join(sys.argv[1:])
+            command = "python -m benchmarks.federated_router " + " ".join(sys.argv[1:])
             (Path(args.keep) / "results.json").write_text(
                 json.dumps({"results": results, "load": load, "command": command})
             )
@@ -226,7 +222,7 @@ def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, featur
 
 
 def write(args, cfg, results: dict, times: list, load, started: float, trained_by: str | None) -> None:
-    command = "python benchmarks/federated_router.py " + " ".join(sys.argv[1:])
+    command = "python -m benchmarks.federated_router " + " ".join(sys.argv[1:])
     if trained_by:  # the routers came from an earlier run
         command = f"{trained_by}` then `{command}"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
@@ -234,7 +230,7 @@ def write(args, cfg, results: dict, times: list, load, started: float, trained_b
         "command": command,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "commit": commit.strip(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {load[0]:.1f} at start",
+        "machine": f"{machine()}, load {load[0]:.1f} at start",
         "minutes": round((time.time() - started) / 60, 1),
         "times": times,
         "config": {"router": dataclasses.asdict(cfg.router), "num_experts": cfg.num_experts},
@@ -242,7 +238,7 @@ def write(args, cfg, results: dict, times: list, load, started: float, trained_b
         "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    write_result(Path(args.out), out)
     Path(args.out).with_suffix(".md").write_text(render(out))
     print(render(out))
 

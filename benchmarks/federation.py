@@ -14,8 +14,8 @@ actors), and the CLI processes, and the CPU seconds of each side's whole process
 ratio is the steadier figure; the goal is stated in wall time). Steps are reduced with ``--set`` to keep a repetition short; that makes the fixed
 costs (Ray start-up) weigh *more* than in the default run, so the overhead measured is an upper bound.
 
-    python benchmarks/federation.py                       # 2 repetitions, expert.steps=100 router.steps=100
-    python benchmarks/federation.py --reps 1 --set expert.steps=700 --set router.steps=400   # the default run
+    python -m benchmarks.federation                       # 2 repetitions, expert.steps=100 router.steps=100
+    python -m benchmarks.federation --reps 1 --set expert.steps=700 --set router.steps=400   # the default run
 
 Writes ``benchmarks/results/federation.json``. Uses the default Flower home (``~/.flwr``) and its local SuperLink.
 """
@@ -36,11 +36,11 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.common import ROOT, write_result
 from hddm_flower.config_io import load_config, parse_overrides
 from hddm_flower.provenance import versions
 from hddm_flower.stages.prepare import prepare_data
 
-ROOT = Path(__file__).resolve().parent.parent
 FLWR_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -227,7 +227,7 @@ def main(argv=None) -> dict:
     mib = lambda side, role: max(pk[role] for pk in peaks[side]) / 2**20  # noqa: E731
     result = {
         "what": "federation overhead: flwr run (simulation) vs the same stages with the hddm CLI",
-        "command": " ".join(["python benchmarks/federation.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m benchmarks.federation", *(sys.argv[1:] if argv is None else argv)]),
         "config": str(args.config),
         "overrides": overrides,
         "experts": cfg.num_experts,
@@ -252,7 +252,7 @@ def main(argv=None) -> dict:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_result(out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "versions"}, indent=2))
     return result
 

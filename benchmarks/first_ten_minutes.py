@@ -15,7 +15,7 @@ the ``--baseline`` run is a per-seed difference with a Student-t 95 % interval. 
 other CFG scales (the run's own scale if not given); ``NAME=RUN_DIR@SCALE`` one run at one scale. No training of
 experts or routers: the runs' own.
 
-    python benchmarks/first_ten_minutes.py --runs default=RUN_A fast=RUN_B --baseline default --seeds 5
+    python -m benchmarks.first_ten_minutes --runs default=RUN_A fast=RUN_B --baseline default --seeds 5
 
 Writes ``benchmarks/results/first_ten_minutes.json`` and ``.md`` with the command, machine, load and date.
 """
@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import ROOT, machine, write_result
 from hddm_flower.adherence import classify, prompt_adherence, prompt_clusters
 from hddm_flower.config_io import load_config
 from hddm_flower.data import load_split
@@ -45,7 +45,6 @@ from hddm_flower.stages.assemble import load_ensemble
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.truth import interval
 
-ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "first_ten_minutes"
 METRICS = ("fid", "kid", "adherence", "adherence_rows")
 
@@ -169,20 +168,20 @@ def main() -> None:
         } | {"baseline": f"{args.baseline} @ cfg {ref['cfg_scale']:g}"}
     info = json.loads((feature_dir / "hddm_feature_net.json").read_text())
     record = {
-        "command": "python benchmarks/first_ten_minutes.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.first_ten_minutes " + " ".join(sys.argv[1:]),
         "feature_network": f"hddm feature classifier 64-d, {args.feature_steps} steps, shared by every run "
         f"({info['trained_on']}; accuracy {info['train_accuracy']:.3f} on its last training batches, "
         f"{held_out_accuracy(feature_dir, runs, args):.3f} on the validation split)",
         "protocol": f"{args.seeds} seeds; per seed {args.prompts} held-out prompts × {args.samples} samples (top-2, "
         "the config's evaluation steps) and the sample grid (sampling.prompts × sampling.samples_per_prompt)",
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, one torch thread",
+        "machine": f"{machine()}, torch {torch.__version__}, one torch thread",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start)),
         "load_average": [round(load0[0], 1), round(os.getloadavg()[0], 1)],
         "wall_seconds": round(time.time() - start),
         "points": points,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    write_result(args.out.with_suffix(".json"), record)
     args.out.with_suffix(".md").write_text(markdown(record))
     print(markdown(record))
 

@@ -1,7 +1,7 @@
 """The exact rows of ``configs/reproduce-gmm.yaml`` (no training): true vs true, exact FM experts with the exact
 router (oracle, 8× Euler steps, top-2, full on the empty caption), exact DDPM experts through both conversions.
 
-    python benchmarks/gmm_exact_rows.py [--samples-per-prompt 8] [--steps-factor-samples 4]
+    python -m benchmarks.gmm_exact_rows [--samples-per-prompt 8] [--steps-factor-samples 4]
 
 Writes ``benchmarks/results/gmm_exact_rows.json`` and ``.md`` with the command, machine, load and date.
 """
@@ -9,20 +9,16 @@ Writes ``benchmarks/results/gmm_exact_rows.json`` and ``.md`` with the command, 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+from benchmarks.common import ROOT, machine, write_result
 from hddm_flower.config_io import load_config
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.truth_eval import evaluate_group, truth_rows
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
@@ -48,13 +44,13 @@ def main() -> None:
     out = {
         "command": "python " + " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, one torch thread",
+        "machine": f"{machine()}, one torch thread",
         "load_average": {"start": load0, "end": os.getloadavg()},
         "seconds": round(time.time() - start, 1),
         "results": results,
     }
     res = ROOT / "benchmarks" / "results"
-    (res / "gmm_exact_rows.json").write_text(json.dumps(out, indent=1))
+    write_result(res / "gmm_exact_rows.json", out, indent=1)
     lines = [f"`{out['command']}` on {out['date']}, {out['machine']}, {out['seconds']} s, load {load0[0]:.1f}", ""]
     lines += ["| row | samples | Δ log p | MMD² ×10³ | mode TV | adherence |", "|---|---|---|---|---|---|"]
     for name, r in results.items():

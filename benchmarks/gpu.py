@@ -11,8 +11,8 @@
    the reference-statistics pass and one evaluation mode at N and 4N samples in the paper's latent layout (peak
    RSS and time; skipped by ``--dry-run``, whose CPU budget is the test suite's: the tests run those stages).
 
-    python benchmarks/gpu.py                       # on the GPU machine (≈ 6 minutes on an H100/H200)
-    python benchmarks/gpu.py --dry-run             # CPU, test presets: checks the script end to end
+    python -m benchmarks.gpu                       # on the GPU machine (≈ 6 minutes on an H100/H200)
+    python -m benchmarks.gpu --dry-run             # CPU, test presets: checks the script end to end
 
 Writes ``benchmarks/results/gpu.json`` (and the parts' own JSON next to it).
 """
@@ -20,21 +20,15 @@ Writes ``benchmarks/results/gpu.json`` (and the parts' own JSON next to it).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks import gpu_coordinator, gpu_xl_step, sampling
+from benchmarks.common import ROOT, module_command, write_result
+
 PAPER = str(ROOT / "configs" / "paper-2ddpm-6fm.yaml")
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(argv=None) -> dict:
@@ -45,12 +39,12 @@ def main(argv=None) -> dict:
     p.add_argument("--coordinator-n", type=int, default=4000, help="N of the coordinator stages (4N is also run)")
     args = p.parse_args(argv)
     out = Path(args.out_dir)
-    step, sampling = _load("gpu_xl_step"), _load("sampling")
+    step = gpu_xl_step
     dry = args.dry_run
     dev = ["--device", "cpu"] if dry else ["--device", "cuda"]
     t0 = time.perf_counter()
     result: dict = {
-        "command": " ".join(["python benchmarks/gpu.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m benchmarks.gpu", *(sys.argv[1:] if argv is None else argv)]),
         "training": {},
         "sampling": {},
     }
@@ -117,7 +111,7 @@ def main(argv=None) -> dict:
         ]
     )
     kernels = ["--dry-run", "--out", str(out / "gpu_coordinator-dry-run.json")] if dry else ["--device", "cuda"]
-    result["coordinator_kernels"] = _load("gpu_coordinator").main(
+    result["coordinator_kernels"] = gpu_coordinator.main(
         kernels + ([] if dry else ["--out", str(out / "gpu_coordinator.json")])
     )
     if dry:
@@ -125,14 +119,14 @@ def main(argv=None) -> dict:
     else:
         import subprocess
 
-        cmd = [sys.executable, str(ROOT / "benchmarks" / "coordinator_scale.py"), "--device", "cuda"]
+        cmd = module_command("benchmarks.coordinator_scale", "--device", "cuda")
         cmd += ["--n", str(args.coordinator_n), "--threads", "8", "--out", str(out / "gpu_coordinator_scale")]
-        subprocess.run(cmd, check=True)
+        subprocess.run(cmd, cwd=ROOT, check=True)
         result["coordinator_stages"] = json.loads((out / "gpu_coordinator_scale.json").read_text())
     result["seconds"] = time.perf_counter() - t0
     path = out / ("gpu-dry-run.json" if dry else "gpu.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    write_result(path, result)
     print(f"wrote {path} in {result['seconds']:.0f} s")
     return result
 

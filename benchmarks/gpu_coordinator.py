@@ -8,8 +8,8 @@
 The FID Inception's own weights (torch-fidelity) and the VAE's are not on these machines; random weights cost the
 same FLOPs. ``--dry-run`` uses tiny shapes on the CPU (the test suite runs it).
 
-    python benchmarks/gpu_coordinator.py --device cuda
-    python benchmarks/gpu_coordinator.py --dry-run
+    python -m benchmarks.gpu_coordinator --device cuda
+    python -m benchmarks.gpu_coordinator --dry-run
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import ROOT, write_result
 
 
 def _sync(device: torch.device) -> None:
@@ -147,11 +146,11 @@ def main(argv=None) -> dict:
         ),
         "vae_decode": bench_vae(device, dry, 2 if dry else 32, 1 if dry else 5),
         "inception": bench_inception(device, 75 if dry else 299, 2 if dry else 200, 1 if dry else 5),
-        "command": " ".join(["python benchmarks/gpu_coordinator.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m benchmarks.gpu_coordinator", *(sys.argv[1:] if argv is None else argv)]),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_result(out, result)
     return result
 
 

@@ -6,8 +6,8 @@ project's own adapter and optimiser code. Reports peak memory (goal ≤ 24 GB), 
 second and model FLOPs utilisation (model FLOPs counted with torch's FlopCounterMode on a step without
 checkpointing, so recomputation does not count; peak bf16 throughput given by ``--peak-tflops``).
 
-    python benchmarks/gpu_xl_step.py                      # on a CUDA machine, about a minute
-    python benchmarks/gpu_xl_step.py --device cpu --preset test --batch-size 2 --steps 2   # dry run
+    python -m benchmarks.gpu_xl_step                      # on a CUDA machine, about a minute
+    python -m benchmarks.gpu_xl_step --device cpu --preset test --batch-size 2 --steps 2   # dry run
 
 Writes ``benchmarks/results/gpu_xl_step.json``.
 """
@@ -24,11 +24,10 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.common import ROOT, write_result
 from hddm_flower.experts import DDPMExpert, FlowMatchingExpert
 from hddm_flower.models import ExpertNet, TextCond, expert_config
 from hddm_flower.training import make_optimizer
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv=None) -> dict:
@@ -115,7 +114,7 @@ def main(argv=None) -> dict:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_result(out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "step_seconds"}, indent=2))
     return result
 

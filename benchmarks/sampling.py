@@ -15,8 +15,8 @@ repetition times each sampler once (order rotating); figures are medians over ``
 a repetition; on CPU the clock is the process's CPU time (robust on a shared machine), on a GPU wall time.
 Goals: grouped ≥ 3× faster than the loop at batch 64; grouped ≤ 2.2× one expert for top-2.
 
-    python benchmarks/sampling.py                       # default config, batch 64, 10 steps, 1 thread
-    python benchmarks/sampling.py --run-dir ~/hddm-runs/run-1 --threads 2
+    python -m benchmarks.sampling                       # default config, batch 64, 10 steps, 1 thread
+    python -m benchmarks.sampling --run-dir ~/hddm-runs/run-1 --threads 2
 
 Writes ``benchmarks/results/sampling.json``.
 """
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import ROOT, write_result
 from hddm_flower.config_io import load_config, parse_overrides
 from hddm_flower.ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from hddm_flower.experts import map_cond
@@ -40,8 +41,6 @@ from hddm_flower.models import Router, TextCond, router_config
 from hddm_flower.provenance import versions
 from hddm_flower.stages.assemble import load_ensemble
 from hddm_flower.stages.expert import build_expert
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def per_sample_velocity(ens: Ensemble, x, t, cond, uncond, cfg_scale: float):
@@ -165,7 +164,7 @@ def main(argv=None) -> dict:
 
     result = {
         "what": f"ensemble sampling cost: grouped {s.routing} (k={s.top_k}) vs per-sample loop vs one expert",
-        "command": " ".join(["python benchmarks/sampling.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m benchmarks.sampling", *(sys.argv[1:] if argv is None else argv)]),
         "ensemble": args.run_dir
         or f"random weights, {cfg.num_experts} experts ({cfg.expert.preset}), router {cfg.router.preset}",
         "batch_size": B,
@@ -191,7 +190,7 @@ def main(argv=None) -> dict:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_result(out, result)
     print(json.dumps({k: v for k, v in result.items() if k not in ("seconds_all", "versions")}, indent=2))
     return result
 

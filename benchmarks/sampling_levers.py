@@ -5,7 +5,7 @@ For each (CFG scale, steps) the run's ensemble samples (a) the evaluation protoc
 adherence of those samples, and (b) the run's own sample grid (``sampling.prompts``) for adherence per row. No
 training: the experts, router and feature network are the run's.
 
-    python benchmarks/sampling_levers.py RUN_DIR [--cfg 3 5 7.5 10] [--steps 25 50]
+    python -m benchmarks.sampling_levers RUN_DIR [--cfg 3 5 7.5 10] [--steps 25 50]
 
 Writes ``benchmarks/results/sampling_levers.json`` and ``.md`` with the command, machine, load and date.
 """
@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import ROOT, machine, write_result
 from hddm_flower.adherence import prompt_adherence, prompt_clusters
 from hddm_flower.config_io import load_config
 from hddm_flower.evaluate import evaluate_run
@@ -33,7 +33,6 @@ from hddm_flower.rundir import CONFIG, FEATURE_NET
 from hddm_flower.stages.assemble import load_ensemble
 from hddm_flower.stages.prepare import prepare_data
 
-ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "sampling_levers"
 
 
@@ -93,20 +92,20 @@ def main() -> None:
             )
             print(json.dumps(points[-1]), flush=True)
     record = {
-        "command": "python benchmarks/sampling_levers.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.sampling_levers " + " ".join(sys.argv[1:]),
         "run_dir": str(run_dir),
         "feature_network": ev["feature_network"],
         "adherence_classifier": ev["adherence_classifier"],
         "protocol": ev["protocol"],
         "prompts": s.prompts,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, one torch thread",
+        "machine": f"{machine()}, torch {torch.__version__}, one torch thread",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start)),
         "load_average": [round(load0[0], 1), round(os.getloadavg()[0], 1)],
         "wall_seconds": time.time() - start,
         "points": points,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    write_result(args.out.with_suffix(".json"), record)
     args.out.with_suffix(".md").write_text(_markdown(record))
 
 

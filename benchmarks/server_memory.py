@@ -20,8 +20,8 @@ expert and of K, for three ways of pulling: ``spool`` (what the strategy does), 
 pulled before any is saved, as ``Grid.send_and_receive`` does); and the bytes on the wire per expert against its
 safetensors file (and against float32).
 
-    python benchmarks/server_memory.py                       # 8 × 299 MiB bf16 (needs ~5 GB of disk, ~3 min)
-    python benchmarks/server_memory.py --experts 2 --layers 2  # a quick look
+    python -m benchmarks.server_memory                       # 8 × 299 MiB bf16 (needs ~5 GB of disk, ~3 min)
+    python -m benchmarks.server_memory --experts 2 --layers 2  # a quick look
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -37,8 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import ROOT, module_command, peak_rss_mib, rss_mib, write_result
 
 MODES = {
     "spool": "OneShotExperts: one reply at a time, weights spooled to disk chunk by chunk",
@@ -117,15 +115,6 @@ def produce(store: Path, k: int, layers: int) -> dict:
     }
 
 
-def rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-
-
-def peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> dict:
     import torch  # noqa: F401  (the baseline includes what a ServerApp imports)
     from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
@@ -186,8 +175,8 @@ def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> d
         "mode": mode,
         "what": MODES[mode],
         "baseline_rss_mib": round(baseline, 1),
-        "peak_rss_mib": round(peak_mib(), 1),
-        "peak_above_baseline_mib": round(peak_mib() - baseline, 1),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "peak_above_baseline_mib": round(peak_rss_mib() - baseline, 1),
         "seconds": round(seconds, 1),
         "objects_pulled": runtime.pulled_objects,
     }
@@ -218,9 +207,8 @@ def main() -> int:
     store = work / "store"
 
     def child(*extra: str) -> dict:
-        cmd = [
-            sys.executable,
-            __file__,
+        cmd = module_command(
+            "benchmarks.server_memory",
             "--work",
             str(work if "serve" in extra else store),
             "--experts",
@@ -228,8 +216,8 @@ def main() -> int:
             "--layers",
             str(args.layers),
             *extra,
-        ]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        )
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if res.returncode:
             raise SystemExit(f"{' '.join(extra)} failed:\n{res.stderr[-3000:]}")
         return json.loads(res.stdout.strip().splitlines()[-1])
@@ -273,7 +261,7 @@ def main() -> int:
             f"peak = ru_maxrss of the server process, baseline = its RSS after imports",
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+        write_result(args.out, result)
         print(f"one expert: {one:.0f} MiB; all {args.experts}: {one * args.experts:.0f} MiB")
         for s in runs:
             print(

@@ -16,8 +16,8 @@ ours / plain measured within the same repetition. Samples/s are per second of th
 busy shared machine disturbs far less than wall time (with one torch thread they are the same on an idle one);
 the wall-clock figures are recorded beside them.
 
-    python benchmarks/train_step.py                 # default preset/batch, 1 thread (an actor's CPU share)
-    python benchmarks/train_step.py --threads 2 --objective ddpm
+    python -m benchmarks.train_step                 # default preset/batch, 1 thread (an actor's CPU share)
+    python -m benchmarks.train_step --threads 2 --objective ddpm
 
 Writes ``benchmarks/results/train_step.json``.
 """
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from diffusers.optimization import get_scheduler
 
+from benchmarks.common import ROOT, write_result
 from hddm_flower.config_io import load_config
 from hddm_flower.data import load_split, load_uncond, read_meta
 from hddm_flower.models import ExpertNet
@@ -44,8 +45,6 @@ from hddm_flower.provenance import versions
 from hddm_flower.stages.expert import build_expert
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.training import train_expert
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def plain_diffusers_loop(
@@ -156,7 +155,7 @@ def main(argv=None) -> dict:
         ratios.append(rates["ours"][-1] / rates["plain"][-1])
     result = {
         "what": "expert training throughput: hddm train_expert vs a plain diffusers-examples loop",
-        "command": " ".join(["python benchmarks/train_step.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m benchmarks.train_step", *(sys.argv[1:] if argv is None else argv)]),
         "preset": e.preset,
         "objective": args.objective,
         "batch_size": e.batch_size,
@@ -178,7 +177,7 @@ def main(argv=None) -> dict:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_result(out, result)
     print(json.dumps({k: v for k, v in result.items() if k not in ("samples_per_s_all", "versions")}, indent=2))
     return result
 

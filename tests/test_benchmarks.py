@@ -1,29 +1,24 @@
-"""The benchmark scripts run (tiny settings, CPU), so they do not rot between the runs that measure."""
+"""The benchmarks run (tiny settings, CPU), so they do not rot between the runs that measure; each is a module of
+the ``benchmarks`` package, imported here as ``python -m benchmarks.NAME`` runs it."""
 
-import importlib.util
 import json
 from pathlib import Path
+
+from benchmarks import bench, convert_init, gpu, gpu_xl_step, sampling, train_step
 
 ROOT = Path(__file__).parent.parent
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gpu_check_dry_run_on_cpu(tmp_path):
     out = tmp_path / "gpu.json"
-    result = _load("gpu_xl_step").main(
+    result = gpu_xl_step.main(
         ["--device", "cpu", "--preset", "test", "--batch-size", "2", "--steps", "1", "--out", str(out)]
     )
     assert json.loads(out.read_text())["model_flops_per_step"] == result["model_flops_per_step"] > 0
 
 
 def test_convert_init_benchmark_smoke(tiny_config_path, dataset_dir, cache_dir, tmp_path):
-    r = _load("convert_init").main(
+    r = convert_init.main(
         [
             "--config",
             str(tiny_config_path),
@@ -43,7 +38,7 @@ def test_convert_init_benchmark_smoke(tiny_config_path, dataset_dir, cache_dir, 
 
 
 def test_train_step_benchmark_runs_both_loops(tiny_config_path, dataset_dir, cache_dir, tmp_path):
-    r = _load("train_step").main(
+    r = train_step.main(
         [
             "--config",
             str(tiny_config_path),
@@ -64,7 +59,7 @@ def test_train_step_benchmark_runs_both_loops(tiny_config_path, dataset_dir, cac
 
 
 def test_sampling_benchmark_grouped_matches_the_per_sample_loop(tiny_config_path, tmp_path):
-    r = _load("sampling").main(
+    r = sampling.main(
         [
             "--config",
             str(tiny_config_path),
@@ -85,7 +80,7 @@ def test_sampling_benchmark_grouped_matches_the_per_sample_loop(tiny_config_path
 
 
 def test_gpu_benchmark_dry_run(tmp_path):
-    r = _load("gpu").main(["--dry-run", "--out-dir", str(tmp_path)])
+    r = gpu.main(["--dry-run", "--out-dir", str(tmp_path)])
     assert r["training"]["test"]["model_flops_per_step"] > 0
     assert r["sampling"]["grouped_vs_per_sample"]["max_abs_diff_grouped_vs_per_sample"] < 1e-3
     assert (tmp_path / "gpu-dry-run.json").exists()
@@ -94,7 +89,7 @@ def test_gpu_benchmark_dry_run(tmp_path):
 
 
 def test_bench_runner_writes_the_table(tiny_config_path, dataset_dir, cache_dir, tmp_path):
-    r = _load("bench").main(
+    r = bench.main(
         [
             "--quick",
             "--skip",

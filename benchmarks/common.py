@@ -1,0 +1,74 @@
+"""What every benchmark shares: where results go, the machine and commit a figure was measured on, the process's
+memory, and writing a result as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def machine() -> str:
+    """``CPU model, N cores, M GiB RAM, GPU`` of this machine (the GPU only when torch is already imported)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    gpu = ""
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return f"{model}, {os.cpu_count()} cores, {ram:.0f} GiB RAM{gpu}"
+
+
+def load_at_start() -> str:
+    """``load L`` (the 1-minute load average now): figures from a shared machine say how busy it was."""
+    return f"load {os.getloadavg()[0]:.1f} at start"
+
+
+def commit() -> str:
+    """The short hash of the checkout's HEAD, or ``unknown`` outside a git checkout."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def rss_mib() -> float:
+    """This process's resident memory now, MiB (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (``ru_maxrss``), MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """The command line that runs the benchmark ``module`` (``benchmarks.NAME``) in a fresh Python process; run it
+    with ``cwd=ROOT``."""
+    return [sys.executable, "-m", module, *args]
+
+
+def write_result(path: str | os.PathLike, record: dict, *, indent: int = 2) -> Path:
+    """Write ``record`` as JSON to ``path`` (its folder created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=indent))
+    return path
