@@ -15,7 +15,7 @@ import os
 import torch
 from torch import Tensor, nn
 
-from .streams import stream_captions
+from .data.streams import stream_captions
 
 SPLITS = ("train", "val")
 

@@ -30,6 +30,7 @@ from .adherence import classify
 from .config import Config
 from .config_rules import ConfigError
 from .data import Split, load_split, load_uncond, read_meta, split_size
+from .data.streams import stream_captions, stream_images
 from .devices import autocast, resolve_device
 from .encoders import pixel_decoder
 from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
@@ -40,7 +41,6 @@ from .models import TextCond
 from .reference import DEFAULT_KID_RESERVOIR, ReferenceStats, pooled, reference_statistics
 from .report import plot_router_weights, plot_usage, save_prompt_grids
 from .rundir import EXPERT_USAGE_PLOT, FEATURE_NET, GRIDS, ROUTER_WEIGHTS_PLOT
-from .streams import stream_captions, stream_images
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def all_images(dataset_dir: Path) -> Split:
 
 def choose_prompts(dataset_dir: Path, n: int, seed: int, clusters: list[int] | None = None) -> Prompts:
     """``n`` distinct captions, held-out ones first (then training ones if the validation split is short), from
-    seeded caption streams (:func:`~hddm_flower.streams.stream_captions`): only as many samples are read as it takes
+    seeded caption streams (:func:`~hddm_flower.data.streams.stream_captions`): only as many samples are read as it takes
     to find them, and no image."""
     picked: dict[str, tuple] = {}
     for split in ("val", "train"):

@@ -2,7 +2,7 @@
 
 The reference of every evaluation (and of ``hddm reproduce``) is the dataset's images, train and val. They are
 never held in memory: :func:`reference_statistics` streams them once (image or latent and cluster label only,
-:func:`hddm_flower.streams.stream_images`), decodes and featurises them batch by batch, and keeps per cluster
+:func:`hddm_flower.data.streams.stream_images`), decodes and featurises them batch by batch, and keeps per cluster
 
 * the FID sufficient statistics ``(n, Σf, Σffᵀ)`` in float64 (:class:`~hddm_flower.federated.FeatureSums`), exact
   for every image, and
@@ -28,9 +28,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .data import read_meta, split_size
+from .data.streams import stream_images
 from .federated import FeatureSums
 from .metrics import FeatureExtractor
-from .streams import stream_images
 
 log = logging.getLogger(__name__)
 

@@ -286,7 +286,7 @@ def train_router(
     mixed_precision: str = "no",
     progress: bool = False,
 ) -> TrainStats:
-    """Train the router on ``(x0, cluster label)`` batches (:func:`hddm_flower.streams.stream_images`: all clusters,
+    """Train the router on ``(x0, cluster label)`` batches (:func:`hddm_flower.data.streams.stream_images`: all clusters,
     images or latents only) as the ``router`` config section says, for ``steps`` (default ``options.steps``) on
     ``device``, optionally under bf16 autocast. Batches move to the device without a host sync; the loss stays
     there between log lines."""

@@ -131,8 +131,8 @@ def test_router_data_path_reads_no_text_member(tiny_config, dataset_dir, tmp_pat
     import dataclasses
 
     from hddm_flower.data import load_split, read_meta, split_size
+    from hddm_flower.data.streams import stream_images
     from hddm_flower.stages.router import fit_router
-    from hddm_flower.streams import stream_images
 
     poisoned = tmp_path / "poisoned"
     _poison_text_members(dataset_dir, poisoned)
@@ -161,7 +161,7 @@ def test_a_looping_stream_fills_batches_larger_than_its_split(dataset_dir):
     """A split smaller than one batch (a small cluster, a tiny dataset) still yields full batches when looping:
     a batch spans epochs, every sample appears once per epoch, labels stay with their samples."""
     from hddm_flower.data import read_meta, split_size
-    from hddm_flower.streams import stream_images
+    from hddm_flower.data.streams import stream_images
 
     n = split_size(read_meta(dataset_dir), [0], "val")
     assert 0 < n < 64

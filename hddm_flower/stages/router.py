@@ -13,10 +13,10 @@ from ..checkpoints import TIME_CONVENTION, save_router
 from ..config import Config
 from ..config_sections import RouterConfig
 from ..data import read_meta, split_size
+from ..data.streams import stream_images
 from ..devices import resolve_device, resolve_precision
 from ..models import Router, router_config
 from ..rundir import ROUTER
-from ..streams import stream_images
 from ..training import train_router
 
 

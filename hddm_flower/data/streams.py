@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .data import cluster_shards, read_meta, split_size
-from .models import TextCond
+from ..models import TextCond
+from . import cluster_shards, read_meta, split_size
 
 IMAGE_MEMBERS = (".latent.npy", ".png", ".json")
 """The only shard members :func:`stream_images` reads: the image or latent, and the sample's json (its split).

@@ -5,7 +5,7 @@ A prepared dataset is one shard set per cluster plus ``meta.json``, written by
 :mod:`hddm_flower.cluster` (data at scale: webdataset or folder input, VAE latents, DINOv2 hierarchical k-means),
 or :mod:`hddm_flower.gmm_data`. ``load_split`` reads one cluster (or all, or one institution's ``cluster-k``
 folder) back into memory as tensors; ``stream_batches`` streams one cluster for data larger than RAM; the
-coordinator's image streams are in :mod:`hddm_flower.streams`.
+coordinator's image streams are in :mod:`hddm_flower.data.streams`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .models import TextCond
-from .safeio import read_text
+from ..models import TextCond
+from ..safeio import read_text
 
 DATASET_VERSION = 4  # 4: each cluster-k folder carries meta.json and uncond.safetensors
 
