@@ -158,9 +158,9 @@ def merge_manifests(encoded_dirs: list[Path]) -> dict:
 
 def iter_raw(urls: list[str]) -> Iterator[dict]:
     """Encoded samples as raw bytes per field, in shard order (webdataset, no shuffling, no node splitting)."""
-    import webdataset as wds
+    from .data.shards import open_shards
 
-    return iter(wds.WebDataset(urls, shardshuffle=False, nodesplitter=None, empty_check=False))
+    return iter(open_shards(urls, decode=None))
 
 
 def sample_image(sample: dict) -> np.ndarray:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import stat
 import tempfile
@@ -26,6 +25,7 @@ from torch import Tensor
 
 from ..models import TextCond
 from ..safeio import read_text
+from .shards import open_shards
 
 DATASET_VERSION = 4  # 4: each cluster-k folder carries meta.json and uncond.safetensors
 
@@ -113,8 +113,6 @@ def load_split(dataset_dir: str | os.PathLike, clusters: list[int] | None = None
     Images are pixels in [−1, 1], or the VAE's scaled latents when the dataset was prepared with one
     (``meta["latent"]``). ``dataset_dir`` may be one cluster's shard set (then ``clusters`` must name it).
     """
-    import webdataset as wds
-
     meta = read_meta(dataset_dir)
     if clusters is None:
         clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
@@ -122,7 +120,7 @@ def load_split(dataset_dir: str | os.PathLike, clusters: list[int] | None = None
     images, states, masks, labels, captions = [], [], [], [], []
     for k in clusters:  # the label is the cluster folder's id (a late cluster keeps its samples' original ids)
         urls = cluster_shards(dataset_dir, k, meta)
-        for s in wds.WebDataset(urls, shardshuffle=False, nodesplitter=None, empty_check=False).decode("rgb8"):
+        for s in open_shards(urls):
             if s["json"]["split"] != split:
                 continue
             x, pad, mask = _decode_sample(s, L, dim)
@@ -152,17 +150,10 @@ def stream_batches(
     webdataset with explicit shard shuffling (seeded, reshuffled each epoch), a sample shuffle buffer, and no
     rank-based node splitting: the node reads its whole shard set (an institution = one cluster).
     """
-    import webdataset as wds
-
     meta = read_meta(dataset_dir)
     urls = cluster_shards(dataset_dir, cluster, meta)
     L, dim = meta["max_caption_tokens"], meta["text_dim"]
-    ds = (
-        wds.WebDataset(urls, shardshuffle=len(urls), detshuffle=True, nodesplitter=None, empty_check=False, seed=seed)
-        .decode("rgb8")
-        .select(lambda s: s["json"]["split"] == split)
-        .shuffle(shuffle_buffer, rng=random.Random(seed))
-    )
+    ds = open_shards(urls, shuffle=True, seed=seed, split=split, buffer=shuffle_buffer)
     xs, sts, ms = [], [], []
     while True:  # epochs: each pass reshuffles the shard order (deterministically, from seed and epoch)
         n = 0

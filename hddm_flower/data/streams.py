@@ -14,6 +14,7 @@ import torch
 
 from ..models import TextCond
 from . import cluster_shards, read_meta, split_size
+from .shards import open_shards
 
 IMAGE_MEMBERS = (".latent.npy", ".png", ".json")
 """The only shard members :func:`stream_images` reads: the image or latent, and the sample's json (its split).
@@ -33,22 +34,11 @@ def _image_stream(
 ):
     """One cluster's samples as ``(x (C, H, W) float32, label)`` (``text``: ``+ (states, mask)``), reading the
     image/latent and json members only, and the text states only when asked."""
-    import webdataset as wds
-
     urls = cluster_shards(dataset_dir, cluster, meta)
-    ds = wds.WebDataset(
-        urls,
-        shardshuffle=len(urls) if shuffle else False,
-        detshuffle=shuffle,
-        nodesplitter=None,
-        empty_check=False,
-        seed=seed,
-        select_files=_image_and_text_member if text else _image_member,
-    ).decode("rgb8")
-    if split is not None:
-        ds = ds.select(lambda s: s["json"]["split"] == split)
-    if shuffle:
-        ds = ds.shuffle(buffer, rng=random.Random(seed))
+    select = _image_and_text_member if text else _image_member
+    ds = open_shards(
+        urls, shuffle=shuffle, seed=seed, select_files=select, split=split, buffer=buffer if shuffle else 0
+    )
     for s in ds:
         if "latent.npy" in s:
             x = np.asarray(s["latent.npy"], np.float32)  # already scaled by the VAE's scaling factor
@@ -149,8 +139,6 @@ def stream_captions(
     """One seeded, shuffled pass over the captions of ``split`` in ``clusters`` (default all), interleaved at
     random: ``(caption, padded text states (L, dim), mask (L,), cluster)``. Reads the text and json members only
     (no image), so picking prompts costs what the prompts need, not the split."""
-    import webdataset as wds
-
     meta = read_meta(dataset_dir)
     if clusters is None:
         clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
@@ -159,19 +147,14 @@ def stream_captions(
 
     def one(k: int):
         urls = cluster_shards(dataset_dir, k, meta)
-        ds = (
-            wds.WebDataset(
-                urls,
-                shardshuffle=len(urls),
-                detshuffle=True,
-                nodesplitter=None,
-                empty_check=False,
-                seed=seed + k,
-                select_files=lambda name: name.endswith((".txt", ".emb.npy", ".json")),
-            )
-            .decode()
-            .select(lambda s: s["json"]["split"] == split)
-            .shuffle(max(1, shuffle_buffer // len(clusters)), rng=random.Random(seed + k))
+        ds = open_shards(
+            urls,
+            shuffle=True,
+            seed=seed + k,
+            select_files=lambda name: name.endswith((".txt", ".emb.npy", ".json")),
+            decode="",  # webdataset's default decoders (no image member is read)
+            split=split,
+            buffer=max(1, shuffle_buffer // len(clusters)),
         )
         for s in ds:
             emb = np.asarray(s["emb.npy"], np.float32)[:L]
