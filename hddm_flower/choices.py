@@ -43,8 +43,9 @@ noise, fewer at the ends)."""
 PRECISIONS = ("no", "bf16")
 ROUTER_TRAINING = ("central", "federated")
 """Where the router is trained: on the coordinator's copy of all clusters, or in rounds over the nodes."""
-SERVER_OPTIMIZERS = ("adam", "avg")
-"""Federated router training: FedAdam (Adam on the averaged update) or FedAvg."""
+SERVER_OPTIMIZERS = ("adam", "avg", "median", "trimmed_avg", "krum")
+"""Federated router training: Flower's FedAdam (Adam on the averaged update), FedAvg, or a robust aggregation
+(FedMedian, FedTrimmedAvg, Krum) that bounds what ``router.robust_f`` hostile nodes can do to a round."""
 PARTITIONS = ("central", "institution")
 """Whose data is whose: the coordinator clusters one dataset into the experts' clusters, or each node's own
 prepared data is its cluster (the coordinator holds none)."""

@@ -232,6 +232,12 @@ class RouterConfig:
     local_lr: float = 1.0  # federated: the nodes' SGD step size (with server_optimizer adam, Adam's is optim.lr)
     server_optimizer: str = "adam"  # federated: "adam" (FedAdam: Adam on the averaged update) or "avg" (FedAvg)
     restricted_softmax: float = 1.0  # federated: scale of absent classes' logits in local training (1 = off)
+    # federated, data.partition institution: no node's FedAvg weight (its declared number of images) above this
+    # many times the median declared size (0 = the declared sizes as they are; docs/deployment.md, threat model)
+    max_weight_ratio: float = 4.0
+    robust_f: int = 1  # federated, server_optimizer krum or trimmed_avg: nodes assumed hostile (trimmed per side)
+    dp_noise_multiplier: float = 0.0  # federated: > 0 = Flower's server-side DP clipping (Gaussian noise, this σ/C)
+    dp_clipping_norm: float = 1.0  # federated, with dp_noise_multiplier: the L2 bound C of each node's update
     epochs: float = 0.0  # central: > 0 = passes over all clusters' training split; steps = ⌈epochs × N / batch_size⌉
     shuffle_buffer: int = 4096  # central: samples held for shuffling the streamed clusters (shared among them)
 
@@ -251,6 +257,13 @@ class RouterConfig:
         if self.rounds < 0:
             r.fail("rounds", "must be ≥ 0 (0 = router.steps / router.local_steps)")
         r.positive("local_lr")
+        if self.robust_f < 0:
+            r.fail("robust_f", "must be ≥ 0")
+        if self.dp_noise_multiplier < 0:
+            r.fail("dp_noise_multiplier", "must be ≥ 0 (0 = no differential privacy)")
+        r.positive("dp_clipping_norm")
+        if self.max_weight_ratio != 0 and self.max_weight_ratio < 1:
+            r.fail("max_weight_ratio", "must be ≥ 1 (0 = no bound)")
         if not 0 < self.restricted_softmax <= 1:
             r.fail("restricted_softmax", "must be in (0, 1] (1 = plain softmax)")
         if self.epochs < 0:

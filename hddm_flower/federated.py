@@ -79,7 +79,8 @@ class FeatureSums:
 
     @classmethod
     def from_numpy(cls, arrays: dict[str, np.ndarray], source: str = "feature sums") -> FeatureSums:
-        """The inverse of :meth:`to_numpy`, checking what a peer sent: shapes, dtype, finiteness, symmetry."""
+        """The inverse of :meth:`to_numpy`, checking what a peer sent: shapes, dtype, finiteness, symmetry, and
+        sums that ``count`` vectors can have (:func:`check_moments`: a valid covariance)."""
         try:
             count, total, outer = (np.asarray(arrays[k]) for k in ("count", "total", "outer"))
         except KeyError as e:
@@ -95,7 +96,29 @@ class FeatureSums:
             raise ValueError(f"{source}: sums are not finite")
         if not np.allclose(outer, outer.T, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(outer).max(initial=0)))):
             raise ValueError(f"{source}: Σffᵀ is not symmetric")
+        check_moments(int(count[0]), total, outer, source)
         return cls(int(count[0]), torch.from_numpy(total.copy()), torch.from_numpy(outer.copy()))
+
+
+MOMENT_RTOL = 1e-9  # eigenvalues below −MOMENT_RTOL × the largest one are negative, not float64 rounding
+
+
+def check_moments(n: int, total: np.ndarray, outer: np.ndarray, source: str = "feature sums") -> None:
+    """Sums that some n feature vectors can have: the scatter Σffᵀ − (Σf)(Σf)ᵀ / n (n − 1 times the covariance)
+    positive semi-definite, of rank at most n − 1 (n vectors span at most n − 1 directions around their mean), and
+    all zero for n = 0. Raises ``ValueError`` naming ``source``."""
+    if n == 0:
+        if np.abs(total).max(initial=0) or np.abs(outer).max(initial=0):
+            raise ValueError(f"{source}: count 0 with non-zero sums")
+        return
+    scatter = outer - np.outer(total, total) / n
+    eig = np.linalg.eigvalsh((scatter + scatter.T) / 2)
+    tol = MOMENT_RTOL * max(1.0, float(np.abs(eig).max(initial=0)), float(np.abs(outer).max(initial=0)))
+    if eig[0] < -tol:
+        raise ValueError(f"{source}: the covariance is not positive semi-definite (eigenvalue {eig[0]:.3g})")
+    rank = int((eig > tol * 1e3).sum())  # rounding leaves eigenvalues ~tol where n vectors leave none
+    if rank > n - 1:
+        raise ValueError(f"{source}: the covariance has rank {rank}, more than count − 1 = {n - 1} vectors allow")
 
 
 def feature_sums(fx, images: Tensor, batch_size: int = 512) -> FeatureSums:

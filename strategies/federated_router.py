@@ -38,7 +38,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.app.exception import AppExitException
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAdam, FedAvg
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyServerSideFixedClipping,
+    FedAdam,
+    FedAvg,
+    FedMedian,
+    FedTrimmedAvg,
+    Krum,
+)
 
 from hddm_flower.checkpoints import TIME_CONVENTION, save_router
 from hddm_flower.config import Config
@@ -86,10 +93,32 @@ def _record_bytes(record: RecordDict) -> int:
     return sum(r.count_bytes() for r in record.values())
 
 
+BASES = {"adam": FedAdam, "avg": FedAvg, "median": FedMedian, "trimmed_avg": FedTrimmedAvg, "krum": Krum}
+
+
+def robust_kwargs(server_optimizer: str, robust_f: int, num_nodes: int) -> dict:
+    """The settings of Flower's robust aggregations for ``robust_f`` hostile nodes out of ``num_nodes``: Krum's
+    ``num_malicious_nodes``, FedTrimmedAvg's ``beta`` (the fraction cut at each end: f nodes per side)."""
+    if server_optimizer == "krum":
+        return {"num_malicious_nodes": robust_f}
+    if server_optimizer == "trimmed_avg":
+        return {"beta": min(robust_f / max(1, num_nodes), 0.49)}
+    return {}
+
+
+class CheckedServerSideDP(DifferentialPrivacyServerSideFixedClipping):
+    """Flower's server-side DP wrapper (each update clipped to L2 norm ``clipping_norm``, Gaussian noise on the
+    average) around a :class:`RouterStrategy`, whose reply checks run before the wrapper clips anything."""
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        return super().aggregate_train(server_round, self.strategy.check_train_replies(server_round, replies))
+
+
 def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool = True):
-    """Flower's FedAdam or FedAvg with the ClientApp's ``<type>.<action>`` messages (``router``, or
-    ``feature_net`` for the evaluation's feature classifier, which has no evaluation rounds)."""
-    base = FedAdam if server_optimizer == "adam" else FedAvg
+    """Flower's FedAdam, FedAvg, FedMedian, FedTrimmedAvg or Krum with the ClientApp's ``<type>.<action>``
+    messages (``router``, or ``feature_net`` for the evaluation's feature classifier, which has no evaluation
+    rounds)."""
+    base = BASES[server_optimizer]
 
     class RouterStrategy(base):
         """Flower's FedAdam/FedAvg over the nodes in ``clusters`` (node id → cluster ids), with the ClientApp's
@@ -104,9 +133,11 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             num_times: int,
             num_rounds: int,
             optim: OptimConfig | None = None,
+            weights: dict[int, float] | None = None,
             **kwargs,
         ):
-            """``sizes``: each node's number of training images (its FedAvg weight, from what it declared);
+            """``sizes``: each node's number of training images (what its replies must declare); ``weights``: its
+            FedAvg weight (default: its size; in institution mode bounded, :func:`bounded_weights});
             ``max_images``: the most images one node's local steps may draw in a round; ``optim`` (FedAdam): the
             central optimiser's warm-up and schedule, which the server's step size follows round by round."""
             n = len(clusters)
@@ -119,6 +150,7 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             )
             self.clusters, self.num_classes, self.num_times = clusters, num_classes, num_times
             self.sizes, self.max_images, self.optim = sizes, max_images, optim
+            self.weights = dict(weights or sizes)
             self.base_eta, self.server_lr = getattr(self, "eta", None), []
             self.images_seen, self.num_rounds, self.slowest_node_seconds = 0, num_rounds, 0.0
             self.evaluate_every = max(1, -(-num_rounds // 10))  # about ten evaluations per run
@@ -192,8 +224,17 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
                 self._record_drop(server_round, f"aggregation skipped ({type(e).__name__}: {_one_line(str(e))})")
                 return None
 
+        def check_train_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+            """This round's train replies that pass :meth:`_check_train` (for a wrapper that must see only
+            checked replies; :meth:`aggregate_train` then takes them as checked)."""
+            self._prechecked = server_round
+            return self._checked(server_round, replies, self._check_train)
+
         def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-            good = self._checked(server_round, replies, self._check_train)
+            if getattr(self, "_prechecked", None) == server_round:
+                good = list(replies)
+            else:
+                good = self._checked(server_round, replies, self._check_train)
             ok = [m.content["metrics"] for m in good]
             if self.base_eta is not None and self.optim is not None:  # FedAdam: round r is central step r − 1
                 self.eta = self.base_eta * lr_factor(server_round - 1, self.optim, self.num_rounds)
@@ -226,12 +267,22 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
                 raise ReplyRefused(f"{self.weighted_by_key} = {n!r}, the node declared {want}")
             if not 0 < m["images-seen"] <= self.max_images:
                 raise ReplyRefused(f"images-seen = {m['images-seen']!r}, not in 1..{self.max_images}")
+            content["metrics"][self.weighted_by_key] = self.weights[node]
             return content
 
         def _check_counts(self, node: int, msg: Message) -> RecordDict:
             return check_evaluate_reply(msg.content, self.num_times, self.num_classes)
 
     return RouterStrategy
+
+
+def bounded_weights(sizes: dict[int, int], ratio: float) -> dict[int, float]:
+    """FedAvg weights from declared sizes, none above ``ratio`` × the median declared size (0 = the sizes as they
+    are): a node that declares a million images weighs no more than ``ratio`` typical nodes."""
+    if not ratio or not sizes:
+        return {n: float(s) for n, s in sizes.items()}
+    cap = ratio * float(np.median(list(sizes.values())))
+    return {n: float(min(s, cap)) for n, s in sizes.items()}
 
 
 def node_sizes(meta: dict, clusters: dict[int, list[int]]) -> dict[int, int]:
@@ -249,9 +300,11 @@ def train_router_federated(
     sizes: dict[int, int],
     timeout: float,
     cache_dir: str,
+    weights: dict[int, float] | None = None,
 ) -> tuple[Router, dict]:
     """Train the router by ``cfg.router.num_rounds`` rounds over the nodes in ``clusters`` (node id → its cluster
-    ids; ``sizes``: node id → its number of training images, :func:`node_sizes`); returns the router and its
+    ids; ``sizes``: node id → its number of training images, :func:`node_sizes`; ``weights``: node id → its
+    FedAvg weight, default its size, :func:`bounded_weights` for sizes the nodes declared); returns the router and its
     record for the report: rounds, bytes per round and in total, wall time, federated held-out accuracy per round
     and time, dropped replies."""
     r = cfg.router
@@ -265,12 +318,16 @@ def train_router_federated(
         len(cfg.evaluation.times),
         r.num_rounds,
         r.optim,
+        weights,
         **(
             {"eta": r.optim.lr, "eta_l": r.local_lr, "tau": 1e-8, "beta_2": 0.999}
             if r.server_optimizer == "adam"
-            else {}
+            else robust_kwargs(r.server_optimizer, r.robust_f, len(clusters))
         ),
     )
+    runner = strategy
+    if r.dp_noise_multiplier > 0:
+        runner = CheckedServerSideDP(strategy, r.dp_noise_multiplier, r.dp_clipping_norm, len(strategy.clusters))
     shared = {
         "experiment": json.dumps(cfg.to_dict()),
         "clusters": json.dumps({str(n): c for n, c in strategy.clusters.items()}),
@@ -278,7 +335,7 @@ def train_router_federated(
         "cache-dir": cache_dir,
     }
     start = time.perf_counter()
-    result = strategy.start(
+    result = runner.start(
         grid,
         ArrayRecord(router.state_dict()),
         num_rounds=r.num_rounds,
@@ -304,13 +361,21 @@ def train_router_federated(
     sent, received = strategy.sent_bytes, strategy.received_bytes
     record = {
         "training": "federated",
-        "strategy": f"flwr {type(strategy).__mro__[1].__name__}",
+        "strategy": f"flwr {type(strategy).__mro__[1].__name__}"
+        + (" in DifferentialPrivacyServerSideFixedClipping" if runner is not strategy else ""),
         "server_optimizer": r.server_optimizer,
+        **({"robust_f": r.robust_f} if r.server_optimizer in ("krum", "trimmed_avg") else {}),
+        **(
+            {"dp_noise_multiplier": r.dp_noise_multiplier, "dp_clipping_norm": r.dp_clipping_norm}
+            if runner is not strategy
+            else {}
+        ),
         "rounds": r.num_rounds,
         "local_steps": r.local_steps,
         "local_lr": r.local_lr,
         "restricted_softmax": r.restricted_softmax,
         "nodes": {str(n): c for n, c in strategy.clusters.items()},
+        "weights": {str(n): w for n, w in sorted(strategy.weights.items())},
         "images_seen": strategy.images_seen,
         "server_lr_per_round": [round(x, 10) for x in strategy.server_lr],
         "wall_seconds": round(seconds, 2),
@@ -345,10 +410,12 @@ def train_feature_net_federated(
         cfg.num_experts,
         len(ev.times),
         ev.feature_steps,
+        None,
+        bounded_weights(node_sizes(meta, clusters), r.max_weight_ratio),  # the sizes the nodes declared
         **(
             {"eta": FEATURE_LR, "eta_l": r.local_lr, "tau": 1e-8, "beta_2": 0.999}
             if r.server_optimizer == "adam"
-            else {}
+            else robust_kwargs(r.server_optimizer, r.robust_f, len(clusters))
         ),
     )
     shared = {
@@ -403,10 +470,14 @@ def federated_reference(
     *,
     timeout: float,
     cache_dir: str,
+    counts: dict[int, int] | None = None,
 ) -> tuple[dict[int, FeatureSums], dict]:
     """Ask every node for the feature sums of its clusters (``query.feature_stats``) and return them per cluster,
     with a record of who answered. ``feature_net`` (the run's :class:`FeatureClassifier`) travels with the
-    message, unless ``evaluation.inception_weights`` names the Inception file every node holds locally."""
+    message, unless ``evaluation.inception_weights`` names the Inception file every node holds locally.
+    ``counts`` (cluster → its number of images, train and validation, as the coordinator knows it): a cluster's
+    sums must count exactly that many images; every cluster's sums must be ones that many vectors can have
+    (:meth:`FeatureSums.from_numpy`). One reply per asked node; a reply from another node is ignored."""
     inception = cfg.evaluation.inception_weights
     base = {
         "experiment": json.dumps(cfg.to_dict()),
@@ -425,8 +496,11 @@ def federated_reference(
     sums: dict[int, FeatureSums] = {}
     failed: dict[str, str] = {}
     dim = 2048 if inception else feature_net.config.feature_dim  # what every node's sums must have
-    for reply in grid.send_and_receive(messages, timeout=timeout):
-        node = reply.metadata.src_node_id
+    replies = list(grid.send_and_receive(messages, timeout=timeout))  # the grid gives each message its id
+    kept, dropped = one_per_node(replies, {m.metadata.message_id: m.metadata.dst_node_id for m in messages})
+    for i, why in enumerate(dropped):
+        failed[f"dropped-{i}"] = why
+    for node, reply in kept:
         if reply.has_error():
             failed[str(node)] = _one_line(reply.error.reason)
             continue
@@ -439,6 +513,10 @@ def federated_reference(
                 got = FeatureSums.from_numpy(arrays, source=f"node {node}, cluster {k}")
                 if got.dim != dim:
                     raise ValueError(f"node {node}, cluster {k}: {got.dim}-d feature sums, expected {dim}-d")
+                if counts is not None and got.count != counts.get(k):
+                    raise ValueError(
+                        f"node {node}, cluster {k}: sums of {got.count} images, the cluster has {counts.get(k)}"
+                    )
                 sums[k] = got
             except Exception as e:  # whatever a malformed reply raises costs this node's cluster only
                 failed[f"{node}/{k}"] = f"{type(e).__name__}: {_one_line(str(e))}"
@@ -475,8 +553,17 @@ def finish_federated(
         config = router_config(
             cfg.router.preset, num_experts=cfg.num_experts, sample_size=meta["image_size"], in_channels=meta["channels"]
         )
+        sizes = node_sizes(meta, clusters)
+        declared = is_data_free(dataset_dir)  # institution mode: sizes the nodes declared, bounded
         router, record = train_router_federated(
-            grid, cfg, clusters, config, sizes=node_sizes(meta, clusters), timeout=timeout, cache_dir=cache_dir
+            grid,
+            cfg,
+            clusters,
+            config,
+            sizes=sizes,
+            timeout=timeout,
+            cache_dir=cache_dir,
+            weights=bounded_weights(sizes, cfg.router.max_weight_ratio) if declared else None,
         )
         save_router(
             run_dir / ROUTER,
@@ -500,8 +587,12 @@ def finish_federated(
         if is_data_free(dataset_dir):  # no image here: the classifier (FID features or LPIPS fallback) federated
             extra["feature_net"] = _federated_feature_net(grid, cfg, clusters, dataset_dir, run_dir, timeout)
         _, net, desc = feature_network(cfg, dataset_dir, run_dir / FEATURE_NET, decode=pixel_decoder(cfg, dataset_dir))
+        meta = read_meta(
+            dataset_dir
+        )  # the clusters' sizes as the coordinator knows them (declared, in institution mode)
+        counts = {int(k): split_size(meta, [int(k)], None) for c in clusters.values() for k in c}
         reference, extra["reference_statistics"] = federated_reference(
-            grid, cfg, clusters, net, desc, timeout=timeout, cache_dir=cache_dir
+            grid, cfg, clusters, net, desc, timeout=timeout, cache_dir=cache_dir, counts=counts
         )
         if not reference:
             raise RuntimeError("no node sent feature sums; the FID reference is empty")

@@ -200,3 +200,37 @@ def test_hostile_feature_sums_cost_only_their_cluster(tiny_config, cache_dir):
     assert sorted(record["failed"]) == ["12/1", "13/2", "14"], record["failed"]
     assert f"{d + 1}-d feature sums, expected {d}-d" in record["failed"]["12/1"]
     assert all("\n" not in why for why in record["failed"].values())
+
+
+def test_feature_sums_that_no_images_can_have_or_of_another_count_are_refused(tiny_config, cache_dir):
+    """Node 11 is honest; node 12 halves its count (the covariance Σffᵀ/n' − μ'μ'ᵀ is then not positive
+    semi-definite), node 13 sends consistent sums of 3 more images than its cluster has, node 14 sums of 6
+    vectors claimed as 2 (a rank-5 scatter from 2 vectors): only cluster 0 is kept, each refusal named."""
+    from flwr.app import Message, RecordDict
+
+    cfg = _cfg(tiny_config, cache_dir)
+    net = M.FeatureClassifier(in_channels=3, num_classes=4, text_dim=384).eval()
+    d = net.config.feature_dim
+    gen = torch.Generator().manual_seed(0)
+    sizes = {0: 6, 1: 6, 2: 6, 3: 6}
+
+    def node(msg, context):
+        k = CLUSTERS[context.node_id][0]
+        extra = 3 if context.node_id == 13 else 0
+        f = torch.randn(sizes[k] + extra, d, generator=gen, dtype=torch.float64) + 2.0
+        arrays = FeatureSums.of(f).to_numpy()
+        if context.node_id == 12:
+            arrays["count"] = np.array([3], dtype=np.int64)
+        if context.node_id == 14:
+            arrays = FeatureSums.of(f - f.mean(0)).to_numpy()
+            arrays["count"] = np.array([2], dtype=np.int64)
+        return Message(RecordDict({f"sums-{k}": ArrayRecord({n: Array(a) for n, a in arrays.items()})}), reply_to=msg)
+
+    got, record = federated_reference(
+        FakeGrid(node, {n: {} for n in CLUSTERS}), cfg, CLUSTERS, net, "random", timeout=5, cache_dir="", counts=sizes
+    )
+    assert sorted(got) == [0], record["failed"]
+    failed = record["failed"]
+    assert "not positive semi-definite" in failed["12/1"]
+    assert "sums of 9 images, the cluster has 6" in failed["13/2"]
+    assert "rank 5, more than count − 1 = 1" in failed["14/3"]

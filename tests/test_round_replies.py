@@ -269,3 +269,117 @@ def test_an_aggregation_that_flower_refuses_skips_the_round_not_the_run(tiny_con
     assert strategy.dropped == {
         2: ["aggregation skipped (InconsistentMessageReplies: All MetricRecords must have the same keys)"]
     }
+
+
+def _run_with(tiny_config, grid, weights=None, **router):
+    cfg = _cfg(tiny_config)
+    cfg = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, seed=0, **router))
+    return train_router_federated(
+        grid, cfg, CLUSTERS, ROUTER_CONFIG, sizes=SIZES, timeout=5, cache_dir="", weights=weights
+    )
+
+
+def _shift(router) -> float:
+    """The one number every float array of the router moved by (the stand-in nodes move all of them alike)."""
+    torch.manual_seed(0)
+    start = Router(**ROUTER_CONFIG).state_dict()
+    diffs = [(router.state_dict()[k] - v).flatten() for k, v in start.items() if v.is_floating_point()]
+    d = torch.cat(diffs)
+    assert float(d.max() - d.min()) < 1e-5 * max(1.0, float(d.abs().max()))  # one shift for all (float32)
+    return float(d.mean())
+
+
+def test_declared_sizes_are_bounded():
+    """No node weighs more than ``ratio`` × the median declared size; 0 leaves the sizes."""
+    from strategies.federated_router import bounded_weights
+
+    assert bounded_weights({1: 10, 2: 20, 3: 10**6}, 4.0) == {1: 10.0, 2: 20.0, 3: 80.0}
+    assert bounded_weights({1: 10, 2: 20, 3: 10**6}, 0) == {1: 10.0, 2: 20.0, 3: 1e6}
+
+
+def test_the_fedavg_weight_is_the_bounded_one_not_the_declared_one(tiny_config):
+    """Node 12 declared a million images (and its replies say so, consistently): its weight is capped at
+    4 × the median declared size, and the average is the one with the capped weight."""
+    from strategies.federated_router import bounded_weights
+
+    sizes = SIZES | {HOSTILE: 10**6}
+
+    def node(msg, context):
+        reply = honest_node(msg, context)
+        if context.node_id == HOSTILE and msg.metadata.message_type.startswith("train"):
+            reply.content["metrics"]["num-examples"] = sizes[HOSTILE]
+        return reply
+
+    weights = bounded_weights(sizes, 4.0)
+    cfg = _cfg(tiny_config)
+    cfg = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, seed=0))
+    router, record = train_router_federated(
+        FakeGrid(node, {n: {} for n in CLUSTERS}), cfg, CLUSTERS, ROUTER_CONFIG, sizes=sizes, timeout=5,
+        cache_dir="", weights=weights,
+    )  # fmt: skip
+    total = sum(weights.values())
+    assert weights[HOSTILE] == 4 * 13.5 and record["weights"][str(HOSTILE)] == 4 * 13.5
+    assert _shift(router) == pytest.approx(sum(w / total * 0.01 * n for n, w in weights.items()), abs=1e-6)
+
+
+def _huge(reply):
+    """A reply that passes every check: the right arrays, finite, only far away."""
+    arrays = reply.content["arrays"]
+    moved = {k: a.numpy() + np.asarray(1000.0, dtype=a.numpy().dtype) if a.numpy().dtype.kind == "f" else a.numpy()
+             for k, a in ((k, arrays[k]) for k in arrays)}  # fmt: skip
+    reply.content["arrays"] = ArrayRecord({k: Array(v) for k, v in moved.items()})
+    return reply
+
+
+@pytest.mark.parametrize(
+    "server_optimizer, shifts",
+    [
+        ("avg", None),  # FedAvg follows the hostile node far away
+        ("median", [(0.13 + 0.14) / 2]),  # the element-wise median of 0.11, 0.13, 0.14, 1000
+        ("trimmed_avg", [(0.13 + 0.14) / 2]),  # one cut at each end (robust_f = 1 of 4)
+        ("krum", [0.13, 0.14]),  # the update closest to its nearest neighbour: node 13's or 14's
+    ],
+)
+def test_robust_aggregation_bounds_one_hostile_node(tiny_config, server_optimizer, shifts):
+    def tamper(node, reply):
+        if node == HOSTILE and reply.metadata.message_type.startswith("train"):
+            return _huge(reply)
+        return reply
+
+    router, record = _run_with(
+        tiny_config, FakeGrid(honest_node, {n: {} for n in CLUSTERS}, tamper=tamper), server_optimizer=server_optimizer
+    )
+    assert record["dropped_replies"] == {}  # nothing to drop: the update is well formed
+    shift = _shift(router)
+    if shifts is None:
+        assert shift > 100
+    else:
+        assert min(abs(shift - s) for s in shifts) < 1e-5, shift
+
+
+def test_server_side_dp_clips_each_update_before_averaging(tiny_config):
+    """Flower's DifferentialPrivacyServerSideFixedClipping around the checked strategy: the hostile update of
+    norm ≫ C moves the router by at most C / 4 plus the noise (σ = 1e-4 · C); a malformed reply is still
+    dropped before the wrapper sees it."""
+
+    def tamper(node, reply):
+        if node == HOSTILE and reply.metadata.message_type.startswith("train"):
+            return _huge(reply)
+        if node == 13 and reply.metadata.message_type.startswith("train"):
+            return _extra_metric(reply)
+        return reply
+
+    c = 0.5
+    router, record = _run_with(
+        tiny_config,
+        FakeGrid(honest_node, {n: {} for n in CLUSTERS}, tamper=tamper),
+        server_optimizer="avg",
+        dp_noise_multiplier=1e-4,
+        dp_clipping_norm=c,
+    )
+    assert "DifferentialPrivacyServerSideFixedClipping" in record["strategy"]
+    assert any(d.startswith("node 13: metric keys differ") for d in record["dropped_replies"]["1"])
+    torch.manual_seed(0)
+    start = Router(**ROUTER_CONFIG).state_dict()
+    moved = torch.cat([(router.state_dict()[k] - v).flatten() for k, v in start.items() if v.is_floating_point()])
+    assert float(moved.norm()) < c + 0.05  # without clipping: ≈ 1000 · √(number of weights) / 3
