@@ -288,7 +288,12 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     source = str(path)
-    values = _with_base(_lift_sections(_read_yaml(path), source), path, seen=(path.resolve(),))
+    raw = _read_yaml(path)
+    if not raw:  # a file that says nothing is a mistake (a wrong path, an unsaved editor), not "all defaults"
+        raise ConfigError(
+            f"{path}: holds no settings (empty or comments only); name the defaults with base: default.yaml"
+        )
+    values = _with_base(_lift_sections(raw, source), path, seen=(path.resolve(),))
     if overrides:
         values = _apply_overrides(dict(values), {_lift_override(str(k)): v for k, v in overrides.items()}, source)
         names = ", ".join(map(str, overrides))

@@ -234,3 +234,15 @@ def test_loading_a_config_imports_no_torch():
     )
     root = Path(__file__).parent.parent
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=60)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "{}\n", "---\n"])
+def test_an_experiment_file_without_settings_is_a_one_line_error_naming_it(tmp_path, text):
+    from hddm_flower.config_io import load_config
+    from hddm_flower.config_rules import ConfigError
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="holds no settings") as e:
+        load_config(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
