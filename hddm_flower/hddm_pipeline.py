@@ -30,6 +30,7 @@ imports no module a folder names; it resolves them from the modules already impo
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -51,6 +52,7 @@ from .rundir import FEATURE_NET, MODEL_INDEX, PIPELINE_FILE, TEXT_ENCODER_REF, U
 from .text import TextEncoder, default_text_encoder_path
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+logger = logging.getLogger(__name__)
 
 
 def read_uncond(path: str | os.PathLike) -> TextCond:
@@ -118,7 +120,10 @@ class HDDMExperts(ModelMixin, ConfigMixin):
         torch_dtype: torch.dtype | None = None,
         **kwargs: Any,
     ) -> HDDMExperts:
-        """Load ``folder/expert-*`` (sha256 of each checked against its metadata) and ``folder/config.json``."""
+        """Load ``folder/expert-*`` (sha256 of each checked against its metadata) and ``folder/config.json``.
+
+        Checked on load: each ``expert-k`` folder's metadata names expert k (two folders cannot claim one id), every
+        id is in ``0 … num_experts − 1``; an expected expert that is absent is named in a warning."""
         folder = Path(pretrained_model_name_or_path) / (subfolder or "")
         if not (folder / cls.config_name).is_file():
             raise FileNotFoundError(f"{folder} holds no experts (no {cls.config_name}; is it a run's experts/?)")
@@ -126,11 +131,21 @@ class HDDMExperts(ModelMixin, ConfigMixin):
         transformers, metas, uncond = {}, {}, None
         for sub in sorted(p for p in folder.glob("expert-*") if p.is_dir()):
             transformer, meta = load_expert_model(sub, torch_dtype=torch_dtype)
-            transformers[int(meta["expert_id"])], metas[int(meta["expert_id"])] = transformer, meta
+            k = int(meta["expert_id"])
+            if sub.name != f"{rundir.EXPERT_PREFIX}{k}":
+                raise ValueError(f"{sub}: its metadata names expert {k}; expert k lives in {rundir.EXPERT_PREFIX}k")
+            if not 0 <= k < num_experts:
+                raise ValueError(f"{sub}: expert {k} is outside this run's 0..{num_experts - 1} ({cls.config_name})")
+            transformers[k], metas[k] = transformer, meta
             if uncond is None and (sub / UNCOND).is_file():
                 uncond = read_uncond(sub / UNCOND)
         if not transformers:
             raise FileNotFoundError(f"{folder} holds no expert folders (expert-*)")
+        absent = [k for k in range(num_experts) if k not in transformers]
+        if absent:
+            logger.warning(
+                "%s: experts %s of 0..%d are missing; sampling uses the others", folder, absent, num_experts - 1
+            )
         return cls(num_experts, transformers, metas, uncond).eval()
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
@@ -145,6 +160,21 @@ class HDDMExperts(ModelMixin, ConfigMixin):
             if self.uncond is not None:
                 _write_uncond(out / f"expert-{k}" / UNCOND, self.uncond)
         self.save_config(out)
+
+
+def check_components(experts: Any, router: Any, feature_net: Any = None) -> None:
+    """The pipeline's components are what a run holds (a folder could name any class in ``model_index.json``): an
+    :class:`HDDMExperts`, a :class:`~hddm_flower.models.Router` over that many experts, a
+    :class:`~hddm_flower.metrics.FeatureClassifier` or none. Raises ``TypeError``/``ValueError`` in one line."""
+    for name, value, kind in (("experts", experts, HDDMExperts), ("router", router, Router)):
+        if not isinstance(value, kind):
+            raise TypeError(f"component {name} is a {type(value).__name__}, expected {kind.__name__}")
+    if feature_net is not None and not isinstance(feature_net, FeatureClassifier):
+        raise TypeError(f"component feature_net is a {type(feature_net).__name__}, expected FeatureClassifier")
+    if router.config.num_experts != experts.config.num_experts:
+        raise ValueError(
+            f"the router weighs {router.config.num_experts} experts, the run has {experts.config.num_experts}"
+        )
 
 
 def _write_uncond(path: Path, uncond: TextCond) -> None:
@@ -179,6 +209,7 @@ class HDDMPipeline(DiffusionPipeline):
         sampling: dict | None = None,
     ):
         super().__init__()
+        check_components(experts, router, feature_net)
         text = dict(text or {})
         if text_encoder is None or tokenizer is None:  # resolve the reference (nothing is downloaded)
             encoder = TextEncoder(text.get("path") or None, int(text.get("max_length", 16)))
@@ -376,6 +407,23 @@ def load_pipeline(run_dir: str | os.PathLike, *, progress: bool = False, **kwarg
                 m.enable_progress_bar()
     pipe.set_progress_bar_config(disable=not progress, desc="sampling", unit="step")
     return pipe
+
+
+def load_with_diffusers(run_dir: str | os.PathLike, **kwargs: Any) -> DiffusionPipeline:
+    """diffusers' generic route, ``DiffusionPipeline.from_pretrained(run_dir, custom_pipeline=…,
+    trust_remote_code=True)``, taken only when the folder's ``pipeline.py`` is there and is exactly the file this
+    package writes (which imports :class:`HDDMPipeline` and nothing else): ``trust_remote_code`` executes that
+    file, and a missing one would send diffusers looking for a community pipeline of that name on the Hub.
+    :meth:`HDDMPipeline.from_pretrained` needs none of this: it runs no code from the folder."""
+    path = Path(run_dir) / PIPELINE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; load the run with HDDMPipeline.from_pretrained")
+    if path.read_text(errors="replace") != PIPELINE_PY:
+        raise ValueError(
+            f"{path} is not the pipeline.py hddm-flower writes; trust_remote_code would execute it "
+            "(load the run with HDDMPipeline.from_pretrained, which runs no code from the folder)"
+        )
+    return DiffusionPipeline.from_pretrained(run_dir, custom_pipeline=str(path), trust_remote_code=True, **kwargs)
 
 
 def sample_images(pipe: HDDMPipeline, prompts: list[str], *, samples_per_prompt: int, seed: int, **kwargs) -> Tensor:

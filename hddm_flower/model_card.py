@@ -103,8 +103,13 @@ def run_card(report: dict) -> str:
         f"The defaults (`model_index.json` → `sampling`) are the run's: {s.get('num_steps')} steps, CFG "
         f'{s.get("cfg_scale")}, routing {s.get("routing")} (k = {s.get("top_k")}). Also `routing="full"`, '
         '`"threshold"`, `"sample"`; `output_type="pil" | "np" | "pt" | "latent"`. '
-        '`diffusers.DiffusionPipeline.from_pretrained(folder, custom_pipeline="pipeline", trust_remote_code=True)` '
-        "loads the same pipeline through `pipeline.py`. From the command line: "
+        "`HDDMPipeline.from_pretrained` runs no code from the folder: it reads `model_index.json`, checks that "
+        "its components are the classes a run holds (experts, a router over as many experts, the feature "
+        "network), loads weights from safetensors only and names any missing expert. Diffusers' generic route, "
+        '`DiffusionPipeline.from_pretrained(folder, custom_pipeline="pipeline", trust_remote_code=True)`, '
+        "*executes* the folder's `pipeline.py`: with a folder someone else wrote, that is their code running "
+        "with your rights. Use `hddm_flower.hddm_pipeline.load_with_diffusers(folder)` for that route: it "
+        "refuses a `pipeline.py` that is missing or is not the one this package writes. From the command line: "
         '`hddm sample --run-dir FOLDER --prompt "red apple"` (the run\'s `config.yaml`; `--set` overrides it).',
         "",
         "Each expert also samples on its own with diffusers' schedulers: see the card in its folder.",

@@ -282,3 +282,61 @@ def test_hddm_sample_checks_every_argument_first(run, tmp_path, capsys, args, me
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def _copy_run(run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    return copy
+
+
+def test_a_run_directory_is_checked_on_load(run, pipe, tmp_path, caplog):
+    """Missing experts are named; a folder whose metadata names another expert (two folders, one id) and a
+    component of the wrong class or a router for another number of experts are refused on load, in one line."""
+    import logging
+
+    from hddm_flower.hddm_pipeline import HDDMExperts
+    from hddm_flower.models import Router
+
+    with caplog.at_level(logging.WARNING, logger="hddm_flower.hddm_pipeline"):
+        HDDMExperts.from_pretrained(run / "experts")
+    assert any("experts [2] of 0..3 are missing" in r.getMessage() for r in caplog.records)
+
+    copy = _copy_run(run, tmp_path)
+    import shutil
+
+    shutil.copytree(copy / "experts" / "expert-0", copy / "experts" / "expert-2")  # a second folder claiming 0
+    with pytest.raises(ValueError, match="expert-2: its metadata names expert 0"):
+        HDDMPipeline.from_pretrained(copy)
+
+    with pytest.raises(TypeError, match="component experts is a Router, expected HDDMExperts"):
+        HDDMPipeline(experts=pipe.router, router=pipe.router, text=pipe.config.text)
+    other = Router(**(dict(pipe.router.config) | {"num_experts": 5}))
+    with pytest.raises(ValueError, match="the router weighs 5 experts, the run has 4"):
+        HDDMPipeline(experts=pipe.experts, router=other, text=pipe.config.text)
+
+    index = json.loads((run / "model_index.json").read_text())
+    copy = tmp_path / "wrong-class"
+    shutil.copytree(run, copy)
+    index["router"] = index["feature_net"]  # the folder names another class for the router
+    (copy / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(TypeError, match="component router is a FeatureClassifier, expected Router"):
+        HDDMPipeline.from_pretrained(copy)
+
+
+def test_diffusers_generic_route_only_with_the_packages_own_pipeline_py(run, tmp_path, monkeypatch):
+    from diffusers.utils import dynamic_modules_utils
+
+    from hddm_flower.hddm_pipeline import load_with_diffusers
+
+    monkeypatch.setattr(dynamic_modules_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    assert type(load_with_diffusers(run)).__name__ == "HDDMPipeline"
+    copy = _copy_run(run, tmp_path)
+    (copy / "pipeline.py").write_text((run / "pipeline.py").read_text() + "import os  # anything\n")
+    with pytest.raises(ValueError, match="not the pipeline.py hddm-flower writes"):
+        load_with_diffusers(copy)
+    (copy / "pipeline.py").unlink()
+    with pytest.raises(FileNotFoundError, match="pipeline.py does not exist"):
+        load_with_diffusers(copy)
