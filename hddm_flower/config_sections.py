@@ -368,6 +368,10 @@ class EvaluationConfig:
     kid_subsets: int = 100
     reference_images: int = 0  # KID reference: a seeded reservoir of this many images per cluster (0 = 10,000)
     seeds: int = 3  # `hddm reproduce`: sampling seeds per row (prompts/noise, gmm: also true samples); intervals
+    # independent trainings of experts and router (hddm_flower/training_seeds.py: seeds moved per training);
+    # intervals over trainings (outer) beside those over sampling seeds (inner). Read by the benchmarks that
+    # compare trainings (benchmarks/hetero_trainings.py)
+    training_seeds: int = 1
     times: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # router accuracy vs t
     # FID reference statistics: "central" (the coordinator's images) or "federated" (each node sends the sums
     # n, Σf, Σffᵀ of its clusters' features; FID only, no KID)
@@ -395,6 +399,7 @@ class EvaluationConfig:
             "kid_subset_size",
             "kid_subsets",
             "seeds",
+            "training_seeds",
         )
         r.at_least(0, "num_steps", "grid_prompts", "reference_images")
         r.choice("reference", REFERENCES, "value")

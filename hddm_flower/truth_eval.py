@@ -118,16 +118,25 @@ def _ensemble(cfg: Config, row: Row, ref: GMMReference, out: Path, objectives: l
             for k in range(K)
         }
     elif row.group == "monolith":
-        mono, _ = load_expert(out / "monolith", conversion=s.conversion, **conv)
+        mono, _ = load_expert(out / "monolith", **s.conversion_options())
         return Ensemble({0: mono}, _OneExpert(ref), 1, routing="top_k", k=1)
     else:
         experts = {
-            k: load_expert(out / "experts" / f"cluster-{k}-{obj}", conversion=s.conversion, **conv)[0]
+            k: load_expert(out / "experts" / f"cluster-{k}-{obj}", **s.conversion_options())[0]
             for k, obj in enumerate(objectives)
         }
     router = ExactRouter(ref) if row.router == "exact" else load_router(out / ROUTER)
     scaling = VelocityScaling(s.velocity_scaling, s.velocity_scaling_t, s.x0_variance)
-    return Ensemble(experts, router, K, routing="top_k", k=2, threshold=s.threshold, velocity_scaling=scaling)
+    return Ensemble(
+        experts,
+        router,
+        K,
+        routing="top_k",
+        k=2,
+        threshold=s.threshold,
+        velocity_scaling=scaling,
+        handover_t=s.handover_t,
+    )
 
 
 def _true_draws(ref: GMMReference, comps: torch.Tensor | None, n: int, seed: int) -> torch.Tensor:
