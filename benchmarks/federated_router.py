@@ -55,6 +55,17 @@ VARIANTS = {
     "fedadam-1step": {},  # the default: FedAdam, one SGD step per node and round, rounds = router.steps
     "fedavg-10steps": {"server_optimizer": "avg", "local_steps": 10, "local_lr": 0.05},
     "fedavg-10steps-fedrs": {"server_optimizer": "avg", "local_steps": 10, "local_lr": 0.05, "restricted_softmax": 0.5},
+    # Flower's robust aggregations and server-side DP clipping, at fedavg-10steps' settings (docs/deployment.md)
+    "fedmedian-10steps": {"server_optimizer": "median", "local_steps": 10, "local_lr": 0.05},
+    "fedtrimmedavg-10steps": {"server_optimizer": "trimmed_avg", "local_steps": 10, "local_lr": 0.05, "robust_f": 1},
+    "krum-10steps": {"server_optimizer": "krum", "local_steps": 10, "local_lr": 0.05, "robust_f": 1},
+    "fedavg-10steps-dp": {
+        "server_optimizer": "avg",
+        "local_steps": 10,
+        "local_lr": 0.05,
+        "dp_noise_multiplier": 0.1,
+        "dp_clipping_norm": 1.0,
+    },
 }
 
 
