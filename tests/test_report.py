@@ -64,3 +64,82 @@ def test_server_summary_metrics_follow_the_configured_times():
         "router-top1-accuracy-t0.8": 0.4,
         "ensemble-velocity-mse-t0.8": 2.0,
     }
+
+
+def _acceptable_meta():
+    """Metadata a valid expert 1 (DDPM, as the tiny config assigns it) may send: every checked field in range, plus
+    whatever extra fields (bounded JSON) a node adds."""
+    from hypothesis import strategies as st
+
+    finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e30, max_value=1e30)
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**62), 2**62) | finite | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=12,
+    )
+    return st.fixed_dictionaries(
+        {
+            "steps": st.integers(0, 2**62),
+            "images_seen": st.integers(0, 2**62),
+            "device_seconds": st.floats(0, 1e12),
+            "schedule": st.sampled_from(["linear", "cosine"]),
+            "num_train_timesteps": st.integers(2, 100_000),
+        },
+        optional={
+            "final_loss": finite,
+            "resumed_steps": st.integers(0, 2**62),
+            "peak_memory_bytes": st.integers(0, 2**62),
+            "objective_assigned": st.just("ddpm"),
+            "loss_curve": st.lists(st.tuples(st.integers(0, 10**6), finite).map(list), max_size=5),
+            "notes": json_values,
+        },
+    )
+
+
+def test_fuzzed_acceptable_experts_are_accepted_and_reach_report_cards_and_pipeline(
+    report_run, tiny_config, dataset_dir, tmp_path_factory
+):
+    """Generated metadata that is valid for the run is accepted (not only refused, as the reply fuzzers check),
+    and the accepted expert goes through every consumer: report.json (strict JSON), report.md, the model cards
+    and loading the experts as the pipeline does."""
+    import hashlib
+    import shutil
+
+    from hypothesis import HealthCheck, given, settings
+
+    from hddm_flower.accept import accept_expert
+    from hddm_flower.checkpoints import META, MODEL_CONFIG, WEIGHTS
+    from hddm_flower.hddm_pipeline import HDDMExperts
+    from hddm_flower.report import write_report
+    from hddm_flower.stages.expert import expert_spec
+
+    run, report = report_run
+    spec = expert_spec(tiny_config, dataset_dir)
+    source = run / "experts" / "expert-1"
+    base = json.loads((source / META).read_text())
+    blob = (source / WEIGHTS).read_bytes()
+    meta0 = json.loads((run / "experts" / "expert-0" / META).read_text())
+
+    @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(fields=_acceptable_meta())
+    def check(fields):
+        target = tmp_path_factory.mktemp("fuzzed-run")
+        shutil.copytree(run / "experts" / "expert-0", target / "experts" / "expert-0")
+        (target / "experts" / "config.json").write_text((run / "experts" / "config.json").read_text())
+        incoming = target / "experts" / ".incoming-expert-1.safetensors"
+        incoming.write_bytes(blob)
+        keep = {k: base[k] for k in ("expert_id", "cluster_id", "objective", "preset", "time_convention")}
+        meta = keep | {"weights_dtype": "float32", "sha256": hashlib.sha256(blob).hexdigest()} | fields
+        installed = accept_expert(
+            target, incoming, json.dumps(meta), (source / MODEL_CONFIG).read_text(), spec, expert_id=1,
+            objective_assigned="ddpm",
+        )  # fmt: skip
+        assert installed["expert_id"] == 1 and (target / "experts" / "expert-1" / WEIGHTS).is_file()
+        out = write_report(tiny_config, target, dataset_dir, [meta0, installed], [], report["metrics"], {})
+        json.loads(json.dumps(out, allow_nan=False))
+        md = (target / "report.md").read_text()
+        assert f"| 1 | 1 | ddpm ({fields['schedule']}) |" in md and f"| {fields['steps']} |" in md
+        assert (target / "README.md").is_file() and (target / "experts" / "expert-1" / "README.md").is_file()
+        assert HDDMExperts.from_pretrained(target / "experts").ids == [0, 1]
+
+    check()
