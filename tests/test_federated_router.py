@@ -140,7 +140,9 @@ def test_rounds_default_to_the_central_budget():
 @pytest.mark.timeout(900)
 def test_server_app_with_federated_router_and_reference(tiny_config_path, cache_dir, tmp_path):
     """The ServerApp end to end over 4 single-cluster nodes (in-process Grid): experts, then the federated router
-    (FedAdam) and the federated FID reference; the report holds their costs and sources."""
+    (FedAdam) and the federated FID reference; the report holds their costs and sources. Node 2 is hostile in the
+    first router round: its reply carries a metric key the others lack (Flower's InconsistentMessageReplies ended
+    the run after every expert had been trained); the run completes and the report names the dropped reply."""
     from flwr.app import Context, RecordDict
 
     from strategies.server_app import main as server_main
@@ -153,14 +155,23 @@ def test_server_app_with_federated_router_and_reference(tiny_config_path, cache_
         "run-dir": str(run_dir),
         "cache-dir": str(cache_dir),
     }
-    grid = FakeGrid(client_app, {n: {"partition-id": n - 1} for n in range(1, 5)})
+    hostile = []
+
+    def tamper(node, reply):
+        if node == 2 and reply.metadata.message_type == "train.router" and not reply.has_error() and not hostile:
+            hostile.append(reply)  # its first router reply only
+            reply.content["metrics"]["extra"] = 1.0
+        return reply
+
+    grid = FakeGrid(client_app, {n: {"partition-id": n - 1} for n in range(1, 5)}, tamper=tamper)
     server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
     report = json.loads((run_dir / "report.json").read_text())
     assert [e["expert_id"] for e in report["experts"]] == [0, 1, 2, 3] and report["missing"] == []
     r = report["router"]
     assert sorted(r["nodes"].values()) == [[0], [1], [2], [3]]  # single-class nodes
     assert r["training"] == "federated" and r["rounds"] == 2 and r["strategy"] == "flwr FedAdam"
-    assert r["bytes_sent"] > 0 and r["bytes_received"] > 0 and r["dropped_replies"] == {}
+    assert r["bytes_sent"] > 0 and r["bytes_received"] > 0
+    assert r["dropped_replies"] == {"1": ["node 2: metric keys differ: ['extra'] extra, [] missing"]}
     assert r["heldout"]["num_images"] > 0 and len(r["heldout"]["top1"]) == len(report["metrics"]["times"])
     assert report["reference_statistics"]["clusters"] == [0, 1, 2, 3]
     top2 = report["metrics"]["evaluation"]["modes"]["top2"]
