@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from . import rundir
 from .checkpoints import META, load_expert_model, make_expert, save_expert
+from .devices import resolve_precision
 from .ensemble import ROUTING_MODES, Ensemble, VelocityScaling, sample_ensemble
 from .metrics import FeatureClassifier
 from .models import ExpertNet, Router, TextCond
@@ -190,7 +191,9 @@ class HDDMPipeline(DiffusionPipeline):
     optional ``feature_net``, ``vae`` (latent runs), ``text_encoder`` and ``tokenizer``. ``text`` is the text
     encoder reference (``path``: a local transformers folder, None for the MiniLM shipped with the package;
     ``max_length``: tokens per caption), ``vae_path`` the VAE's folder for a latent run, ``sampling`` the run's
-    defaults for :meth:`__call__`.
+    defaults for :meth:`__call__` (its ``mixed_precision``, the run's ``coordinator.mixed_precision``: bf16 autocast
+    of the router and experts when it resolves to bf16; a pipeline loaded with ``torch_dtype=torch.bfloat16``
+    samples float32 latents with bf16 weights either way).
     """
 
     model_cpu_offload_seq = "text_encoder->experts->vae"
@@ -275,6 +278,7 @@ class HDDMPipeline(DiffusionPipeline):
                 float(s.get("x0_variance", 1.0)),
             ),
             handover_t=float(s.get("handover_t", 1.0)),
+            mixed_precision=resolve_precision(s.get("mixed_precision", "no"), self._execution_device),
         ).to(self._execution_device)
 
     def check_inputs(self, prompt, num_inference_steps, guidance_scale, routing, top_k, n_per_prompt, output_type):
@@ -490,6 +494,7 @@ def sampling_defaults(cfg) -> dict:
         "x0_variance": s.x0_variance,
         "clean_estimate": s.clean_estimate,
         "handover_t": s.handover_t,
+        "mixed_precision": cfg.coordinator.mixed_precision,  # auto: bf16 autocast on CUDA, none elsewhere
     }
 
 

@@ -61,14 +61,17 @@ class ExpertNet(nn.Module):
         return cls(PixArtTransformer2DModel.from_config(config))
 
     def forward(self, x: Tensor, timestep: Tensor, cond: TextCond) -> Tensor:
+        """The output in ``x``'s dtype; the transformer sees ``x`` and the text states in its own weights' dtype
+        (a bf16 pipeline samples float32 latents), the timestep as given (its sinusoids are computed in float32)."""
+        dtype = self.transformer.dtype
         return self.transformer(
-            x,  # (B, C, H, W)
-            encoder_hidden_states=cond.states.to(x.dtype),  # (B, L, caption_channels)
+            x.to(dtype),  # (B, C, H, W)
+            encoder_hidden_states=cond.states.to(dtype),  # (B, L, caption_channels)
             encoder_attention_mask=cond.mask,  # (B, L)
             timestep=timestep,  # (B,) float: 999·t for FM, (fractional) tau for DDPM
             added_cond_kwargs={"resolution": None, "aspect_ratio": None},
             return_dict=False,
-        )[0]  # (B, C, H, W)
+        )[0].to(x.dtype)  # (B, C, H, W)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -136,7 +139,8 @@ class Router(ModelMixin, ConfigMixin):
 
     def forward(self, x_t: Tensor, t: Tensor) -> Tensor:
         t = torch.as_tensor(t, device=x_t.device).expand(x_t.shape[0])
-        c = self.time_embed(self.time_proj(FM_TIME_SCALE * t).to(x_t.dtype))  # (B, D)
+        x_t = x_t.to(self.patch_embed.weight.dtype)  # a bf16 router takes float32 samples
+        c = self.time_embed(self.time_proj(FM_TIME_SCALE * t.float()).to(x_t.dtype))  # (B, D)
         x = self.patch_embed(x_t).flatten(2).transpose(1, 2)  # (B, N, D)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed  # (B, 1 + N, D)
         for block in self.blocks:

@@ -294,13 +294,12 @@ def test_hddm_sample_uses_the_run_config_and_records_overrides(run, cache_dir, t
 
     out = tmp_path / "grid.png"
     argv = ["sample", "--run-dir", str(run), "--prompt", "red apple", "--out", str(out)]
-    assert main([*argv, "--set", "sampling.num_steps=3", "--set", "sampling.samples_per_prompt=3"]) == 0
+    sets = ["sampling.num_steps=3", "sampling.samples_per_prompt=3", "coordinator.mixed_precision=bf16"]
+    assert main([*argv, *(a for x in sets for a in ("--set", x))]) == 0
     record = json.loads(out.with_suffix(".json").read_text())
     assert record["num_inference_steps"] == 3 and record["samples_per_prompt"] == 3 and record["experts"] == [0, 1, 3]
-    assert record["guidance_scale"] == 7.5 and record["overrides"] == [
-        "sampling.num_steps=3",
-        "sampling.samples_per_prompt=3",
-    ]
+    assert record["mixed_precision"] == "bf16"  # the pipeline's ensemble samples under bf16 autocast
+    assert record["guidance_scale"] == 7.5 and record["overrides"] == sets
     assert record["config"].endswith("config.yaml")
     with Image.open(out) as grid:
         assert grid.size == (4 * (2 + 3 * (16 + 2)), 4 * (2 + 16 + 2))  # 1 prompt × 3 samples
@@ -382,3 +381,39 @@ def test_diffusers_generic_route_only_with_the_packages_own_pipeline_py(run, tmp
     (copy / "pipeline.py").unlink()
     with pytest.raises(FileNotFoundError, match="pipeline.py does not exist"):
         load_with_diffusers(copy)
+
+
+# relative L2 error of bf16 samples vs fp32 after 3 steps at CFG 7.5 (bf16 keeps 8 bits: 2⁻⁸ ≈ 0.004 per
+# rounding); measured 0.017 (autocast) and 0.023 (bf16 weights) on the tiny run
+BF16_BOUND = 0.05
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def test_bf16_autocast_sampling_matches_fp32(run, pipe):
+    """``coordinator.mixed_precision: bf16`` (the pipeline's ``sampling.mixed_precision``) samples under CPU bf16
+    autocast; the samples stay within BF16_BOUND of fp32 (relative L2, latents before decoding)."""
+    bf16 = HDDMPipeline.from_pretrained(run, sampling=dict(pipe.config.sampling, mixed_precision="bf16"))
+    assert bf16.ensemble().mixed_precision == "bf16" and pipe.ensemble().mixed_precision == "no"  # auto on CPU: none
+    kw = dict(num_images_per_prompt=2, num_inference_steps=3, output_type="latent")
+    x32 = pipe(["dog face", "red apple"], generator=torch.Generator().manual_seed(0), **kw).images
+    seen = []
+    hook = bf16.router.head.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    x16 = bf16(["dog face", "red apple"], generator=torch.Generator().manual_seed(0), **kw).images
+    hook.remove()
+    assert seen and set(seen) == {torch.bfloat16}  # the router ran under autocast
+    assert x16.dtype == torch.float32 and 0 < _relative_error(x16, x32) < BF16_BOUND
+
+
+def test_a_bf16_pipeline_samples_float32_latents(run, pipe):
+    """``from_pretrained(run, torch_dtype=torch.bfloat16)``: bf16 weights, float32 latents in and out."""
+    bf16 = HDDMPipeline.from_pretrained(run, torch_dtype=torch.bfloat16)
+    assert bf16.router.dtype == torch.bfloat16 and {p.dtype for p in bf16.experts.parameters()} == {torch.bfloat16}
+    kw = dict(num_images_per_prompt=2, num_inference_steps=3, output_type="latent")
+    x32 = pipe(["dog face"], generator=torch.Generator().manual_seed(0), **kw).images
+    x16 = bf16(["dog face"], generator=torch.Generator().manual_seed(0), **kw).images
+    assert x16.dtype == torch.float32 and 0 < _relative_error(x16, x32) < BF16_BOUND
+    images = bf16(["dog face"], num_inference_steps=2, generator=torch.Generator().manual_seed(0)).images
+    assert len(images) == 1 and images[0].size == (16, 16)
