@@ -183,6 +183,7 @@ def cmd_train_router(args) -> None:
 
 
 def cmd_assemble(args) -> None:
+    from .devices import coordinator_threads
     from .rundir import write_config
     from .stages.assemble import finish_run
 
@@ -190,6 +191,7 @@ def cmd_assemble(args) -> None:
     run_dir = Path(args.run_dir)
     missing = _missing(cfg, run_dir)
     dataset_dir = _dataset(args, cfg)
+    coordinator_threads(cfg.coordinator.threads)
     write_config(run_dir / CONFIG, cfg, f"resolved from {args.config or DEFAULT_CONFIG} by hddm assemble")
     report = finish_run(cfg, run_dir, dataset_dir, missing, progress=True)
     print(f"report: {run_dir / 'report.md'}  ({len(report['experts'])} experts, {len(missing)} missing)")
@@ -204,6 +206,7 @@ def _missing(cfg: Config, run_dir: Path) -> list[dict]:
 
 
 def cmd_evaluate(args) -> None:
+    from .devices import coordinator_threads
     from .evaluate import parse_mode
     from .rundir import read_report
     from .stages.assemble import evaluate_and_report
@@ -212,6 +215,7 @@ def cmd_evaluate(args) -> None:
     if not (run_dir / ROUTER).is_dir():
         raise FileNotFoundError(f"{run_dir / ROUTER} does not exist: train the router first (hddm train-router)")
     cfg = _config(args, run_dir)
+    coordinator_threads(cfg.coordinator.threads)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else None
     for m in modes or []:
         parse_mode(m)

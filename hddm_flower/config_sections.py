@@ -282,6 +282,7 @@ class CoordinatorConfig:
 
     device: str = "auto"  # auto = cuda when present, else cpu
     mixed_precision: str = "auto"  # bf16 autocast for router training and expert forwards; auto = bf16 on cuda
+    threads: int = 0  # torch CPU threads of the coordinator's stages; 0 = the CPUs this process may run on
 
     def validate(self, source: str = "<config>", prefix: str = "coordinator.") -> CoordinatorConfig:
         r = _Rules(self, source, prefix)
@@ -289,6 +290,7 @@ class CoordinatorConfig:
         if not (d in ("auto", "cpu", "cuda", "mps") or (d.startswith("cuda:") and d[5:].isdigit())):
             r.fail("device", f"unknown device {_show(d)}; expected {DEVICES_HELP}")
         r.choice("mixed_precision", ("auto", *PRECISIONS), "precision")
+        r.at_least(0, "threads")
         return self
 
 
@@ -373,6 +375,7 @@ class EvaluationConfig:
     # compare trainings (benchmarks/hetero_trainings.py)
     training_seeds: int = 1
     times: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # router accuracy vs t
+    diagnostic_images: int = 2048  # held-out images of the velocity diagnostics: a seeded, streamed subsample
     # FID reference statistics: "central" (the coordinator's images) or "federated" (each node sends the sums
     # n, Σf, Σffᵀ of its clusters' features; FID only, no KID)
     reference: str = "central"
@@ -400,6 +403,7 @@ class EvaluationConfig:
             "kid_subsets",
             "seeds",
             "training_seeds",
+            "diagnostic_images",
         )
         r.at_least(0, "num_steps", "grid_prompts", "reference_images")
         r.choice("reference", REFERENCES, "value")

@@ -7,6 +7,7 @@ and router's forward passes in sampling) and never for statistics (FID/KID sums 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -39,3 +40,16 @@ def autocast(device: torch.device, mixed_precision: str):
     if mixed_precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; a container's or ``taskset``'s share of the machine)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def coordinator_threads(threads: int = 0) -> int:
+    """Set torch's CPU threads for the coordinator's stages: ``threads``, or (0) the CPUs available to the process
+    rather than torch's default of every core of the machine. Returns the number set."""
+    n = threads or available_cpus()
+    torch.set_num_threads(n)
+    return n

@@ -15,9 +15,12 @@ import torch
 from torch import Tensor, nn
 
 from .choices import ROUTING_MODES, VELOCITY_SCALINGS
+from .counts import add_count
 from .devices import autocast
 from .experts import map_cond
 from .objectives import cap_velocity_rms, velocity_rms, velocity_rms_prior
+
+DISPATCHES = ("auto", "dense", "gather")  # how the experts get their rows (Ensemble._dispatch)
 
 
 def routing_weights(
@@ -47,9 +50,12 @@ def routing_weights(
         keep = (probs >= threshold) | (probs == probs.amax(-1, keepdim=True))
         w = torch.where(keep, probs, torch.zeros_like(probs))
     elif mode == "sample":
-        # draw where the generator lives (a seeded CPU generator drives sampling on any device)
-        on = probs if generator is None or generator.device == probs.device else probs.to(generator.device)
-        pick = torch.multinomial(on, 1, generator=generator).to(probs.device)
+        # inverse CDF of uniforms drawn where the generator lives (a seeded CPU generator drives sampling on any
+        # device; nothing is read back): the first expert whose cumulative probability exceeds u·total
+        where = generator.device if generator is not None else probs.device
+        u = torch.rand(len(probs), 1, generator=generator, device=where, dtype=probs.dtype).to(probs.device)
+        cdf = probs.cumsum(-1)
+        pick = (cdf <= u * cdf[:, -1:]).sum(-1, keepdim=True).clamp(max=probs.shape[-1] - 1)
         return torch.zeros_like(probs).scatter(-1, pick, 1.0)
     elif mode == "oracle":
         if labels is None:
@@ -102,8 +108,10 @@ class Ensemble(nn.Module):
     posterior before the routing mode picks (so top-k picks among the FM experts), and oracle weights on a converted
     expert move to the FM experts; a row with no FM weight left (no FM expert present, or the router gives the FM
     experts probability 0, or an oracle row) keeps its weights. ``handover_counts`` (set to {} to count) counts the
-    rows past ``handover_t``, those handed over and those that fell back. ``mixed_precision="bf16"``: :func:`sample_ensemble` runs the router and experts under bf16 autocast (the
-    state ``x`` and the Euler update stay float32).
+    rows past ``handover_t``, those handed over and those that fell back. Counts stay on the device
+    (:func:`~hddm_flower.counts.read_counts` reads them). ``dispatch``: how each expert gets its rows
+    (:meth:`_dispatch`). ``mixed_precision="bf16"``: :func:`sample_ensemble` runs the router and experts under bf16
+    autocast (the state ``x`` and the Euler update stay float32).
     """
 
     def __init__(
@@ -118,6 +126,7 @@ class Ensemble(nn.Module):
         velocity_scaling: VelocityScaling = VelocityScaling(),
         handover_t: float = 1.0,
         mixed_precision: str = "no",
+        dispatch: str = "auto",
     ):
         super().__init__()
         if not experts:
@@ -134,10 +143,15 @@ class Ensemble(nn.Module):
         if not 0 <= handover_t <= 1:
             raise ValueError(f"handover_t {handover_t} is not in [0, 1]")
         self.handover_t = handover_t
-        self.handover_counts: dict[str, int] | None = None
+        self.handover_counts: dict | None = None  # device counts, read with counts.read_counts
+        if dispatch not in DISPATCHES:
+            raise ValueError(f"unknown dispatch {dispatch!r}; expected one of {DISPATCHES}")
+        self.dispatch = dispatch
+        self._has_fm = any(not getattr(e, "converted", False) for e in experts.values())
         present = torch.zeros(num_experts, dtype=torch.bool)
         present[list(experts)] = True
         self.register_buffer("present", present, persistent=False)
+        self.register_buffer("present_ids", torch.tensor(sorted(experts)), persistent=False)
         converted = torch.zeros(num_experts, dtype=torch.bool)
         converted[[i for i, e in experts.items() if getattr(e, "converted", False)]] = True
         self.register_buffer("converted", converted, persistent=False)
@@ -169,12 +183,13 @@ class Ensemble(nn.Module):
         # route (past handover_t: among the FM experts)
         probs = self.posterior(x_t, t)
         late = None
-        if self.handover_t < 1 and bool((self.present & ~self.converted).any()):
+        if self.handover_t < 1 and self._has_fm:
             late = t > self.handover_t
             probs, _ = hand_over(probs, self.converted, late)
+        routing = routing or self.routing
         w = routing_weights(
             probs,
-            routing or self.routing,
+            routing,
             k=self.k,
             threshold=self.threshold,
             labels=labels,
@@ -182,56 +197,88 @@ class Ensemble(nn.Module):
         ).to(x_t.dtype)
         if late is not None:
             w, fallback = hand_over(w, self.converted, late)
-            if self.handover_counts is not None:
-                c = self.handover_counts
-                for key, value in (
-                    ("rows", len(t)),
-                    ("late_rows", int(late.sum())),
-                    ("fallback_rows", int(fallback.sum())),
-                ):
-                    c[key] = c.get(key, 0) + value
-        # per-expert (guided) velocity, evaluated only on the rows routed to it; then combine
+            for key, value in (("rows", len(t)), ("late_rows", late.sum()), ("fallback_rows", fallback.sum())):
+                add_count(self.handover_counts, key, value)
+        # per-expert (guided) velocity on the rows routed to it (all rows for dense dispatch); then combine
         parts = []
-        for key, expert in self.experts.items():
-            rows = (w[:, int(key)] > 0).nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
-            v_k = expert.velocity(
-                x_t[rows], t[rows], map_cond(lambda c: c[rows], cond), map_cond(lambda c: c[rows], uncond), cfg_scale
-            )
+        for key, rows in self._dispatch(w, routing):
+            expert = self.experts[key]
+            if rows is None:  # the expert's counts count only the rows routed to it
+                if hasattr(expert, "counted_rows"):
+                    expert.counted_rows = w[:, int(key)] > 0
+                try:
+                    v_k = expert.velocity(x_t, t, cond, uncond, cfg_scale)
+                finally:
+                    if hasattr(expert, "counted_rows"):
+                        expert.counted_rows = None
+            else:
+                v_k = expert.velocity(
+                    x_t[rows], t[rows], map_cond(lambda c: c[rows], cond), map_cond(lambda c: c[rows], uncond),
+                    cfg_scale,
+                )  # fmt: skip
             parts.append((int(key), expert, rows, v_k))
         if self.velocity_scaling.mode != "off":
             parts = self._scale_converted(parts, w, t)
         v = torch.zeros_like(x_t)
+        shape = (-1, *([1] * (x_t.ndim - 1)))
         for k, _, rows, v_k in parts:
-            v[rows] += w[rows, k].reshape(-1, *([1] * (x_t.ndim - 1))) * v_k
+            if rows is None:  # a row not routed to k gets exactly nothing from it (even a non-finite v_k)
+                v = v + torch.where(w[:, k].reshape(shape) > 0, w[:, k].reshape(shape) * v_k, 0)
+            else:
+                v[rows] += w[rows, k].reshape(shape) * v_k
         return v
 
+    def _dispatch(self, w: Tensor, routing: str) -> list[tuple[str, Tensor | None]]:
+        """(expert key, its rows) for every expert to evaluate. ``dense``: every expert on every row (rows None)
+        and nothing read back from the device: the mixing weights zero what was not routed. ``gather``: each
+        expert on its routed rows only, gathered from one stable sort of the routing mask; the row counts are
+        the one host read per step (a network's batch size must be known to launch it). ``auto``: dense when
+        routing leaves every expert on (nearly) every row (``full``; ``top_k`` with k ≥ the experts present), else
+        gather."""
+        keys = list(self.experts)
+        dispatch = self.dispatch
+        if dispatch == "auto":
+            everyone = routing == "full" or (routing == "top_k" and self.k >= len(keys))
+            dispatch = "dense" if everyone else "gather"
+        if dispatch == "dense":
+            return [(key, None) for key in keys]
+        selected = w[:, self.present_ids] > 0  # (B, K present)
+        order = torch.sort((~selected).to(torch.uint8), dim=0, stable=True).indices  # routed rows first, in order
+        sizes = selected.sum(0).tolist()  # the step's one host read
+        return [(key, order[:n, i]) for i, (key, n) in enumerate(zip(keys, sizes)) if n]
+
     def _scale_converted(self, parts: list, w: Tensor, t: Tensor) -> list:
-        """:class:`VelocityScaling` ``fm_rms`` on the converted experts' velocities (no host sync unless counting)."""
+        """:class:`VelocityScaling` ``fm_rms`` on the converted experts' velocities (counts stay on the device)."""
         vs = self.velocity_scaling
         dtype = torch.promote_types(t.dtype, torch.float32)  # RMS in at least fp32 under bf16 autocast
         num, den = torch.zeros(len(t), dtype=dtype, device=t.device), torch.zeros(len(t), dtype=dtype, device=t.device)
+        everything = slice(None)
         for k, expert, rows, v_k in parts:
             if not expert.converted:
-                num[rows] += w[rows, k].to(dtype) * velocity_rms(v_k.to(dtype))
-                den[rows] += w[rows, k].to(dtype)
+                r = everything if rows is None else rows
+                w_k = w[r, k].to(dtype)
+                if rows is None:
+                    w_k = torch.where(w_k > 0, w_k, 0)
+                num[r] += w_k * velocity_rms(v_k.to(dtype))
+                den[r] += w_k
         prior = torch.full_like(num, velocity_rms_prior(vs.x0_variance))
         reference = torch.where(den > 0, num / den.clamp(min=1e-12), prior)
         out = []
         for k, expert, rows, v_k in parts:
             if expert.converted:
-                capped, fired = cap_velocity_rms(v_k, reference[rows])
-                high = t[rows] > vs.t_min
+                r = everything if rows is None else rows
+                capped, fired = cap_velocity_rms(v_k, reference[r])
+                high = t[r] > vs.t_min
+                if rows is None:  # count only the rows routed to k
+                    high = high & (w[:, k] > 0)
                 v_k = torch.where(high.reshape(-1, *([1] * (v_k.ndim - 1))), capped, v_k)
                 counts = getattr(expert, "clamp_counts", None)
-                if counts is not None:
-                    for key, value in (
-                        ("velocity_scaling_rows", int(high.sum())),
-                        ("velocity_scaled_rows", int((high & fired).sum())),
-                        ("velocity_scaled_by_prior_rows", int((high & fired & (den[rows] == 0)).sum())),
-                    ):
-                        counts[key] = counts.get(key, 0) + value
+                for key, value in (
+                    ("velocity_scaling_rows", high.sum()),
+                    ("velocity_scaled_rows", (high & fired).sum()),
+                    ("velocity_scaled_by_prior_rows", (high & fired & (den[r] == 0)).sum()),
+                ):
+                    add_count(counts, key, value)
             out.append((k, expert, rows, v_k))
         return out
 

@@ -29,6 +29,7 @@ from . import metrics as M
 from .adherence import classify
 from .config import Config
 from .config_rules import ConfigError
+from .counts import read_counts
 from .data import Split, load_split, load_uncond, read_meta, split_size
 from .data.streams import stream_captions, stream_images
 from .devices import autocast, resolve_device
@@ -227,8 +228,8 @@ def sample_mode(
         "times": times,
         "mean_weight": weights,
         "usage": np.mean(usage, axis=0).tolist(),  # fraction of (row, step) pairs each expert evaluated
-        "clamps": counts,
-        "handover": ens.handover_counts,
+        "clamps": read_counts(counts),  # the device counts, read once for the whole mode
+        "handover": read_counts(ens.handover_counts),
         "seconds": round(seconds, 2),
     }
     return torch.cat(out).reshape(P, S, *noise.shape[1:]), trace
@@ -540,5 +541,8 @@ def per_expert_quality(
             if isinstance(expert, DDPMExpert):
                 expert.clamp_counts = None
         ev_small = dataclasses.replace(ev, kid_subset_size=min(ev.kid_subset_size, n))
-        out[key] = _quality(fx, ref_k, images, ev_small) | {"objective": expert.objective, "clamps": counts}
+        out[key] = _quality(fx, ref_k, images, ev_small) | {
+            "objective": expert.objective,
+            "clamps": read_counts(counts),
+        }
     return out

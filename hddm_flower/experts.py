@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .choices import CLEAN_ESTIMATES, CONVERSIONS, FM_TIME_SAMPLINGS, T_EPS, X0_CLAMP
 from .clean_prior import CleanPrior
+from .counts import add_count
 from .objectives import (
     FM_TIME_SCALE,
     ddpm_alpha_bar,
@@ -172,7 +173,9 @@ class DDPMExpert(Expert):
             self.register_buffer("lambda_values", lam, persistent=False)
             self.register_buffer("prior_mean", clean_prior.mean, persistent=False)
         self.register_buffer("alpha_bar", ddpm_alpha_bar(schedule, num_train_timesteps), persistent=False)
-        self.clamp_counts: dict[str, int] | None = None  # set to {} to count how often the conversion's guards fire
+        # set to {} to count how often the conversion's guards fire (on the device: read with counts.read_counts)
+        self.clamp_counts: dict | None = None
+        self.counted_rows: Tensor | None = None  # (B,) bool: the rows the counts count (None: all)
 
     @property
     def num_train_timesteps(self) -> int:
@@ -202,30 +205,34 @@ class DDPMExpert(Expert):
         if self.clamp_counts is not None:
             self._count_clamps(x_t, t, out)
             if self.clean_estimate != "clamp":
-                c = self.clamp_counts
-                c["shrink_missing_rows"] = c.get("shrink_missing_rows", 0) + len(t)
+                add_count(self.clamp_counts, "shrink_missing_rows", self._rows(t).sum())
         return ddpm_eps_to_velocity(x_t, t, out, t_eps=self.t_eps, x0_clamp=self.x0_clamp)
+
+    def _rows(self, t: Tensor) -> Tensor:
+        """The rows the counts count (B,) bool: ``counted_rows`` when set, else all."""
+        return self.counted_rows if self.counted_rows is not None else torch.ones_like(t, dtype=torch.bool)
 
     def _count_shrink(self, x_t: Tensor, t: Tensor, eps_hat: Tensor, lam: Tensor) -> None:
         """Rows through the shrink, the sum of their lambda (mean = sum / rows), and the clamp's counts as they
         would have been (the clamp itself is not applied)."""
         self._count_clamps(x_t, t, eps_hat)
-        c = self.clamp_counts
-        c["shrink_rows"] = c.get("shrink_rows", 0) + len(t)
-        c["shrink_lambda_sum"] = c.get("shrink_lambda_sum", 0.0) + float(lam.sum())
+        rows = self._rows(t)
+        add_count(self.clamp_counts, "shrink_rows", rows.sum())
+        add_count(self.clamp_counts, "shrink_lambda_sum", torch.where(rows, lam, 0).sum())
 
     def _count_clamps(self, x_t: Tensor, t: Tensor, eps_hat: Tensor) -> None:
-        """Rows where ``1 − t < t_eps`` and elements where ``|x̂0| > x0_clamp`` (before clamping)."""
+        """Rows where ``1 − t < t_eps`` and elements where ``|x̂0| > x0_clamp`` (before clamping), counted on the
+        device (read once per sample batch)."""
         tb = t.reshape(-1, *([1] * (x_t.ndim - 1)))
         x0_raw = (x_t - tb * eps_hat) / (1 - tb).clamp(min=self.t_eps)
-        c = self.clamp_counts
+        rows = self._rows(t)
         for key, value in (
-            ("rows", len(t)),
-            ("t_eps_rows", int((1 - t < self.t_eps).sum())),
-            ("elements", x0_raw.numel()),
-            ("x0_clamp_elements", int((x0_raw.abs() > self.x0_clamp).sum())),
+            ("rows", rows.sum()),
+            ("t_eps_rows", ((1 - t < self.t_eps) & rows).sum()),
+            ("elements", rows.sum() * x0_raw[0].numel()),
+            ("x0_clamp_elements", ((x0_raw.abs() > self.x0_clamp).flatten(1).sum(1) * rows).sum()),
         ):
-            c[key] = c.get(key, 0) + value
+            add_count(self.clamp_counts, key, value)
 
     def training_loss(self, x0, cond, generator=None):
         device = generator.device if generator is not None else x0.device

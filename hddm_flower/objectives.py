@@ -214,8 +214,8 @@ def naive_shrink_weight(t: Tensor, x0_variance: Tensor, eps_mse: Tensor) -> Tens
 
 def interpolate_in_t(t: Tensor, grid: Tensor, values: Tensor) -> Tensor:
     """Piecewise-linear ``values`` (G,) over the increasing ``grid`` (G,) at times ``t`` (B,) (ends held)."""
-    t = torch.as_tensor(t, dtype=torch.float64).clamp(float(grid[0]), float(grid[-1]))
     grid, values = grid.to(torch.float64), values.to(torch.float64)
+    t = torch.as_tensor(t, dtype=torch.float64).clamp(grid[0], grid[-1])  # tensor bounds: no host read
     hi = torch.searchsorted(grid, t).clamp(1, len(grid) - 1)
     lo = hi - 1
     frac = ((t - grid[lo]) / (grid[hi] - grid[lo])).clamp(0, 1)

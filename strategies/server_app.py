@@ -14,6 +14,7 @@ from hddm_flower.accept import ExpertStore
 from hddm_flower.config import Config
 from hddm_flower.config_io import load_config, parse_overrides
 from hddm_flower.config_rules import ConfigError
+from hddm_flower.devices import coordinator_threads
 from hddm_flower.logs import quiet_libraries
 from hddm_flower.rundir import (
     CONFIG,
@@ -83,13 +84,14 @@ def summary_metrics(report: dict) -> dict[str, float]:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg, path, run_dir, cache_dir = resolve_run(dict(context.run_config), context.run_id)
+    threads = coordinator_threads(cfg.coordinator.threads)  # not every core of the machine: spinning stalls
     targets = parse_expert_ids(str(context.run_config.get("experts", "")), cfg.num_experts)
     check_rerun(run_dir, cfg, targets)
     present = present_experts(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / CONFIG).exists() or targets is None:
         write_config(run_dir / CONFIG, cfg, f"resolved from {path}")
-    log(INFO, "hddm-flower: run directory %s", run_dir)
+    log(INFO, "hddm-flower: run directory %s (coordinator: %d torch threads)", run_dir, threads)
 
     f = cfg.federation
     institutions = None

@@ -6,7 +6,9 @@ but is *tagged*: it reports ``device == cuda:0``, and every result computed from
 that mixes tagged and untagged tensors raises the error CUDA raises ("Expected all tensors to be on the same
 device"), with the same exceptions CUDA makes: 0-dim CPU tensors are scalars, CPU index tensors may index a device
 tensor, ``copy_`` copies across devices. Converting a tagged tensor to NumPy fails as it does on CUDA, and a CPU
-generator cannot drive a random op on the device. ``.cpu()`` / ``.to("cpu")`` copy and untag.
+generator cannot drive a random op on the device. ``.cpu()`` / ``.to("cpu")`` copy and untag. Every operation
+that makes the host wait for the device (a value read back, ``nonzero``, a boolean-mask index of a device tensor,
+a copy to the host) is recorded in ``host_reads``.
 
 It catches a wrong device the way a GPU run would, without a GPU: a module on the device fed host tensors, host
 statistics fed device features, a CPU generator drawing device noise. It does not emulate asynchrony, memory or
@@ -26,6 +28,10 @@ from torch.utils import _pytree as pytree
 DEVICE = torch.device("cuda", 0)
 _TAGGED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id → tensor on the emulated device
 _CPU = torch.device("cpu")
+_HOST_READS = {
+    "item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "argwhere", "unique",
+    "unique_consecutive", "masked_select", "_local_scalar_dense", "equal", "allclose",
+}  # fmt: skip
 _NO_COMPUTE = {"_has_compatible_shallow_copy_type", "is_same_size", "_is_zerotensor"}  # metadata, any devices
 
 
@@ -65,6 +71,7 @@ class EmulatedCuda(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.ops = 0
+        self.host_reads: list[str] = []  # every operation that makes the host wait for the device, by name
         self._device_get, self._is_cuda_get = _getter("device"), _getter("is_cuda")
         self._data_set = torch._C.TensorBase.data.__set__
         self._get_device = torch.Tensor.get_device
@@ -94,6 +101,8 @@ class EmulatedCuda(TorchFunctionMode):
         leaves = pytree.tree_leaves((args, kwargs))
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         tagged = any(on_device(t) for t in tensors)
+        if tagged and self._reads_back(name, args, tensors):
+            self.host_reads.append(name)
         self._check(func, name, args, tensors)
         generator = kwargs.get("generator")
         into_device = _is_emulated(target) if target is not None else tagged
@@ -108,6 +117,19 @@ class EmulatedCuda(TorchFunctionMode):
         elif target is not None:
             _tag(out, False)
         return out
+
+    @staticmethod
+    def _reads_back(name: str, args, tensors) -> bool:
+        """Whether the op waits for the device: a value read by the host, or an output whose shape depends on
+        device data (``nonzero``, boolean-mask indexing)."""
+        if name in _HOST_READS:
+            return True
+        if name == "repeat_interleave":  # device repeats: the output's length is device data
+            return any(on_device(t) for t in tensors[1:]) or (len(tensors) == 1 and tensors[0].dtype == torch.long)
+        if name in ("__getitem__", "__setitem__", "index_put_", "index_put"):
+            index = [t for t in pytree.tree_leaves(args[1]) if isinstance(t, torch.Tensor)]
+            return any(on_device(t) and t.dtype == torch.bool for t in index)
+        return False
 
     @staticmethod
     def _check(func, name: str, args, tensors) -> None:
@@ -136,13 +158,15 @@ class EmulatedCuda(TorchFunctionMode):
                 f"(when checking argument for {getattr(func, '__qualname__', name)})"
             )
 
-    @staticmethod
-    def _move(func, args, kwargs):
+    def _move(self, func, args, kwargs):
         self_ = args[0]
         if func is torch.Tensor.cuda:
             return self_ if on_device(self_) else _tag(self_.clone())
         if func is torch.Tensor.cpu:
-            return _tag(self_.clone(), False) if on_device(self_) else func(*args, **kwargs)
+            if on_device(self_):
+                self.host_reads.append("cpu")
+                return _tag(self_.clone(), False)
+            return func(*args, **kwargs)
         if func is torch.Tensor.type_as:
             other = args[1]
             out = func(*args, **kwargs)
@@ -165,6 +189,8 @@ class EmulatedCuda(TorchFunctionMode):
             if "device" in kwargs:
                 kwargs["device"] = _CPU
             out = func(self_, *rest, **kwargs)
+        if on_device(self_) and not to_device:
+            self.host_reads.append("to")
         if to_device != on_device(self_) and out is self_:
             out = out.clone()  # another device: another tensor
         return _tag(out, to_device)

@@ -109,3 +109,84 @@ def test_hddm_sample_on_the_device(device_run, tmp_path):
     with emulated_cuda() as mode:
         assert main(["sample", "--run-dir", str(run), "--prompt", "red apple", "--out", str(out)]) == 0
     assert out.is_file() and mode.ops > 1000
+
+
+@pytest.mark.parametrize(
+    "routing, dispatch, per_step",
+    [("top_k", "dense", 0), ("full", "auto", 0), ("sample", "dense", 0), ("top_k", "auto", 1)],
+)
+def test_the_sampling_step_loop_reads_nothing_back(device_run, routing, dispatch, per_step):
+    """No host read in the step loop (no .item(), nonzero(), int(tensor), bool mask, copy to the host) with the
+    counts on (clamps, shrink, velocity scaling, hand-over): dense dispatch reads nothing; gathering each expert's
+    rows reads the row counts once per step (a network's batch size must be known to launch it), never once per
+    expert. The counts are read once, after the batch."""
+    from hddm_flower.counts import read_counts
+    from hddm_flower.ensemble import VelocityScaling, sample_ensemble
+    from hddm_flower.hddm_pipeline import HDDMPipeline
+    from hddm_flower.models import TextCond
+
+    pipe = HDDMPipeline.from_pretrained(device_run[0])
+    steps = 4
+    with emulated_cuda() as mode:
+        pipe.to("cuda")
+        cond, uncond = pipe.encode_prompt(["dog face", "red apple", "japan flag"])
+        ens = pipe.ensemble(routing, 2)
+        ens.dispatch, ens.velocity_scaling, ens.handover_t = dispatch, VelocityScaling("fm_rms", 0.5), 0.8
+        ens._has_fm, ens.handover_counts, counts = True, {}, {}
+        for e in ens.experts.values():
+            if e.converted:
+                e.clamp_counts = counts
+        uncond = TextCond(uncond.states.expand(3, -1, -1), uncond.mask.expand(3, -1))
+        noise = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+        reads = []
+        sample_ensemble(
+            ens, noise, cond, uncond, num_steps=steps, cfg_scale=2.0, generator=torch.Generator().manual_seed(1),
+            on_step=lambda i, x: reads.append(list(mode.host_reads)),
+        )  # fmt: skip
+        during = [r[len(reads[0]) :] for r in reads[1:]]  # steps 2…4: what the loop itself read
+        mode.host_reads.clear()
+        clamps, handover = read_counts(counts), read_counts(ens.handover_counts)
+        assert mode.host_reads == ["tolist", "tolist"]  # one read per dict of counts
+    assert [len(r) for r in during] == [per_step * (i + 1) for i in range(steps - 1)], during
+    assert clamps["rows"] > 0 and handover["rows"] == 3 * steps and handover["late_rows"] == 3
+
+
+def test_diagnostics_stream_a_bounded_seeded_subsample(device_run, dataset_dir):
+    """The velocity diagnostics read at most ``evaluation.diagnostic_images`` held-out samples, in batches, seeded:
+    the same numbers from the same seed whatever the batch size's effect on memory."""
+    from hddm_flower.data import read_meta, split_size
+    from hddm_flower.hddm_pipeline import HDDMPipeline
+    from hddm_flower.stages.diagnostics import evaluate, heldout_batches
+
+    ens = HDDMPipeline.from_pretrained(device_run[0]).ensemble()
+    sizes = [len(x) for x, _, _ in heldout_batches(dataset_dir, 7, 3, seed=0)]
+    assert sizes == [3, 3, 1]
+    val = split_size(read_meta(dataset_dir), None, "val")
+    assert sum(len(x) for x, _, _ in heldout_batches(dataset_dir, 10**6, 64, seed=0)) == val
+    a = evaluate(ens, heldout_batches(dataset_dir, 7, 3, seed=0), seed=0, times=(0.0, 0.5, 1.0))
+    b = evaluate(ens, heldout_batches(dataset_dir, 7, 3, seed=0), seed=0, times=(0.0, 0.5, 1.0))
+    assert a == b and a["num_images"] == 7 and len(a["router_top1_accuracy"]) == 3
+    first = [y for _, y, _ in heldout_batches(dataset_dir, 7, 3, seed=0)]
+    other = [y for _, y, _ in heldout_batches(dataset_dir, 7, 3, seed=1)]
+    assert not all(torch.equal(p, q) for p, q in zip(first, other))  # the seed picks the subsample
+
+
+def test_coordinator_threads_follow_the_processes_cpus(tmp_path):
+    """0 = the CPUs of the process's affinity mask (not every core of the machine); a configured count as given;
+    a negative one is refused naming the key and the file."""
+    import os
+
+    from hddm_flower.config_io import load_config
+    from hddm_flower.config_rules import ConfigError
+    from hddm_flower.devices import coordinator_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert coordinator_threads(0) == len(os.sched_getaffinity(0)) == torch.get_num_threads()
+        assert coordinator_threads(1) == 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("coordinator:\n  threads: -1\n")
+    with pytest.raises(ConfigError, match=r"coordinator\.threads.*bad\.yaml|bad\.yaml.*coordinator\.threads"):
+        load_config(bad)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from hddm_flower.counts import read_counts
 from hddm_flower.ensemble import Ensemble, VelocityScaling, euler_sample, routing_weights, sample_ensemble
 from hddm_flower.experts import DDPMExpert, FlowMatchingExpert
 from hddm_flower.objectives import cap_velocity_rms, ddpm_alpha_bar, fm_interpolate, velocity_rms, velocity_rms_prior
@@ -269,9 +270,37 @@ def test_velocity_scaling_caps_converted_velocities_at_high_noise(routing):
             expected += w[:, k : k + 1] * v_k
         torch.testing.assert_close(scaled.velocity(x_t, t, None), expected, rtol=0, atol=1e-10)
         torch.testing.assert_close(plain.velocity(x_t, t, None), sum(w[:, k : k + 1] * v[k] for k in range(3)))
+    counts = read_counts(counts)
     assert fired_somewhere and counts["velocity_scaled_rows"] > 0
     assert counts["velocity_scaling_rows"] >= counts["velocity_scaled_rows"]
     if routing == "top_k":  # some samples were routed to the two DDPM experts only: capped at the prior
         assert counts["velocity_scaled_by_prior_rows"] > 0
     with pytest.raises(ValueError, match="unknown velocity scaling 'rms'"):
         VelocityScaling("rms")
+
+
+@pytest.mark.parametrize("routing, k", [("top_k", 1), ("top_k", 2), ("threshold", 2), ("sample", 2), ("full", 3)])
+def test_dense_and_gathered_dispatch_mix_the_same_velocity(routing, k):
+    """Every expert on every row with zero weights (dense, no host read) equals each expert on its gathered rows,
+    counts included, with velocity scaling and the hand-over on; float64 on a t grid with both endpoints."""
+    gmm = three_blobs()
+    router = lambda x_t, t: torch.log(gmm.fm_posterior(x_t, t).clamp(min=1e-300))  # noqa: E731
+    vs = VelocityScaling("fm_rms", t_min=0.5)
+    got = {}
+    for dispatch in ("dense", "gather"):
+        experts = _oracle_experts(gmm, ("linear", "fm", "cosine"), t_eps=0.01, x0_clamp=20.0)
+        counts = {}
+        experts[0].clamp_counts = experts[2].clamp_counts = counts
+        ens = Ensemble(experts, router, 3, routing=routing, k=k, velocity_scaling=vs, handover_t=0.9, dispatch=dispatch)
+        ens.handover_counts = {}
+        g, draw = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+        vs_t = []
+        for t in (0.0, 0.3, 0.6, 0.95, 1.0):
+            t = torch.tensor(t, dtype=F64)
+            x_t = fm_interpolate(gmm.sample(64, g)[0], torch.randn(64, 2, generator=g, dtype=F64), t)
+            vs_t.append(ens.velocity(x_t, t, None, generator=draw))
+        got[dispatch] = (torch.stack(vs_t), read_counts(counts), read_counts(ens.handover_counts))
+    torch.testing.assert_close(got["dense"][0], got["gather"][0], rtol=0, atol=1e-12)
+    assert got["dense"][1:] == got["gather"][1:] and got["dense"][1]["rows"] > 0
+    with pytest.raises(ValueError, match="unknown dispatch 'sparse'"):
+        Ensemble(_oracle_experts(gmm, ("fm",)), router, 1, dispatch="sparse")

@@ -8,7 +8,6 @@ from pathlib import Path
 from ..adherence import prompt_adherence, prompt_clusters
 from ..checkpoints import load_expert, load_router
 from ..config import Config
-from ..data import load_split
 from ..devices import resolve_device, resolve_precision
 from ..ensemble import Ensemble, VelocityScaling
 from ..evaluate import evaluate_run
@@ -18,7 +17,7 @@ from ..metrics import FeatureClassifier
 from ..models import Router
 from ..report import save_grid, write_report
 from ..rundir import FEATURE_NET, ROUTER, SAMPLES, expert_folders
-from .diagnostics import evaluate, skipped_diagnostics
+from .diagnostics import evaluate, heldout_batches, skipped_diagnostics
 from .router import fit_router
 
 
@@ -82,9 +81,9 @@ def evaluate_and_report(
     if is_data_free(dataset_dir):  # institution-owned data: no held-out image on the coordinator
         metrics = skipped_diagnostics(cfg, (extra or {}).get("router", {}).get("heldout"))
     else:
-        metrics = evaluate(
-            ensemble, load_split(dataset_dir, None, "val"), seed=s.seed, times=tuple(cfg.evaluation.times)
-        )
+        ev = cfg.evaluation
+        batches = heldout_batches(dataset_dir, ev.diagnostic_images, ev.batch_size, s.seed)
+        metrics = evaluate(ensemble, batches, seed=s.seed, times=tuple(ev.times))
     metrics["evaluation"] = evaluate_run(
         cfg,
         ensemble,
