@@ -1,4 +1,4 @@
-"""The GPU benchmark, prepared to run in one call when a CUDA machine is lent (about 3 minutes on an H100/H200).
+"""The GPU benchmark, prepared to run in one call when a CUDA machine is lent.
 
 1. Expert training steps at the paper's shapes (4×32×32 latents, 77×768 CLIP states), bf16 autocast, fused AdamW,
    gradient checkpointing, batch 32: samples/s, MFU and peak memory of XL/2 and B/2 (``gpu_xl_step.py``).
@@ -7,11 +7,13 @@
    expert; and grouped against the per-sample routing loop at 5 steps (``sampling.py``).
 3. The coordinator's kernels (``gpu_coordinator.py``): B/2 router training steps (bf16, batch 256), SD-VAE decode
    of 32² latents to 256² images, Inception-v3 feature throughput.
-4. The coordinator's stages on the GPU (``coordinator_scale.py --device cuda``): router training from a stream,
-   the reference-statistics pass and one evaluation mode at N and 4N samples in the paper's latent layout (peak
-   RSS and time; skipped by ``--dry-run``, whose CPU budget is the test suite's: the tests run those stages).
+4. Stage 4 through the run's own code on the device (``gpu_stages.py``, ``--stages-config``): experts trained
+   briefly, ``finish_run`` (router training, ``evaluate_and_report``: diagnostics, feature classifier, reference
+   statistics, every mode, per expert, report, samples.png through ``HDDMPipeline``), then ``HDDMPipeline``
+   sampling as ``hddm sample`` does; ``--dry-run`` runs it on the CPU too. Then the coordinator's stages at N and
+   4N samples in the paper's latent layout (``coordinator_scale.py --device cuda``; not in ``--dry-run``).
 
-    python -m benchmarks.gpu                       # on the GPU machine (≈ 6 minutes on an H100/H200)
+    python -m benchmarks.gpu                       # on the GPU machine (its time not measured yet)
     python -m benchmarks.gpu --dry-run             # CPU, test presets: checks the script end to end
 
 Writes ``benchmarks/results/gpu.json`` (and the parts' own JSON next to it).
@@ -25,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import gpu_coordinator, gpu_xl_step, sampling
+from benchmarks import gpu_coordinator, gpu_stages, gpu_xl_step, sampling
 from benchmarks.common import ROOT, module_command, write_result
 
 PAPER = str(ROOT / "configs" / "paper-2ddpm-6fm.yaml")
@@ -37,6 +39,11 @@ def main(argv=None) -> dict:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM: 989)")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--coordinator-n", type=int, default=4000, help="N of the coordinator stages (4N is also run)")
+    p.add_argument(
+        "--stages-config", default=str(ROOT / "configs" / "default.yaml"),
+        help="the config whose stage 4 runs through finish_run and HDDMPipeline (gpu_stages.py)",
+    )  # fmt: skip
+    p.add_argument("--cache-dir", default="", help="prepared datasets of --stages-config (default: the project's)")
     args = p.parse_args(argv)
     out = Path(args.out_dir)
     step = gpu_xl_step
@@ -114,8 +121,12 @@ def main(argv=None) -> dict:
     result["coordinator_kernels"] = gpu_coordinator.main(
         kernels + ([] if dry else ["--out", str(out / "gpu_coordinator.json")])
     )
+    # stage 4 through the run's own code: finish_run (router, evaluate_and_report) and HDDMPipeline
+    stages = ["--config", args.stages_config, *dev, "--out", str(out / f"gpu_stages{'-dry-run' if dry else ''}.json")]
+    stages += ["--cache-dir", args.cache_dir] if args.cache_dir else []
+    result["coordinator_pipeline"] = gpu_stages.main(stages)
     if dry:
-        result["coordinator_stages"] = "skipped in --dry-run (tests/test_data.py and tests/test_cli.py run the stages)"
+        result["coordinator_stages"] = "coordinator_scale skipped in --dry-run (its N is the GPU run's)"
     else:
         import subprocess
 

@@ -79,8 +79,20 @@ def test_sampling_benchmark_grouped_matches_the_per_sample_loop(tiny_config_path
     assert set(r["seconds_median"]) == {"grouped", "per_sample", "one_expert"}
 
 
-def test_gpu_benchmark_dry_run(tmp_path):
-    r = gpu.main(["--dry-run", "--out-dir", str(tmp_path)])
+def test_gpu_benchmark_dry_run(tmp_path, tiny_config_path, dataset_dir, cache_dir):
+    r = gpu.main(
+        [
+            "--dry-run",
+            "--out-dir",
+            str(tmp_path),
+            "--stages-config",
+            str(tiny_config_path),
+            "--cache-dir",
+            str(cache_dir),
+        ]
+    )
+    stage4 = r["coordinator_pipeline"]  # finish_run (router, evaluate_and_report) and HDDMPipeline ran
+    assert stage4["router"]["device"] == "cpu" and stage4["modes"] and stage4["samples"][0] > 0
     assert r["training"]["test"]["model_flops_per_step"] > 0
     assert r["sampling"]["grouped_vs_per_sample"]["max_abs_diff_grouped_vs_per_sample"] < 1e-3
     assert (tmp_path / "gpu-dry-run.json").exists()
