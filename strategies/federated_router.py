@@ -137,7 +137,7 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             **kwargs,
         ):
             """``sizes``: each node's number of training images (what its replies must declare); ``weights``: its
-            FedAvg weight (default: its size; in institution mode bounded, :func:`bounded_weights});
+            FedAvg weight (default: its size; in institution mode bounded, :func:`bounded_weights`);
             ``max_images``: the most images one node's local steps may draw in a round; ``optim`` (FedAdam): the
             central optimiser's warm-up and schedule, which the server's step size follows round by round."""
             n = len(clusters)
