@@ -16,8 +16,25 @@ def test_prompt_clusters_come_from_the_dataset_captions(dataset_dir):
         for caption, k in zip(split.captions, split.labels.tolist()):
             truth.setdefault(caption, set()).add(k)
     picked = [both[0].captions[0], both[1].captions[-1], both[0].captions[len(both[0].captions) // 2]]
-    got = prompt_clusters(dataset_dir, [*picked, "no emoji is called this"])
+    got = prompt_clusters(dataset_dir, [*picked, "no emoji is called this"], cache=False)
     assert got == [sorted(truth[c]) for c in picked] + [[]]
+
+
+def test_prompt_clusters_are_read_once_per_dataset_and_prompts(dataset_dir, monkeypatch):
+    """The first call reads the captions and caches the answer beside the dataset; the next reads no caption."""
+    import hddm_flower.adherence as adherence
+
+    prompts = [load_split(dataset_dir, None, "val").captions[0], "a prompt only this test asks for"]
+    first = prompt_clusters(dataset_dir, prompts)
+    assert list((dataset_dir / adherence.CACHE_DIR).glob("*.json"))
+
+    def no_reading(*a, **k):
+        raise AssertionError("the captions were read again")
+
+    monkeypatch.setattr(adherence, "stream_captions", no_reading)
+    assert prompt_clusters(dataset_dir, prompts) == first and first[0] and first[1] == []
+    with pytest.raises(AssertionError, match="read again"):  # other prompts: another answer, read once
+        prompt_clusters(dataset_dir, [*prompts, "one more"])
 
 
 def test_adherence_is_the_fraction_of_a_prompts_samples_in_its_cluster():
