@@ -261,3 +261,35 @@ def test_ensemble_hands_over_above_t_and_falls_back():
     torch.testing.assert_close(v_oracle, experts[0].velocity(x, tt, None))
     only_ddpm = Ensemble({0: experts[0]}, lambda x, t: torch.zeros(len(x), 1), 1, routing="top_k", k=1, handover_t=0.5)
     torch.testing.assert_close(only_ddpm.velocity(x, tt, None), experts[0].velocity(x, tt, None))
+
+
+def test_ddpm_node_without_held_out_samples_ships_its_expert_without_a_table(tmp_path, caplog):
+    """A cluster with an empty validation split still yields its DDPM expert: no table, the reason in its
+    metadata and log, and the expert loads with the clamp (as an older checkpoint does)."""
+    from hddm_flower.checkpoints import make_expert
+    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.data import read_meta
+    from hddm_flower.gmm_data import GMMSpec, prepare_gmm
+    from hddm_flower.models import ExpertNet
+    from hddm_flower.stages.expert import train_one_expert
+
+    spec = GMMSpec(num_clusters=2, components_per_cluster=1, image_size=4, channels=1, rank=1, num_samples=16)
+    d = prepare_gmm(tmp_path, spec, val_fraction=0.0, max_caption_tokens=4)
+    assert all(c.get("val", 0) == 0 for c in read_meta(d)["clusters"])
+    cfg = config_from_dict(
+        {
+            "num_experts": 2,
+            "objectives": {"ddpm": 1, "fm": 1, "ddpm_clusters": [0]},
+            "federation": {"min_nodes": 1, "min_experts": 1},
+            "expert": {"preset": "test", "steps": 1, "batch_size": 2, "optim": {"warmup_steps": 1}},
+        }
+    )
+    with caplog.at_level("WARNING", logger="hddm_flower"):
+        state, model_config, meta = train_one_expert(cfg, d, 0, "ddpm")
+    assert meta["clean_prior"] is None and "0 held-out" in meta["clean_prior_note"]
+    assert any("clean prior not measured" in r.getMessage() for r in caplog.records)
+    parse_expert_meta(meta | {"sha256": "0" * 64})  # a peer accepts it
+    net = ExpertNet.from_config(model_config)
+    net.transformer.load_state_dict(state)
+    expert = make_expert(net, meta, clean_estimate="shrink")
+    assert isinstance(expert, DDPMExpert) and not expert.shrinks

@@ -4,6 +4,7 @@ its own cluster with its own objective; plus the model config and size limit eve
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -13,10 +14,12 @@ from ..checkpoints import TIME_CONVENTION, make_expert
 from ..clean_prior import measure_clean_prior
 from ..config import Config
 from ..convert import load_init
-from ..data import Split, StreamingSplit, load_split, load_uncond, read_meta
+from ..data import Split, StreamingSplit, load_split, load_uncond, read_meta, split_size
 from ..models import ExpertNet, expert_config
 from ..provenance import now, package_version
 from ..training import train_expert
+
+log = logging.getLogger(__name__)
 
 
 def expected_model_config(cfg: Config, dataset_dir: Path) -> dict:
@@ -83,14 +86,16 @@ def build_expert(cfg: Config, dataset_meta: dict, objective: str, expert_id: int
 
 CLEAN_PRIOR_HELDOUT = 256
 """Held-out images (each with 4 noise draws per time) a node uses to measure a DDPM expert's clean prior."""
+CLEAN_PRIOR_MIN_HELDOUT = 2
+"""Fewest held-out images (per ``meta.json``) for which a node measures the table; with fewer it ships none."""
 
 
-def clean_prior_meta(expert, train: Split | StreamingSplit, heldout: Split, seed: int) -> dict | None:
+def clean_prior_meta(expert, train: Split | StreamingSplit, heldout: Split, seed: int) -> dict:
     """A DDPM expert's measured clean prior (:mod:`hddm_flower.clean_prior`) as metadata: the mean of its training
     images (of the held-out split when the training data streams) and the table on up to ``CLEAN_PRIOR_HELDOUT``
-    held-out images; None when the node has fewer than 2 held-out images."""
-    if len(heldout) < 2:
-        return None
+    held-out images (at least ``CLEAN_PRIOR_MIN_HELDOUT``)."""
+    if len(heldout) < CLEAN_PRIOR_MIN_HELDOUT:
+        raise ValueError(f"{len(heldout)} held-out images; the clean prior needs {CLEAN_PRIOR_MIN_HELDOUT}")
     images = train.images if isinstance(train, Split) else heldout.images
     mean = images.double().mean(0)
     n = min(len(heldout), CLEAN_PRIOR_HELDOUT)
@@ -171,8 +176,16 @@ def train_one_expert(
         "hddm_flower": package_version("hddm-flower"),
     }
     if objective == "ddpm":  # measured on the node's held-out split, shipped with the weights
-        prior = clean_prior_meta(expert, data, load_split(dataset_dir, [cluster], "val"), e.seed + expert_id + 7919)
-        if prior is not None:
-            meta["clean_prior"] = prior
+        heldout = split_size(dataset_meta, [cluster], "val")
+        if heldout < CLEAN_PRIOR_MIN_HELDOUT:  # no table: the expert keeps the clamp, as an older checkpoint does
+            meta["clean_prior"] = None
+            meta["clean_prior_note"] = (
+                f"not measured: cluster {cluster} has {heldout} held-out sample(s), "
+                f"{CLEAN_PRIOR_MIN_HELDOUT} needed; the conversion clamps x0"
+            )
+            log.warning("expert %d [ddpm]: clean prior %s", expert_id, meta["clean_prior_note"])
+        else:
+            val = load_split(dataset_dir, [cluster], "val")
+            meta["clean_prior"] = clean_prior_meta(expert, data, val, e.seed + expert_id + 7919)
     state = {k: v.detach().cpu() for k, v in expert.net.transformer.state_dict().items()}
     return state, model_config, meta
