@@ -145,6 +145,13 @@ def parse_clean_prior(value: Any, shape: tuple[int, ...] | None = None) -> Clean
     )
 
 
+def _each(fn, cond: Any) -> Any:
+    """``fn`` on a condition's tensors: None, a tensor, or a (named) tuple of tensors such as a TextCond."""
+    if cond is None or isinstance(cond, Tensor):
+        return None if cond is None else fn(cond)
+    return type(cond)(*(fn(c) for c in cond))
+
+
 @torch.no_grad()
 def measure_clean_prior(
     net,
@@ -162,12 +169,10 @@ def measure_clean_prior(
     their conditions ``cond`` (batched like ``x0``, e.g. a :class:`~hddm_flower.models.TextCond`), each used with
     ``repeats`` noise draws per time; ``mean`` is the training images' mean (C, H, W). The network sees the
     schedule-aware input of the conversion (SNR-matched timestep, rescaled ``x_t``)."""
-    from .experts import map_cond
-
     x0 = x0.to(torch.float64)
     mu = mean.to(torch.float64)
     x0_rep = x0.repeat(repeats, *([1] * (x0.ndim - 1)))
-    cond_rep = map_cond(lambda c: c.repeat(repeats, *([1] * (c.ndim - 1))), cond)
+    cond_rep = _each(lambda c: c.repeat(repeats, *([1] * (c.ndim - 1))), cond)
     n, d = len(x0_rep), x0[0].numel()
     s2 = float(((x0 - mu) ** 2).sum() / (len(x0) * d))
     spread, total, eps_mse = [], [], []
@@ -182,7 +187,7 @@ def measure_clean_prior(
             rows = slice(i, i + batch_size)
             xb = x_t[rows]
             scale = float(fm_input_scale(torch.tensor(t, dtype=torch.float64)))
-            c_b = map_cond(lambda c: c[rows].to(device), cond_rep)
+            c_b = _each(lambda c: c[rows].to(device), cond_rep)
             eps_hat = net((xb * scale).to(device, dtype), tau.expand(len(xb)).to(device, dtype), c_b)
             eps_hat = eps_hat.to("cpu", torch.float64)
             x0_hat = (xb - t * eps_hat) / (1 - t)
