@@ -92,10 +92,13 @@ def all_images(dataset_dir: Path) -> Split:
 def choose_prompts(dataset_dir: Path, n: int, seed: int, clusters: list[int] | None = None) -> Prompts:
     """``n`` distinct captions, held-out ones first (then training ones if the validation split is short), from
     seeded caption streams (:func:`~hddm_flower.data.streams.stream_captions`): only as many samples are read as it takes
-    to find them, and no image."""
+    to find them, and no image. The streams' shuffle buffers hold ``n`` captions in all: the split is selected before
+    the buffer, so a buffer that must fill with held-out captions would read the whole dataset."""
     picked: dict[str, tuple] = {}
     for split in ("val", "train"):
-        for caption, states, mask, k in stream_captions(dataset_dir, clusters, split=split, seed=seed):
+        for caption, states, mask, k in stream_captions(
+            dataset_dir, clusters, split=split, seed=seed, shuffle_buffer=n
+        ):
             if len(picked) >= n:
                 break
             picked.setdefault(caption, (states, mask, k))

@@ -47,6 +47,34 @@ def test_prompts_are_distinct_held_out_first_and_seeded(tiny_config, dataset_dir
     assert torch.all(mine.labels == 2)
 
 
+def test_prompt_choice_reads_what_the_prompts_need_not_the_dataset(tmp_path, monkeypatch):
+    """Every sample the caption streams read passes webdataset's member filter once with its ``.json``: counted
+    there. 2 prompts of a 2-cluster dataset (half held out) read a few samples, not a cluster's worth."""
+    from hddm_flower.data import read_meta, streams
+    from hddm_flower.gmm_data import GMMSpec, prepare_gmm
+
+    spec = GMMSpec(num_clusters=2, components_per_cluster=4, image_size=4, channels=1, rank=1, num_samples=800)
+    d = prepare_gmm(tmp_path, spec, val_fraction=0.5, max_caption_tokens=4)
+    meta = read_meta(d)
+    val_fraction = sum(c["val"] for c in meta["clusters"]) / meta["num_images"]
+    read = []
+    real = streams.open_shards
+
+    def counted(urls, *, select_files, **kw):
+        def keep(name):
+            if name.endswith(".json"):
+                read.append(name)
+            return select_files(name)
+
+        return real(urls, select_files=keep, **kw)
+
+    monkeypatch.setattr(streams, "open_shards", counted)
+    n, k = 2, meta["num_clusters"]
+    assert len(choose_prompts(d, n, seed=0).captions) == n
+    # each cluster's buffer (n / K held-out captions) fills, then one held-out caption per prompt: ≈ (n + K)/vf
+    assert 0 < len(read) <= 4 * (n + k) / val_fraction < meta["num_images"] / 20
+
+
 @pytest.fixture(scope="module")
 def reproduced(tmp_path_factory, dataset_dir):
     modes = ["top1", "top2", "full", "threshold", "oracle"]
