@@ -35,8 +35,8 @@ from hddm_flower.data import Split, cluster_shards, load_split
 from hddm_flower.encoders import pixel_decoder
 from hddm_flower.federated import (
     FEATURE_BATCH,
+    cluster_feature_sums,
     feature_net_local_update,
-    feature_sums,
     router_confusion,
     router_local_update,
 )
@@ -210,15 +210,8 @@ def feature_stats(msg: Message, context: Context) -> Message:
         fx = classifier_features(net.eval(), str(conf["feature-net-description"]))
     decode = pixel_decoder(cfg, dataset_dir)
     out = RecordDict()
-    for k in clusters:
-        images = []
-        for split in ("train", "val"):
-            try:
-                images.append(_split(dataset_dir, [k], split).images)
-            except ValueError as e:  # a cluster may have no held-out images; anything else is raised
-                if f"no {split!r} samples" not in str(e):
-                    raise
-        sums = feature_sums(fx, decode(torch.cat(images)))
+    for k in clusters:  # streamed batch by batch: no cluster is decoded or held at once
+        sums = cluster_feature_sums(fx, dataset_dir, k, decode=decode)
         out[f"sums-{k}"] = ArrayRecord({n: Array(a) for n, a in sums.to_numpy().items()})
         log.info("cluster %d: feature sums of %d images (%s)", k, sums.count, fx.name)
     out["metrics"] = MetricRecord({"num-examples": sum(int(out[f"sums-{k}"]["count"].numpy()[0]) for k in clusters)})

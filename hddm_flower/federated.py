@@ -121,12 +121,16 @@ def check_moments(n: int, total: np.ndarray, outer: np.ndarray, source: str = "f
         raise ValueError(f"{source}: the covariance has rank {rank}, more than count − 1 = {n - 1} vectors allow")
 
 
-def feature_sums(fx, images: Tensor, batch_size: int = 512) -> FeatureSums:
-    """Sums of ``fx``'s features over ``images``, accumulated per batch (the images never need to be in one
-    feature matrix)."""
+def cluster_feature_sums(fx, dataset_dir, cluster: int, *, decode=None, batch_size: int = 256) -> FeatureSums:
+    """Sums of ``fx``'s features over every image of one cluster (train and val, as the central reference),
+    streamed from its shards (:func:`~hddm_flower.data.streams.stream_images`: images or latents only) one batch
+    at a time, each decoded to pixels by ``decode`` (None: the identity) and featurised; the cluster is never held
+    in memory."""
+    from .data.streams import stream_images
+
     out = FeatureSums.zeros(fx.num_features)
-    for i in range(0, len(images), batch_size):
-        out = out + FeatureSums.of(fx(images[i : i + batch_size]))
+    for x, _ in stream_images(dataset_dir, [cluster], batch_size=batch_size, split=None, shuffle=False, loop=False):
+        out = out + FeatureSums.of(fx(decode(x) if decode is not None else x))
     return out
 
 

@@ -9,7 +9,7 @@ from hddm_flower import metrics as M
 from hddm_flower.federated import (
     FeatureSums,
     accuracy_from_confusion,
-    feature_sums,
+    cluster_feature_sums,
     frechet_distance_from_sums,
     restricted_logits,
     router_confusion,
@@ -55,13 +55,27 @@ def test_fid_from_sums_equals_the_pooled_fid_and_the_closed_form():
     assert frechet_distance_from_sums(ref, y) == pytest.approx(M.frechet_distance(x, y), abs=1e-6)
 
 
-def test_feature_sums_of_a_network_are_batch_independent():
-    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5)).double()
-    fx = M.FeatureExtractor("test", 5, net, batch_size=7)
-    images = torch.randn(33, 3, 2, 2, dtype=F64, generator=torch.Generator().manual_seed(2))
-    a, b = feature_sums(fx, images, batch_size=4), FeatureSums.of(fx(images))
-    assert a.count == b.count == 33
-    torch.testing.assert_close(a.outer, b.outer, rtol=1e-12, atol=1e-12)
+def test_node_feature_sums_stream_bounded_batches_and_equal_the_whole_cluster(dataset_dir):
+    """A node's sums of one cluster, streamed from its shards, equal (float64) the sums of the whole cluster
+    (train + val) featurised at once, and no call decodes or featurises more than one batch."""
+    from hddm_flower.data import load_split
+
+    whole = torch.cat([load_split(dataset_dir, [2], split).images for split in ("train", "val")])
+    proj = torch.randn(whole[0].numel(), 5, dtype=F64, generator=torch.Generator().manual_seed(2))
+    net = lambda x: x.flatten(1).double() @ proj  # noqa: E731  a float64 feature map
+    fx = M.FeatureExtractor("projection", 5, net)
+    seen = []
+
+    def decode(x):
+        seen.append(len(x))
+        return x
+
+    got = cluster_feature_sums(fx, dataset_dir, 2, decode=decode, batch_size=16)
+    want = FeatureSums.of(fx(whole))
+    assert got.count == want.count == len(whole) == sum(seen) and max(seen) == 16
+    assert len(seen) == -(-len(whole) // 16)
+    torch.testing.assert_close(got.total, want.total, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.outer, want.outer, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(
