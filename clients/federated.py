@@ -3,7 +3,8 @@
 Each computes on this node's own clusters and replies with a model update, counts or sums, never samples:
 
 * ``train.router`` (a round of :class:`strategies.federated_router.RouterStrategy`): a few SGD steps of the
-  global router on this node's clusters (:func:`hddm_flower.federated.router_local_update`); replies with the new
+  global router on this node's clusters (:func:`hddm_flower.federated.router_local_update`; a router that reads
+  the caption trains on the pooled embeddings of the node's own captions); replies with the new
   weights, ``num-examples`` = the node's number of training images (FedAvg's weight n_k, which the server checks
   against the size the node declared) and ``images-seen`` = the images its steps drew.
 * ``evaluate.router``: the router's confusion counts and top-2 hits on this node's held-out split at
@@ -31,7 +32,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 
 from hddm_flower.config import Config
 from hddm_flower.config_io import config_from_dict
-from hddm_flower.data import Split, cluster_shards, load_split
+from hddm_flower.data import Split, cluster_shards, load_split, load_uncond
 from hddm_flower.encoders import pixel_decoder
 from hddm_flower.federated import (
     FEATURE_BATCH,
@@ -108,12 +109,29 @@ def _router(msg: Message, conf) -> Router:
     return router
 
 
+_POOLED: dict[tuple, torch.Tensor] = {}  # (dataset dir, clusters, split) → the split's pooled captions
+
+
+def _pooled_captions(router: Router, dataset_dir: Path, clusters: list[int], split: str, data: Split):
+    """The split's pooled caption embeddings (N, dim) for a router that reads the caption (kept with the split),
+    else None."""
+    if router.conditioning != "text":
+        return None
+    key = (str(dataset_dir), tuple(clusters), split)
+    if key not in _POOLED:
+        if len(_POOLED) >= MAX_SPLITS:
+            _POOLED.pop(next(iter(_POOLED)))
+        _POOLED[key] = pooled_caption(*data.cond)
+    return _POOLED[key]
+
+
 def train_router(msg: Message, context: Context) -> Message:
-    """One round: local SGD steps of the received router on this node's training images."""
+    """One round: local SGD steps of the received router on this node's training images (and own captions)."""
     cfg, clusters, dataset_dir, conf = _task(msg, context)
     r = cfg.router
     data = _split(dataset_dir, clusters, "train")
     router = _router(msg, conf)
+    captions = _pooled_captions(router, dataset_dir, clusters, "train", data)
     server_round = int(conf["server-round"])
     start = time.perf_counter()
     batch = max(1, round(r.batch_size * len(clusters) / cfg.num_experts))
@@ -126,6 +144,9 @@ def train_router(msg: Message, context: Context) -> Message:
         lr=r.local_lr,
         seed=r.seed * 1_000_003 + server_round * 1009 + clusters[0],
         alpha=r.restricted_softmax,
+        captions=captions,
+        uncond_caption=None if captions is None else pooled_caption(*load_uncond(dataset_dir)),
+        caption_dropout=r.caption_dropout,
     )
     return Message(
         RecordDict({"arrays": ArrayRecord(router.state_dict()), "metrics": _metrics(data, stats, start)}), reply_to=msg
@@ -191,7 +212,12 @@ def evaluate_router(msg: Message, context: Context) -> Message:
     data = _split(dataset_dir, clusters, "val")
     router = _router(msg, conf)
     conf_counts, top2 = router_confusion(
-        router, data.images, data.labels, cfg.evaluation.times, seed=cfg.sampling.seed + 7919 * clusters[0]
+        router,
+        data.images,
+        data.labels,
+        cfg.evaluation.times,
+        seed=cfg.sampling.seed + 7919 * clusters[0],
+        captions=_pooled_captions(router, dataset_dir, clusters, "val", data),
     )
     metrics = MetricRecord(
         {"num-examples": len(data), "confusion": conf_counts.flatten().tolist(), "top2-hits": top2.tolist()}

@@ -41,6 +41,9 @@ FM_TIME_SAMPLINGS = ("uniform", "logit_normal")
 """How an FM expert draws its training times: uniform on (0, 1), or logit-normal (SD3: more steps at intermediate
 noise, fewer at the ends)."""
 PRECISIONS = ("no", "bf16")
+ROUTER_CONDITIONINGS = ("none", "text")
+"""What the router reads besides ``(x_t, t)``: nothing (the paper's router), or the caption's pooled text embedding
+(the masked mean of its token states, :func:`hddm_flower.metrics.pooled_caption`)."""
 ROUTER_TRAINING = ("central", "federated")
 """Where the router is trained: on the coordinator's copy of all clusters, or in rounds over the nodes."""
 SERVER_OPTIMIZERS = ("adam", "avg", "median", "trimmed_avg", "krum")

@@ -18,6 +18,7 @@ from .choices import (
     PARTITIONS,
     PRECISIONS,
     REFERENCES,
+    ROUTER_CONDITIONINGS,
     ROUTER_TRAINING,
     ROUTING_MODES,
     SCHEDULES,
@@ -224,6 +225,9 @@ class RouterConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(warmup_steps=40))
     seed: int = 0
     log_every: int = 100
+    # "none": the router sees (x_t, t) only (the paper's); "text": also the caption's pooled text embedding
+    conditioning: str = "none"
+    caption_dropout: float = 0.1  # text: probability a training caption is replaced by the empty one
     # "central": the coordinator trains it on its copy of all clusters (the paper's setting); "federated": rounds of
     # Flower's FedAdam/FedAvg over the nodes, each training on its own clusters (docs/deployment.md)
     training: str = "central"
@@ -253,6 +257,8 @@ class RouterConfig:
         self.optim.validate(source, f"{prefix}optim.")
         r.seed()
         r.choice("training", ROUTER_TRAINING, "value")
+        r.choice("conditioning", ROUTER_CONDITIONINGS, "router conditioning")
+        r.within("caption_dropout", 0, 1)
         r.choice("server_optimizer", SERVER_OPTIMIZERS, "value")
         if self.rounds < 0:
             r.fail("rounds", "must be ≥ 0 (0 = router.steps / router.local_steps)")

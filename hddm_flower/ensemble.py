@@ -1,8 +1,12 @@
 """The heterogeneous ensemble and the FM Euler sampler.
 
 ``v(x_t, t) = Σ_k w_k(x_t, t)·v_k(x_t, t)``: the router estimates the posterior ``p(k | x_t, t)`` that ``x_t``
-came from cluster k; the routing mode turns it into mixing weights; every expert contributes its (guided)
+came from cluster k (a router with ``conditioning == "text"``: ``p(k | x_t, t, c)``, given the pooled embedding of
+the conditional caption); the routing mode turns it into mixing weights; every expert contributes its (guided)
 FM velocity through the same interface (:mod:`hddm_flower.experts`), whatever its training objective.
+
+Under CFG the weights are computed once per step, on the conditional caption, and both branches of every expert
+use them: guidance stays per expert, ``v = Σ_k w_k(c)·[v_k(∅) + s·(v_k(c) − v_k(∅))]``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from .choices import ROUTING_MODES, VELOCITY_SCALINGS
 from .counts import add_count
 from .devices import autocast
 from .experts import map_cond
+from .metrics import pooled_caption
+from .models import router_conditioning
 from .objectives import cap_velocity_rms, velocity_rms, velocity_rms_prior
 
 DISPATCHES = ("auto", "dense", "gather")  # how the experts get their rows (Ensemble._dispatch)
@@ -102,8 +108,9 @@ class Ensemble(nn.Module):
 
     ``experts`` maps an expert id in ``0 … num_experts − 1`` to an adapter; ids without an expert (lost in the
     federation) are masked out of the router's posterior, which is renormalised over the experts present.
-    ``router(x_t, t) → logits (B, num_experts)``. ``velocity_scaling``: see :class:`VelocityScaling` (off by
-    default); when it is on, each converted expert's ``clamp_counts`` (if set) also counts its eligible and scaled
+    ``router(x_t, t) → logits (B, num_experts)``; a router whose ``conditioning`` is ``"text"`` is called as
+    ``router(x_t, t, caption)`` with the pooled embedding (B, dim) of the conditional caption (see the module
+    docstring for CFG). ``velocity_scaling``: see :class:`VelocityScaling` (off by default); when it is on, each converted expert's ``clamp_counts`` (if set) also counts its eligible and scaled
     rows. ``handover_t`` < 1: at t > handover_t the converted (DDPM) experts are masked out of the router's
     posterior before the routing mode picks (so top-k picks among the FM experts), and oracle weights on a converted
     expert move to the FM experts; a row with no FM weight left (no FM expert present, or the router gives the FM
@@ -160,9 +167,20 @@ class Ensemble(nn.Module):
     def device(self) -> torch.device:
         return self.present.device
 
-    def posterior(self, x_t: Tensor, t: Tensor) -> Tensor:
-        """Router posterior ``p(k | x_t, t)`` over the experts present (B, K)."""
-        logits = self.router(x_t, t)
+    @property
+    def reads_caption(self) -> bool:
+        """Whether the router reads the caption (``conditioning == "text"``)."""
+        return router_conditioning(self.router) == "text"
+
+    def posterior(self, x_t: Tensor, t: Tensor, cond: Any = None) -> Tensor:
+        """Router posterior ``p(k | x_t, t)`` over the experts present (B, K); a router that reads the caption gets
+        the pooled embedding of ``cond`` (the conditional caption, :class:`~hddm_flower.models.TextCond`)."""
+        if self.reads_caption:
+            if cond is None:
+                raise ValueError("this ensemble's router reads the caption: pass the conditional caption")
+            logits = self.router(x_t, t, pooled_caption(cond.states.float(), cond.mask.float()).to(x_t.dtype))
+        else:
+            logits = self.router(x_t, t)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return logits.masked_fill(~self.present, float("-inf")).softmax(-1)
 
@@ -180,8 +198,9 @@ class Ensemble(nn.Module):
     ) -> Tensor:
         """Mixed FM velocity; ``routing`` overrides the ensemble's mode for this call (e.g. "oracle")."""
         t = torch.as_tensor(t, dtype=x_t.dtype, device=x_t.device).expand(x_t.shape[0])
-        # route (past handover_t: among the FM experts)
-        probs = self.posterior(x_t, t)
+        # route (past handover_t: among the FM experts); one set of weights for both CFG branches, computed on
+        # the conditional caption
+        probs = self.posterior(x_t, t, cond)
         late = None
         if self.handover_t < 1 and self._has_fm:
             late = t > self.handover_t

@@ -38,7 +38,7 @@ from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from .experts import DDPMExpert, map_cond
 from .federated import FeatureSums, frechet_distance_from_sums
 from .institution import DATA_FREE
-from .models import TextCond
+from .models import TextCond, router_conditioning
 from .reference import DEFAULT_KID_RESERVOIR, ReferenceStats, pooled, reference_statistics
 from .report import plot_router_weights, plot_usage, save_prompt_grids
 from .rundir import EXPERT_USAGE_PLOT, FEATURE_NET, GRIDS, ROUTER_WEIGHTS_PLOT
@@ -132,9 +132,10 @@ class _TracedRouter(nn.Module):
     def __init__(self, router: nn.Module, present: Tensor):
         super().__init__()
         self.inner, self.present, self.trace, self.labels = router, present, [], None
+        self.conditioning = router_conditioning(router)
 
-    def forward(self, x_t: Tensor, t: Tensor) -> Tensor:
-        logits = self.inner(x_t, t)
+    def forward(self, x_t: Tensor, t: Tensor, *caption: Tensor) -> Tensor:
+        logits = self.inner(x_t, t, *caption)
         probs = logits.float().masked_fill(~self.present, float("-inf")).softmax(-1)
         self.trace.append((t[0].detach(), probs.detach(), self.labels))  # no host sync while sampling
         return logits

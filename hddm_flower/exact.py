@@ -12,7 +12,11 @@ empty caption, and a caption of another cluster (never seen by an expert trained
 cluster's unconditional density. The caption is recognised by the nearest pooled text embedding.
 
 The exact router returns ``log p(k | x_t, t)``: the responsibilities of the mixture summed over cluster k's
-components. It sees ``(x_t, t)`` only, as the paper's router does.
+components. It sees ``(x_t, t)`` only, as the paper's router does. The exact prompt-aware router
+(``conditioning="text"``) returns ``log p(k | x_t, t, c)``: the responsibilities over the components compatible
+with the caption c (those whose caption it is), summed over cluster k's; for the empty caption every component is
+compatible and it equals the text-free posterior. It reads the caption as a trained prompt-aware router does, by
+its pooled text embedding.
 """
 
 from __future__ import annotations
@@ -39,9 +43,20 @@ class CaptionIndex(nn.Module):
         self.register_buffer("keys", keys, persistent=False)
 
     def forward(self, cond: TextCond) -> Tensor:
-        q = pooled_caption(cond.states.float(), cond.mask.float())
-        j = (q @ self.keys.T).argmax(-1)
+        return self.of_pooled(pooled_caption(cond.states.float(), cond.mask.float()))
+
+    def of_pooled(self, pooled: Tensor) -> Tensor:
+        """The component id (B,) of pooled caption embeddings (B, dim); −1 for the empty caption."""
+        j = (pooled.float() @ self.keys.T).argmax(-1)
         return torch.where(j == len(self.keys) - 1, -1, j)
+
+    def compatible(self, pooled: Tensor) -> Tensor:
+        """(B, J) bool: the components whose caption a pooled embedding is (every component for the empty
+        caption; several where components share a caption)."""
+        keys = self.keys[:-1]
+        j = self.of_pooled(pooled)
+        same = (keys[j.clamp(min=0)] @ keys.T) >= (keys[j.clamp(min=0)] ** 2).sum(-1, keepdim=True) - 1e-6
+        return same | (j[:, None] < 0)
 
 
 class ExactNet(nn.Module):
@@ -80,19 +95,29 @@ class ExactNet(nn.Module):
 
 
 class ExactRouter(nn.Module):
-    """``router(x_t, t) → log p(k | x_t, t)`` (B, K) on the FM path, from the mixture in closed form."""
+    """``router(x_t, t) → log p(k | x_t, t)`` (B, K) on the FM path, from the mixture in closed form; with
+    ``conditioning="text"``, ``router(x_t, t, caption) → log p(k | x_t, t, c)`` given the caption's pooled
+    embedding (B, dim): the responsibilities restricted to the components compatible with the caption."""
 
-    def __init__(self, reference: GMMReference):
+    def __init__(self, reference: GMMReference, conditioning: str = "none"):
         super().__init__()
-        self.mixture, self.num_clusters = reference.mixture, reference.num_clusters
+        if conditioning not in ("none", "text"):
+            raise ValueError(f"unknown router conditioning {conditioning!r}; expected 'none' or 'text'")
+        self.mixture, self.num_clusters, self.conditioning = reference.mixture, reference.num_clusters, conditioning
         one_hot = nn.functional.one_hot(reference.cluster_of, self.num_clusters).double()
         self.register_buffer("member", one_hot, persistent=False)  # (J, K)
+        self.captions = CaptionIndex(reference) if conditioning == "text" else None
         C, S, _ = reference.shape
         self.config = SimpleNamespace(in_channels=C, sample_size=S)  # what the samplers read off a router
 
-    def forward(self, x_t: Tensor, t: Tensor) -> Tensor:
+    def forward(self, x_t: Tensor, t: Tensor, caption: Tensor | None = None) -> Tensor:
+        if (caption is not None) != (self.conditioning == "text"):
+            raise ValueError(
+                f"the exact router with conditioning {self.conditioning!r} got caption={caption is not None}"
+            )
         t = torch.as_tensor(t, dtype=torch.float64).reshape(-1).expand(x_t.shape[0])
-        log_r = self.mixture.log_responsibilities(x_t.reshape(x_t.shape[0], -1), 1 - t, t)
+        mask = None if caption is None else self.captions.compatible(caption)
+        log_r = self.mixture.log_responsibilities(x_t.reshape(x_t.shape[0], -1), 1 - t, t, mask)
         log_member = torch.log(self.member)  # 0 for members, −inf elsewhere
         return torch.logsumexp(log_r[:, :, None] + log_member[None], 1).to(x_t.dtype)
 

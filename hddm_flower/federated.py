@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .models import Router
 from .objectives import fm_interpolate
+from .training import drop_pooled_captions
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reference statistics as sums
@@ -170,13 +171,31 @@ def restricted_logits(logits: Tensor, local: Tensor, alpha: float) -> Tensor:
 
 
 def router_loss_local(
-    router: Router, x0: Tensor, labels: Tensor, generator: torch.Generator, local: Tensor, alpha: float
+    router: Router,
+    x0: Tensor,
+    labels: Tensor,
+    generator: torch.Generator,
+    local: Tensor,
+    alpha: float,
+    caption: Tensor | None = None,
 ) -> Tensor:
-    """:func:`hddm_flower.training.router_loss` (cross-entropy of the cluster from ``(x_t, t)``, t ~ U(0, 1)) with
-    the restricted softmax of :func:`restricted_logits` over the node's classes ``local``."""
+    """:func:`hddm_flower.training.router_loss` (cross-entropy of the cluster from ``(x_t, t)``, t ~ U(0, 1), and the
+    pooled ``caption`` (B, dim) for a router that reads it) with the restricted softmax of
+    :func:`restricted_logits` over the node's classes ``local``."""
     t = torch.rand(len(x0), generator=generator, dtype=x0.dtype)
     x_t = fm_interpolate(x0, torch.randn(x0.shape, generator=generator, dtype=x0.dtype), t)
-    return F.cross_entropy(restricted_logits(router(x_t, t), local, alpha), labels)
+    logits = router(x_t, t) if caption is None else router(x_t, t, caption)
+    return F.cross_entropy(restricted_logits(logits, local, alpha), labels)
+
+
+def _caption_batch(
+    captions: Tensor | None, idx: Tensor, uncond: Tensor | None, p: float, generator: torch.Generator
+) -> Tensor | None:
+    """The batch's pooled captions, each replaced by the empty caption's with probability ``p`` (drawn from the
+    same generator after the batch's indices, before its times and noise); None for a router that reads no caption."""
+    if captions is None:
+        return None
+    return drop_pooled_captions(captions[idx], uncond, p, generator)
 
 
 def router_local_update(
@@ -190,8 +209,13 @@ def router_local_update(
     seed: int,
     alpha: float = 1.0,
     grad_clip: float | None = None,
+    captions: Tensor | None = None,
+    uncond_caption: Tensor | None = None,
+    caption_dropout: float = 0.0,
 ) -> dict:
-    """``steps`` plain SGD steps of ``router`` (in place) on one node's images and cluster labels.
+    """``steps`` plain SGD steps of ``router`` (in place) on one node's images and cluster labels (and, for a router
+    that reads the caption, the node's own ``captions``: their pooled embeddings (N, dim), each replaced by
+    ``uncond_caption`` (1, dim) with probability ``caption_dropout``).
 
     SGD without momentum keeps no state between rounds, so with one local step the average of the nodes' new
     weights, weighted by each node's number of training images n_k, is exactly one central SGD step on the
@@ -202,6 +226,11 @@ def router_local_update(
     """
     if len(images) == 0:
         raise ValueError("no training images on this node")
+    if (captions is not None) != (router.conditioning == "text") or (captions is not None and uncond_caption is None):
+        raise ValueError(
+            f"router conditioning {router.conditioning!r}: the node's pooled captions and the empty caption's are "
+            "needed exactly when the router reads the caption"
+        )
     local = torch.unique(labels)
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.SGD(router.parameters(), lr=lr)
@@ -210,7 +239,8 @@ def router_local_update(
     with torch.enable_grad():
         for _ in range(steps):
             idx = torch.randint(0, len(images), (batch_size,), generator=g)
-            loss = router_loss_local(router, images[idx], labels[idx], g, local, alpha)
+            caption = _caption_batch(captions, idx, uncond_caption, caption_dropout, g)
+            loss = router_loss_local(router, images[idx], labels[idx], g, local, alpha, caption)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if grad_clip:
@@ -258,9 +288,11 @@ def router_confusion(
     *,
     seed: int,
     batch_size: int = 256,
+    captions: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Confusion counts of the router's top-1 prediction, (T, K, K) int64 (row: true cluster, column:
-    predicted), and top-2 hits per time (T,), on ``images`` noised to each t with seeded noise."""
+    predicted), and top-2 hits per time (T,), on ``images`` noised to each t with seeded noise (a router that
+    reads the caption gets each image's own pooled caption, ``captions`` (N, dim))."""
     k = router.config.num_experts
     g = torch.Generator().manual_seed(seed)
     conf = torch.zeros(len(times), k, k, dtype=torch.int64)
@@ -270,7 +302,9 @@ def router_confusion(
         for j in range(0, len(images), batch_size):
             x0, y = images[j : j + batch_size], labels[j : j + batch_size]
             x_t = fm_interpolate(x0, torch.randn(x0.shape, generator=g, dtype=x0.dtype), torch.tensor(float(t)))
-            pred = router(x_t, torch.full((len(x0),), float(t))).topk(min(2, k), -1).indices
+            tt = torch.full((len(x0),), float(t))
+            logits = router(x_t, tt) if captions is None else router(x_t, tt, captions[j : j + batch_size])
+            pred = logits.topk(min(2, k), -1).indices
             conf[i] += torch.bincount(y * k + pred[:, 0], minlength=k * k).reshape(k, k)
             top2[i] += (pred == y[:, None]).any(-1).sum()
     return conf, top2

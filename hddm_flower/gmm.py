@@ -112,9 +112,11 @@ class GaussianMixture:
         """``log p(x0)`` under the mixture (B,)."""
         return self.log_prob_path(x0, 1.0, 0.0)
 
-    def log_responsibilities(self, x: Tensor, a: Tensor, s: Tensor) -> Tensor:
-        """``log p(j | x)`` at ``x = a·x0 + s·ε`` (B, J)."""
-        return self._moments(x, a, s, means=False).log_joint.log_softmax(-1)
+    def log_responsibilities(self, x: Tensor, a: Tensor, s: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``log p(j | x)`` at ``x = a·x0 + s·ε`` (B, J); ``mask`` (B, J) bool restricts each row to some components
+        (``log p(j | x, j ∈ mask)``: −inf outside the mask)."""
+        log_joint = self._moments(x, a, s, means=False).log_joint
+        return (log_joint if mask is None else log_joint.masked_fill(~mask, float("-inf"))).log_softmax(-1)
 
     def component_of(self, x0: Tensor) -> Tensor:
         """The most probable component of each clean sample (B,)."""

@@ -1,5 +1,5 @@
 """The expert (diffusers PixArt-α AdaLN-Single transformer) and the router (a DiT-style classifier with a CLS
-token that sees only ``(x_t, t)``), with their size presets.
+token that sees ``(x_t, t)``, and optionally the caption's pooled text embedding), with their size presets.
 
 Presets are data: a name maps to the architecture fields; input shapes (sample size, channels, caption width)
 come from the data. Paper-scale presets (XL/2 expert, B/2 router) slot into the same tables.
@@ -15,6 +15,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from torch import Tensor, nn
 
+from .choices import ROUTER_CONDITIONINGS
 from .objectives import FM_TIME_SCALE
 from .presets import EXPERT_PRESETS, ROUTER_PRESETS
 
@@ -107,10 +108,18 @@ class RouterBlock(nn.Module):
 
 
 class Router(ModelMixin, ConfigMixin):
-    """Estimates ``p(k | x_t, t)``: patchify ``x_t``, prepend a CLS token, DiT blocks modulated by t, and a linear
-    head on the CLS token. No text: the router sees only the noisy sample and the time.
+    """Estimates ``p(k | x_t, t)`` (``conditioning="none"``, the paper's router) or ``p(k | x_t, t, c)``
+    (``"text"``): patchify ``x_t``, prepend a CLS token, DiT blocks under adaLN modulation by the conditioning
+    vector, and a linear head on the CLS token.
 
-    ``forward(x_t, t)`` takes FM time ``t ∈ [0, 1]`` and returns logits (B, num_experts).
+    The conditioning vector is the time embedding; with ``"text"`` it also adds a projection (an MLP, as PixArt's
+    caption projection) of the caption's pooled text embedding (``caption_dim`` numbers,
+    :func:`hddm_flower.metrics.pooled_caption`), the way DiT adds its class embedding. The empty caption is a
+    caption like any other: its pooled embedding is what an unconditional sample routes on.
+
+    ``forward(x_t, t, caption=None)`` takes FM time ``t ∈ [0, 1]`` and the pooled embedding (B, caption_dim)
+    (required with ``"text"``, refused with ``"none"``); returns logits (B, num_experts). A saved router without
+    the ``conditioning`` key (written before it existed) loads as ``"none"``.
     """
 
     @register_to_config
@@ -123,24 +132,50 @@ class Router(ModelMixin, ConfigMixin):
         hidden_size: int = 96,
         depth: int = 3,
         num_heads: int = 4,
+        conditioning: str = "none",
+        caption_dim: int = 0,
     ):
         super().__init__()
+        if conditioning not in ROUTER_CONDITIONINGS:
+            raise ValueError(f"unknown router conditioning {conditioning!r}; expected one of {ROUTER_CONDITIONINGS}")
+        if (conditioning == "text") != (caption_dim > 0):
+            raise ValueError(
+                f"router conditioning {conditioning!r} with caption_dim {caption_dim}: 'text' needs the width of the "
+                "pooled text embedding (> 0), 'none' takes 0"
+            )
         num_patches = (sample_size // patch_size) ** 2
         self.patch_embed = nn.Conv2d(in_channels, hidden_size, patch_size, stride=patch_size)
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + num_patches, hidden_size))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, hidden_size))
         self.time_proj = Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0)
         self.time_embed = TimestepEmbedding(256, hidden_size)
+        if conditioning == "text":
+            self.caption_embed = nn.Sequential(
+                nn.Linear(caption_dim, hidden_size), nn.GELU(approximate="tanh"), nn.Linear(hidden_size, hidden_size)
+            )
         self.blocks = nn.ModuleList(RouterBlock(hidden_size, num_heads) for _ in range(depth))
         self.norm = nn.LayerNorm(hidden_size, eps=1e-6)
         self.head = nn.Linear(hidden_size, num_experts)
         nn.init.normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=0.02)
 
-    def forward(self, x_t: Tensor, t: Tensor) -> Tensor:
+    @property
+    def conditioning(self) -> str:
+        """``"none"`` (reads ``(x_t, t)``) or ``"text"`` (also the caption's pooled text embedding)."""
+        return self.config.conditioning
+
+    def forward(self, x_t: Tensor, t: Tensor, caption: Tensor | None = None) -> Tensor:
+        if (caption is not None) != (self.conditioning == "text"):
+            raise ValueError(
+                "this router reads the caption's pooled embedding: pass caption (B, caption_dim)"
+                if caption is None
+                else "this router reads no caption (conditioning 'none'); do not pass one"
+            )
         t = torch.as_tensor(t, device=x_t.device).expand(x_t.shape[0])
         x_t = x_t.to(self.patch_embed.weight.dtype)  # a bf16 router takes float32 samples
         c = self.time_embed(self.time_proj(FM_TIME_SCALE * t.float()).to(x_t.dtype))  # (B, D)
+        if caption is not None:
+            c = c + self.caption_embed(caption.to(c.dtype))  # (B, D)
         x = self.patch_embed(x_t).flatten(2).transpose(1, 2)  # (B, N, D)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed  # (B, 1 + N, D)
         for block in self.blocks:
@@ -148,10 +183,28 @@ class Router(ModelMixin, ConfigMixin):
         return self.head(self.norm(x[:, 0]))  # (B, K)
 
 
-def router_config(preset: str, *, num_experts: int, sample_size: int, in_channels: int) -> dict:
+def router_conditioning(router) -> str:
+    """What a router callable reads: its ``conditioning`` attribute, ``"none"`` for one without (a callable of
+    ``(x_t, t)`` only, e.g. the exact text-free router)."""
+    return getattr(router, "conditioning", "none")
+
+
+def router_config(
+    preset: str,
+    *,
+    num_experts: int,
+    sample_size: int,
+    in_channels: int,
+    conditioning: str = "none",
+    caption_dim: int = 0,
+) -> dict:
+    """The :class:`Router` config of a preset; ``caption_dim`` (the text encoder's width) is kept only with
+    ``conditioning="text"``."""
     return dict(
         _preset(ROUTER_PRESETS, preset, "router"),
         num_experts=num_experts,
         sample_size=sample_size,
         in_channels=in_channels,
+        conditioning=conditioning,
+        caption_dim=caption_dim if conditioning == "text" else 0,
     )

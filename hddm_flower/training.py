@@ -268,35 +268,64 @@ def train_expert(
     return stats
 
 
-def router_loss(router: Router, x0: Tensor, labels: Tensor, generator: torch.Generator) -> Tensor:
-    """Cross-entropy of the cluster label from ``(x_t, t)``, with x_t on the FM path and t ~ U(0, 1) (drawn from
-    ``generator`` wherever it lives, used on ``x0``'s device)."""
+def drop_pooled_captions(caption: Tensor, uncond: Tensor, p: float, generator: torch.Generator) -> Tensor:
+    """Replace each row's pooled caption embedding (B, dim) by the empty caption's (1, dim) with probability p
+    (drawn from ``generator`` wherever it lives), so that a router that reads the caption also routes the empty
+    caption (an unconditional sample)."""
+    drop = _draw(torch.rand, (len(caption),), generator, caption) < p
+    return torch.where(drop[:, None], uncond.to(caption).expand_as(caption), caption)
+
+
+def router_loss(
+    router: Router, x0: Tensor, labels: Tensor, generator: torch.Generator, caption: Tensor | None = None
+) -> Tensor:
+    """Cross-entropy of the cluster label from ``(x_t, t)`` (and the pooled ``caption`` (B, dim) for a router that
+    reads it), with x_t on the FM path and t ~ U(0, 1) (drawn from ``generator`` wherever it lives, used on
+    ``x0``'s device)."""
     t = _draw(torch.rand, (len(x0),), generator, x0)
     x_t = fm_interpolate(x0, _draw(torch.randn, x0.shape, generator, x0), t)
-    return torch.nn.functional.cross_entropy(router(x_t, t).float(), labels)
+    logits = router(x_t, t) if caption is None else router(x_t, t, caption)
+    return torch.nn.functional.cross_entropy(logits.float(), labels)
 
 
 def train_router(
     router: Router,
-    batches: Iterator[tuple[Tensor, Tensor]],
+    batches: Iterator[tuple[Tensor, ...]],
     options: RouterConfig,
     *,
     steps: int | None = None,
+    uncond_caption: Tensor | None = None,
     device: torch.device | str = "cpu",
     mixed_precision: str = "no",
     progress: bool = False,
 ) -> TrainStats:
-    """Train the router on ``(x0, cluster label)`` batches (:func:`hddm_flower.data.streams.stream_images`: all clusters,
-    images or latents only) as the ``router`` config section says, for ``steps`` (default ``options.steps``) on
-    ``device``, optionally under bf16 autocast. Batches move to the device without a host sync; the loss stays
-    there between log lines."""
+    """Train the router on ``(x0, cluster label)`` batches (:func:`hddm_flower.data.streams.stream_images`: all
+    clusters, images or latents only; for a router that reads the caption, ``(x0, label, pooled caption)`` batches
+    and ``uncond_caption``, the empty caption's pooled embedding (1, dim), which replaces a caption with probability
+    ``options.caption_dropout``) as the ``router`` config section says, for ``steps`` (default
+    ``options.steps``) on ``device``, optionally under bf16 autocast. Batches move to the device without a host
+    sync; the loss stays there between log lines."""
     device = torch.device(device)
     router.to(device).train()
     steps = options.steps if steps is None else steps
+    reads_caption = router.conditioning == "text"
+    if reads_caption and uncond_caption is None:
+        raise ValueError("a router that reads the caption needs the empty caption's pooled embedding for dropout")
+    if reads_caption:
+        uncond_caption = uncond_caption.to(device)
 
     def loss_fn(g: torch.Generator) -> Tensor:
-        x0, labels = next(batches)
-        return router_loss(router, x0.to(device, non_blocking=True), labels.to(device, non_blocking=True), g)
+        x0, labels, *caption = next(batches)
+        if reads_caption != bool(caption):
+            raise ValueError(
+                f"router conditioning {router.conditioning!r} but the batches "
+                f"{'carry' if caption else 'carry no'} pooled captions"
+            )
+        x0, labels = x0.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        if not reads_caption:
+            return router_loss(router, x0, labels, g)
+        c = drop_pooled_captions(caption[0].to(device, non_blocking=True), uncond_caption, options.caption_dropout, g)
+        return router_loss(router, x0, labels, g, c)
 
     stats, _ = fit(
         router,

@@ -9,10 +9,12 @@ across seeds.
 Rows: true samples against true samples (what "indistinguishable" means at this sample size); exact experts
 (:mod:`hddm_flower.exact`) with the exact router under oracle routing (also with 8× the Euler steps: what remains
 at the evaluation's step count is the sampler's discretisation error), top-2 and full routing, and full routing on
-the empty caption (the one text-free case where a text-free router is exact); exact DDPM experts through the
+the empty caption (the one text-free case where a text-free router is exact); exact FM experts with the exact
+prompt-aware router ``p(k | x_t, t, c)`` under top-2 and full routing; exact DDPM experts through the
 ``schedule_aware`` and the ``naive`` conversion; the config's own objective mix under every routing mode of
-``evaluation.routing_modes`` with its trained router, the other mixes under top-2; every mix under top-2 with the
-exact router instead of the trained one; and the monolith.
+``evaluation.routing_modes`` with its trained router (prompt-aware when ``router.conditioning: text``), the other
+mixes under top-2; every mix under top-2 with the exact router and with the exact prompt-aware router instead of
+the trained one; and the monolith.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class Row:
     name: str  # what the table shows
     group: str  # "exact", a configuration name, or "monolith": the rows one evaluation job samples
     mode: str = "oracle"  # routing mode (evaluate.parse_mode)
-    router: str = "trained"  # "trained" or "exact"
+    router: str = "trained"  # "trained", "exact" (p(k | x_t, t)) or "exact-text" (p(k | x_t, t, c))
     experts: str = "trained"  # "trained", "exact-fm", "exact-ddpm-schedule_aware", "exact-ddpm-naive", "true"
     prompts: str = "captions"  # "captions" or "empty" (the empty caption: the target is the whole mixture)
     steps_factor: int = 1  # × the evaluation's Euler steps (separates the sampler's discretisation error)
@@ -68,12 +70,15 @@ def truth_rows(configs: list[str], modes: list[str], main: str) -> list[Row]:
         Row("exact FM experts · exact router · full · empty caption", "exact", "full", "exact", "exact-fm", "empty"),
         Row("exact FM experts · exact router · top2", "exact", "top2", "exact", "exact-fm"),
         Row("exact FM experts · exact router · full", "exact", "full", "exact", "exact-fm"),
+        Row("exact FM experts · exact prompt-aware router · top2", "exact", "top2", "exact-text", "exact-fm"),
+        Row("exact FM experts · exact prompt-aware router · full", "exact", "full", "exact-text", "exact-fm"),
         Row("exact DDPM experts · schedule_aware · oracle", "exact", "oracle", "exact", "exact-ddpm-schedule_aware"),
         Row("exact DDPM experts · naive · oracle", "exact", "oracle", "exact", "exact-ddpm-naive"),
     ]
     for name in configs:
         rows += [Row(f"{name} · {mode}", name, mode) for mode in (modes if name == main else ["top2"])]
         rows.append(Row(f"{name} · top2 · exact router", name, "top2", "exact"))
+        rows.append(Row(f"{name} · top2 · exact prompt-aware router", name, "top2", "exact-text"))
     rows.append(Row("monolith (equal compute)", "monolith", "top1"))
     return rows
 
@@ -125,7 +130,10 @@ def _ensemble(cfg: Config, row: Row, ref: GMMReference, out: Path, objectives: l
             k: load_expert(out / "experts" / f"cluster-{k}-{obj}", **s.conversion_options())[0]
             for k, obj in enumerate(objectives)
         }
-    router = ExactRouter(ref) if row.router == "exact" else load_router(out / ROUTER)
+    if row.router == "trained":
+        router = load_router(out / ROUTER)
+    else:
+        router = ExactRouter(ref, "text" if row.router == "exact-text" else "none")
     scaling = VelocityScaling(s.velocity_scaling, s.velocity_scaling_t, s.x0_variance)
     return Ensemble(
         experts,
@@ -295,7 +303,9 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
         head,
         *[line(n, results[n]) for n in exact],
         "",
-        "**Trained experts** (routing modes with the trained router; top2 with the exact router; the monolith).",
+        f"**Trained experts** (routing modes with the trained router, conditioning "
+        f"`{cfg['router'].get('conditioning', 'none')}`; top2 with the exact router and the exact prompt-aware "
+        "router; the monolith).",
         "",
         head,
         *[line(n, results[n]) for n in trained],

@@ -56,10 +56,10 @@ from hddm_flower.evaluate import FEATURE_NET, feature_description, feature_netwo
 from hddm_flower.federated import FEATURE_BATCH, FeatureSums, accuracy_from_confusion
 from hddm_flower.institution import is_data_free
 from hddm_flower.metrics import FeatureClassifier
-from hddm_flower.models import Router, router_config
+from hddm_flower.models import Router
 from hddm_flower.rundir import ROUTER
 from hddm_flower.stages.assemble import evaluate_and_report
-from hddm_flower.stages.router import fit_router
+from hddm_flower.stages.router import fit_router, router_model_config, router_record
 from hddm_flower.training import lr_factor
 
 from .round_replies import ReplyRefused, check_evaluate_reply, check_train_reply, one_per_node
@@ -550,9 +550,7 @@ def finish_federated(
     extra = dict(extra)
     if cfg.router.training == "federated":
         meta = read_meta(dataset_dir)
-        config = router_config(
-            cfg.router.preset, num_experts=cfg.num_experts, sample_size=meta["image_size"], in_channels=meta["channels"]
-        )
+        config = router_model_config(cfg, meta)
         sizes = node_sizes(meta, clusters)
         declared = is_data_free(dataset_dir)  # institution mode: sizes the nodes declared, bounded
         router, record = train_router_federated(
@@ -568,7 +566,7 @@ def finish_federated(
         save_router(
             run_dir / ROUTER,
             router,
-            {"preset": cfg.router.preset, "inputs": "x_t and t only", "time_convention": TIME_CONVENTION} | record,
+            {"preset": cfg.router.preset, **router_record(cfg.router), "time_convention": TIME_CONVENTION} | record,
         )
     else:
         start = time.perf_counter()
@@ -581,7 +579,7 @@ def finish_federated(
             "bytes_sent": 0,
             "bytes_received": 0,
         }
-    extra["router"] = record
+    extra["router"] = {**router_record(cfg.router), **record}
     reference = None
     if cfg.evaluation.reference == "federated":
         if is_data_free(dataset_dir):  # no image here: the classifier (FID features or LPIPS fallback) federated

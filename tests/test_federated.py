@@ -130,6 +130,60 @@ def test_one_local_step_averaged_over_nodes_is_one_central_step():
             torch.testing.assert_close(avg[name], p - lr * p.grad, rtol=1e-10, atol=1e-12)
 
 
+def _text_router(seed=0):
+    torch.manual_seed(seed)
+    return Router(
+        num_experts=3, sample_size=4, in_channels=1, patch_size=2, hidden_size=8, depth=1, num_heads=2,
+        conditioning="text", caption_dim=5,
+    )  # fmt: skip
+
+
+def test_one_local_step_of_a_prompt_aware_router_averaged_over_nodes_is_one_central_step():
+    """As above with ``conditioning: text``: every node trains on its own captions' pooled embeddings with caption
+    dropout; the weighted average is one central step on the pooled loss over the same batches, noise and dropped
+    captions (drawn by the central :func:`hddm_flower.training.drop_pooled_captions`)."""
+    from hddm_flower.training import drop_pooled_captions
+
+    g = torch.Generator().manual_seed(5)
+    sizes = (10, 20, 40)
+    nodes = [
+        (torch.randn(n, 1, 4, 4, generator=g, dtype=F64), torch.full((n,), k), torch.randn(n, 5, generator=g, dtype=F64))
+        for k, n in enumerate(sizes)
+    ]  # fmt: skip
+    uncond = torch.randn(1, 5, generator=g, dtype=F64)
+    base = _text_router().double()
+    with torch.no_grad():  # off adaLN-Zero's start, where no conditioning (time or caption) reaches the logits yet
+        for block in base.blocks:
+            block.adaLN_modulation[1].weight.normal_(0, 0.3, generator=g)
+    w0 = {k: v.clone() for k, v in base.state_dict().items()}
+    lr, batch, p = 0.5, (4, 4, 8), 0.4
+    updated = []
+    for (x, y, c), b, seed in zip(nodes, batch, (10, 11, 12)):
+        r = _text_router().double()
+        r.load_state_dict(w0)
+        router_local_update(
+            r, x, y, steps=1, batch_size=b, lr=lr, seed=seed, captions=c, uncond_caption=uncond, caption_dropout=p
+        )
+        updated.append(r.state_dict())
+    avg = {k: sum(n * s[k] for n, s in zip(sizes, updated)) / sum(sizes) for k in w0}
+    central = _text_router().double()
+    central.load_state_dict(w0)
+    central.train()
+    total, dropped = 0, 0
+    for (x, y, c), b, seed in zip(nodes, batch, (10, 11, 12)):
+        gen = torch.Generator().manual_seed(seed)
+        idx = torch.randint(0, len(x), (b,), generator=gen)
+        caption = drop_pooled_captions(c[idx], uncond, p, gen)
+        dropped += int((caption == uncond).all(-1).sum())
+        total = total + len(x) * router_loss_local(central, x[idx], y[idx], gen, torch.arange(3), 1.0, caption)
+    (total / sum(sizes)).backward()
+    assert 0 < dropped < sum(batch)  # the dropout did replace some captions, not all
+    assert central.caption_embed[0].weight.grad.abs().sum() > 0  # the captions reach the loss
+    with torch.no_grad():
+        for name, q in central.named_parameters():
+            torch.testing.assert_close(avg[name], q - lr * q.grad, rtol=1e-10, atol=1e-12)
+
+
 def test_restricted_softmax_scales_only_absent_classes():
     logits = torch.tensor([[1.0, 2.0, -3.0, 4.0]], dtype=F64)
     out = restricted_logits(logits, torch.tensor([1]), 0.25)

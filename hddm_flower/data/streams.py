@@ -1,6 +1,7 @@
-"""The coordinator's streams: images or latents and cluster labels only (never captions or text states, except
-the evaluation's ``text`` batches), and the evaluation's caption stream, read from a prepared dataset's
-per-cluster shards (:mod:`hddm_flower.data`) with memory that does not grow with the dataset.
+"""The coordinator's streams: images or latents and cluster labels (with the ``pooled`` caption embedding for a
+router that reads the caption; the per-token text states only in the evaluation's ``text`` batches), and the
+evaluation's caption stream, read from a prepared dataset's per-cluster shards (:mod:`hddm_flower.data`) with
+memory that does not grow with the dataset.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from ..metrics import pooled_caption
 from ..models import TextCond
 from . import cluster_shards, read_meta, split_size
 from .shards import open_shards
@@ -29,21 +31,51 @@ def _image_and_text_member(name: str) -> bool:
     return name.endswith((*IMAGE_MEMBERS, ".emb.npy"))
 
 
+def _pooled(emb: np.ndarray) -> np.ndarray:
+    """One caption's pooled embedding (dim,) from its token states (tokens, dim): :func:`metrics.pooled_caption`."""
+    states = torch.from_numpy(np.ascontiguousarray(emb, np.float32))[None]
+    return pooled_caption(states, torch.ones(states.shape[:2]))[0].numpy()
+
+
 def _image_stream(
-    dataset_dir, meta: dict, cluster: int, split: str | None, *, shuffle: bool, seed: int, buffer: int, text: bool
+    dataset_dir,
+    meta: dict,
+    cluster: int,
+    split: str | None,
+    *,
+    shuffle: bool,
+    seed: int,
+    buffer: int,
+    text: bool,
+    pooled: bool = False,
 ):
-    """One cluster's samples as ``(x (C, H, W) float32, label)`` (``text``: ``+ (states, mask)``), reading the
-    image/latent and json members only, and the text states only when asked."""
+    """One cluster's samples as ``(x (C, H, W) float32, label)`` (``text``: ``+ (states, mask)``; ``pooled``:
+    ``+ (pooled caption embedding (dim,),)``), reading the image/latent and json members only, and the text states
+    only when asked. ``pooled`` reduces each sample's states to ``dim`` numbers as it is read (before the shuffle
+    buffer): the token states are never held."""
     urls = cluster_shards(dataset_dir, cluster, meta)
-    select = _image_and_text_member if text else _image_member
+    select = _image_and_text_member if text or pooled else _image_member
     ds = open_shards(
-        urls, shuffle=shuffle, seed=seed, select_files=select, split=split, buffer=buffer if shuffle else 0
+        urls,
+        shuffle=shuffle,
+        seed=seed,
+        select_files=select,
+        split=split,
+        buffer=buffer if shuffle and not pooled else 0,
     )
+    if pooled:  # each sample's states reduced as it is read, then the same seeded buffer as open_shards'
+        L = meta["max_caption_tokens"]
+        ds = ds.map(lambda s: {k: v for k, v in s.items() if k != "emb.npy"} | {"pooled": _pooled(s["emb.npy"][:L])})
+        if shuffle:
+            ds = ds.shuffle(buffer, rng=random.Random(seed))
     for s in ds:
         if "latent.npy" in s:
             x = np.asarray(s["latent.npy"], np.float32)  # already scaled by the VAE's scaling factor
         else:
             x = np.asarray(s["png"], np.float32).transpose(2, 0, 1) / 127.5 - 1
+        if pooled:
+            yield x, cluster, s["pooled"]
+            continue
         if not text:
             yield x, cluster
             continue
@@ -65,6 +97,7 @@ def stream_images(
     shuffle_buffer: int = 1000,
     loop: bool = True,
     text: bool = False,
+    pooled: bool = False,
 ) -> Iterator[tuple]:
     """Batches ``(x0 (B, C, H, W) float32, cluster labels (B,) int64)`` streamed from the shard sets of
     ``clusters`` (default all), reading only each sample's image or latent and json (:data:`IMAGE_MEMBERS`).
@@ -75,8 +108,12 @@ def stream_images(
     the clusters as the whole split does and an epoch visits every sample once. Without ``shuffle``: the clusters
     in order, shards in order. ``loop``: endless epochs; else one pass, the last batch partial. ``split`` None
     reads train and val. ``text`` (the evaluation's feature classifier; never the router): batches also carry
-    the caption states, ``(x0, labels, TextCond)``.
+    the caption states, ``(x0, labels, TextCond)``. ``pooled`` (a router that reads the caption): batches carry
+    each caption's pooled embedding instead, ``(x0, labels, captions (B, dim))``; the shards store token states,
+    so those are read, but each is reduced to its ``dim`` numbers as it is read.
     """
+    if text and pooled:
+        raise ValueError("stream_images: text and pooled are exclusive (states or their pooled embedding)")
     meta = read_meta(dataset_dir)
     if clusters is None:
         clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
@@ -90,7 +127,15 @@ def stream_images(
         rng = random.Random(f"{seed}-{epoch}")
         streams = {
             k: _image_stream(
-                dataset_dir, meta, k, split, shuffle=shuffle, seed=seed + 7919 * epoch + k, buffer=buffer, text=text
+                dataset_dir,
+                meta,
+                k,
+                split,
+                shuffle=shuffle,
+                seed=seed + 7919 * epoch + k,
+                buffer=buffer,
+                text=text,
+                pooled=pooled,
             )
             for k in clusters
             if sizes[k]
@@ -111,6 +156,8 @@ def stream_images(
 
         def collate(items):
             x, y = torch.from_numpy(np.stack([i[0] for i in items])), torch.tensor([i[1] for i in items])
+            if pooled:
+                return x, y, torch.from_numpy(np.stack([i[2] for i in items]))
             if not text:
                 return x, y
             states, mask = (torch.from_numpy(np.stack([i[j] for i in items])) for j in (2, 3))

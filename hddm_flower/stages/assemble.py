@@ -14,7 +14,7 @@ from ..evaluate import evaluate_run
 from ..hddm_pipeline import load_pipeline, sample_images, write_run_index
 from ..institution import is_data_free
 from ..metrics import FeatureClassifier
-from ..models import Router
+from ..models import Router, router_conditioning
 from ..report import save_grid, write_report
 from ..rundir import FEATURE_NET, ROUTER, SAMPLES, expert_folders
 from .diagnostics import evaluate, heldout_batches, skipped_diagnostics
@@ -111,6 +111,8 @@ def evaluate_and_report(
         "cfg_scale": s.cfg_scale,
         "routing": s.routing,
         "top_k": s.top_k,
+        # what the run's router reads (a router saved without the key reads (x_t, t) only: "none")
+        "router_conditioning": router_conditioning(ensemble.router),
         "conversion": s.conversion,
         "t_eps": s.t_eps,
         "x0_clamp": s.x0_clamp,

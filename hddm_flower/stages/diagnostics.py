@@ -44,7 +44,8 @@ def evaluate(
     """Held-out diagnostics in velocity space (no feature network involved), over ``batches`` of
     ``(x0, cluster labels, TextCond)`` (:func:`heldout_batches`), one batch at a time.
 
-    * ``router_top1_accuracy`` / ``router_top2_accuracy`` per t: the router's cluster prediction from ``(x_t, t)``.
+    * ``router_top1_accuracy`` / ``router_top2_accuracy`` per t: the router's cluster prediction from ``(x_t, t)`` (and the
+      image's own caption, for a router that reads it).
     * ``expert_velocity_mse``: each expert on its own cluster's held-out images, ``‖v̂ − (eps − x0)‖²``.
     * ``ensemble_velocity_mse``: the ensemble with its routing mode on all held-out images, and
       ``oracle_velocity_mse``: oracle routing (the true cluster's expert) on the images whose expert is present;
@@ -74,7 +75,7 @@ def evaluate(
             x_t = fm_interpolate(x0, eps, torch.tensor(t, device=dev))
             target = eps - x0
             tt = torch.full((n,), t, device=dev)
-            best = ensemble.posterior(x_t, tt).topk(min(2, ensemble.num_experts), -1).indices
+            best = ensemble.posterior(x_t, tt, cond).topk(min(2, ensemble.num_experts), -1).indices
             top1[i] += (best[:, 0] == labels).sum()
             top2[i] += (best == labels[:, None]).any(-1).sum()
             ens_se[i] += (ensemble.velocity(x_t, tt, cond) - target).double().square().sum()

@@ -1,6 +1,7 @@
-"""Stage 3, train the router (on the server): a classifier of the cluster from (x_t, t) only, trained on a stream of
-the clusters' shard sets (image or latent and cluster label only; memory independent of the dataset size) on the
-coordinator's device."""
+"""Stage 3, train the router (on the server): a classifier of the cluster from (x_t, t) (``router.conditioning:
+text``: and the caption's pooled text embedding), trained on a stream of the clusters' shard sets (image or latent
+and cluster label, plus the pooled caption when the router reads it; memory independent of the dataset size) on
+the coordinator's device."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import torch
 from ..checkpoints import TIME_CONVENTION, save_router
 from ..config import Config
 from ..config_sections import RouterConfig
-from ..data import read_meta, split_size
+from ..data import load_uncond, read_meta, split_size
 from ..data.streams import stream_images
 from ..devices import resolve_device, resolve_precision
+from ..metrics import pooled_caption
 from ..models import Router, router_config
 from ..rundir import ROUTER
 from ..training import train_router
@@ -25,6 +27,36 @@ def router_steps(r: RouterConfig, num_images: int) -> int:
     return max(1, math.ceil(r.epochs * num_images / r.batch_size)) if r.epochs > 0 else r.steps
 
 
+def router_model_config(cfg: Config, dataset_meta: dict) -> dict:
+    """The :class:`~hddm_flower.models.Router` config of a run: preset, experts, input shape, conditioning (and the
+    text encoder's width when the router reads the caption)."""
+    return router_config(
+        cfg.router.preset,
+        num_experts=cfg.num_experts,
+        sample_size=dataset_meta["image_size"],
+        in_channels=dataset_meta["channels"],
+        conditioning=cfg.router.conditioning,
+        caption_dim=int(dataset_meta["text_dim"]),
+    )
+
+
+def router_record(r: RouterConfig) -> dict:
+    """What the router's record (``hddm_router.json``) and report.json say about its inputs."""
+    if r.conditioning == "text":
+        return {
+            "conditioning": "text",
+            "caption_dropout": r.caption_dropout,
+            "inputs": "x_t, t and the caption's pooled text embedding (masked mean of its token states)",
+            "cfg_weights": "one set for both CFG branches, computed on the conditional caption",
+        }
+    return {"conditioning": "none", "inputs": "x_t and t only"}
+
+
+def uncond_pooled(dataset_dir: Path) -> torch.Tensor:
+    """The empty caption's pooled text embedding (1, dim), the router's input when a caption is dropped."""
+    return pooled_caption(*load_uncond(dataset_dir))
+
+
 def fit_router(
     cfg: Config, dataset_dir: Path, run_dir: Path, *, device: str | None = None, progress: bool = False
 ) -> Router:
@@ -32,23 +64,32 @@ def fit_router(
     ``coordinator.device``) and save it to ``run_dir/router`` with its budget and where it ran."""
     dataset_meta = read_meta(dataset_dir)
     torch.manual_seed(cfg.router.seed)
-    router = Router(
-        **router_config(
-            cfg.router.preset,
-            num_experts=cfg.num_experts,
-            sample_size=dataset_meta["image_size"],
-            in_channels=dataset_meta["channels"],
-        )
-    )
+    router = Router(**router_model_config(cfg, dataset_meta))
     r = cfg.router
+    reads_caption = r.conditioning == "text"
     dev = resolve_device(device or cfg.coordinator.device)
     precision = resolve_precision(cfg.coordinator.mixed_precision, dev)
     num_images = split_size(dataset_meta, None, "train")
     steps = router_steps(r, num_images)
     batches = stream_images(
-        dataset_dir, None, batch_size=r.batch_size, split="train", seed=r.seed, shuffle_buffer=r.shuffle_buffer
+        dataset_dir,
+        None,
+        batch_size=r.batch_size,
+        split="train",
+        seed=r.seed,
+        shuffle_buffer=r.shuffle_buffer,
+        pooled=reads_caption,
     )
-    stats = train_router(router, batches, r, steps=steps, device=dev, mixed_precision=precision, progress=progress)
+    stats = train_router(
+        router,
+        batches,
+        r,
+        steps=steps,
+        uncond_caption=uncond_pooled(dataset_dir) if reads_caption else None,
+        device=dev,
+        mixed_precision=precision,
+        progress=progress,
+    )
     router.cpu()
     save_router(
         run_dir / ROUTER,
@@ -64,8 +105,9 @@ def fit_router(
             "device": str(dev),
             "mixed_precision": precision,
             "final_loss": stats.final_loss,
-            "inputs": "x_t and t only",
-            "data": "streamed from the clusters' shard sets: image or latent and cluster label only",
+            **router_record(r),
+            "data": "streamed from the clusters' shard sets: image or latent and cluster label"
+            + (", and each caption's pooled text embedding" if reads_caption else " only"),
             "time_convention": TIME_CONVENTION,
         },
     )
