@@ -3,7 +3,7 @@ under top-2 routing with four routers: the exact text-free router p(k | x_t, t),
 p(k | x_t, t, c), and the trained router with ``router.conditioning: none`` and ``text`` (each trained
 ``--trainings`` times with different seeds, central, the config's budget).
 
-    python benchmarks/gmm_prompt_router.py [--samples-per-prompt 4] [--trainings 3]
+    python -m benchmarks.gmm_prompt_router [--samples-per-prompt 4] [--trainings 3]
 
 Every row samples every component's caption from the same noise (aligned inference, the config's seeds) and is
 scored against fresh true samples (:mod:`hddm_flower.truth_eval`). A trained router's row is the mean over its
@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -25,13 +24,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import RESULTS, ROOT, machine
 from hddm_flower.config_io import load_config
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.stages.router import fit_router
 from hddm_flower.truth import interval
 from hddm_flower.truth_eval import Row, evaluate_group
 
-ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("cluster_adherence", "adherence", "mode_tv", "mmd2", "delta_log_density")
 
 
@@ -76,9 +75,9 @@ def main() -> None:
             "seconds": round(sample_s, 1),
         }
     out = {
-        "command": "python " + " ".join(sys.argv),
+        "command": "python -m benchmarks.gmm_prompt_router " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {args.threads} torch thread(s)",
+        "machine": f"{machine()}, {args.threads} torch thread(s)",
         "load_average": {"start": load0, "end": os.getloadavg()},
         "seconds": round(time.time() - start, 1),
         "protocol": {
@@ -93,7 +92,7 @@ def main() -> None:
         },
         "rows": rows,
     }
-    res = ROOT / "benchmarks" / "results"
+    res = RESULTS
     (res / "gmm_prompt_router.json").write_text(json.dumps(out, indent=1))
     pr = out["protocol"]
     lines = [

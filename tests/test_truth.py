@@ -107,6 +107,11 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
     # the config's own mix (1DDPM:1FM) under every routing mode, the other under top2; both with the exact router
     assert {"1DDPM:1FM · oracle", "1DDPM:1FM · top1", "2FM · top2", "2FM · top2 · exact router"} <= set(rows)
     assert "2FM · oracle" not in rows
+    # the exact prompt-aware router routes each caption to its cluster; the text-free one cannot at high noise
+    aware = rows["exact FM experts · exact prompt-aware router · top2"]["metrics"]["cluster_adherence"]["mean"]
+    free = rows["exact FM experts · exact router · top2"]["metrics"]["cluster_adherence"]["mean"]
+    assert aware > 0.9 and aware > free
+    assert "1DDPM:1FM · top2 · exact prompt-aware router" in rows
     true = rows["true samples (fresh draws)"]
     assert true["samples_per_seed"] == 4 * 2 and true["seeds"] == 2 and len(true["per_seed"]) == 2
     assert true["metrics"]["adherence"]["mean"] > 0.7
