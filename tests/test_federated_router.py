@@ -14,7 +14,7 @@ from hddm_flower import metrics as M
 from hddm_flower.data import load_split, read_meta
 from hddm_flower.evaluate import all_images
 from hddm_flower.federated import FeatureSums, frechet_distance_from_sums
-from hddm_flower.models import router_config
+from hddm_flower.models import Router, router_config
 from hddm_flower.training import lr_factor
 from strategies.federated_router import federated_reference, node_sizes, train_router_federated
 from strategies.inprocess_grid import FakeGrid
@@ -59,6 +59,28 @@ def test_federated_router_rounds_over_single_cluster_nodes(tiny_config, dataset_
     assert record["bytes_sent"] > 0 and record["bytes_received"] > 0 and record["dropped_replies"] == {}
     ref = router.state_dict()
     assert all(torch.isfinite(v).all() for v in ref.values())
+
+
+def test_a_prompt_aware_router_trains_federatedly_on_each_nodes_own_captions(tiny_config, dataset_dir, cache_dir):
+    """``router.conditioning: text`` through the real ClientApp handlers: the global router's caption projection
+    travels and changes (each node trains on its own captions' pooled embeddings), the replies pass the schema."""
+    from hddm_flower.stages.router import router_model_config
+
+    cfg = _cfg(tiny_config, cache_dir, training="federated", rounds=2, conditioning="text")
+    rc = router_model_config(cfg, read_meta(dataset_dir))
+    assert rc["conditioning"] == "text" and rc["caption_dim"] == read_meta(dataset_dir)["text_dim"]
+    grid = FakeGrid(client_app, {n: {} for n in CLUSTERS})
+    torch.manual_seed(cfg.router.seed)
+    start = {k: v.clone() for k, v in Router(**rc).state_dict().items()}
+    router, record = train_router_federated(
+        grid, cfg, CLUSTERS, rc, sizes=_sizes(dataset_dir), timeout=60, cache_dir=str(cache_dir)
+    )
+    assert router.conditioning == "text" and record["dropped_replies"] == {} and record["rounds"] == 2
+    assert len(record["heldout"]["top1"]) == len(cfg.evaluation.times)
+    moved = [
+        k for k, v in router.state_dict().items() if k.startswith("caption_embed") and not torch.equal(v, start[k])
+    ]
+    assert moved  # the caption projection was trained
 
 
 def test_a_malformed_update_costs_only_its_own_reply(tiny_config, dataset_dir, cache_dir):
