@@ -16,6 +16,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,9 +160,12 @@ def sample_mode(
     seed: int,
     batch_size: int = 256,
     progress: bool = False,
-) -> tuple[Tensor, dict]:
+    consume: Callable[[Tensor], None] | None = None,
+) -> tuple[Tensor | None, dict]:
     """Samples (P, S, C, H, W) of one routing mode, plus its trace: mean mixing weight and usage per expert and
-    step, and the conversion's clamp counts. The noise depends only on ``seed``: every mode sees the same."""
+    step, and the conversion's clamp counts. The noise depends only on ``seed``: every mode sees the same.
+    ``consume``: each batch of samples (rows prompt-major, S per prompt) is handed to it as it is generated and
+    not kept (then None is returned in place of the samples)."""
     spec = parse_mode(mode)
     experts = {int(k): e for k, e in ensemble.experts.items()}
     traced = _TracedRouter(ensemble.router, ensemble.present)
@@ -198,18 +202,20 @@ def sample_mode(
             n = len(noise[rows])
             traced.labels = labels[rows]
             un = TextCond(uncond.states.expand(n, -1, -1), uncond.mask.expand(n, -1))
-            out.append(
-                sample_ensemble(
-                    ens,
-                    noise[rows],
-                    map_cond(lambda c: c[rows], cond),
-                    un,
-                    num_steps=num_steps,
-                    cfg_scale=cfg_scale,
-                    labels=labels[rows],
-                    generator=g,
-                )
+            batch = sample_ensemble(
+                ens,
+                noise[rows],
+                map_cond(lambda c: c[rows], cond),
+                un,
+                num_steps=num_steps,
+                cfg_scale=cfg_scale,
+                labels=labels[rows],
+                generator=g,
             )
+            if consume is None:
+                out.append(batch)
+            else:
+                consume(batch)
     finally:
         for e in _ddpm_experts(experts.values()):
             e.clamp_counts = None
@@ -236,7 +242,65 @@ def sample_mode(
         "handover": read_counts(ens.handover_counts),
         "seconds": round(seconds, 2),
     }
-    return torch.cat(out).reshape(P, S, *noise.shape[1:]), trace
+    return (torch.cat(out).reshape(P, S, *noise.shape[1:]) if consume is None else None), trace
+
+
+class StreamedSamples:
+    """One mode's samples consumed batch by batch as :func:`sample_mode` generates them (rows prompt-major,
+    ``samples_per_prompt`` per prompt): each batch is decoded to pixels and featurised, and only what the metrics
+    and the grids need is kept: the features (N, d), the adherence hits, each prompt's diversity once its samples
+    are in (at most S − 1 images carried to the next batch), the CLIP scores, and the pixels of the first
+    ``grid_prompts`` prompts (``grid``, (G, S, C, H, W))."""
+
+    def __init__(
+        self,
+        fx,
+        classifier,
+        distance,
+        prompts: Prompts,
+        samples_per_prompt: int,
+        grid_prompts: int,
+        *,
+        decode=None,
+        labels: bool = True,
+        clip: M.ClipScorer | None = None,
+    ):
+        self.fx, self.classifier, self.distance, self.decode = fx, classifier, distance, decode
+        self.prompts, self.S, self.G, self.labels, self.clip = prompts, samples_per_prompt, grid_prompts, labels, clip
+        self.rows, self.hits, self.feats, self.per_prompt, self.clip_scores = 0, 0, [], [], []
+        self.pending: Tensor | None = None
+        self.grid_rows: list[Tensor] = []
+
+    def __call__(self, batch: Tensor) -> None:
+        flat = self.decode(batch) if self.decode is not None else batch
+        prompt = torch.arange(self.rows, self.rows + len(flat)) // self.S
+        self.rows += len(flat)
+        self.feats.append(self.fx(flat))
+        if self.labels:
+            self.hits += int((classify(self.classifier, flat) == self.prompts.labels[prompt]).sum())
+        if self.clip is not None:
+            self.clip_scores.append(self.clip(flat, [self.prompts.captions[p] for p in prompt.tolist()]))
+        if (prompt < self.G).any():
+            self.grid_rows.append(flat[prompt < self.G])
+        buf = flat if self.pending is None else torch.cat([self.pending, flat])  # starts at a prompt's first row
+        whole = len(buf) // self.S * self.S
+        if whole:
+            groups = buf[:whole].reshape(-1, self.S, *buf.shape[1:])
+            self.per_prompt += M.intra_prompt_diversity(groups, self.distance)["per_prompt"]
+        self.pending = buf[whole:] if whole < len(buf) else None
+
+    @property
+    def grid(self) -> Tensor | None:
+        if not self.grid_rows:
+            return None
+        rows = torch.cat(self.grid_rows)
+        return rows.reshape(-1, self.S, *rows.shape[1:])
+
+    def features(self) -> Tensor:
+        return torch.cat(self.feats)
+
+    def diversity(self) -> dict:
+        return M.diversity_summary(self.per_prompt, self.S * (self.S - 1) // 2, self.distance.name)
 
 
 def feature_description(dataset_dir: Path) -> str:
@@ -309,7 +373,11 @@ def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None
 
 
 def _quality(fx: M.FeatureExtractor, ref_feats: Tensor | FeatureSums | ReferenceStats, images: Tensor, ev) -> dict:
-    feats = fx(images)
+    return _quality_of_features(ref_feats, fx(images), ev)
+
+
+def _quality_of_features(ref_feats: Tensor | FeatureSums | ReferenceStats, feats: Tensor, ev) -> dict:
+    """FID and KID of generated features ``feats`` (N, d) against the reference."""
     if isinstance(ref_feats, ReferenceStats):  # cached statistics: exact FID sums, KID on the reservoir sample
         kid, kid_std, size = M.kernel_distance(
             ref_feats.kid_features, feats, subset_size=ev.kid_subset_size, subsets=ev.kid_subsets, seed=ev.seed
@@ -319,7 +387,7 @@ def _quality(fx: M.FeatureExtractor, ref_feats: Tensor | FeatureSums | Reference
             "kid": kid,
             "kid_std": kid_std,
             "kid_subset_size": size,
-            "num_samples": len(images),
+            "num_samples": len(feats),
             "num_reference": ref_feats.count,
             "num_kid_reference": len(ref_feats.kid_features),
         }
@@ -329,7 +397,7 @@ def _quality(fx: M.FeatureExtractor, ref_feats: Tensor | FeatureSums | Reference
             "kid": None,
             "kid_std": None,
             "kid_note": "not computed: the reference is federated sums (n, Σf, Σffᵀ); KID needs its features",
-            "num_samples": len(images),
+            "num_samples": len(feats),
             "num_reference": ref_feats.count,
         }
     kid, kid_std, size = M.kernel_distance(
@@ -340,7 +408,7 @@ def _quality(fx: M.FeatureExtractor, ref_feats: Tensor | FeatureSums | Reference
         "kid": kid,
         "kid_std": kid_std,
         "kid_subset_size": size,
-        "num_samples": len(images),
+        "num_samples": len(feats),
         "num_reference": len(ref_feats),
     }
 
@@ -431,8 +499,20 @@ def evaluate_run(
     if skipped:
         result["skipped_modes"] = skipped
     samples = {}
+    clip = M.ClipScorer(ev.clip) if ev.clip else None
     for mode in modes:
-        images, trace = sample_mode(
+        streamed = StreamedSamples(
+            fx,
+            classifier,
+            distance,
+            prompts,
+            ev.samples_per_prompt,
+            ev.grid_prompts,
+            decode=decode,
+            labels=not data_free,
+            clip=clip,
+        )
+        _, trace = sample_mode(
             ensemble,
             mode,
             prompts,
@@ -444,24 +524,21 @@ def evaluate_run(
             seed=seed,
             batch_size=ev.batch_size,
             progress=progress,
+            consume=streamed,
         )
-        flat = decode(images.flatten(0, 1))
-        images = flat.reshape(*images.shape[:2], *flat.shape[1:])
-        samples[mode] = images
-        r = _quality(fx, ref_feats, flat, ev) | {"lpips": M.intra_prompt_diversity(images, distance)} | trace
+        if streamed.grid is not None:  # what the grids show; the rest of the mode's samples is not kept
+            samples[mode] = streamed.grid
+        r = _quality_of_features(ref_feats, streamed.features(), ev) | {"lpips": streamed.diversity()} | trace
         # the fraction of samples the run's feature classifier puts in the cluster of their prompt's image
         r["adherence"] = (
             None  # the config's prompts have no known cluster on a coordinator without data
             if data_free
-            else float(
-                (classify(classifier, flat) == prompts.labels.repeat_interleave(images.shape[1])).double().mean()
-            )
+            else streamed.hits / streamed.rows
         )
         r["lpips"].pop("distance")
-        if ev.clip:
-            r["clip_score"] = M.clip_score(
-                flat, [c for c in prompts.captions for _ in range(ev.samples_per_prompt)], ev.clip
-            )
+        if clip is not None:
+            scores = torch.cat(streamed.clip_scores)
+            r["clip_score"] = {"value": scores.mean().item(), "model": str(clip.path), "num_images": len(scores)}
         result["modes"][mode] = r
         log.info(
             "%s: FID %.2f KID %s adherence %s %s %.3f (%.0f s; features: %s)",

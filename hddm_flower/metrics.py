@@ -384,13 +384,18 @@ def intra_prompt_diversity(images: Tensor, distance: Distance) -> dict:
     per_prompt = []
     for p in range(P):
         per_prompt.append(distance(images[p, i], images[p, j]).mean().item())
+    return diversity_summary(per_prompt, len(i), distance.name)
+
+
+def diversity_summary(per_prompt: list[float], pairs_per_prompt: int, distance_name: str) -> dict:
+    """:func:`intra_prompt_diversity`'s result from its per-prompt values (mean ± std over prompts)."""
     v = torch.tensor(per_prompt, dtype=torch.float64)
     return {
         "mean": v.mean().item(),
         "std": v.std(unbiased=False).item(),
         "per_prompt": per_prompt,
-        "pairs_per_prompt": len(i),
-        "distance": distance.name,
+        "pairs_per_prompt": pairs_per_prompt,
+        "distance": distance_name,
     }
 
 
@@ -407,23 +412,39 @@ def _embedding(out) -> Tensor:
 def clip_score(images: Tensor, prompts: list[str], clip_path: str | os.PathLike, batch_size: int = 64) -> dict:
     """CLIP score with a local transformers CLIP folder: ``100 · max(cos(image, text), 0)`` averaged over the
     images (torchmetrics' definition; its own ``CLIPScore`` accepts only hub names and predates transformers 5)."""
-    from transformers import CLIPModel, CLIPProcessor
+    scorer = ClipScorer(clip_path, batch_size)
+    scores = scorer(images, prompts)
+    return {"value": scores.mean().item(), "model": str(scorer.path), "num_images": len(images)}
 
-    path = Path(clip_path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"CLIP folder {path} does not exist")
-    if len(prompts) != len(images):
-        raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
-    model, processor = CLIPModel.from_pretrained(path).eval(), CLIPProcessor.from_pretrained(path)
-    x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    scores = []
-    for i in range(0, len(x), batch_size):
-        pix = processor(images=list(x[i : i + batch_size]), return_tensors="pt")["pixel_values"]
-        txt = processor(text=prompts[i : i + batch_size], return_tensors="pt", padding=True, truncation=True)
-        img_emb = F.normalize(_embedding(model.get_image_features(pixel_values=pix)), dim=-1)
-        txt_emb = F.normalize(
-            _embedding(model.get_text_features(input_ids=txt["input_ids"], attention_mask=txt["attention_mask"])),
-            dim=-1,
-        )
-        scores.append((100 * (img_emb * txt_emb).sum(-1)).clamp(min=0))
-    return {"value": torch.cat(scores).mean().item(), "model": str(path), "num_images": len(images)}
+
+class ClipScorer:
+    """The per-image CLIP scores ``100 · max(cos(image, text), 0)`` of :func:`clip_score`, the model loaded once
+    (for images scored batch by batch as they are generated)."""
+
+    def __init__(self, clip_path: str | os.PathLike, batch_size: int = 64):
+        from transformers import CLIPModel, CLIPProcessor
+
+        path = Path(clip_path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"CLIP folder {path} does not exist")
+        self.path, self.batch_size = path, batch_size
+        self.model, self.processor = CLIPModel.from_pretrained(path).eval(), CLIPProcessor.from_pretrained(path)
+
+    @torch.no_grad()
+    def __call__(self, images: Tensor, prompts: list[str]) -> Tensor:
+        if len(prompts) != len(images):
+            raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
+        x = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        scores, b = [], self.batch_size
+        for i in range(0, len(x), b):
+            pix = self.processor(images=list(x[i : i + b]), return_tensors="pt")["pixel_values"]
+            txt = self.processor(text=prompts[i : i + b], return_tensors="pt", padding=True, truncation=True)
+            img_emb = F.normalize(_embedding(self.model.get_image_features(pixel_values=pix)), dim=-1)
+            txt_emb = F.normalize(
+                _embedding(
+                    self.model.get_text_features(input_ids=txt["input_ids"], attention_mask=txt["attention_mask"])
+                ),
+                dim=-1,
+            )
+            scores.append((100 * (img_emb * txt_emb).sum(-1)).clamp(min=0))
+        return torch.cat(scores) if scores else torch.zeros(0)

@@ -221,3 +221,32 @@ def test_paired_differences_cancel_what_every_row_of_a_seed_shares():
     assert not got["8FM: top2 − monolith"]["fid"]["resolved"]  # a difference of exactly 0
     one = {n: {"per_seed": {m: v[:1] for m, v in r["per_seed"].items()}} for n, r in results.items()}
     assert paired_differences(one) == []
+
+
+def test_a_mode_streamed_batch_by_batch_gives_the_whole_sets_metrics_and_keeps_only_the_grid():
+    """StreamedSamples fed batches that cut across prompts gives the features, diversity and adherence of the
+    whole sample set at once (float64), and keeps the pixels of the grid's prompts only."""
+    from hddm_flower import metrics as M
+    from hddm_flower.adherence import classify
+    from hddm_flower.evaluate import Prompts, StreamedSamples
+
+    torch.manual_seed(0)
+    classifier = M.FeatureClassifier(in_channels=3, num_classes=4, text_dim=8).double().eval()
+    fx = M.classifier_features(classifier, "random test net")
+    distance = M.lpips_distance(None, fallback=classifier, fallback_description="random test net")
+    P, S, G = 5, 3, 2
+    images = torch.rand(P, S, 3, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    prompts = Prompts([f"prompt {p}" for p in range(P)], None, torch.tensor([0, 1, 2, 3, 1]))
+    streamed = StreamedSamples(fx, classifier, distance, prompts, S, G)
+    flat = images.flatten(0, 1)
+    for i in range(0, len(flat), 4):  # batches of 4 rows: prompts of 3 samples split across batches
+        streamed(flat[i : i + 4])
+    torch.testing.assert_close(streamed.features(), fx(flat), rtol=1e-12, atol=1e-12)
+    whole = M.intra_prompt_diversity(images, distance)
+    got = streamed.diversity()
+    assert got["pairs_per_prompt"] == whole["pairs_per_prompt"] and len(got["per_prompt"]) == P
+    torch.testing.assert_close(torch.tensor(got["per_prompt"]), torch.tensor(whole["per_prompt"]), rtol=1e-12, atol=0)
+    hits = (classify(classifier, flat) == prompts.labels.repeat_interleave(S)).double().mean()
+    assert streamed.hits / streamed.rows == float(hits) and streamed.rows == P * S
+    assert torch.equal(streamed.grid, images[:G])  # kept: the grid's prompts, nothing else
+    assert sum(len(r) for r in streamed.grid_rows) == G * S and streamed.pending is None
