@@ -35,7 +35,7 @@ from .checkpoints import META, ROUTER_META, WEIGHTS, load_expert, read_expert_me
 from .config import Config
 from .config_io import config_from_dict
 from .config_rules import ConfigError
-from .data import load_split, load_uncond, read_meta
+from .data import StreamingAllClusters, load_split, load_uncond, read_meta
 from .devices import resolve_device, resolve_precision
 from .encoders import pixel_decoder
 from .ensemble import Ensemble
@@ -274,12 +274,17 @@ def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None 
 
 def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) -> tuple[dict, dict, dict]:
     """An FM expert of the experts' size on all clusters for K × ``expert.steps`` optimiser steps, trained exactly
-    as the experts are (micro-batches, gradient accumulation, precision, checkpointing, optimiser): equal training
-    compute, i.e. as many images seen as all K experts together."""
+    as the experts are (micro-batches, gradient accumulation, precision, optimiser): equal training compute, i.e.
+    as many images seen as all K experts together. With ``data.stream`` the training split is streamed from the
+    shards (:class:`~hddm_flower.data.StreamingAllClusters`, seeded), not loaded."""
     e = cfg.expert
     steps = cfg.num_experts * e.steps
     dataset_meta = read_meta(dataset_dir)
-    data = load_split(dataset_dir, None, "train")
+    data = (
+        StreamingAllClusters(dataset_dir, seed=e.seed + 1000)
+        if cfg.data.stream
+        else load_split(dataset_dir, None, "train")
+    )
     torch.manual_seed(e.seed + 1000)
     expert, model_config, meta = build_expert(cfg, dataset_meta, "fm")
     stats = train_expert(

@@ -192,6 +192,26 @@ def test_monolith_sees_what_the_experts_saw(tiny_config, dataset_dir):
     assert meta["images_seen"] == cfg.num_experts * e.steps * e.batch_size * e.grad_accumulation
 
 
+def test_streamed_monolith_reads_the_shards_as_a_stream_and_is_reproducible(tiny_config, dataset_dir, monkeypatch):
+    """data.stream: the monolith trains from every cluster's seeded stream (no split loaded), twice the same."""
+    import dataclasses
+
+    from hddm_flower import reproduce
+
+    def no_loading(*a, **k):
+        raise AssertionError("the streamed monolith loaded a split")
+
+    monkeypatch.setattr(reproduce, "load_split", no_loading)
+    e = dataclasses.replace(tiny_config.expert, steps=1)
+    cfg = dataclasses.replace(tiny_config, expert=e, data=dataclasses.replace(tiny_config.data, stream=True))
+    a, _, meta = reproduce.train_monolith(cfg, dataset_dir)
+    b, _, _ = reproduce.train_monolith(cfg, dataset_dir)
+    train = sum(c["size"] - c["val"] for c in json.loads((dataset_dir / "meta.json").read_text())["clusters"])
+    assert meta["cluster_size"] == train and meta["images_seen"] == cfg.num_experts * e.batch_size
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
 def test_paired_differences_cancel_what_every_row_of_a_seed_shares():
     """Each seed moves every row by the same amount (its prompts): the marginal intervals are wide, the paired
     differences exact. One seed gives no paired table."""
