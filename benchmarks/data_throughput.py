@@ -217,7 +217,12 @@ def main(argv: list[str] | None = None) -> dict:
         "config": data | {"num_clusters": args.num_clusters},
         "threads": args.threads,
         "runs": runs,
-        "machine": f"{machine()}, {platform.platform()}, Python {platform.python_version()}",
+        "machine": {
+            "description": machine(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
         "extrapolation": extrapolate(runs, args),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -27,8 +27,6 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -38,6 +36,8 @@ import numpy as np
 import torch
 
 from .data import SAME_ENCODING
+from .data.layout import is_prepared
+from .data.writer import DatasetWriter
 from .embedded import PIXEL_FEATURES, PIXEL_SIDE, pixel_pca, pixel_vectors
 from .ingest import read_manifest
 
@@ -340,7 +340,7 @@ def _words(caption: str) -> list[str]:
 
 def write_shard_sets(
     urls: list[str],
-    tmp: Path,
+    writer: DatasetWriter,
     labels: np.ndarray,
     fine_labels: np.ndarray,
     val: np.ndarray,
@@ -352,19 +352,15 @@ def write_shard_sets(
     progress: bool = False,
 ) -> dict:
     """Pass 4: copy each sample into its cluster's shard set; assignments.csv; examples for the grid."""
-    import webdataset as wds
     from tqdm.auto import tqdm
 
-    writers = []
-    for k in range(num_clusters):
-        (tmp / f"cluster-{k}").mkdir()
-        writers.append(wds.ShardWriter(str(tmp / f"cluster-{k}" / "shard-%06d.tar"), maxcount=shard_size, verbose=0))
+    writers = [writer.shard_writer(k, maxcount=shard_size) for k in range(num_clusters)]
     grid = [[] for _ in range(num_clusters)]
     words = [Counter() for _ in range(num_clusters)]
     categories = [Counter() for _ in range(num_clusters)]
     examples = [[] for _ in range(num_clusters)]
     try:
-        with open(tmp / "assignments.csv", "w", newline="") as fh:
+        with open(writer.path("assignments.csv"), "w", newline="") as fh:
             out = csv.writer(fh)
             out.writerow(["key", "source_key", "cluster", "fine", "split"])
             for i, s in enumerate(
@@ -423,7 +419,7 @@ def cluster_encoded(
     dirs = [Path(d) for d in encoded_dir] if isinstance(encoded_dir, (list, tuple)) else [Path(encoded_dir)]
     encoded_dir, out = dirs[0], Path(out)
     manifest = merge_manifests(dirs)
-    if (out / "meta.json").exists():
+    if is_prepared(out):
         raise FileExistsError(f"{out} already holds a clustered dataset")
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty")
@@ -437,10 +433,9 @@ def cluster_encoded(
     )
     urls = [u for d in dirs for u in encoded_urls(d)]
     key_prefix = {u: f"{i:03d}-" for i, d in enumerate(dirs) for u in encoded_urls(d)} if len(dirs) > 1 else None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     clock = {"start": time.perf_counter()}
-    try:
+    with DatasetWriter(out) as writer:
+        tmp = writer.tmp
         feats, detail = compute_features(urls, n, model, tmp / "features.npy", batch_size=batch_size, progress=progress)
         if features == "pixels":
             feats = pixel_components(feats, tmp / "components.npy", seed=seed, fit_samples=fit_samples)
@@ -461,7 +456,7 @@ def cluster_encoded(
         val = split_of(labels, num_clusters, val_fraction, seed)
         written = write_shard_sets(
             urls,
-            tmp,
+            writer,
             labels,
             fine_labels,
             val,
@@ -482,7 +477,7 @@ def cluster_encoded(
                     "detail": float(detail[rows].mean()),
                     "categories": written["categories"][k],
                     "examples": written["examples"][k],
-                    "shards": sorted(p.name for p in (tmp / f"cluster-{k}").glob("shard-*.tar")),
+                    "shards": writer.shard_names(k),
                 }
             )
         latent = manifest.get("latent")
@@ -516,19 +511,10 @@ def cluster_encoded(
                 "shard_sets": round(clock["shards"] - clock["kmeans"], 3),
             },
         }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        shutil.copy(encoded_dir / "uncond.safetensors", tmp / "uncond.safetensors")
-        for k in range(num_clusters):  # each shard set stands alone: its institution needs only this folder
-            (tmp / f"cluster-{k}" / "meta.json").write_text(json.dumps(meta | {"cluster_set": k}, indent=2))
-            shutil.copy(encoded_dir / "uncond.safetensors", tmp / f"cluster-{k}" / "uncond.safetensors")
+        writer.copy_uncond(encoded_dir)
+        writer.write_meta(meta)  # each shard set stands alone: its institution needs only this folder
         _grid(written["grid"], tmp / "clusters.png", scale=max(1, 64 // written["grid"][0][0].shape[0]))
         (tmp / "report.md").write_text(render_report(meta))
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

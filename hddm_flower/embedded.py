@@ -10,16 +10,15 @@ shared with `hddm cluster` (:mod:`hddm_flower.cluster`).
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .data import DATASET_VERSION, stratified_split
+from .data.layout import is_prepared
+from .data.writer import DatasetWriter
 from .text import TextEncoder
 
 log = logging.getLogger(__name__)
@@ -167,8 +166,6 @@ def prepare_embedded(
     Safe to call from many processes at once: one builds while the others wait; a crash leaves no partial
     directory behind (the result is renamed into place when complete).
     """
-    import webdataset as wds
-    from safetensors.torch import save_file
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_limits
 
@@ -180,7 +177,7 @@ def prepare_embedded(
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / "meta.json").exists():
+        if is_prepared(out):
             return out
         log.info("preparing the embedded Twemoji dataset in %s", out)
         images, captions, categories = load_twemoji(image_size, skin_tones)
@@ -201,13 +198,11 @@ def prepare_embedded(
         # held-out split, stratified: every cluster of ≥ 2 images keeps at least one validation image
         split = stratified_split(labels, num_clusters, val_fraction, np.random.default_rng(seed + 1))
 
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
+        with DatasetWriter(out) as writer:
             clusters = []
             for k in range(num_clusters):
                 idx = np.flatnonzero(labels == k)
-                (tmp / f"cluster-{k}").mkdir()
-                with wds.ShardWriter(str(tmp / f"cluster-{k}" / "shard-%06d.tar"), maxcount=1000, verbose=0) as w:
+                with writer.shard_writer(k, maxcount=1000) as w:
                     for i in idx:
                         n = int(cond.mask[i].sum())
                         w.write(
@@ -230,10 +225,7 @@ def prepare_embedded(
                         "examples": [captions[i] for i in idx[:5]],
                     }
                 )
-            save_file(
-                {"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()},
-                tmp / "uncond.safetensors",
-            )
+            writer.write_uncond(uncond.states[0], uncond.mask[0])
             meta = {
                 "name": "twemoji",
                 "version": DATASET_VERSION,
@@ -250,12 +242,5 @@ def prepare_embedded(
                 "license": "Twemoji graphics (c) Twitter, Inc. and other contributors, CC-BY 4.0",
                 "clusters": clusters,
             }
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-            for k in range(num_clusters):  # each cluster folder stands alone: an institution needs only its own
-                (tmp / f"cluster-{k}" / "meta.json").write_text(json.dumps(meta | {"cluster_set": k}, indent=2))
-                shutil.copy(tmp / "uncond.safetensors", tmp / f"cluster-{k}" / "uncond.safetensors")
-            tmp.rename(out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            writer.write_meta(meta)  # each cluster folder stands alone: an institution needs only its own
         return out

@@ -18,11 +18,8 @@ exact references (:mod:`hddm_flower.exact`) and the truth metrics (:mod:`hddm_fl
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .data.layout import is_prepared
+from .data.writer import DatasetWriter
 from .gmm import GaussianMixture
 from .models import TextCond
 
@@ -208,7 +207,6 @@ def prepare_gmm(
 ) -> Path:
     """Build (once) the GMM dataset's per-cluster shards; returns the dataset directory. Safe to call from many
     processes at once (a file lock; the result is renamed into place when complete)."""
-    import webdataset as wds
     from safetensors.torch import save_file
 
     from .embedded import detail_score
@@ -221,7 +219,7 @@ def prepare_gmm(
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / "meta.json").exists():
+        if is_prepared(out):
             return out
         log.info("preparing the Gaussian-mixture dataset in %s", out)
         mixture, captions, cluster_of = make_mixture(spec)
@@ -241,13 +239,11 @@ def prepare_gmm(
         from .data import stratified_split
 
         split = stratified_split(labels, spec.num_clusters, val_fraction, np.random.default_rng(spec.seed + 2))
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
+        with DatasetWriter(out) as writer:
             clusters = []
             for k in range(spec.num_clusters):
                 idx = np.flatnonzero(labels == k)
-                (tmp / f"cluster-{k}").mkdir()
-                with wds.ShardWriter(str(tmp / f"cluster-{k}" / "shard-%06d.tar"), maxcount=5000, verbose=0) as w:
+                with writer.shard_writer(k, maxcount=5000) as w:
                     for i in idx:
                         j, n = int(comp[i]), int(cond.mask[comp[i]].sum())
                         w.write(
@@ -280,12 +276,9 @@ def prepare_gmm(
                     "uncond_states": u_states.contiguous(),
                     "uncond_mask": u_mask.contiguous(),
                 },
-                tmp / GMM_FILE,
+                writer.path(GMM_FILE),
             )
-            save_file(
-                {"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()},
-                tmp / "uncond.safetensors",
-            )
+            writer.write_uncond(uncond.states[0], uncond.mask[0])
             meta = {
                 "name": "gmm",
                 "version": GMM_VERSION,
@@ -312,13 +305,5 @@ def prepare_gmm(
                 },
                 "clusters": clusters,
             }
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-            for k in range(spec.num_clusters):  # each cluster folder stands alone
-                (tmp / f"cluster-{k}" / "meta.json").write_text(json.dumps(meta | {"cluster_set": k}, indent=2))
-                for f in ("uncond.safetensors", GMM_FILE):
-                    shutil.copy(tmp / f, tmp / f"cluster-{k}" / f)
-            tmp.rename(out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            writer.write_meta(meta, also=(GMM_FILE,))  # each cluster folder stands alone
         return out

@@ -14,15 +14,14 @@ code reads where it would otherwise read the dataset's metadata.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from .config import Config
 from .data import read_meta, split_size
+from .data.writer import DatasetWriter
 from .wire import WireError, as_float, as_int, as_str, loads
 
 DECLARATION_VERSION = 1
@@ -190,8 +189,6 @@ def descriptor_meta(cfg: Config, declarations: dict[int, dict]) -> dict[str, Any
 def write_descriptor(out: Path, cfg: Config, declarations: dict[int, dict]) -> Path:
     """Write the descriptor into ``out`` (``meta.json`` and the empty caption's ``uncond.safetensors``, encoded by
     the coordinator's text encoder ``data.text_encoder``, whose name must be the one the nodes declared)."""
-    from safetensors.torch import save_file
-
     from .text import TextEncoder
 
     meta = descriptor_meta(cfg, declarations)
@@ -202,12 +199,9 @@ def write_descriptor(out: Path, cfg: Config, declarations: dict[int, dict]) -> P
             f"{meta['text_encoder']} ({meta['text_dim']}-d): set data.text_encoder to the same model"
         )
     uncond, _ = encoder.encode([""])
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "uncond.safetensors.tmp"
-    save_file({"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()}, tmp)
-    os.replace(tmp, out / "uncond.safetensors")
-    (out / "meta.json.tmp").write_text(json.dumps(meta, indent=2))
-    os.replace(out / "meta.json.tmp", out / "meta.json")
+    with DatasetWriter(out, replace=True) as writer:  # a resumed run writes it again
+        writer.write_uncond(uncond.states[0], uncond.mask[0])
+        writer.write_meta(meta, clusters=())  # no shard set: no cluster folder
     return out
 
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from torch import Tensor
 
 from ..models import TextCond
 from ..safeio import read_text
+from . import layout
 from .shards import open_shards
 
 DATASET_VERSION = 4  # 4: each cluster-k folder carries meta.json and uncond.safetensors
@@ -40,7 +39,7 @@ MAX_META_BYTES = 256 * 2**20  # a dataset's meta.json (a prepared dataset may co
 def read_meta(dataset_dir: str | os.PathLike) -> dict:
     """A prepared dataset's ``meta.json``, opened as a file from outside (:mod:`~hddm_flower.safeio`: a regular
     file of bounded size, JSON whose nesting the parser can hold, an object)."""
-    path = Path(dataset_dir) / "meta.json"
+    path = Path(dataset_dir) / layout.META
     if not path.exists():
         raise FileNotFoundError(f"{dataset_dir} is not a prepared dataset (no meta.json)")
     text = read_text(path, "dataset metadata", MAX_META_BYTES)
@@ -74,7 +73,7 @@ def cluster_shards(dataset_dir: str | os.PathLike, cluster: int, meta: dict | No
     one cluster's shard set (its ``meta.json`` has ``cluster_set``), that folder's shards."""
     meta = meta or read_meta(dataset_dir)
     if meta.get("institution"):  # one institution's own data: its single cluster is whichever expert it trains
-        folder = Path(dataset_dir) / "cluster-0"
+        folder = layout.cluster_dir(dataset_dir, 0)
     elif not 0 <= cluster < meta["num_clusters"]:
         raise ValueError(f"cluster {cluster} does not exist in {dataset_dir} (it has {meta['num_clusters']})")
     elif "cluster_set" in meta:
@@ -84,8 +83,8 @@ def cluster_shards(dataset_dir: str | os.PathLike, cluster: int, meta: dict | No
             )
         folder = Path(dataset_dir)
     else:
-        folder = Path(dataset_dir) / f"cluster-{cluster}"
-    urls = sorted(str(p) for p in folder.glob("shard-*.tar"))
+        folder = layout.cluster_dir(dataset_dir, cluster)
+    urls = sorted(str(p) for p in folder.glob(layout.SHARD_GLOB))
     if not urls:
         raise ValueError(f"cluster {cluster} of {dataset_dir} is empty (no shards in {folder})")
     for url in urls:  # a link to a FIFO or a device would hang or never end the reader
@@ -279,22 +278,15 @@ def extend_dataset(base: str | os.PathLike, cluster_dir: str | os.PathLike, out:
         "clusters": bmeta["clusters"] + [entry],
         "extended": bmeta.get("extended", []) + [{"cluster": k_new, "from": str(cluster_dir)}],
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    from .writer import DatasetWriter
+
+    with DatasetWriter(out) as writer:
         for k in range(k_new):
-            (tmp / f"cluster-{k}").symlink_to(base / f"cluster-{k}", target_is_directory=True)
-        (tmp / f"cluster-{k_new}").mkdir()
+            writer.link_cluster(k, layout.cluster_dir(base, k))
         for url in cluster_shards(cluster_dir, source, cmeta):
-            (tmp / f"cluster-{k_new}" / Path(url).name).symlink_to(url)
-        (tmp / f"cluster-{k_new}" / "meta.json").write_text(json.dumps(meta | {"cluster_set": k_new}, indent=2))
-        for folder in (tmp, tmp / f"cluster-{k_new}"):
-            shutil.copy(base / "uncond.safetensors", folder / "uncond.safetensors")
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            writer.link_shard(k_new, url)
+        writer.copy_uncond(base)
+        writer.write_meta(meta, clusters=[k_new])  # the linked clusters keep their own
     return out
 
 
@@ -325,5 +317,5 @@ def load_uncond(dataset_dir: str | os.PathLike) -> TextCond:
     """The empty caption's states (1, L, dim): the unconditional input for caption dropout and CFG."""
     from safetensors.torch import load_file
 
-    t = load_file(Path(dataset_dir) / "uncond.safetensors")
+    t = load_file(Path(dataset_dir) / layout.UNCOND)
     return TextCond(t["states"][None].float(), t["mask"][None].float())

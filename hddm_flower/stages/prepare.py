@@ -6,12 +6,13 @@ import dataclasses
 import fcntl
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from ..cluster import cluster_encoded
 from ..config import Config
 from ..data import check_clusters, default_cache_dir, read_meta
+from ..data.layout import is_prepared
+from ..data.writer import rewrite_meta
 from ..embedded import prepare_embedded
 from ..gmm_data import GMMSpec, prepare_gmm
 from ..ingest import default_device, prepare_from_config
@@ -30,7 +31,7 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: 
     cache = Path(cache_dir or d.cache_dir or default_cache_dir())
     if d.prepared:  # made beforehand by `hddm prepare` + `hddm cluster --out`
         out = Path(d.prepared)
-        if not (out / "meta.json").exists():
+        if not is_prepared(out):
             raise FileNotFoundError(f"data.prepared: {out} is not a clustered dataset (no meta.json)")
     elif d.name == "gmm":
         out = prepare_gmm(
@@ -66,7 +67,7 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: 
         cache.mkdir(parents=True, exist_ok=True)
         with open(cache / f".{out.name}.lock", "w") as lock:  # simulated nodes share the cache: one builds
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (out / "meta.json").exists():
+            if not is_prepared(out):
                 if not (encoded / "manifest.json").exists():
                     manifest = prepare_from_config(d, encoded, progress=progress)
                     if not manifest.get("num_samples"):
@@ -89,9 +90,7 @@ def prepare_institution(cfg: Config, cache_dir: str | Path | None = None, *, pro
     out = prepare_data(one, cache_dir, progress=progress)
     meta = read_meta(out)
     if not meta.get("institution"):
-        tmp = out / "meta.json.tmp"
-        tmp.write_text(json.dumps(meta | {"institution": True}, indent=2))
-        os.replace(tmp, out / "meta.json")
+        rewrite_meta(out, meta | {"institution": True})
     return out
 
 
