@@ -287,7 +287,7 @@ class StreamedSamples:
         if whole:
             groups = buf[:whole].reshape(-1, self.S, *buf.shape[1:])
             self.per_prompt += M.intra_prompt_diversity(groups, self.distance)["per_prompt"]
-        self.pending = buf[whole:] if whole < len(buf) else None
+        self.pending = buf[whole:].clone() if whole < len(buf) else None  # not a view that holds the batch
 
     @property
     def grid(self) -> Tensor | None:
