@@ -35,7 +35,8 @@ from .checkpoints import META, ROUTER_META, WEIGHTS, load_expert, read_expert_me
 from .config import Config
 from .config_io import config_from_dict
 from .config_rules import ConfigError
-from .data import StreamingAllClusters, load_split, load_uncond, read_meta
+from .data import load_split, load_uncond, read_meta
+from .data.streams import StreamingAllClusters
 from .devices import resolve_device, resolve_precision
 from .encoders import pixel_decoder
 from .ensemble import Ensemble
@@ -276,7 +277,7 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
     """An FM expert of the experts' size on all clusters for K × ``expert.steps`` optimiser steps, trained exactly
     as the experts are (micro-batches, gradient accumulation, precision, optimiser): equal training compute, i.e.
     as many images seen as all K experts together. With ``data.stream`` the training split is streamed from the
-    shards (:class:`~hddm_flower.data.StreamingAllClusters`, seeded), not loaded."""
+    shards (:class:`~hddm_flower.data.streams.StreamingAllClusters`, seeded), not loaded."""
     e = cfg.expert
     steps = cfg.num_experts * e.steps
     dataset_meta = read_meta(dataset_dir)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from ..metrics import pooled_caption
 from ..models import TextCond
@@ -217,3 +218,33 @@ def stream_captions(
             del streams[k]
             continue
         yield item
+
+
+class StreamingAllClusters:
+    """Every cluster's training data as one seeded stream, for the monolith baseline where they do not fit in RAM:
+    :func:`~hddm_flower.data.streams.stream_images` with the text states (clusters mixed as the whole split is,
+    shard order and buffers from ``seed``). It stands in for :class:`Split` as :class:`StreamingSplit` does:
+    ``batch(idx)`` is the next ``len(idx)`` samples, ``len()`` the training-set size from ``meta.json``."""
+
+    def __init__(self, dataset_dir: str | os.PathLike, *, seed: int = 0, shuffle_buffer: int = 1000):
+        self.size = split_size(read_meta(dataset_dir), None, "train")
+        self.dataset_dir, self.seed, self.shuffle_buffer = dataset_dir, seed, shuffle_buffer
+        self._stream, self._batch_size = None, None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
+        if self._stream is None or self._batch_size != len(idx):
+            self._batch_size = len(idx)
+            self._stream = stream_images(
+                self.dataset_dir,
+                None,
+                batch_size=len(idx),
+                split="train",
+                seed=self.seed,
+                shuffle_buffer=self.shuffle_buffer,
+                text=True,
+            )
+        x, _, cond = next(self._stream)
+        return x, cond
