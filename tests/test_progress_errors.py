@@ -7,6 +7,8 @@ import pytest
 import torch
 import yaml
 
+from hddm_flower.data.writer import DatasetWriter
+
 from .test_data_scale import _image, _write_shard
 
 
@@ -124,13 +126,14 @@ def test_clustering_loops_close_their_bars(dataset_dir, tmp_path, capsys, monkey
     fail, write = _raise_on(2), wds.ShardWriter.write  # the disk fills while the shard sets are written
     monkeypatch.setattr(wds.ShardWriter, "write", lambda self, rec: (fail(), write(self, rec)))
     labels = np.zeros(n, np.int64)
-    _closed_before_the_error(
-        capsys,
-        lambda: cluster.write_shard_sets(
-            urls, tmp_path, labels, labels, labels.astype(bool), 1, shard_size=100, progress=True
-        ),
-        "shard sets",
-    )
+
+    def shard_sets():
+        with DatasetWriter(tmp_path / "sets") as writer:
+            cluster.write_shard_sets(
+                urls, writer, labels, labels, labels.astype(bool), 1, shard_size=100, progress=True
+            )
+
+    _closed_before_the_error(capsys, shard_sets, "shard sets")
 
 
 def test_reference_statistics_loop_closes_its_bar(dataset_dir, capsys):
