@@ -1,7 +1,7 @@
 """Trained DDPM experts against the exact velocity on ``configs/reproduce-gmm.yaml``: the velocity-error profile of
 every conversion option and the per-expert sampler ablation with oracle routing.
 
-    python benchmarks/ddpm_profile.py [--out DIR] [--jobs 2] [--samples 512] [--seeds 3] [--per-prompt 64]
+    python -m benchmarks.ddpm_profile [--out DIR] [--jobs 2] [--samples 512] [--seeds 3] [--per-prompt 64]
 
 1. Trains (or reuses, in ``--out``, the layout and fingerprint of ``hddm reproduce``) an FM and a DDPM expert on
    each cluster that ``4DDPM:4FM`` gives DDPM (``ddpm_clusters: auto``), with the config's budget, and the monolith.

@@ -3,7 +3,7 @@ pairs) and 4DDPM:4FM at equal budget on ``configs/reproduce-gmm.yaml``, top-2 wi
 scored against the exact density; the DDPM mixes also under the remedies (``sampling.clean_estimate: shrink``,
 ``sampling.handover_t``).
 
-    python benchmarks/hetero_trainings.py [--trainings 3] [--pairs 8] [--per-prompt 16] [--jobs 2] [--out DIR]
+    python -m benchmarks.hetero_trainings [--trainings 3] [--pairs 8] [--per-prompt 16] [--jobs 2] [--out DIR]
 
 Training i (:func:`hddm_flower.training_seeds.training_config`) trains every expert it needs (FM and DDPM on every
 cluster) and its router with seeds moved by i; every configuration of training i shares those experts and that
