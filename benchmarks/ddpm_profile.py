@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from hddm_flower.checkpoints import load_expert, read_expert_meta, scheduler_config, sha256_file
+from hddm_flower.checkpoints import load_expert, read_expert_meta, scheduler_config
 from hddm_flower.config_io import load_config
 from hddm_flower.data import read_meta
 from hddm_flower.ensemble import euler_sample
@@ -43,7 +43,7 @@ from hddm_flower.gmm_data import load_reference
 from hddm_flower.models import TextCond
 from hddm_flower.objectives import cap_velocity_rms, velocity_rms, velocity_rms_prior
 from hddm_flower.report import PALETTE, _axes
-from hddm_flower.reproduce import _fingerprint, _Missing, _run_jobs, _train_job, _train_or_reuse, config_for
+from hddm_flower.reproduce import _fingerprint, _Missing, _run_jobs, _train_job, _train_or_reuse, config_for, dataset_id
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.truth import interval, median_bandwidth, mmd2
 
@@ -76,11 +76,7 @@ def _options(cfg) -> dict[str, dict]:
 def train_or_reuse(cfg, dataset_dir: Path, out: Path, clusters: list[int], jobs: int) -> dict[str, Path]:
     """FM and DDPM experts on ``clusters`` and the monolith, in ``hddm reproduce``'s layout and fingerprint."""
     meta = read_meta(dataset_dir)
-    data_id = {
-        "dataset": Path(dataset_dir).name,
-        "version": meta["version"],
-        "meta_sha256": sha256_file(Path(dataset_dir) / "meta.json"),
-    }
+    data_id = dataset_id(dataset_dir, meta)
     fp = _fingerprint(cfg.expert, cfg.ddpm, data_id)
     todo = [("monolith", None, "fm")] + [(f"cluster-{k}-{o}", k, o) for k in clusters for o in ("fm", "ddpm")]
     folders = {name: out / ("monolith" if k is None else f"experts/{name}") for name, k, _ in todo}

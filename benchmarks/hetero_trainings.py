@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from hddm_flower.checkpoints import ROUTER_META, sha256_file
+from hddm_flower.checkpoints import ROUTER_META
 from hddm_flower.config_io import config_from_dict, load_config
 from hddm_flower.data import read_meta
-from hddm_flower.reproduce import _fingerprint, _Missing, _run_jobs, _train_job, _train_or_reuse, config_for
+from hddm_flower.reproduce import _fingerprint, _Missing, _run_jobs, _train_job, _train_or_reuse, config_for, dataset_id
 from hddm_flower.rundir import ROUTER
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.stages.router import fit_router
@@ -65,11 +65,7 @@ def _configs(cfg, details: list[float], pairs: int, pool: str) -> dict[str, list
 
 def _train(cfg, dataset_dir: Path, out: Path, needed: set[tuple[int, str]], jobs: int) -> list[str]:
     meta = read_meta(dataset_dir)
-    data_id = {
-        "dataset": Path(dataset_dir).name,
-        "version": meta["version"],
-        "meta_sha256": sha256_file(Path(dataset_dir) / "meta.json"),
-    }
+    data_id = dataset_id(dataset_dir, meta)
     fp = _fingerprint(cfg.expert, cfg.ddpm, data_id)
     pending = []
     for k, o in sorted(needed):

@@ -88,6 +88,15 @@ def tensor_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def dataset_id(dataset_dir: str | os.PathLike, meta: dict) -> dict:
+    """What the training caches key a dataset by: its folder name, version and the hash of its ``meta.json``."""
+    return {
+        "dataset": Path(dataset_dir).name,
+        "version": meta["version"],
+        "meta_sha256": sha256_file(Path(dataset_dir) / "meta.json"),
+    }
+
+
 def _fingerprint(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -337,11 +346,7 @@ def reproduce(
     details = [c["detail"] for c in meta["clusters"]]
     plans = {name: config_for(cfg, n) for name, n in configs.items()}
     objectives = {name: c.objective_of(details) for name, c in plans.items()}
-    data_id = {
-        "dataset": Path(dataset_dir).name,
-        "version": meta["version"],
-        "meta_sha256": sha256_file(Path(dataset_dir) / "meta.json"),
-    }
+    data_id = dataset_id(dataset_dir, meta)
     fp_expert = _fingerprint(cfg.expert, cfg.ddpm, data_id)
     artefacts: dict[str, Any] = {"experts": {}}
     timings: dict[str, float] = {}
