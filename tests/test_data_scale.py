@@ -512,11 +512,11 @@ def test_streamed_training_reads_the_shards_as_a_stream(tiny_config, dataset_dir
     """data.stream: the expert trains from StreamingSplit (webdataset, shard shuffle) instead of RAM."""
     import copy
 
-    from hddm_flower.data import StreamingSplit
+    from hddm_flower.data import Dataset, StreamingSplit
     from hddm_flower.stages.expert import train_one_expert
 
     in_ram = load_split(dataset_dir, [1], "train")
-    stream = StreamingSplit(dataset_dir, 1, seed=0)
+    stream = StreamingSplit(Dataset.open(dataset_dir), 1, seed=0)
     assert len(stream) == len(in_ram)
     xs = torch.cat([stream.batch(torch.zeros(7, dtype=torch.long))[0] for _ in range(len(in_ram) // 7 * 3)])
     # over three epochs every training image comes round, each as often as the others (± the buffer's edges)

@@ -1,30 +1,42 @@
-"""Reading prepared datasets: ``meta.json``, per-cluster webdataset shards, in memory or streamed.
+"""Prepared datasets: one shard set per cluster plus ``meta.json`` (:mod:`.layout` spells the directory).
 
-A prepared dataset is one shard set per cluster plus ``meta.json``, written by
-:func:`hddm_flower.embedded.prepare_embedded` (the embedded Twemoji dataset), :mod:`hddm_flower.ingest` and
-:mod:`hddm_flower.cluster` (data at scale: webdataset or folder input, VAE latents, DINOv2 hierarchical k-means),
-or :mod:`hddm_flower.gmm_data`. ``load_split`` reads one cluster (or all, or one institution's ``cluster-k``
-folder) back into memory as tensors; ``stream_batches`` streams one cluster for data larger than RAM; the
-coordinator's image streams are in :mod:`hddm_flower.data.streams`.
+They are written through :class:`.writer.DatasetWriter` by :func:`hddm_flower.embedded.prepare_embedded` (the
+embedded Twemoji dataset), :mod:`hddm_flower.cluster` (data at scale, after :mod:`hddm_flower.ingest`),
+:mod:`hddm_flower.gmm_data`, :func:`extend_dataset` and the institution descriptor; read through a
+:class:`.dataset.Dataset` opened once where a dataset enters a process (splits in memory, the expert's stream),
+whose shards :func:`.shards.open_shards` opens; the coordinator's image and caption streams are in :mod:`.streams`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ..models import TextCond
-from ..safeio import read_text
 from . import layout
-from .shards import open_shards
+from .dataset import MAX_META_BYTES, Dataset, Split, StreamingSplit, read_meta, split_size
+
+__all__ = [
+    "DATASET_VERSION",
+    "MAX_META_BYTES",
+    "SAME_ENCODING",
+    "Dataset",
+    "Split",
+    "StreamingSplit",
+    "check_clusters",
+    "cluster_shards",
+    "default_cache_dir",
+    "extend_dataset",
+    "load_split",
+    "load_uncond",
+    "read_meta",
+    "split_size",
+    "stratified_split",
+    "stream_batches",
+]
 
 DATASET_VERSION = 4  # 4: each cluster-k folder carries meta.json and uncond.safetensors
 
@@ -33,181 +45,24 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("HDDM_CACHE", Path.home() / ".cache" / "hddm-flower"))
 
 
-MAX_META_BYTES = 256 * 2**20  # a dataset's meta.json (a prepared dataset may come from elsewhere: data.prepared)
-
-
-def read_meta(dataset_dir: str | os.PathLike) -> dict:
-    """A prepared dataset's ``meta.json``, opened as a file from outside (:mod:`~hddm_flower.safeio`: a regular
-    file of bounded size, JSON whose nesting the parser can hold, an object)."""
-    path = Path(dataset_dir) / layout.META
-    if not path.exists():
-        raise FileNotFoundError(f"{dataset_dir} is not a prepared dataset (no meta.json)")
-    text = read_text(path, "dataset metadata", MAX_META_BYTES)
-    try:
-        meta = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise ValueError(f"dataset metadata {path} is not valid JSON ({str(e).splitlines()[0][:100]})") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"dataset metadata {path} is not a JSON object")
-    return meta
-
-
-@dataclass
-class Split:
-    """A split held in memory: images in [−1, 1] (N, C, H, W), text condition, cluster labels, captions."""
-
-    images: Tensor
-    cond: TextCond
-    labels: Tensor
-    captions: list[str]
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
-        return self.images[idx], TextCond(self.cond.states[idx], self.cond.mask[idx])
-
-
 def cluster_shards(dataset_dir: str | os.PathLike, cluster: int, meta: dict | None = None) -> list[str]:
-    """The shard paths of one cluster: ``dataset_dir/cluster-k/shard-*.tar``, or, when ``dataset_dir`` is itself
-    one cluster's shard set (its ``meta.json`` has ``cluster_set``), that folder's shards."""
-    meta = meta or read_meta(dataset_dir)
-    if meta.get("institution"):  # one institution's own data: its single cluster is whichever expert it trains
-        folder = layout.cluster_dir(dataset_dir, 0)
-    elif not 0 <= cluster < meta["num_clusters"]:
-        raise ValueError(f"cluster {cluster} does not exist in {dataset_dir} (it has {meta['num_clusters']})")
-    elif "cluster_set" in meta:
-        if meta["cluster_set"] != cluster:
-            raise ValueError(
-                f"{dataset_dir} is the shard set of cluster {meta['cluster_set']}, not of cluster {cluster}"
-            )
-        folder = Path(dataset_dir)
-    else:
-        folder = layout.cluster_dir(dataset_dir, cluster)
-    urls = sorted(str(p) for p in folder.glob(layout.SHARD_GLOB))
-    if not urls:
-        raise ValueError(f"cluster {cluster} of {dataset_dir} is empty (no shards in {folder})")
-    for url in urls:  # a link to a FIFO or a device would hang or never end the reader
-        mode = os.stat(url).st_mode
-        if not stat.S_ISREG(mode):
-            raise ValueError(f"shard {url} of cluster {cluster} is not a regular file")
-    return urls
-
-
-def _decode_sample(s: dict, L: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(image or latent (C, H, W) float32, padded text states (L, dim), mask (L,)) of one decoded sample."""
-    if "latent.npy" in s:
-        x = np.asarray(s["latent.npy"], np.float32)  # already scaled by the VAE's scaling factor
-    else:
-        x = np.asarray(s["png"], np.float32).transpose(2, 0, 1) / 127.5 - 1
-    emb = np.asarray(s["emb.npy"], np.float32)[:L]
-    pad = np.zeros((L, dim), np.float32)
-    pad[: len(emb)] = emb
-    return x, pad, np.arange(L) < len(emb)
+    """:meth:`Dataset.shards` of the dataset in ``dataset_dir`` (``meta``: its metadata, already read)."""
+    return Dataset(dataset_dir, meta or read_meta(dataset_dir)).shards(cluster)
 
 
 def load_split(dataset_dir: str | os.PathLike, clusters: list[int] | None = None, split: str = "train") -> Split:
-    """Read the shards of the given clusters (default all) and keep the samples of one split.
-
-    Images are pixels in [−1, 1], or the VAE's scaled latents when the dataset was prepared with one
-    (``meta["latent"]``). ``dataset_dir`` may be one cluster's shard set (then ``clusters`` must name it).
-    """
-    meta = read_meta(dataset_dir)
-    if clusters is None:
-        clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
-    L, dim = meta["max_caption_tokens"], meta["text_dim"]
-    images, states, masks, labels, captions = [], [], [], [], []
-    for k in clusters:  # the label is the cluster folder's id (a late cluster keeps its samples' original ids)
-        urls = cluster_shards(dataset_dir, k, meta)
-        for s in open_shards(urls):
-            if s["json"]["split"] != split:
-                continue
-            x, pad, mask = _decode_sample(s, L, dim)
-            images.append(x)
-            states.append(pad)
-            masks.append(mask)
-            labels.append(k)
-            captions.append(s["txt"])
-    if not images:
-        raise ValueError(f"no {split!r} samples in clusters {clusters} of {dataset_dir}")
-    x = torch.from_numpy(np.stack(images))
-    cond = TextCond(torch.from_numpy(np.stack(states)), torch.from_numpy(np.stack(masks)).float())
-    return Split(x, cond, torch.tensor(labels), captions)
+    """:meth:`Dataset.split` of the dataset in ``dataset_dir``."""
+    return Dataset.open(dataset_dir).split(clusters, split)
 
 
-def stream_batches(
-    dataset_dir: str | os.PathLike,
-    cluster: int,
-    *,
-    batch_size: int,
-    seed: int = 0,
-    split: str = "train",
-    shuffle_buffer: int = 1000,
-) -> Iterator[tuple[Tensor, TextCond]]:
-    """An endless stream of ``(x0, cond)`` batches from one cluster's shards, for data that does not fit in RAM.
-
-    webdataset with explicit shard shuffling (seeded, reshuffled each epoch), a sample shuffle buffer, and no
-    rank-based node splitting: the node reads its whole shard set (an institution = one cluster).
-    """
-    meta = read_meta(dataset_dir)
-    urls = cluster_shards(dataset_dir, cluster, meta)
-    L, dim = meta["max_caption_tokens"], meta["text_dim"]
-    ds = open_shards(urls, shuffle=True, seed=seed, split=split, buffer=shuffle_buffer)
-    xs, sts, ms = [], [], []
-    while True:  # epochs: each pass reshuffles the shard order (deterministically, from seed and epoch)
-        n = 0
-        for s in ds:
-            x, pad, mask = _decode_sample(s, L, dim)
-            xs.append(x)
-            sts.append(pad)
-            ms.append(mask)
-            n += 1
-            if len(xs) == batch_size:
-                yield (
-                    torch.from_numpy(np.stack(xs)),
-                    TextCond(torch.from_numpy(np.stack(sts)), torch.from_numpy(np.stack(ms)).float()),
-                )
-                xs, sts, ms = [], [], []
-        if n == 0:
-            raise ValueError(f"no {split!r} samples in cluster {cluster} of {dataset_dir}")
+def stream_batches(dataset_dir: str | os.PathLike, cluster: int, **kw) -> Iterator[tuple]:
+    """:meth:`Dataset.batches` of the dataset in ``dataset_dir``."""
+    return Dataset.open(dataset_dir).batches(cluster, **kw)
 
 
-def split_size(meta: dict, clusters: list[int] | None = None, split: str | None = "train") -> int:
-    """Number of samples of ``split`` (``"train"``, ``"val"``, or None for both) in ``clusters`` (default all),
-    from ``meta.json`` (no shard is read)."""
-    every = clusters is None or meta.get("institution")  # an institution's one cluster answers to any id
-    infos = [c for c in meta["clusters"] if every or c["id"] in clusters]
-    val = sum(c.get("val", 0) for c in infos)
-    return {"train": sum(c["size"] for c in infos) - val, "val": val, None: sum(c["size"] for c in infos)}[split]
-
-
-class StreamingSplit:
-    """One cluster's training data read as a stream (:func:`stream_batches`), for clusters larger than RAM.
-
-    It stands in for :class:`Split` in expert training: ``batch(idx)`` returns the next ``len(idx)`` samples of the
-    shuffled stream (the indices themselves are not used) and ``len()`` is the cluster's training-set size from
-    ``meta.json``. Sample order comes from ``seed`` (shard shuffle per epoch + shuffle buffer), so a training resumed
-    from a checkpoint sees a freshly shuffled stream rather than the exact continuation.
-    """
-
-    def __init__(self, dataset_dir: str | os.PathLike, cluster: int, *, seed: int = 0, shuffle_buffer: int = 1000):
-        meta = read_meta(dataset_dir)
-        info = next(c for c in meta["clusters"] if c["id"] == cluster)
-        self.size = info["size"] - info.get("val", 0)
-        self.dataset_dir, self.cluster, self.seed, self.shuffle_buffer = dataset_dir, cluster, seed, shuffle_buffer
-        self._stream, self._batch_size = None, None
-        self.labels = torch.full((self.size,), cluster)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
-        if self._stream is None or self._batch_size != len(idx):
-            self._batch_size = len(idx)
-            self._stream = stream_batches(
-                self.dataset_dir, self.cluster, batch_size=len(idx), seed=self.seed, shuffle_buffer=self.shuffle_buffer
-            )
-        return next(self._stream)
+def load_uncond(dataset_dir: str | os.PathLike) -> TextCond:
+    """:attr:`Dataset.uncond` of the dataset in ``dataset_dir``."""
+    return Dataset.open(dataset_dir).uncond
 
 
 # what two encoded datasets must share to be used together (their manifests, or their clustered metas)
@@ -223,7 +78,8 @@ def extend_dataset(base: str | os.PathLike, cluster_dir: str | os.PathLike, out:
     ``base`` in image size, channels, latent space and text encoder. Written atomically; returns ``out``.
     """
     base, cluster_dir, out = Path(base).resolve(), Path(cluster_dir).resolve(), Path(out)
-    bmeta, cmeta = read_meta(base), read_meta(cluster_dir)
+    new = Dataset.open(cluster_dir)
+    bmeta, cmeta = Dataset.open(base).meta, new.meta
     if "cluster_set" in bmeta:
         raise ValueError(f"{base} is one cluster's shard set; expected the whole clustered dataset")
     if "cluster_set" not in cmeta:
@@ -251,7 +107,7 @@ def extend_dataset(base: str | os.PathLike, cluster_dir: str | os.PathLike, out:
     with DatasetWriter(out) as writer:
         for k in range(k_new):
             writer.link_cluster(k, layout.cluster_dir(base, k))
-        for url in cluster_shards(cluster_dir, source, cmeta):
+        for url in new.shards(source):
             writer.link_shard(k_new, url)
         writer.copy_uncond(base)
         writer.write_meta(meta, clusters=[k_new])  # the linked clusters keep their own
@@ -279,11 +135,3 @@ def check_clusters(meta: dict, num_experts: int, source: str = "") -> None:
     empty = [c["id"] for c in meta["clusters"] if c["size"] - c.get("val", 0) <= 0]
     if empty:
         raise ValueError(f"cluster(s) {empty}{where} have no training samples; re-cluster with fewer experts")
-
-
-def load_uncond(dataset_dir: str | os.PathLike) -> TextCond:
-    """The empty caption's states (1, L, dim): the unconditional input for caption dropout and CFG."""
-    from safetensors.torch import load_file
-
-    t = load_file(Path(dataset_dir) / layout.UNCOND)
-    return TextCond(t["states"][None].float(), t["mask"][None].float())

@@ -14,7 +14,7 @@ from ..checkpoints import TIME_CONVENTION, make_expert
 from ..clean_prior import measure_clean_prior
 from ..config import Config
 from ..convert import load_init
-from ..data import Split, StreamingSplit, load_split, load_uncond, read_meta, split_size
+from ..data import Dataset, Split, StreamingSplit, load_split, load_uncond, read_meta, split_size
 from ..models import ExpertNet, expert_config
 from ..provenance import now, package_version
 from ..training import train_expert
@@ -132,7 +132,7 @@ def train_one_expert(
     source = {} if cluster is None else {"data_cluster": cluster, "data_dir": str(dataset_dir)}
     cluster = expert_id if cluster is None else cluster
     data = (
-        StreamingSplit(dataset_dir, cluster, seed=cfg.expert.seed + expert_id)
+        StreamingSplit(Dataset(dataset_dir, dataset_meta), cluster, seed=cfg.expert.seed + expert_id)
         if cfg.data.stream
         else load_split(dataset_dir, [cluster], "train")
     )

@@ -1,0 +1,103 @@
+"""The prepared dataset's face (hddm_flower/data/dataset.py): ``meta.json`` read once by ``Dataset.open``, what it
+says answered from memory, splits read once and kept, one cluster's stream, the empty caption."""
+
+import json
+
+import pytest
+import torch
+
+from hddm_flower.data import Dataset, StreamingSplit, split_size
+from hddm_flower.data.layout import META, cluster_dir
+from hddm_flower.data.writer import DatasetWriter
+
+L, DIM = 3, 2
+
+
+def _write(out, sizes=(3, 2), latent=True):
+    """Cluster k holds ``sizes[k]`` samples, the last of each held out; sample i of cluster k is the constant
+    10k + i and its caption ``ck-i`` (i + 1 tokens, capped at L)."""
+    clusters = [{"id": k, "size": n, "val": 1} for k, n in enumerate(sizes)]
+    meta = {
+        "name": "tiny",
+        "version": 4,
+        "num_clusters": len(sizes),
+        "num_images": sum(sizes),
+        "channels": 4 if latent else 3,
+        "max_caption_tokens": L,
+        "text_dim": DIM,
+        "clusters": clusters,
+    } | ({"latent": {"path": "vae", "scaling_factor": 0.18}} if latent else {})
+    with DatasetWriter(out) as w:
+        for k, n in enumerate(sizes):
+            with w.shard_writer(k, maxcount=2) as shards:
+                for i in range(n):
+                    shards.write(
+                        {
+                            "__key__": f"{k}-{i}",
+                            "latent.npy": torch.full((4, 2, 2), 10.0 * k + i).numpy(),
+                            "txt": f"c{k}-{i}",
+                            "emb.npy": torch.ones(min(i + 1, L + 1), DIM).numpy(),
+                            "json": {"split": "val" if i == n - 1 else "train"},
+                        }
+                    )
+        w.write_uncond(torch.zeros(L, DIM), torch.tensor([1.0, 1.0, 0.0]))
+        w.write_meta(meta)
+    return out
+
+
+def test_open_reads_the_metadata_once_and_answers_from_it(tmp_path):
+    d = Dataset.open(_write(tmp_path / "d"))
+    (d.root / META).write_text("not json")  # nothing below reads the file again
+    assert d.num_clusters == 2 and d.cluster_ids == [0, 1] and d.text_dim == DIM and d.max_caption_tokens == L
+    assert d.channels == 4 and d.pixel_channels == 3 and d.latent["scaling_factor"] == 0.18 and not d.data_free
+    assert [d.size(None, s) for s in ("train", "val", None)] == [3, 2, 5] and d.size([1]) == 1
+    assert d.size([0], "val") == split_size(d.meta, [0], "val") == 1
+    assert d.description() == "trained on tiny v4 (d)" and repr(d) == f"Dataset({str(d.root)!r})"
+    with pytest.raises(ValueError, match="not valid JSON"):
+        Dataset.open(d.root)
+    with pytest.raises(FileNotFoundError, match="not a prepared dataset"):
+        Dataset.open(tmp_path / "nothing")
+
+
+def test_a_split_is_read_once_and_kept(tmp_path):
+    d = Dataset.open(_write(tmp_path / "d"))
+    train = d.split(None, "train")
+    assert train.labels.tolist() == [0, 0, 1] and train.captions == ["c0-0", "c0-1", "c1-0"]
+    assert sorted(train.images[:, 0, 0, 0].tolist()) == [0.0, 1.0, 10.0]
+    assert train.cond.states.shape == (3, L, DIM) and train.cond.mask.sum(1).tolist() == [1.0, 2.0, 1.0]
+    assert torch.all(train.cond.states[train.cond.mask == 0] == 0)  # padding carries no signal
+    for shard in d.root.rglob("shard-*.tar"):
+        shard.unlink()
+    assert d.split(None, "train") is train  # asked again: no shard read
+    with pytest.raises(ValueError, match="empty"):
+        d.split([0], "val")  # another split is read from the shards, which are gone
+
+
+def test_one_cluster_folder_and_the_shard_errors(tmp_path):
+    root = _write(tmp_path / "d")
+    one = Dataset.open(cluster_dir(root, 1))
+    assert one.cluster_ids == [1] and one.shards(1) == Dataset.open(root).shards(1)
+    assert one.split(None, "val").labels.tolist() == [1]
+    with pytest.raises(ValueError, match="shard set of cluster 1, not of cluster 0"):
+        one.shards(0)
+    with pytest.raises(ValueError, match="cluster 2 does not exist"):
+        Dataset.open(root).shards(2)
+    with pytest.raises(ValueError, match=r"no 'test' samples in clusters \[1\]"):
+        one.split(None, "test")  # a split no sample belongs to
+
+
+def test_the_stream_and_the_empty_caption(tmp_path):
+    d = Dataset.open(_write(tmp_path / "d", sizes=(5, 2), latent=False))
+    assert d.pixel_channels == 3 and d.latent is None
+    batches = d.batches(0, batch_size=2, seed=1, shuffle_buffer=2)
+    seen = torch.cat([next(batches)[0] for _ in range(4)])[:, 0, 0, 0]
+    assert sorted(seen.tolist()) == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]  # two epochs of the 4 training samples
+    stream = StreamingSplit(d, 0, seed=1, shuffle_buffer=2)
+    assert len(stream) == 4 and stream.labels.tolist() == [0] * 4
+    x, cond = stream.batch(torch.zeros(3, dtype=torch.long))
+    assert x.shape == (3, 4, 2, 2) and cond.states.shape == (3, L, DIM)
+    with pytest.raises(ValueError, match="no 'test' samples in cluster 1"):
+        next(d.batches(1, batch_size=2, split="test"))
+    assert d.uncond.states.shape == (1, L, DIM) and d.uncond.mask.tolist() == [[1.0, 1.0, 0.0]]
+    assert d.uncond is d.uncond  # loaded once
+    assert json.loads((d.root / META).read_text())["num_clusters"] == 2
