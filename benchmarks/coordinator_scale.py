@@ -166,7 +166,7 @@ def stage(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    from hddm_flower.encoders import pixel_decoder
+    from hddm_flower.data import Dataset
     from hddm_flower.evaluate import evaluate_run, feature_network
     from hddm_flower.reference import reference_statistics
     from hddm_flower.stages.assemble import load_ensemble
@@ -184,7 +184,7 @@ def stage(args) -> dict:
         extra = json.loads((work / "router-run" / "router" / "hddm_router.json").read_text())
         extra = {k: extra[k] for k in ("steps", "images_seen", "device", "training_images")}
     elif args.stage == "reference":
-        decode = pixel_decoder(cfg, d)
+        decode = Dataset.open(d).decoder(cfg)
         fx, _, _ = feature_network(cfg, d, work / "feature-net", decode=decode)
         stats, cached = reference_statistics(d, fx, decode=decode, reservoir=args.kid_reservoir, seed=0)
         extra = {"images": sum(s.count for s in stats.values()), "reused": cached["reused"], "features": fx.name}

@@ -32,8 +32,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 
 from hddm_flower.config import Config
 from hddm_flower.config_io import config_from_dict
-from hddm_flower.data import Split, cluster_shards, load_split, load_uncond
-from hddm_flower.encoders import pixel_decoder
+from hddm_flower.data import Dataset, Split, cluster_shards, load_split, load_uncond
 from hddm_flower.federated import (
     FEATURE_BATCH,
     cluster_feature_sums,
@@ -202,7 +201,7 @@ def _pixels(cfg: Config, dataset_dir: Path, clusters: list[int], data: Split) ->
     key = (str(dataset_dir), tuple(clusters))
     if key not in _PIXELS:
         _PIXELS.clear()
-        _PIXELS[key] = pixel_decoder(cfg, dataset_dir)(data.images)
+        _PIXELS[key] = Dataset.open(dataset_dir).decoder(cfg)(data.images)
     return _PIXELS[key]
 
 
@@ -234,7 +233,7 @@ def feature_stats(msg: Message, context: Context) -> Message:
         net = FeatureClassifier.from_config(json.loads(str(conf["feature-net-config"])))
         net.load_state_dict(msg.content["feature-net"].to_torch_state_dict(), strict=True)
         fx = classifier_features(net.eval(), str(conf["feature-net-description"]))
-    decode = pixel_decoder(cfg, dataset_dir)
+    decode = Dataset.open(dataset_dir).decoder(cfg)
     out = RecordDict()
     for k in clusters:  # streamed batch by batch: no cluster is decoded or held at once
         sums = cluster_feature_sums(fx, dataset_dir, k, decode=decode)

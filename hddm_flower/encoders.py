@@ -3,7 +3,7 @@
 The text side is :class:`hddm_flower.text.TextEncoder`, which loads any transformers text encoder and its
 tokenizer from a folder (MiniLM by default; a CLIP ViT-L/14 text model for the paper's configs); DINOv2 features
 are in :mod:`hddm_flower.cluster`. `hddm prepare` stores ``LatentCodec.encode`` latents (posterior mean) and
-:func:`pixel_decoder` decodes samples with it. Nothing here downloads: a path that does not hold the model is an
+:meth:`hddm_flower.data.Dataset.decoder` decodes samples with it. Nothing here downloads: a path that does not hold the model is an
 error that names it.
 """
 
@@ -14,9 +14,6 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-
-from .config import Config
-from .data import read_meta
 
 
 class LatentCodec:
@@ -54,24 +51,3 @@ class LatentCodec:
         """Scaled latents → images in [−1, 1]."""
         x = self.vae.decode(latents.to(self.vae.device, self.vae.dtype) / self.scaling_factor).sample
         return x.clamp(-1, 1).float()
-
-
-def pixel_decoder(cfg: Config, dataset_dir: Path):
-    """``decode(x)``: samples or images in the experts' space → images in [−1, 1]; the identity for a pixel
-    dataset, the dataset's VAE (loaded once, decoding in chunks of 64) for a latent one."""
-    latent = read_meta(dataset_dir).get("latent")
-    if not latent:
-        return lambda x: x
-    from .devices import resolve_device
-
-    device = resolve_device(cfg.coordinator.device)
-    codec = LatentCodec(cfg.data.vae or latent["path"], device=device)
-
-    @torch.no_grad()
-    def decode(x: torch.Tensor) -> torch.Tensor:
-        """On the coordinator's device (fp32), back on ``x``'s device."""
-        if not len(x):
-            return x
-        return torch.cat([codec.decode(x[i : i + 64].to(device)).to(x.device) for i in range(0, len(x), 64)])
-
-    return decode

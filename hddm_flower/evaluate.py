@@ -31,10 +31,9 @@ from .adherence import classify
 from .config import Config
 from .config_rules import ConfigError
 from .counts import read_counts
-from .data import Split, load_split, load_uncond, read_meta, split_size
+from .data import Dataset, Split, load_split, load_uncond, read_meta, split_size
 from .data.streams import stream_captions, stream_images
 from .devices import autocast, resolve_device
-from .encoders import pixel_decoder
 from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from .experts import DDPMExpert, map_cond
 from .federated import FeatureSums, frechet_distance_from_sums
@@ -438,7 +437,7 @@ def evaluate_run(
     modes = modes or ev.routing_modes
     steps = ev.num_steps or s.num_steps
     seed = ev.seed if seed is None else seed
-    decode = pixel_decoder(cfg, dataset_dir)  # every metric, plot and grid works on pixels (latents decoded)
+    decode = Dataset.open(dataset_dir).decoder(cfg)  # every metric, plot and grid works on pixels (latents decoded)
     fx, classifier, desc = feature_network(
         cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress
     )

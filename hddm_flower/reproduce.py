@@ -35,10 +35,9 @@ from .checkpoints import META, ROUTER_META, WEIGHTS, load_expert, read_expert_me
 from .config import Config
 from .config_io import config_from_dict
 from .config_rules import ConfigError
-from .data import load_split, load_uncond, read_meta
+from .data import Dataset, load_split, load_uncond, read_meta
 from .data.streams import StreamingAllClusters
 from .devices import resolve_device, resolve_precision
-from .encoders import pixel_decoder
 from .ensemble import Ensemble
 from .evaluate import evaluate_run, feature_network
 from .provenance import now, versions
@@ -405,7 +404,7 @@ def reproduce(
         )
     else:
         feature_dir = out / FEATURE_NET
-        feature_network(cfg, dataset_dir, feature_dir, decode=pixel_decoder(cfg, dataset_dir), progress=progress)
+        feature_network(cfg, dataset_dir, feature_dir, decode=Dataset.open(dataset_dir).decoder(cfg), progress=progress)
         artefacts["feature_net"] = {"tensor_sha256": tensor_sha256(feature_dir / WEIGHTS)}
         eval_args = []
         for name, c in plans.items():

@@ -50,8 +50,7 @@ from flwr.serverapp.strategy import (
 from hddm_flower.checkpoints import TIME_CONVENTION, save_router
 from hddm_flower.config import Config
 from hddm_flower.config_sections import OptimConfig
-from hddm_flower.data import read_meta, split_size
-from hddm_flower.encoders import pixel_decoder
+from hddm_flower.data import Dataset, read_meta, split_size
 from hddm_flower.evaluate import FEATURE_NET, feature_description, feature_network
 from hddm_flower.federated import FEATURE_BATCH, FeatureSums, accuracy_from_confusion
 from hddm_flower.institution import is_data_free
@@ -584,7 +583,9 @@ def finish_federated(
     if cfg.evaluation.reference == "federated":
         if is_data_free(dataset_dir):  # no image here: the classifier (FID features or LPIPS fallback) federated
             extra["feature_net"] = _federated_feature_net(grid, cfg, clusters, dataset_dir, run_dir, timeout)
-        _, net, desc = feature_network(cfg, dataset_dir, run_dir / FEATURE_NET, decode=pixel_decoder(cfg, dataset_dir))
+        _, net, desc = feature_network(
+            cfg, dataset_dir, run_dir / FEATURE_NET, decode=Dataset.open(dataset_dir).decoder(cfg)
+        )
         meta = read_meta(
             dataset_dir
         )  # the clusters' sizes as the coordinator knows them (declared, in institution mode)

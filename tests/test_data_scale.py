@@ -14,7 +14,7 @@ from PIL import Image
 
 from hddm_flower.cluster import cluster_encoded, fit_hierarchical
 from hddm_flower.config_io import config_from_dict
-from hddm_flower.data import check_clusters, cluster_shards, load_split, load_uncond, read_meta, stream_batches
+from hddm_flower.data import Dataset, check_clusters, cluster_shards, load_split, load_uncond, read_meta, stream_batches
 from hddm_flower.ingest import SKIP_REASONS, ShardError, prepare_from_config
 
 from .tiny_models import save_tiny_clip_text, save_tiny_dinov2, save_tiny_vae
@@ -193,7 +193,7 @@ def test_resume_after_an_interruption_writes_no_duplicates(shards, tmp_path):
 def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     """img2dataset shards → VAE latents + CLIP states → DINOv2 hierarchical k-means → shard sets → an expert
     trained on latents → samples decoded by the VAE."""
-    from hddm_flower.encoders import LatentCodec, pixel_decoder
+    from hddm_flower.encoders import LatentCodec
     from hddm_flower.stages.expert import train_one_expert
     from hddm_flower.stages.prepare import prepare_data
 
@@ -244,7 +244,7 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     state, model_config, emeta = train_one_expert(cfg, d, 0, "fm")
     assert model_config["in_channels"] == 4 and model_config["sample_size"] == 8 and emeta["steps"] == 2
     x = torch.randn(2, 4, 8, 8)
-    img = pixel_decoder(cfg, d)(x)
+    img = Dataset.open(d).decoder(cfg)(x)
     assert img.shape == (2, 3, 16, 16) and img.abs().max() <= 1
     torch.testing.assert_close(img, LatentCodec(models["vae"]).decode(x))
     # an institution's folder alone is enough to train
@@ -512,7 +512,7 @@ def test_streamed_training_reads_the_shards_as_a_stream(tiny_config, dataset_dir
     """data.stream: the expert trains from StreamingSplit (webdataset, shard shuffle) instead of RAM."""
     import copy
 
-    from hddm_flower.data import Dataset, StreamingSplit
+    from hddm_flower.data import StreamingSplit
     from hddm_flower.stages.expert import train_one_expert
 
     in_ram = load_split(dataset_dir, [1], "train")

@@ -86,9 +86,11 @@ def test_one_cluster_folder_and_the_shard_errors(tmp_path):
         one.split(None, "test")  # a split no sample belongs to
 
 
-def test_the_stream_and_the_empty_caption(tmp_path):
+def test_the_stream_the_empty_caption_and_the_decoder(tiny_config, tmp_path):
     d = Dataset.open(_write(tmp_path / "d", sizes=(5, 2), latent=False))
     assert d.pixel_channels == 3 and d.latent is None
+    x = torch.randn(2, 3, 4, 4)
+    assert d.decoder(tiny_config)(x) is x  # a pixel dataset's samples are its images
     batches = d.batches(0, batch_size=2, seed=1, shuffle_buffer=2)
     seen = torch.cat([next(batches)[0] for _ in range(4)])[:, 0, 0, 0]
     assert sorted(seen.tolist()) == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]  # two epochs of the 4 training samples

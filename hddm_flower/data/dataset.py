@@ -1,6 +1,6 @@
 """A prepared dataset, opened once: :class:`Dataset` reads ``meta.json`` once and answers everything the stages ask
 of the dataset (its clusters, latent space, text, sizes, shards, the splits in memory, the training stream, the
-empty caption). It is opened where a dataset enters a process (the command line, the
+empty caption, the decoder to pixels). It is opened where a dataset enters a process (the command line, the
 ServerApp, a node's handler or worker process) or where a stage makes a new one (a dataset extended by a late
 cluster), and passed down from there.
 """
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..config import Config
 from ..models import TextCond
 from ..safeio import read_text
 from .layout import META, SHARD_GLOB, UNCOND, cluster_dir
@@ -243,6 +244,26 @@ class Dataset:
 
         t = load_file(self.root / UNCOND)
         return TextCond(t["states"][None].float(), t["mask"][None].float())
+
+    def decoder(self, cfg: Config):
+        """``decode(x)``: samples or images in the experts' space → images in [−1, 1]; the identity for a pixel
+        dataset, its VAE for a latent one (``data.vae``, else the one it was encoded with; loaded once, decoding on
+        ``coordinator.device`` in chunks of 64, fp32, results on ``x``'s device)."""
+        if not self.latent:
+            return lambda x: x
+        from ..devices import resolve_device
+        from ..encoders import LatentCodec
+
+        device = resolve_device(cfg.coordinator.device)
+        codec = LatentCodec(cfg.data.vae or self.latent["path"], device=device)
+
+        @torch.no_grad()
+        def decode(x: torch.Tensor) -> torch.Tensor:
+            if not len(x):
+                return x
+            return torch.cat([codec.decode(x[i : i + 64].to(device)).to(x.device) for i in range(0, len(x), 64)])
+
+        return decode
 
 
 class StreamingSplit:
