@@ -95,6 +95,21 @@ class Config:
                 r.fail("data.partition", "institution needs real per-node data; name: gmm is one synthetic mixture")
         if self.federation.min_experts > k:
             r.fail("federation.min_experts", f"must be in 1..{k}")
+        ro = self.router
+        if ro.training == "federated" and ro.server_optimizer == "krum":  # Krum's bound holds for n > 2f + 2 nodes
+            need, f = 2 * ro.robust_f + 3, ro.robust_f
+            if k < need:
+                r.fail(
+                    "router.robust_f",
+                    f"krum with {f} hostile node(s) needs at least 2·{f} + 3 = {need} nodes (n > 2f + 2); this run "
+                    f"has at most num_experts = {k} (each node holds a cluster): lower robust_f or use median",
+                )
+            if self.federation.min_nodes < need:
+                r.fail(
+                    "federation.min_nodes",
+                    f"is {self.federation.min_nodes}, but router.server_optimizer krum with router.robust_f {f} "
+                    f"needs at least 2·{f} + 3 = {need} nodes (n > 2f + 2)",
+                )
         return self
 
     def objective_of(self, cluster_details: list[float] | None = None) -> list[str]:

@@ -307,6 +307,12 @@ def train_router_federated(
     record for the report: rounds, bytes per round and in total, wall time, federated held-out accuracy per round
     and time, dropped replies."""
     r = cfg.router
+    short = None
+    if r.server_optimizer == "krum" and len(clusters) < 2 * r.robust_f + 3:  # fewer nodes came than configured
+        short = (
+            f"{len(clusters)} nodes, not more than 2·robust_f + 2 = {2 * r.robust_f + 2}: Krum's bound does not hold"
+        )
+        log(WARNING, "federated router: %s", short)
     torch.manual_seed(r.seed)  # the same initial router as the central one
     router = Router(**router_config)
     strategy = _make_strategy(r.server_optimizer)(
@@ -364,6 +370,7 @@ def train_router_federated(
         + (" in DifferentialPrivacyServerSideFixedClipping" if runner is not strategy else ""),
         "server_optimizer": r.server_optimizer,
         **({"robust_f": r.robust_f} if r.server_optimizer in ("krum", "trimmed_avg") else {}),
+        **({"krum_too_few_nodes": short} if short else {}),
         **(
             {"dp_noise_multiplier": r.dp_noise_multiplier, "dp_clipping_norm": r.dp_clipping_norm}
             if runner is not strategy

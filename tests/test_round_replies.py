@@ -350,6 +350,8 @@ def test_robust_aggregation_bounds_one_hostile_node(tiny_config, server_optimize
         tiny_config, FakeGrid(honest_node, {n: {} for n in CLUSTERS}, tamper=tamper), server_optimizer=server_optimizer
     )
     assert record["dropped_replies"] == {}  # nothing to drop: the update is well formed
+    if server_optimizer == "krum":  # 4 nodes for robust_f 1: fewer than Krum's bound needs, and the report says so
+        assert record["krum_too_few_nodes"].startswith("4 nodes, not more than 2·robust_f + 2 = 4")
     shift = _shift(router)
     if shifts is None:
         assert shift > 100
