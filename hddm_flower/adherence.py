@@ -14,11 +14,11 @@ import hashlib
 import json
 import logging
 import os
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from .data import Dataset, as_dataset
 from .data.streams import stream_captions
 
 log = logging.getLogger(__name__)
@@ -28,26 +28,25 @@ SPLITS = ("train", "val")
 CACHE_DIR = "prompt-clusters"
 
 
-def prompt_clusters(dataset_dir: str | os.PathLike, prompts: list[str], *, cache: bool = True) -> list[list[int]]:
+def prompt_clusters(dataset: Dataset, prompts: list[str], *, cache: bool = True) -> list[list[int]]:
     """For each prompt, the sorted clusters of the dataset images whose caption it is (empty: not a caption).
 
     Reads the captions of both splits (text and json members only, no image) once per (dataset, prompts): the
     answer is cached in ``DATASET/prompt-clusters/`` and every later report with the same prompts reads one small
     file (a read-only dataset folder: computed each time). Memory: the prompts, whatever the dataset's size."""
-    from .data import read_meta
-
-    meta = read_meta(dataset_dir)
+    dataset = as_dataset(dataset)
+    meta = dataset.meta
     identity = {k: meta.get(k) for k in ("name", "version", "num_images", "num_clusters")}
     identity["clusters"] = [(c["id"], c["size"], c.get("val", 0)) for c in meta["clusters"]]
     key = hashlib.sha256(json.dumps([identity, list(prompts)], sort_keys=True, default=str).encode()).hexdigest()[:20]
-    path = Path(dataset_dir) / CACHE_DIR / f"{key}.json"
+    path = dataset.root / CACHE_DIR / f"{key}.json"
     if cache and path.is_file():
         stored = json.loads(path.read_text())
         if stored.get("prompts") == list(prompts):
             return stored["clusters"]
     found: dict[str, set[int]] = {p: set() for p in prompts}
     for split in SPLITS:
-        for caption, _, _, k in stream_captions(dataset_dir, None, split=split, seed=0):
+        for caption, _, _, k in stream_captions(dataset, None, split=split, seed=0):
             if caption in found:
                 found[caption].add(int(k))
     clusters = [sorted(found[p]) for p in prompts]
@@ -58,7 +57,7 @@ def prompt_clusters(dataset_dir: str | os.PathLike, prompts: list[str], *, cache
             tmp.write_text(json.dumps({"prompts": list(prompts), "clusters": clusters}))
             os.replace(tmp, path)
         except OSError as e:  # a read-only dataset: the answer without the cache
-            log.warning("prompt clusters not cached beside %s: %s", dataset_dir, e)
+            log.warning("prompt clusters not cached beside %s: %s", dataset.root, e)
     return clusters
 
 

@@ -122,7 +122,7 @@ def check_moments(n: int, total: np.ndarray, outer: np.ndarray, source: str = "f
         raise ValueError(f"{source}: the covariance has rank {rank}, more than count − 1 = {n - 1} vectors allow")
 
 
-def cluster_feature_sums(fx, dataset_dir, cluster: int, *, decode=None, batch_size: int = 256) -> FeatureSums:
+def cluster_feature_sums(fx, dataset, cluster: int, *, decode=None, batch_size: int = 256) -> FeatureSums:
     """Sums of ``fx``'s features over every image of one cluster (train and val, as the central reference),
     streamed from its shards (:func:`~hddm_flower.data.streams.stream_images`: images or latents only) one batch
     at a time, each decoded to pixels by ``decode`` (None: the identity) and featurised; the cluster is never held
@@ -130,7 +130,7 @@ def cluster_feature_sums(fx, dataset_dir, cluster: int, *, decode=None, batch_si
     from .data.streams import stream_images
 
     out = FeatureSums.zeros(fx.num_features)
-    for x, _ in stream_images(dataset_dir, [cluster], batch_size=batch_size, split=None, shuffle=False, loop=False):
+    for x, _ in stream_images(dataset, [cluster], batch_size=batch_size, split=None, shuffle=False, loop=False):
         out = out + FeatureSums.of(fx(decode(x) if decode is not None else x))
     return out
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .data import Dataset, as_dataset
 from .data.layout import is_prepared
 from .data.writer import DatasetWriter
 from .gmm import GaussianMixture
@@ -172,16 +173,15 @@ class GMMReference:
         return int(self.cluster_of.max()) + 1
 
 
-def load_reference(dataset_dir: str | os.PathLike) -> GMMReference:
+def load_reference(dataset: Dataset) -> GMMReference:
     """The :class:`GMMReference` of a dataset prepared with ``data.name: gmm`` (or one of its cluster folders)."""
     from safetensors.torch import load_file
 
-    from .data import read_meta
-
-    meta = read_meta(dataset_dir)
+    dataset = as_dataset(dataset)
+    meta = dataset.meta
     if meta.get("name") != "gmm":
-        raise ValueError(f"{dataset_dir} is not a gmm dataset (its name is {meta.get('name')!r})")
-    t = load_file(Path(dataset_dir) / GMM_FILE)
+        raise ValueError(f"{dataset.root} is not a gmm dataset (its name is {meta.get('name')!r})")
+    t = load_file(dataset.root / GMM_FILE)
     return GMMReference(
         GaussianMixture.from_state_dict(t),
         t["cluster_of"],

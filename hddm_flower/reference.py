@@ -21,13 +21,12 @@ import logging
 import os
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .data import read_meta, split_size
+from .data import Dataset, as_dataset
 from .data.streams import stream_images
 from .federated import FeatureSums
 from .metrics import FeatureExtractor
@@ -67,9 +66,9 @@ def pooled(stats: dict[int, ReferenceStats], seed: int = 0) -> ReferenceStats:
     return ReferenceStats(sums, torch.cat(parts))
 
 
-def reference_key(dataset_dir: str | os.PathLike, fx: FeatureExtractor, reservoir: int, seed: int) -> str:
+def reference_key(dataset: Dataset, fx: FeatureExtractor, reservoir: int, seed: int) -> str:
     """Cache key of (dataset, feature network, reservoir size, seed)."""
-    meta = read_meta(dataset_dir)
+    meta = as_dataset(dataset).meta
     dataset = {k: meta.get(k) for k in ("name", "version", "num_images", "image_size", "channels", "latent")}
     dataset["clusters"] = [(c["id"], c["size"], c.get("val", 0)) for c in meta["clusters"]]
     text = json.dumps([dataset, fx.name, fx.fingerprint, reservoir, seed], sort_keys=True, default=str)
@@ -78,7 +77,7 @@ def reference_key(dataset_dir: str | os.PathLike, fx: FeatureExtractor, reservoi
 
 @torch.no_grad()
 def compute_reference(
-    dataset_dir: str | os.PathLike,
+    dataset: Dataset,
     fx: FeatureExtractor,
     *,
     decode=None,
@@ -88,14 +87,14 @@ def compute_reference(
     progress: bool = False,
 ) -> dict[int, ReferenceStats]:
     """Per-cluster reference statistics of every image (train + val) in one streaming pass."""
-    meta = read_meta(dataset_dir)
-    total = split_size(meta, None, None)
+    dataset = as_dataset(dataset)
+    total = dataset.size(None, None)
     d = fx.num_features
     sums: dict[int, FeatureSums] = {}
     kept: dict[int, list[Tensor]] = {}
     seen: dict[int, int] = {}
     rng = random.Random(seed)
-    batches = stream_images(dataset_dir, None, batch_size=batch_size, split=None, shuffle=False, loop=False)
+    batches = stream_images(dataset, None, batch_size=batch_size, split=None, shuffle=False, loop=False)
     with tqdm(total=total, desc="reference statistics", disable=not progress, unit="img") as bar:
         for x, labels in batches:
             feats = fx(decode(x) if decode is not None else x)  # (B, d) float64 on the CPU
@@ -119,7 +118,7 @@ def compute_reference(
 
 
 def reference_statistics(
-    dataset_dir: str | os.PathLike,
+    dataset: Dataset,
     fx: FeatureExtractor,
     *,
     decode=None,
@@ -133,8 +132,9 @@ def reference_statistics(
     streaming pass. Returns (statistics, provenance: cache file, whether it was reused, key)."""
     from safetensors.torch import load_file, save_file
 
-    key = reference_key(dataset_dir, fx, reservoir, seed)
-    folder = Path(dataset_dir) / CACHE_DIR
+    dataset = as_dataset(dataset)
+    key = reference_key(dataset, fx, reservoir, seed)
+    folder = dataset.root / CACHE_DIR
     path, info_path = folder / f"{key}.safetensors", folder / f"{key}.json"
     if cache and path.is_file() and info_path.is_file():
         arrays = load_file(path)
@@ -147,7 +147,7 @@ def reference_statistics(
         }
         return stats, {"file": str(path), "reused": True, "key": key}
     stats = compute_reference(
-        dataset_dir, fx, decode=decode, reservoir=reservoir, seed=seed, batch_size=batch_size, progress=progress
+        dataset, fx, decode=decode, reservoir=reservoir, seed=seed, batch_size=batch_size, progress=progress
     )
     provenance = {"file": None, "reused": False, "key": key}
     if cache:
@@ -157,7 +157,7 @@ def reference_statistics(
         info = {
             "feature_network": fx.name,
             "feature_fingerprint": fx.fingerprint,
-            "dataset": str(Path(dataset_dir).resolve()),
+            "dataset": str(dataset.root.resolve()),
             "kid_reservoir": reservoir,
             "seed": seed,
             "clusters": {str(k): s.count for k, s in stats.items()},
@@ -172,5 +172,5 @@ def reference_statistics(
             os.replace(tmp, path)  # the weights file last: its presence means the pair is complete
             provenance["file"] = str(path)
         except OSError as e:  # a read-only dataset: use the statistics without caching them
-            log.warning("reference statistics not cached beside %s: %s", dataset_dir, e)
+            log.warning("reference statistics not cached beside %s: %s", dataset.root, e)
     return stats, provenance

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..models import TextCond
 from . import layout
-from .dataset import MAX_META_BYTES, Dataset, Split, StreamingSplit, read_meta, split_size
+from .dataset import MAX_META_BYTES, Dataset, Split, StreamingSplit, as_dataset, read_meta, split_size
 
 __all__ = [
     "DATASET_VERSION",
@@ -26,6 +26,7 @@ __all__ = [
     "Dataset",
     "Split",
     "StreamingSplit",
+    "as_dataset",
     "check_clusters",
     "cluster_shards",
     "default_cache_dir",

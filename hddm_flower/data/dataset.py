@@ -266,6 +266,11 @@ class Dataset:
         return decode
 
 
+def as_dataset(dataset: Dataset | str | os.PathLike) -> Dataset:
+    """``dataset`` itself, or the dataset in the folder ``dataset`` opened (for callers that still hold a path)."""
+    return dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
+
+
 class StreamingSplit:
     """One cluster's training data read as a stream (:meth:`Dataset.batches`), for clusters larger than RAM.
 

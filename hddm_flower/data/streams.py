@@ -6,7 +6,6 @@ memory that does not grow with the dataset.
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Iterator
 
@@ -16,7 +15,7 @@ from torch import Tensor
 
 from ..metrics import pooled_caption
 from ..models import TextCond
-from . import cluster_shards, read_meta, split_size
+from .dataset import Dataset, as_dataset, decode_image, decode_text
 from .shards import open_shards
 
 IMAGE_MEMBERS = (".latent.npy", ".png", ".json")
@@ -39,8 +38,7 @@ def _pooled(emb: np.ndarray) -> np.ndarray:
 
 
 def _image_stream(
-    dataset_dir,
-    meta: dict,
+    dataset: Dataset,
     cluster: int,
     split: str | None,
     *,
@@ -54,7 +52,7 @@ def _image_stream(
     ``+ (pooled caption embedding (dim,),)``), reading the image/latent and json members only, and the text states
     only when asked. ``pooled`` reduces each sample's states to ``dim`` numbers as it is read (before the shuffle
     buffer): the token states are never held."""
-    urls = cluster_shards(dataset_dir, cluster, meta)
+    urls = dataset.shards(cluster)
     select = _image_and_text_member if text or pooled else _image_member
     ds = open_shards(
         urls,
@@ -65,30 +63,23 @@ def _image_stream(
         buffer=buffer if shuffle and not pooled else 0,
     )
     if pooled:  # each sample's states reduced as it is read, then the same seeded buffer as open_shards'
-        L = meta["max_caption_tokens"]
+        L = dataset.max_caption_tokens
         ds = ds.map(lambda s: {k: v for k, v in s.items() if k != "emb.npy"} | {"pooled": _pooled(s["emb.npy"][:L])})
         if shuffle:
             ds = ds.shuffle(buffer, rng=random.Random(seed))
     for s in ds:
-        if "latent.npy" in s:
-            x = np.asarray(s["latent.npy"], np.float32)  # already scaled by the VAE's scaling factor
-        else:
-            x = np.asarray(s["png"], np.float32).transpose(2, 0, 1) / 127.5 - 1
+        x = decode_image(s)
         if pooled:
             yield x, cluster, s["pooled"]
             continue
         if not text:
             yield x, cluster
             continue
-        L, dim = meta["max_caption_tokens"], meta["text_dim"]
-        emb = np.asarray(s["emb.npy"], np.float32)[:L]
-        pad = np.zeros((L, dim), np.float32)
-        pad[: len(emb)] = emb
-        yield x, cluster, pad, np.arange(L) < len(emb)
+        yield x, cluster, *decode_text(s, dataset.max_caption_tokens, dataset.text_dim)
 
 
 def stream_images(
-    dataset_dir: str | os.PathLike,
+    dataset: Dataset,
     clusters: list[int] | None = None,
     *,
     batch_size: int,
@@ -115,12 +106,11 @@ def stream_images(
     """
     if text and pooled:
         raise ValueError("stream_images: text and pooled are exclusive (states or their pooled embedding)")
-    meta = read_meta(dataset_dir)
-    if clusters is None:
-        clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
-    sizes = {k: split_size(meta, [k], split) for k in clusters}
+    dataset = as_dataset(dataset)
+    clusters = dataset.cluster_ids if clusters is None else clusters
+    sizes = {k: dataset.size([k], split) for k in clusters}
     if not sum(sizes.values()):
-        raise ValueError(f"no {split or 'train/val'!r} samples in clusters {clusters} of {dataset_dir}")
+        raise ValueError(f"no {split or 'train/val'!r} samples in clusters {clusters} of {dataset.root}")
     buffer = max(1, shuffle_buffer // len(clusters))
     epoch = 0
     items = []  # a batch may span epochs: a split smaller than a batch still yields batches when looping
@@ -128,8 +118,7 @@ def stream_images(
         rng = random.Random(f"{seed}-{epoch}")
         streams = {
             k: _image_stream(
-                dataset_dir,
-                meta,
+                dataset,
                 k,
                 split,
                 shuffle=shuffle,
@@ -177,7 +166,7 @@ def stream_images(
 
 
 def stream_captions(
-    dataset_dir: str | os.PathLike,
+    dataset: Dataset,
     clusters: list[int] | None = None,
     *,
     split: str = "val",
@@ -187,14 +176,13 @@ def stream_captions(
     """One seeded, shuffled pass over the captions of ``split`` in ``clusters`` (default all), interleaved at
     random: ``(caption, padded text states (L, dim), mask (L,), cluster)``. Reads the text and json members only
     (no image), so picking prompts costs what the prompts need, not the split."""
-    meta = read_meta(dataset_dir)
-    if clusters is None:
-        clusters = [meta["cluster_set"]] if "cluster_set" in meta else list(range(meta["num_clusters"]))
-    L, dim = meta["max_caption_tokens"], meta["text_dim"]
+    dataset = as_dataset(dataset)
+    clusters = dataset.cluster_ids if clusters is None else clusters
+    L, dim = dataset.max_caption_tokens, dataset.text_dim
     rng = random.Random(seed)
 
     def one(k: int):
-        urls = cluster_shards(dataset_dir, k, meta)
+        urls = dataset.shards(k)
         ds = open_shards(
             urls,
             shuffle=True,
@@ -205,10 +193,7 @@ def stream_captions(
             buffer=max(1, shuffle_buffer // len(clusters)),
         )
         for s in ds:
-            emb = np.asarray(s["emb.npy"], np.float32)[:L]
-            pad = np.zeros((L, dim), np.float32)
-            pad[: len(emb)] = emb
-            yield s["txt"], pad, np.arange(L) < len(emb), k
+            yield s["txt"], *decode_text(s, L, dim), k
 
     streams = {k: one(k) for k in clusters}
     while streams:
@@ -226,9 +211,10 @@ class StreamingAllClusters:
     shard order and buffers from ``seed``). It stands in for :class:`Split` as :class:`StreamingSplit` does:
     ``batch(idx)`` is the next ``len(idx)`` samples, ``len()`` the training-set size from ``meta.json``."""
 
-    def __init__(self, dataset_dir: str | os.PathLike, *, seed: int = 0, shuffle_buffer: int = 1000):
-        self.size = split_size(read_meta(dataset_dir), None, "train")
-        self.dataset_dir, self.seed, self.shuffle_buffer = dataset_dir, seed, shuffle_buffer
+    def __init__(self, dataset: Dataset, *, seed: int = 0, shuffle_buffer: int = 1000):
+        self.dataset = as_dataset(dataset)
+        self.size = self.dataset.size(None, "train")
+        self.seed, self.shuffle_buffer = seed, shuffle_buffer
         self._stream, self._batch_size = None, None
 
     def __len__(self) -> int:
@@ -238,7 +224,7 @@ class StreamingAllClusters:
         if self._stream is None or self._batch_size != len(idx):
             self._batch_size = len(idx)
             self._stream = stream_images(
-                self.dataset_dir,
+                self.dataset,
                 None,
                 batch_size=len(idx),
                 split="train",

@@ -5,11 +5,11 @@ split."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..data import Dataset
 from ..data.streams import stream_images
 from ..ensemble import Ensemble
 from ..experts import map_cond
@@ -18,14 +18,14 @@ from ..objectives import fm_interpolate
 SHUFFLE_BUFFER = 1024  # samples held to draw the seeded subsample from (memory: this many, whatever N)
 
 
-def heldout_batches(dataset_dir: Path, num_images: int, batch_size: int, seed: int) -> Iterable[tuple]:
+def heldout_batches(dataset: Dataset, num_images: int, batch_size: int, seed: int) -> Iterable[tuple]:
     """A seeded subsample of at most ``num_images`` held-out (val) samples with their caption states, streamed in
     batches: memory is one batch plus the shuffle buffer, the bytes read about ``num_images`` + the buffer."""
 
     def limited():
         left = num_images
         for x, y, cond in stream_images(
-            dataset_dir, None, batch_size=batch_size, split="val", seed=seed, shuffle_buffer=SHUFFLE_BUFFER,
+            dataset, None, batch_size=batch_size, split="val", seed=seed, shuffle_buffer=SHUFFLE_BUFFER,
             loop=False, text=True,
         ):  # fmt: skip
             if left <= 0:
