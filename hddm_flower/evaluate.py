@@ -31,13 +31,12 @@ from .adherence import classify
 from .config import Config
 from .config_rules import ConfigError
 from .counts import read_counts
-from .data import Dataset, Split, load_split, load_uncond, read_meta, split_size
+from .data import Dataset, Split, as_dataset
 from .data.streams import stream_captions, stream_images
 from .devices import autocast, resolve_device
 from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from .experts import DDPMExpert, map_cond
 from .federated import FeatureSums, frechet_distance_from_sums
-from .institution import DATA_FREE
 from .models import TextCond, router_conditioning
 from .reference import DEFAULT_KID_RESERVOIR, ReferenceStats, pooled, reference_statistics
 from .report import plot_router_weights, plot_usage, save_prompt_grids
@@ -78,9 +77,10 @@ class Prompts:
     labels: Tensor
 
 
-def all_images(dataset_dir: Path) -> Split:
+def all_images(dataset: Dataset) -> Split:
     """Train and validation splits together: the reference distribution of FID/KID (the experts' data)."""
-    a, b = load_split(dataset_dir, None, "train"), load_split(dataset_dir, None, "val")
+    dataset = as_dataset(dataset)
+    a, b = dataset.split(None, "train"), dataset.split(None, "val")
     return Split(
         torch.cat([a.images, b.images]),
         TextCond(*(torch.cat([x, y]) for x, y in zip(a.cond, b.cond))),
@@ -89,21 +89,20 @@ def all_images(dataset_dir: Path) -> Split:
     )
 
 
-def choose_prompts(dataset_dir: Path, n: int, seed: int, clusters: list[int] | None = None) -> Prompts:
+def choose_prompts(dataset: Dataset, n: int, seed: int, clusters: list[int] | None = None) -> Prompts:
     """``n`` distinct captions, held-out ones first (then training ones if the validation split is short), from
     seeded caption streams (:func:`~hddm_flower.data.streams.stream_captions`): only as many samples are read as it takes
     to find them, and no image. The streams' shuffle buffers hold ``n`` captions in all: the split is selected before
     the buffer, so a buffer that must fill with held-out captions would read the whole dataset."""
+    dataset = as_dataset(dataset)
     picked: dict[str, tuple] = {}
     for split in ("val", "train"):
-        for caption, states, mask, k in stream_captions(
-            dataset_dir, clusters, split=split, seed=seed, shuffle_buffer=n
-        ):
+        for caption, states, mask, k in stream_captions(dataset, clusters, split=split, seed=seed, shuffle_buffer=n):
             if len(picked) >= n:
                 break
             picked.setdefault(caption, (states, mask, k))
     if not picked:
-        raise ValueError(f"no captions in clusters {clusters} of {dataset_dir}")
+        raise ValueError(f"no captions in clusters {clusters} of {dataset.root}")
     rows = list(picked.values())
     return Prompts(
         list(picked),
@@ -114,15 +113,14 @@ def choose_prompts(dataset_dir: Path, n: int, seed: int, clusters: list[int] | N
     )
 
 
-def config_prompts(cfg: Config, dataset_dir: Path) -> Prompts:
+def config_prompts(cfg: Config, dataset: Dataset) -> Prompts:
     """The evaluation's prompts when the coordinator holds no caption: the first ``evaluation.num_prompts`` of
     ``sampling.prompts``, encoded by the coordinator's text encoder (the one the nodes declared). No cluster is
     known for them (label −1: oracle routing is not available)."""
     from .text import TextEncoder
 
-    meta = read_meta(dataset_dir)
     captions = list(dict.fromkeys(cfg.sampling.prompts))[: cfg.evaluation.num_prompts]
-    cond, _ = TextEncoder(cfg.data.text_encoder or None, max_length=meta["max_caption_tokens"]).encode(captions)
+    cond, _ = TextEncoder(cfg.data.text_encoder or None, max_length=dataset.max_caption_tokens).encode(captions)
     return Prompts(captions, cond, torch.full((len(captions),), -1))
 
 
@@ -302,22 +300,19 @@ class StreamedSamples:
         return M.diversity_summary(self.per_prompt, self.S * (self.S - 1) // 2, self.distance.name)
 
 
-def feature_description(dataset_dir: Path) -> str:
+def feature_description(dataset: Dataset) -> str:
     """What the run's feature classifier was trained on (part of every FID's feature-network name)."""
-    meta = read_meta(dataset_dir)
-    if meta.get(DATA_FREE):
-        return f"trained federatedly on the institutions' {meta['name']} v{meta['version']} images"
-    return f"trained on {meta['name']} v{meta['version']} ({Path(dataset_dir).name})"
+    return as_dataset(dataset).description()
 
 
-def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None, progress: bool = False):
+def feature_network(cfg: Config, dataset: Dataset, folder: Path, *, decode=None, progress: bool = False):
     """(FeatureExtractor, classifier or None, description): Inception from ``evaluation.inception_weights`` if
     set, else the classifier in ``folder`` (trained on the dataset and saved there on first use)."""
     ev = cfg.evaluation
-    meta = read_meta(dataset_dir)
+    dataset = as_dataset(dataset)
     device = resolve_device(cfg.coordinator.device)
-    desc = feature_description(dataset_dir)
-    if meta.get(DATA_FREE) and not (folder / "config.json").exists():
+    desc = dataset.description()
+    if dataset.data_free and not (folder / "config.json").exists():
         raise ValueError(
             f"{folder} holds no feature classifier and the coordinator holds no images to train one: train it "
             "federatedly first (strategies/federated_router.py) or set evaluation.inception_weights"
@@ -332,20 +327,19 @@ def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None
             )
         net = M.FeatureClassifier.from_pretrained(folder).eval()
     else:
-        num_train = split_size(meta, None, "train")
+        num_train = dataset.size(None, "train")
         pixels = decode if decode is not None else (lambda x: x)  # pixels, also for latent data
         batches = (
             (pixels(x), y, M.pooled_caption(*cond))
             for x, y, cond in stream_images(
-                dataset_dir, None, batch_size=64, split="train", seed=ev.seed, shuffle_buffer=4096, text=True
+                dataset, None, batch_size=64, split="train", seed=ev.seed, shuffle_buffer=4096, text=True
             )
         )
-        channels = 3 if meta.get("latent") else meta["channels"]
         net, stats = M.train_feature_classifier_stream(
             batches,
-            meta["num_clusters"],
-            in_channels=channels,
-            text_dim=meta["text_dim"],
+            dataset.num_clusters,
+            in_channels=dataset.pixel_channels,
+            text_dim=dataset.text_dim,
             steps=ev.feature_steps,
             seed=ev.seed,
             device=device,
@@ -360,7 +354,7 @@ def feature_network(cfg: Config, dataset_dir: Path, folder: Path, *, decode=None
                     "trained_on": desc,
                     "num_images": num_train,
                     "data": "streamed (train split)",
-                    "reference_images": split_size(meta, None, None),
+                    "reference_images": dataset.size(None, None),
                 },
                 indent=2,
             )
@@ -415,7 +409,7 @@ def _quality_of_features(ref_feats: Tensor | FeatureSums | ReferenceStats, feats
 def evaluate_run(
     cfg: Config,
     ensemble: Ensemble,
-    dataset_dir: Path,
+    dataset: Dataset,
     out_dir: Path,
     *,
     feature_dir: Path | None = None,
@@ -437,9 +431,10 @@ def evaluate_run(
     modes = modes or ev.routing_modes
     steps = ev.num_steps or s.num_steps
     seed = ev.seed if seed is None else seed
-    decode = Dataset.open(dataset_dir).decoder(cfg)  # every metric, plot and grid works on pixels (latents decoded)
+    dataset = as_dataset(dataset)
+    decode = dataset.decoder(cfg)  # every metric, plot and grid works on pixels (latents decoded)
     fx, classifier, desc = feature_network(
-        cfg, dataset_dir, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress
+        cfg, dataset, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress
     )
     distance = M.lpips_distance(ev.alexnet_weights or None, fallback=classifier, fallback_description=desc)
     if reference is not None:
@@ -450,7 +445,7 @@ def evaluate_run(
         )
     else:
         stats, cached = reference_statistics(
-            dataset_dir,
+            dataset,
             fx,
             decode=decode,
             reservoir=ev.reference_images or DEFAULT_KID_RESERVOIR,
@@ -464,18 +459,18 @@ def evaluate_run(
             + ("reused from" if cached["reused"] else "computed in one streaming pass, cached in")
             + f" {cached['file'] or 'nowhere (the dataset folder is read-only)'}"
         )
-    data_free = bool(read_meta(dataset_dir).get(DATA_FREE))
+    data_free = dataset.data_free
     if data_free:  # no caption on the coordinator: the config's prompts; oracle routing needs captions' clusters
-        prompts = config_prompts(cfg, dataset_dir)
+        prompts = config_prompts(cfg, dataset)
         skipped = {m: "oracle routing needs the cluster of each prompt's image" for m in modes if "oracle" in m}
         modes = [m for m in modes if m not in skipped]
         prompt_source = (
             "sampling.prompts: the coordinator holds no caption (institution-owned data), and captions are data"
         )
     else:
-        prompts, skipped = choose_prompts(dataset_dir, ev.num_prompts, seed), {}
+        prompts, skipped = choose_prompts(dataset, ev.num_prompts, seed), {}
         prompt_source = "held-out captions first (val split), then training captions"
-    uncond = load_uncond(dataset_dir)
+    uncond = dataset.uncond
     result: dict[str, Any] = {
         "feature_network": fx.name,
         "adherence_classifier": M.classifier_features(classifier, desc).name,  # the cluster of every sample
@@ -563,7 +558,7 @@ def evaluate_run(
         else:
             per_cluster = {k: (st.count, st) for k, st in stats.items()}
         result["per_expert"] = per_expert_quality(
-            cfg, ensemble, dataset_dir, fx, per_cluster, uncond, steps, decode=decode, progress=progress
+            cfg, ensemble, dataset, fx, per_cluster, uncond, steps, decode=decode, progress=progress
         )
     return result
 
@@ -572,7 +567,7 @@ def evaluate_run(
 def per_expert_quality(
     cfg: Config,
     ensemble: Ensemble,
-    dataset_dir: Path,
+    dataset: Dataset,
     fx: M.FeatureExtractor,
     per_cluster: dict[int, tuple[int, Tensor | FeatureSums]],
     uncond: TextCond,
@@ -588,7 +583,7 @@ def per_expert_quality(
     out = {}
     for key, expert in tqdm(list(ensemble.experts.items()), desc="per-expert", disable=not progress):
         k = int(key)
-        prompts = choose_prompts(dataset_dir, ev.per_expert_samples, ev.seed + 1 + k, clusters=[k])
+        prompts = choose_prompts(dataset, ev.per_expert_samples, ev.seed + 1 + k, clusters=[k])
         n, (n_ref, ref_k) = len(prompts.captions), per_cluster.get(k, (0, None))
         if min(n, n_ref) < 2:  # FID/KID need two samples on each side
             out[key] = {

@@ -45,6 +45,8 @@ from torch import Tensor, nn
 
 from . import rundir
 from .checkpoints import META, load_expert_model, make_expert, save_expert
+from .data import Dataset, as_dataset
+from .data.layout import UNCOND as DATASET_UNCOND
 from .devices import resolve_precision
 from .ensemble import ROUTING_MODES, Ensemble, VelocityScaling, sample_ensemble
 from .metrics import FeatureClassifier
@@ -498,19 +500,18 @@ def sampling_defaults(cfg) -> dict:
     }
 
 
-def write_run_index(cfg, run_dir: Path, dataset_dir: Path, *, feature_dir: str | None = FEATURE_NET) -> Path:
+def write_run_index(cfg, run_dir: Path, dataset: Dataset, *, feature_dir: str | None = FEATURE_NET) -> Path:
     """Make ``run_dir`` a diffusers pipeline folder: ``model_index.json``, ``pipeline.py``, ``experts/config.json``
     and, in the run and in every expert folder, ``text_encoder.json`` and the empty caption's ``uncond.safetensors``.
 
     Needs ``run_dir/experts/expert-*`` and ``run_dir/router``; ``feature_net`` is listed when its folder exists.
     """
-    from .data import read_meta
-
-    meta = read_meta(dataset_dir)
+    dataset = as_dataset(dataset)
+    meta = dataset.meta
     latent = meta.get("latent")
     vae_path = (cfg.data.vae or latent["path"]) if latent else None
     text = text_reference(cfg, meta)
-    uncond_src = Path(dataset_dir) / UNCOND
+    uncond_src = dataset.root / DATASET_UNCOND
     has_features = bool(feature_dir) and (run_dir / feature_dir / "config.json").is_file()
     index = {
         "_class_name": HDDMPipeline.__name__,

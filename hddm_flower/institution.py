@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config
-from .data import read_meta, split_size
+from .data import Dataset, as_dataset
+from .data.dataset import DATA_FREE
 from .data.writer import DatasetWriter
 from .wire import WireError, as_float, as_int, as_str, loads
 
@@ -32,8 +33,6 @@ token count (a node that differs would train an expert the ensemble cannot mix).
 DECLARATION = "declaration"  # the declare reply's ConfigRecord …
 DECLARATION_JSON = "declaration-json"  # … holding the declaration as JSON text
 CLAIM = "expert-id"  # … and the expert id the node claims
-DATA_FREE = "data_free"
-"""``meta.json`` key that marks a descriptor: the dataset's shape without any sample."""
 
 
 class DeclarationMismatch(ValueError):
@@ -54,11 +53,12 @@ def local_cluster(meta: dict) -> int:
     return int(meta["cluster_set"]) if "cluster_set" in meta else 0
 
 
-def declaration(dataset_dir: Path) -> dict[str, Any]:
-    """What a node declares about its prepared data (``dataset_dir``: an institution's one-cluster dataset or a
+def declaration(dataset: Dataset) -> dict[str, Any]:
+    """What a node declares about its prepared data (``dataset``: an institution's one-cluster dataset or a
     ``cluster-k`` shard set): the shared properties of :data:`AGREED_FIELDS`, its number of images (train + val)
     and its cluster's mean detail score. Statistics only, read from its ``meta.json``."""
-    meta = read_meta(dataset_dir)
+    dataset = as_dataset(dataset)
+    meta = dataset.meta
     k = local_cluster(meta)
     cluster = next(c for c in meta["clusters"] if int(c["id"]) == k)
     return {
@@ -70,8 +70,8 @@ def declaration(dataset_dir: Path) -> dict[str, Any]:
         "text_encoder": str(meta["text_encoder"]),
         "text_dim": int(meta["text_dim"]),
         "max_caption_tokens": int(meta["max_caption_tokens"]),
-        "num_train": split_size(meta, [k], "train"),
-        "num_val": split_size(meta, [k], "val"),
+        "num_train": dataset.size([k], "train"),
+        "num_val": dataset.size([k], "val"),
         "detail": float(cluster["detail"]),
     }
 
@@ -205,6 +205,6 @@ def write_descriptor(out: Path, cfg: Config, declarations: dict[int, dict]) -> P
     return out
 
 
-def is_data_free(dataset_dir: Path) -> bool:
-    """Whether ``dataset_dir`` is a descriptor (no sample to read)."""
-    return bool(read_meta(dataset_dir).get(DATA_FREE))
+def is_data_free(dataset: Dataset) -> bool:
+    """Whether ``dataset`` is a descriptor (no sample to read): :attr:`Dataset.data_free`."""
+    return as_dataset(dataset).data_free

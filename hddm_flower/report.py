@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 from torch import Tensor
 
 from .config import Config
-from .data import read_meta
+from .data import Dataset, as_dataset
 from .model_card import write_model_cards
 from .provenance import now, versions
 from .rundir import REPORT_JSON, REPORT_MD, write_atomic
@@ -38,10 +38,10 @@ def save_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 4) -> No
 
 
 def write_report(
-    cfg: Config, run_dir: Path, dataset_dir: Path, metas: list[dict], missing: list[dict], metrics: dict, extra: dict
+    cfg: Config, run_dir: Path, dataset: Dataset, metas: list[dict], missing: list[dict], metrics: dict, extra: dict
 ) -> dict:
     """Write ``report.json`` (machine-readable) and ``report.md`` into ``run_dir``; returns the report."""
-    dataset_meta = read_meta(dataset_dir)
+    dataset_meta = as_dataset(dataset).meta
     keep = (
         "expert_id",
         "cluster_id",

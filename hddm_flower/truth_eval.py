@@ -31,6 +31,7 @@ import torch
 from .checkpoints import load_expert, load_router
 from .config import Config
 from .config_io import config_from_dict
+from .data import Dataset, as_dataset
 from .ensemble import Ensemble, VelocityScaling
 from .evaluate import Prompts, sample_mode
 from .exact import ExactRouter, exact_expert
@@ -153,12 +154,12 @@ def _true_draws(ref: GMMReference, comps: torch.Tensor | None, n: int, seed: int
 
 def evaluate_group(a: tuple) -> dict[str, Any]:
     """Sample and score the rows of one group for every seed (a separate process when jobs > 1)."""
-    cfg_dict, out, dataset_dir, rows, objectives, in_worker = a
+    cfg_dict, out, dataset_root, rows, objectives, in_worker = a
     if in_worker:
         torch.set_num_threads(1)
     cfg, out = config_from_dict(cfg_dict, "reproduce"), Path(out)
     ev, s = cfg.evaluation, cfg.sampling
-    ref = load_reference(dataset_dir)
+    ref = load_reference(Dataset.open(dataset_root))  # a worker process: the dataset opened here
     bandwidth = median_bandwidth(_true_draws(ref, None, 1000, 999_999))  # fixed once per dataset
     steps = ev.num_steps or s.num_steps
     results, ensembles = {}, {}
@@ -227,7 +228,7 @@ def _cost(row: Row, num_experts: int) -> float:
 def evaluate_truth(
     cfg: Config,
     out: Path,
-    dataset_dir: Path,
+    dataset: Dataset,
     objectives: dict[str, list[str]],
     *,
     in_worker: bool,
@@ -244,7 +245,7 @@ def evaluate_truth(
     # group left one process sampling the main mix's five routing modes long after the other was done)
     K = cfg.num_experts
     args = [
-        (cfg.to_dict(), str(out), str(dataset_dir), [r], objectives.get(r.group), in_worker)
+        (cfg.to_dict(), str(out), str(as_dataset(dataset).root), [r], objectives.get(r.group), in_worker)
         for r in sorted(rows, key=lambda r: -_cost(r, K))
     ]
     done: dict[str, Any] = {}

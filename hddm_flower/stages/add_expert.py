@@ -12,7 +12,7 @@ from ..accept import accept_expert, parse_expert_meta, parse_model_config
 from ..checkpoints import META, MODEL_CONFIG, WEIGHTS, CheckpointRejected
 from ..config import Config
 from ..config_io import config_from_dict, load_config
-from ..data import check_clusters, extend_dataset, read_meta
+from ..data import Dataset, as_dataset, check_clusters, extend_dataset
 from ..provenance import now
 from ..rundir import (
     CONFIG,
@@ -95,8 +95,8 @@ def add_expert(
     existed = folder.exists()
     if existed and not replace:
         raise FileExistsError(f"{folder} already exists; pass --replace to replace that expert")
-    dataset_dir = prepare_data(cfg, cache_dir)
-    spec = expert_spec(cfg, dataset_dir)
+    dataset = as_dataset(prepare_data(cfg, cache_dir))
+    spec = expert_spec(cfg, dataset)
     try:
         parse_model_config(declared, spec.model_config, spec.preset)  # refused before any byte is copied
     except CheckpointRejected as e:
@@ -108,7 +108,7 @@ def add_expert(
             raise FileExistsError(
                 f"{view} already exists (left by an earlier attempt?); remove it to add expert {expert_id}"
             )
-        objectives = trained_objectives(run_dir, assign_objectives(cfg, dataset_dir)) + [meta["objective"]]
+        objectives = trained_objectives(run_dir, assign_objectives(cfg, dataset)) + [meta["objective"]]
         grown = config_from_dict(
             cfg.to_dict()
             | {
@@ -127,9 +127,9 @@ def add_expert(
 
     def grow_run(m: dict) -> None:
         """After the expert passed every check: the data view and the grown config (undone below on failure)."""
-        extended = extend_dataset(dataset_dir, Path(cluster_data), view)
+        extended = extend_dataset(dataset.root, Path(cluster_data), view)
         done.append("view")
-        check_clusters(read_meta(extended), grown.num_experts, str(extended))
+        check_clusters(Dataset.open(extended).meta, grown.num_experts, str(extended))
         shutil.copyfile(run_dir / CONFIG, old_config)
         write_config(
             run_dir / CONFIG, grown, f"{run_dir} grown by expert {expert_id} ({m['objective']}) from {checkpoint}"
@@ -165,7 +165,7 @@ def add_expert(
     finally:
         tmp.unlink(missing_ok=True)
     if grow:
-        dataset_dir = view
+        dataset = Dataset.open(view)
     cfg = grown if grow else cfg
     before = read_report(run_dir)
     missing = missing_experts(run_dir, cfg.num_experts)
@@ -186,4 +186,4 @@ def add_expert(
     log.info(
         "expert %d (%s) added to %s; retraining the router and re-evaluating", expert_id, meta["objective"], run_dir
     )
-    return finish_run(cfg, run_dir, dataset_dir, missing, extra=extra, progress=progress)
+    return finish_run(cfg, run_dir, dataset, missing, extra=extra, progress=progress)

@@ -8,11 +8,11 @@ from pathlib import Path
 from ..adherence import prompt_adherence, prompt_clusters
 from ..checkpoints import load_expert, load_router
 from ..config import Config
+from ..data import Dataset, as_dataset
 from ..devices import resolve_device, resolve_precision
 from ..ensemble import Ensemble, VelocityScaling
 from ..evaluate import evaluate_run
 from ..hddm_pipeline import load_pipeline, sample_images, write_run_index
-from ..institution import is_data_free
 from ..metrics import FeatureClassifier
 from ..models import Router, router_conditioning
 from ..report import save_grid, write_report
@@ -49,21 +49,22 @@ def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> t
 def finish_run(
     cfg: Config,
     run_dir: Path,
-    dataset_dir: Path,
+    dataset: Dataset,
     missing: list[dict],
     *,
     extra: dict | None = None,
     progress: bool = False,
 ) -> dict:
     """After the experts arrived in ``run_dir/experts``: router, then :func:`evaluate_and_report`."""
-    router = fit_router(cfg, dataset_dir, run_dir, progress=progress)
-    return evaluate_and_report(cfg, run_dir, dataset_dir, missing, router=router, extra=extra, progress=progress)
+    dataset = as_dataset(dataset)
+    router = fit_router(cfg, dataset, run_dir, progress=progress)
+    return evaluate_and_report(cfg, run_dir, dataset, missing, router=router, extra=extra, progress=progress)
 
 
 def evaluate_and_report(
     cfg: Config,
     run_dir: Path,
-    dataset_dir: Path,
+    dataset: Dataset,
     missing: list[dict],
     *,
     router: Router | None = None,
@@ -78,30 +79,31 @@ def evaluate_and_report(
     reference statistics per cluster (see :func:`hddm_flower.evaluate.evaluate_run`)."""
     ensemble, metas = load_ensemble(cfg, run_dir, router)
     s = cfg.sampling
-    if is_data_free(dataset_dir):  # institution-owned data: no held-out image on the coordinator
+    dataset = as_dataset(dataset)
+    if dataset.data_free:  # institution-owned data: no held-out image on the coordinator
         metrics = skipped_diagnostics(cfg, (extra or {}).get("router", {}).get("heldout"))
     else:
         ev = cfg.evaluation
-        batches = heldout_batches(dataset_dir, ev.diagnostic_images, ev.batch_size, s.seed)
+        batches = heldout_batches(dataset, ev.diagnostic_images, ev.batch_size, s.seed)
         metrics = evaluate(ensemble, batches, seed=s.seed, times=tuple(ev.times))
     metrics["evaluation"] = evaluate_run(
         cfg,
         ensemble,
-        dataset_dir,
+        dataset,
         run_dir,
         modes=modes,
         feature_dir=feature_dir,
         reference=reference,
         progress=progress,
     )
-    write_run_index(cfg, run_dir, dataset_dir)  # the run directory is now a diffusers pipeline folder
+    write_run_index(cfg, run_dir, dataset)  # the run directory is now a diffusers pipeline folder
     pipe = load_pipeline(run_dir, progress=progress)  # the run directory as a diffusers pipeline
     pipe.to(resolve_device(cfg.coordinator.device))
     images = sample_images(pipe, s.prompts, samples_per_prompt=s.samples_per_prompt, seed=s.seed)
     save_grid(images, len(s.prompts), run_dir / SAMPLES)
     classifier = FeatureClassifier.from_pretrained(feature_dir or run_dir / FEATURE_NET).eval()
     # a coordinator without data knows no prompt's cluster (that needs the captions): adherence None, said so
-    clusters = [[] for _ in s.prompts] if is_data_free(dataset_dir) else prompt_clusters(dataset_dir, s.prompts)
+    clusters = [[] for _ in s.prompts] if dataset.data_free else prompt_clusters(dataset, s.prompts)
     adherence = prompt_adherence(classifier, images, clusters, s.samples_per_prompt)
     metrics["sampling"] = {
         "grid": SAMPLES,
@@ -122,4 +124,4 @@ def evaluate_and_report(
         "adherence": adherence | {"classifier": metrics["evaluation"]["adherence_classifier"]},
     }
     metrics["feature_network"] = metrics["evaluation"]["feature_network"]
-    return write_report(cfg, run_dir, dataset_dir, metas, missing, metrics, extra or {})
+    return write_report(cfg, run_dir, dataset, metas, missing, metrics, extra or {})

@@ -14,7 +14,7 @@ from ..checkpoints import TIME_CONVENTION, make_expert
 from ..clean_prior import measure_clean_prior
 from ..config import Config
 from ..convert import load_init
-from ..data import Dataset, Split, StreamingSplit, load_split, load_uncond, read_meta, split_size
+from ..data import Dataset, Split, StreamingSplit, as_dataset
 from ..models import ExpertNet, expert_config
 from ..provenance import now, package_version
 from ..training import train_expert
@@ -22,9 +22,9 @@ from ..training import train_expert
 log = logging.getLogger(__name__)
 
 
-def expected_model_config(cfg: Config, dataset_dir: Path) -> dict:
+def expected_model_config(cfg: Config, dataset: Dataset) -> dict:
     """The expert model config every checkpoint of this run must have: the preset at the dataset's shapes."""
-    m = read_meta(dataset_dir)
+    m = as_dataset(dataset).meta
     return expert_config(
         cfg.expert.preset, sample_size=m["image_size"], in_channels=m["channels"], caption_channels=m["text_dim"]
     )
@@ -39,10 +39,10 @@ def checkpoint_limit(cfg: Config, model_config: dict) -> int:
     return int(n * 4 * 1.05) + 2**20
 
 
-def expert_spec(cfg: Config, dataset_dir: Path) -> ExpertSpec:
+def expert_spec(cfg: Config, dataset: Dataset) -> ExpertSpec:
     """What every expert of this run must be (:class:`~hddm_flower.accept.ExpertSpec`): the preset at the dataset's
     shapes, the upload size limit and the FM experts' training-time sampling."""
-    model_config = expected_model_config(cfg, dataset_dir)
+    model_config = expected_model_config(cfg, dataset)
     limit = checkpoint_limit(cfg, model_config)
     return ExpertSpec(cfg.num_experts, model_config, limit, cfg.expert.preset, fm_time_sampling(cfg))
 
@@ -113,7 +113,7 @@ def clean_prior_meta(expert, train: Split | StreamingSplit, heldout: Split, seed
 
 def train_one_expert(
     cfg: Config,
-    dataset_dir: Path,
+    dataset: Dataset,
     expert_id: int,
     objective: str,
     *,
@@ -122,19 +122,20 @@ def train_one_expert(
     progress: bool = False,
     cluster: int | None = None,
 ) -> tuple[dict, dict, dict]:
-    """Train expert ``expert_id`` on cluster ``cluster`` (default: ``expert_id``) of ``dataset_dir`` with
+    """Train expert ``expert_id`` on cluster ``cluster`` (default: ``expert_id``) of ``dataset`` with
     ``objective``, in isolation.
 
     ``checkpoint``: where the training state is saved every ``expert.checkpoint_every`` steps and resumed from.
     Returns the transformer's state dict, its diffusers config and the checkpoint metadata (docs/design.md).
     """
-    dataset_meta = read_meta(dataset_dir)
-    source = {} if cluster is None else {"data_cluster": cluster, "data_dir": str(dataset_dir)}
+    dataset = as_dataset(dataset)
+    dataset_meta = dataset.meta
+    source = {} if cluster is None else {"data_cluster": cluster, "data_dir": str(dataset.root)}
     cluster = expert_id if cluster is None else cluster
     data = (
-        StreamingSplit(Dataset(dataset_dir, dataset_meta), cluster, seed=cfg.expert.seed + expert_id)
+        StreamingSplit(dataset, cluster, seed=cfg.expert.seed + expert_id)
         if cfg.data.stream
-        else load_split(dataset_dir, [cluster], "train")
+        else dataset.split([cluster], "train")
     )
     torch.manual_seed(cfg.expert.seed + expert_id)  # weight init
     expert, model_config, meta = build_expert(cfg, dataset_meta, objective, expert_id=expert_id)
@@ -142,7 +143,7 @@ def train_one_expert(
     stats = train_expert(
         expert,
         data,
-        load_uncond(dataset_dir),
+        dataset.uncond,
         e,
         seed=e.seed + expert_id,
         checkpoint=checkpoint,
@@ -157,7 +158,7 @@ def train_one_expert(
         "ema_decay": e.ema_decay,
         "mixed_precision": e.mixed_precision,
         "grad_accumulation": e.grad_accumulation,
-        "dataset": f"{dataset_meta['name']} v{dataset_meta['version']} ({dataset_dir.name})",
+        "dataset": f"{dataset_meta['name']} v{dataset_meta['version']} ({dataset.root.name})",
         "cluster_size": len(data),
         "steps": stats.steps,
         "resumed_steps": stats.resumed_steps,
@@ -176,7 +177,7 @@ def train_one_expert(
         "hddm_flower": package_version("hddm-flower"),
     }
     if objective == "ddpm":  # measured on the node's held-out split, shipped with the weights
-        heldout = split_size(dataset_meta, [cluster], "val")
+        heldout = dataset.size([cluster], "val")
         if heldout < CLEAN_PRIOR_MIN_HELDOUT:  # no table: the expert keeps the clamp, as an older checkpoint does
             meta["clean_prior"] = None
             meta["clean_prior_note"] = (
@@ -185,7 +186,7 @@ def train_one_expert(
             )
             log.warning("expert %d [ddpm]: clean prior %s", expert_id, meta["clean_prior_note"])
         else:
-            val = load_split(dataset_dir, [cluster], "val")
+            val = dataset.split([cluster], "val")
             meta["clean_prior"] = clean_prior_meta(expert, data, val, e.seed + expert_id + 7919)
     state = {k: v.detach().cpu() for k, v in expert.net.transformer.state_dict().items()}
     return state, model_config, meta

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..cluster import cluster_encoded
 from ..config import Config
-from ..data import check_clusters, default_cache_dir, read_meta
+from ..data import Dataset, as_dataset, check_clusters, default_cache_dir, read_meta
 from ..data.layout import is_prepared
 from ..data.writer import rewrite_meta
 from ..embedded import prepare_embedded
@@ -149,6 +149,6 @@ def scaled_data_dirs(cfg: Config, cache: Path) -> tuple[Path, Path]:
     return cache / f"encoded-{d.name}-{digest(enc)}", cache / f"clusters-{d.name}-k{cfg.num_experts}-{digest(clu)}"
 
 
-def assign_objectives(cfg: Config, dataset_dir: Path) -> list[str]:
+def assign_objectives(cfg: Config, dataset: Dataset) -> list[str]:
     """Objective per expert id; ``auto`` uses the clusters' detail scores from the dataset metadata."""
-    return cfg.objective_of([c["detail"] for c in read_meta(dataset_dir)["clusters"]])
+    return cfg.objective_of([c["detail"] for c in as_dataset(dataset).meta["clusters"]])

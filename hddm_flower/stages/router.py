@@ -13,7 +13,7 @@ import torch
 from ..checkpoints import TIME_CONVENTION, save_router
 from ..config import Config
 from ..config_sections import RouterConfig
-from ..data import load_uncond, read_meta, split_size
+from ..data import Dataset, as_dataset
 from ..data.streams import stream_images
 from ..devices import resolve_device, resolve_precision
 from ..metrics import pooled_caption
@@ -52,27 +52,28 @@ def router_record(r: RouterConfig) -> dict:
     return {"conditioning": "none", "inputs": "x_t and t only"}
 
 
-def uncond_pooled(dataset_dir: Path) -> torch.Tensor:
+def uncond_pooled(dataset: Dataset) -> torch.Tensor:
     """The empty caption's pooled text embedding (1, dim), the router's input when a caption is dropped."""
-    return pooled_caption(*load_uncond(dataset_dir))
+    return pooled_caption(*as_dataset(dataset).uncond)
 
 
 def fit_router(
-    cfg: Config, dataset_dir: Path, run_dir: Path, *, device: str | None = None, progress: bool = False
+    cfg: Config, dataset: Dataset, run_dir: Path, *, device: str | None = None, progress: bool = False
 ) -> Router:
     """Train the router on a seeded stream of all clusters' training split on ``device`` (default
     ``coordinator.device``) and save it to ``run_dir/router`` with its budget and where it ran."""
-    dataset_meta = read_meta(dataset_dir)
+    dataset = as_dataset(dataset)
+    dataset_meta = dataset.meta
     torch.manual_seed(cfg.router.seed)
     router = Router(**router_model_config(cfg, dataset_meta))
     r = cfg.router
     reads_caption = r.conditioning == "text"
     dev = resolve_device(device or cfg.coordinator.device)
     precision = resolve_precision(cfg.coordinator.mixed_precision, dev)
-    num_images = split_size(dataset_meta, None, "train")
+    num_images = dataset.size(None, "train")
     steps = router_steps(r, num_images)
     batches = stream_images(
-        dataset_dir,
+        dataset,
         None,
         batch_size=r.batch_size,
         split="train",
@@ -85,7 +86,7 @@ def fit_router(
         batches,
         r,
         steps=steps,
-        uncond_caption=uncond_pooled(dataset_dir) if reads_caption else None,
+        uncond_caption=uncond_pooled(dataset) if reads_caption else None,
         device=dev,
         mixed_precision=precision,
         progress=progress,
