@@ -50,12 +50,13 @@ from hddm_flower.checkpoints import weights_bytes
 from hddm_flower.choices import OBJECTIVES
 from hddm_flower.config import TRAINING_SECTIONS
 from hddm_flower.config_io import config_from_dict
-from hddm_flower.data import cluster_shards, default_cache_dir
+from hddm_flower.data import Dataset, default_cache_dir
+from hddm_flower.data.layout import META as DATASET_META
 from hddm_flower.logs import quiet_libraries
 from hddm_flower.stages.expert import train_one_expert
-from hddm_flower.stages.prepare import prepare_data
 
 from . import federated, institution
+from .node_data import node_dataset
 
 app = ClientApp()
 quiet_libraries()  # no third-party progress bars or warnings in the Flower log
@@ -101,18 +102,11 @@ def train(msg: Message, context: Context) -> Message:
     _set_threads(node)
     device = str(node.get("device", "cuda" if torch.cuda.is_available() else "cpu"))
 
-    if cfg.data.partition == "institution":  # this node's own data is its cluster, whatever its expert id
-        dataset_dir = institution.institution_data(context, cfg)
-    elif node.get("shard-set") or node.get("data-dir"):  # this institution's own cluster folder or prepared dataset
-        dataset_dir = Path(str(node.get("shard-set") or node["data-dir"]))
-        for expert_id, _, _ in jobs:  # fail early: a wrong path, another cluster's set, or no shards
-            cluster_shards(dataset_dir, expert_id)
-    else:  # the embedded dataset, prepared locally (once per cache directory)
-        dataset_dir = prepare_data(cfg, str(node.get("cache-dir", "")) or str(task[wire.TASK_CACHE_DIR]) or None)
-
+    cache_dir = str(task[wire.TASK_CACHE_DIR]) or None
+    dataset = node_dataset(context, cfg, cache_dir, [expert_id for expert_id, _, _ in jobs])
     several = len(jobs) > 1
     content = RecordDict()
-    for expert_id, result in _train_all(cfg, dataset_dir, jobs, device, node, context.node_id).items():
+    for expert_id, result in _train_all(cfg, dataset, jobs, device, node, context.node_id).items():
         key = expert_id if several else None
         if isinstance(result, BaseException):
             if not several:
@@ -164,17 +158,17 @@ def _metrics(expert_id: int, meta: dict) -> MetricRecord:
     )
 
 
-def _work_dir(cfg, node, expert_id: int, objective: str, dataset_dir: Path) -> Path | None:
+def _work_dir(cfg, node, expert_id: int, objective: str, dataset: Dataset) -> Path | None:
     """Where a restarted node finds this expert's training state and kept result (``expert.checkpoint_every`` >
     0, or a node config that names a ``work-dir``; named by :func:`_work_name`), or None."""
     if not cfg.expert.checkpoint_every and not node.get("work-dir"):
         return None
     return Path(str(node.get("work-dir", "")) or default_cache_dir() / "work") / _work_name(
-        cfg, expert_id, objective, dataset_dir
+        cfg, expert_id, objective, dataset
     )
 
 
-def _train_all(cfg, dataset_dir: Path, jobs: list[tuple[int, str, str]], device: str, node, node_id: int) -> dict:
+def _train_all(cfg, dataset: Dataset, jobs: list[tuple[int, str, str]], device: str, node, node_id: int) -> dict:
     """Train every job; expert id → (weights blob, model config, metadata) or the exception it ended with.
 
     Isolated (in simulation), each expert trains in its own child process, as many at once as this process has
@@ -184,7 +178,7 @@ def _train_all(cfg, dataset_dir: Path, jobs: list[tuple[int, str, str]], device:
     results: dict[int, object] = {}
     pending = []
     for expert_id, assigned, objective in jobs:
-        work = _work_dir(cfg, node, expert_id, objective, dataset_dir)
+        work = _work_dir(cfg, node, expert_id, objective, dataset)
         done = _finished(work)
         if done is not None:  # trained before, but the reply never made it (server timed out, node restarted …)
             log.info("expert %d: already trained (%s); sending the kept checkpoint", expert_id, work)
@@ -192,16 +186,16 @@ def _train_all(cfg, dataset_dir: Path, jobs: list[tuple[int, str, str]], device:
         else:
             pending.append((expert_id, assigned, objective, work))
     if _isolated(node):
-        trained = _train_side_by_side(cfg, dataset_dir, pending, device)
+        trained = _train_side_by_side(cfg, dataset, pending, device)
     else:
-        trained = _train_here(cfg, dataset_dir, pending, device, raise_errors=len(jobs) == 1)
+        trained = _train_here(cfg, dataset, pending, device, raise_errors=len(jobs) == 1)
     for job in pending:
         result = trained[job[0]]
         results[job[0]] = result if isinstance(result, BaseException) else _finish(job, cfg, node_id, *result)
     return {k: results[k] for k, _, _ in jobs}
 
 
-def _train_side_by_side(cfg, dataset_dir: Path, pending: list, device: str) -> dict:
+def _train_side_by_side(cfg, dataset: Dataset, pending: list, device: str) -> dict:
     """Each expert in its own child process, as many at once as this process has torch threads, the threads
     shared evenly among them; expert id → (blob, model config, metadata) or the exception it ended with."""
     threads = torch.get_num_threads()
@@ -217,7 +211,7 @@ def _train_side_by_side(cfg, dataset_dir: Path, pending: list, device: str) -> d
             expert_id, assigned, objective, work = queue.pop(0)
             _announce(expert_id, objective, assigned, device, each)
             checkpoint = work.with_suffix(".pt") if work else None
-            running[expert_id] = _start_child(cfg, dataset_dir, expert_id, objective, device, checkpoint, each)
+            running[expert_id] = _start_child(cfg, dataset, expert_id, objective, device, checkpoint, each)
         ended = _wait_any([child for child, _ in running.values()])
         for expert_id in [k for k, (child, _) in running.items() if child in ended]:
             child, tmp = running.pop(expert_id)
@@ -228,7 +222,7 @@ def _train_side_by_side(cfg, dataset_dir: Path, pending: list, device: str) -> d
     return results
 
 
-def _train_here(cfg, dataset_dir: Path, pending: list, device: str, *, raise_errors: bool) -> dict:
+def _train_here(cfg, dataset: Dataset, pending: list, device: str, *, raise_errors: bool) -> dict:
     """Each expert in this process, one after another; a failure raises (``raise_errors``) or is the expert's
     result."""
     results: dict[int, object] = {}
@@ -237,7 +231,7 @@ def _train_here(cfg, dataset_dir: Path, pending: list, device: str, *, raise_err
         try:
             checkpoint = work.with_suffix(".pt") if work else None
             state, model_config, meta = train_one_expert(
-                cfg, dataset_dir, expert_id, objective, device=device, checkpoint=checkpoint
+                cfg, dataset, expert_id, objective, device=device, checkpoint=checkpoint
             )
             results[expert_id] = (weights_bytes(state, cfg.expert.weights_dtype), model_config, meta)
             del state
@@ -286,16 +280,16 @@ def _isolated(node) -> bool:
 
 
 def _train_in_child(
-    cfg, dataset_dir: Path, expert_id: int, objective: str, device: str, checkpoint: Path | None
+    cfg, dataset: Dataset, expert_id: int, objective: str, device: str, checkpoint: Path | None
 ) -> tuple[bytes, dict, dict]:
     """Train one expert in a child process with this process's torch threads (:func:`_start_child`) and wait for
     it (:func:`_collect`)."""
-    child, tmp = _start_child(cfg, dataset_dir, expert_id, objective, device, checkpoint, torch.get_num_threads())
+    child, tmp = _start_child(cfg, dataset, expert_id, objective, device, checkpoint, torch.get_num_threads())
     child.join()
     return _collect(child, tmp, expert_id)
 
 
-def _start_child(cfg, dataset_dir: Path, expert_id: int, objective: str, device: str, checkpoint, threads: int):
+def _start_child(cfg, dataset: Dataset, expert_id: int, objective: str, device: str, checkpoint, threads: int):
     """Start training in a child process (:func:`clients.train_worker.run`) with ``threads`` torch threads;
     returns the process and its temporary directory. The child is forked from this process's fork server, which
     has torch, diffusers and the core imported once (:func:`_workers`), so an expert costs a fork, not an
@@ -306,7 +300,7 @@ def _start_child(cfg, dataset_dir: Path, expert_id: int, objective: str, device:
     out = Path(tmp.name)
     spec = {
         "experiment": cfg.to_dict(),
-        "dataset_dir": str(dataset_dir),
+        "dataset_dir": str(dataset.root),
         "expert_id": expert_id,
         "objective": objective,
         "device": device,
@@ -371,13 +365,13 @@ def _workers():
     return _WORKERS
 
 
-def _work_name(cfg, expert_id: int, objective: str, dataset_dir: Path) -> str:
+def _work_name(cfg, expert_id: int, objective: str, dataset: Dataset) -> str:
     """The name of an expert's training state and kept result in the node's work directory: the expert id and a
     hash of what its weights depend on — the training sections of the experiment (not federation or sampling:
     they change per run), the objective this node trains, and the data (the prepared dataset's ``meta.json``:
     source, sizes, clusters). Another experiment, objective or dataset never picks up this expert."""
     what = {k: cfg.to_dict()[k] for k in TRAINING_SECTIONS}
-    data = hashlib.sha256((Path(dataset_dir) / "meta.json").read_bytes()).hexdigest()
+    data = hashlib.sha256((dataset.root / DATASET_META).read_bytes()).hexdigest()
     digest = hashlib.sha256(f"{json.dumps(what, sort_keys=True)}|{objective}|{data}".encode()).hexdigest()[:16]
     return f"expert-{expert_id}-{digest}"
 

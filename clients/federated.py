@@ -25,14 +25,13 @@ import functools
 import json
 import logging
 import time
-from pathlib import Path
 
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from hddm_flower.config import Config
 from hddm_flower.config_io import config_from_dict
-from hddm_flower.data import Dataset, Split, cluster_shards, load_split, load_uncond
+from hddm_flower.data import Dataset, Split
 from hddm_flower.federated import (
     FEATURE_BATCH,
     cluster_feature_sums,
@@ -42,9 +41,8 @@ from hddm_flower.federated import (
 )
 from hddm_flower.metrics import FeatureClassifier, classifier_features, inception_features, pooled_caption
 from hddm_flower.models import Router
-from hddm_flower.stages.prepare import prepare_data
 
-from .institution import institution_data
+from .node_data import node_dataset
 
 log = logging.getLogger("hddm_flower.client")
 _SPLITS: dict[tuple, Split] = {}  # (dataset dir, clusters, split) → the split, kept across rounds of one run
@@ -54,20 +52,6 @@ _SPLITS: dict[tuple, Split] = {}  # (dataset dir, clusters, split) → the split
 MAX_SPLITS = 64
 
 
-def node_dataset(context: Context, cfg: Config, cache_dir: str, clusters: list[int]) -> Path:
-    """This node's prepared data: its ``shard-set`` (one cluster's folder) or ``data-dir``, else the embedded
-    dataset in the cache. Fails early, naming the path, when a cluster has no shards there."""
-    node = context.node_config
-    if cfg.data.partition == "institution":  # this node's own data (clients/institution.py)
-        return institution_data(context, cfg)
-    if node.get("shard-set") or node.get("data-dir"):
-        dataset_dir = Path(str(node.get("shard-set") or node["data-dir"]))
-        for k in clusters:
-            cluster_shards(dataset_dir, k)
-        return dataset_dir
-    return prepare_data(cfg, str(node.get("cache-dir", "")) or cache_dir or None)
-
-
 def my_clusters(context: Context, clusters_json: str) -> list[int]:
     clusters = json.loads(clusters_json).get(str(context.node_id))
     if not clusters:
@@ -75,12 +59,12 @@ def my_clusters(context: Context, clusters_json: str) -> list[int]:
     return [int(k) for k in clusters]
 
 
-def _split(dataset_dir: Path, clusters: list[int], split: str) -> Split:
-    key = (str(dataset_dir), tuple(clusters), split)
+def _split(dataset: Dataset, clusters: list[int], split: str) -> Split:
+    key = (str(dataset.root), tuple(clusters), split)
     if key not in _SPLITS:
         if len(_SPLITS) >= MAX_SPLITS:
             _SPLITS.pop(next(iter(_SPLITS)))
-        _SPLITS[key] = load_split(dataset_dir, clusters, split)
+        _SPLITS[key] = dataset.split(clusters, split)
     return _SPLITS[key]
 
 
@@ -89,7 +73,7 @@ def _experiment(text: str) -> Config:
     return config_from_dict(json.loads(text), source="router message")
 
 
-def _task(msg: Message, context: Context) -> tuple[Config, list[int], Path, dict]:
+def _task(msg: Message, context: Context) -> tuple[Config, list[int], Dataset, dict]:
     conf = msg.content["config"]
     cfg = _experiment(str(conf["experiment"]))
     clusters = my_clusters(context, str(conf["clusters"]))
@@ -111,12 +95,12 @@ def _router(msg: Message, conf) -> Router:
 _POOLED: dict[tuple, torch.Tensor] = {}  # (dataset dir, clusters, split) → the split's pooled captions
 
 
-def _pooled_captions(router: Router, dataset_dir: Path, clusters: list[int], split: str, data: Split):
+def _pooled_captions(router: Router, dataset: Dataset, clusters: list[int], split: str, data: Split):
     """The split's pooled caption embeddings (N, dim) for a router that reads the caption (kept with the split),
     else None."""
     if router.conditioning != "text":
         return None
-    key = (str(dataset_dir), tuple(clusters), split)
+    key = (str(dataset.root), tuple(clusters), split)
     if key not in _POOLED:
         if len(_POOLED) >= MAX_SPLITS:
             _POOLED.pop(next(iter(_POOLED)))
@@ -126,11 +110,11 @@ def _pooled_captions(router: Router, dataset_dir: Path, clusters: list[int], spl
 
 def train_router(msg: Message, context: Context) -> Message:
     """One round: local SGD steps of the received router on this node's training images (and own captions)."""
-    cfg, clusters, dataset_dir, conf = _task(msg, context)
+    cfg, clusters, dataset, conf = _task(msg, context)
     r = cfg.router
-    data = _split(dataset_dir, clusters, "train")
+    data = _split(dataset, clusters, "train")
     router = _router(msg, conf)
-    captions = _pooled_captions(router, dataset_dir, clusters, "train", data)
+    captions = _pooled_captions(router, dataset, clusters, "train", data)
     server_round = int(conf["server-round"])
     start = time.perf_counter()
     batch = max(1, round(r.batch_size * len(clusters) / cfg.num_experts))
@@ -144,7 +128,7 @@ def train_router(msg: Message, context: Context) -> Message:
         seed=r.seed * 1_000_003 + server_round * 1009 + clusters[0],
         alpha=r.restricted_softmax,
         captions=captions,
-        uncond_caption=None if captions is None else pooled_caption(*load_uncond(dataset_dir)),
+        uncond_caption=None if captions is None else pooled_caption(*dataset.uncond),
         caption_dropout=r.caption_dropout,
     )
     return Message(
@@ -173,14 +157,14 @@ def train_feature_net(msg: Message, context: Context) -> Message:
     """One round of the evaluation's feature classifier (``data.partition: institution``, no local Inception): local
     SGD steps of the received classifier on this node's clean training images (decoded to pixels), labels and
     caption embeddings; replies with the new weights and the number of images they saw."""
-    cfg, clusters, dataset_dir, conf = _task(msg, context)
-    data = _split(dataset_dir, clusters, "train")
+    cfg, clusters, dataset, conf = _task(msg, context)
+    data = _split(dataset, clusters, "train")
     net = _feature_net_of(str(conf["feature-net-config"]))
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict(), strict=True)
     start = time.perf_counter()
     stats = feature_net_local_update(
         net,
-        _pixels(cfg, dataset_dir, clusters, data),
+        _pixels(cfg, dataset, clusters, data),
         data.labels,
         pooled_caption(*data.cond),
         steps=cfg.router.local_steps,
@@ -196,19 +180,19 @@ def train_feature_net(msg: Message, context: Context) -> Message:
 _PIXELS: dict[tuple, torch.Tensor] = {}
 
 
-def _pixels(cfg: Config, dataset_dir: Path, clusters: list[int], data: Split) -> torch.Tensor:
+def _pixels(cfg: Config, dataset: Dataset, clusters: list[int], data: Split) -> torch.Tensor:
     """The training split as pixels (latents decoded once per run by the node's VAE)."""
-    key = (str(dataset_dir), tuple(clusters))
+    key = (str(dataset.root), tuple(clusters))
     if key not in _PIXELS:
         _PIXELS.clear()
-        _PIXELS[key] = Dataset.open(dataset_dir).decoder(cfg)(data.images)
+        _PIXELS[key] = dataset.decoder(cfg)(data.images)
     return _PIXELS[key]
 
 
 def evaluate_router(msg: Message, context: Context) -> Message:
     """Confusion counts (flattened T×K×K) and top-2 hits of the received router on this node's held-out images."""
-    cfg, clusters, dataset_dir, conf = _task(msg, context)
-    data = _split(dataset_dir, clusters, "val")
+    cfg, clusters, dataset, conf = _task(msg, context)
+    data = _split(dataset, clusters, "val")
     router = _router(msg, conf)
     conf_counts, top2 = router_confusion(
         router,
@@ -216,7 +200,7 @@ def evaluate_router(msg: Message, context: Context) -> Message:
         data.labels,
         cfg.evaluation.times,
         seed=cfg.sampling.seed + 7919 * clusters[0],
-        captions=_pooled_captions(router, dataset_dir, clusters, "val", data),
+        captions=_pooled_captions(router, dataset, clusters, "val", data),
     )
     metrics = MetricRecord(
         {"num-examples": len(data), "confusion": conf_counts.flatten().tolist(), "top2-hits": top2.tolist()}
@@ -226,17 +210,17 @@ def evaluate_router(msg: Message, context: Context) -> Message:
 
 def feature_stats(msg: Message, context: Context) -> Message:
     """Per cluster of this node: ``sums-<k>`` = (n, Σf, Σffᵀ) of its images' features (float64)."""
-    cfg, clusters, dataset_dir, conf = _task(msg, context)
+    cfg, clusters, dataset, conf = _task(msg, context)
     if str(conf.get("inception", "")):
         fx = inception_features(str(conf["inception"]))
     else:
         net = FeatureClassifier.from_config(json.loads(str(conf["feature-net-config"])))
         net.load_state_dict(msg.content["feature-net"].to_torch_state_dict(), strict=True)
         fx = classifier_features(net.eval(), str(conf["feature-net-description"]))
-    decode = Dataset.open(dataset_dir).decoder(cfg)
+    decode = dataset.decoder(cfg)
     out = RecordDict()
     for k in clusters:  # streamed batch by batch: no cluster is decoded or held at once
-        sums = cluster_feature_sums(fx, dataset_dir, k, decode=decode)
+        sums = cluster_feature_sums(fx, dataset, k, decode=decode)
         out[f"sums-{k}"] = ArrayRecord({n: Array(a) for n, a in sums.to_numpy().items()})
         log.info("cluster %d: feature sums of %d images (%s)", k, sums.count, fx.name)
     out["metrics"] = MetricRecord({"num-examples": sum(int(out[f"sums-{k}"]["count"].numpy()[0]) for k in clusters)})

@@ -23,12 +23,13 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from hddm_flower.config import Config
 from hddm_flower.config_io import config_from_dict
-from hddm_flower.data import cluster_shards, read_meta
+from hddm_flower.data import Dataset
+from hddm_flower.data.layout import cluster_dir
 from hddm_flower.institution import CLAIM, DECLARATION, DECLARATION_JSON, declaration, local_cluster
 from hddm_flower.stages.prepare import prepare_data
 
 
-def institution_data(context: Context, cfg: Config) -> Path:
+def institution_data(context: Context, cfg: Config) -> Dataset:
     """This node's own prepared data (see the module docstring); fails naming the path when it holds no shard."""
     node = context.node_config
     if node.get("data-dir") or node.get("shard-set"):
@@ -38,12 +39,12 @@ def institution_data(context: Context, cfg: Config) -> Path:
         p = int(node["partition-id"])
         if not 0 <= p < cfg.num_experts:
             raise ValueError(f"simulated institution {p} has no cluster among the run's {cfg.num_experts}")
-        folder = prepare_data(central, str(node.get("cache-dir", "")) or None) / f"cluster-{p}"
+        folder = cluster_dir(prepare_data(central, str(node.get("cache-dir", "")) or None), p)
     else:
         raise ValueError("data.partition is institution but this node's config names no data-dir or shard-set")
-    meta = read_meta(folder)
-    cluster_shards(folder, local_cluster(meta), meta)  # fail early: no shards, a wrong folder
-    return folder
+    dataset = Dataset.open(folder)
+    dataset.shards(local_cluster(dataset.meta))  # fail early: no shards, a wrong folder
+    return dataset
 
 
 def claim(context: Context) -> int | None:

@@ -65,6 +65,7 @@ def main(spec_path: str) -> None:
 
     from hddm_flower.checkpoints import weights_bytes
     from hddm_flower.config_io import config_from_dict
+    from hddm_flower.data import Dataset
     from hddm_flower.stages.expert import train_one_expert
 
     spec = json.loads(Path(spec_path).read_text())
@@ -72,7 +73,7 @@ def main(spec_path: str) -> None:
     cfg = config_from_dict(spec["experiment"], source="train message")
     state, model_config, meta = train_one_expert(
         cfg,
-        Path(spec["dataset_dir"]),
+        Dataset.open(spec["dataset_dir"]),  # a worker process: the dataset opened here
         int(spec["expert_id"]),
         spec["objective"],
         device=spec["device"],

@@ -6,12 +6,13 @@ import hashlib
 import json
 
 from clients.client_app import _finished, _keep, _work_name
+from hddm_flower.data import Dataset
 
 
 def _dataset(root, **meta):
     root.mkdir(parents=True, exist_ok=True)
     (root / "meta.json").write_text(json.dumps({"name": "twemoji", "num_clusters": 4} | meta))
-    return root
+    return Dataset.open(root)
 
 
 def test_the_key_names_the_expert_and_everything_its_weights_depend_on(tiny_config, tmp_path):

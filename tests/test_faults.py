@@ -19,6 +19,7 @@ from flwr.app import Context
 from clients.client_app import app as client_app
 from hddm_flower.accept import ExpertStore
 from hddm_flower.checkpoints import CheckpointRejected, load_expert, validate_weights_file, weights_bytes
+from hddm_flower.data import Dataset
 from hddm_flower.stages.expert import expert_spec
 from strategies.inprocess_grid import FakeGrid, fake_over_wire, reply_weights, rewrite_weights, set_reply_weights
 from strategies.one_shot import OneShotExperts
@@ -590,7 +591,7 @@ def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config
 
     cfg = config_from_dict(tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"] | {"steps": 2}})
     torch.set_num_threads(1)
-    blob, model_config, meta = ca._train_in_child(cfg, dataset_dir, 0, "fm", "cpu", None)
+    blob, model_config, meta = ca._train_in_child(cfg, Dataset.open(dataset_dir), 0, "fm", "cpu", None)
     state, model_config_here, _ = train_one_expert(cfg, dataset_dir, 0, "fm")
     from safetensors.torch import load
 
@@ -598,7 +599,7 @@ def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config
     assert model_config == model_config_here and meta["expert_id"] == 0 and meta["steps"] == 2
     assert all(torch.equal(got[k], v) for k, v in state.items())  # same seed, same data, same weights
     with pytest.raises(RuntimeError, match=r"training process of expert 1 failed with exit code 1: .*edm"):
-        ca._train_in_child(cfg, dataset_dir, 1, "edm", "cpu", None)
+        ca._train_in_child(cfg, Dataset.open(dataset_dir), 1, "edm", "cpu", None)
 
 
 def test_fewer_simulated_nodes_than_experts_each_train_several(tiny_config, dataset_dir, cache_dir, tmp_path):
@@ -620,7 +621,7 @@ def test_fewer_simulated_nodes_than_experts_each_train_several(tiny_config, data
         11: {"partition-id": 1, "num-partitions": 2, "isolate-training": False, "work-dir": work},
     }
     for k, node in ((2, nodes[10]), (3, nodes[11])):  # one training of each node fails on resuming its state
-        state = ca._work_dir(cfg, node, k, cfg.objective_of()[k], dataset_dir).with_suffix(".pt")
+        state = ca._work_dir(cfg, node, k, cfg.objective_of()[k], Dataset.open(dataset_dir)).with_suffix(".pt")
         state.parent.mkdir(parents=True, exist_ok=True)
         state.write_bytes(b"not a training state")
     # were the server to wait for min_nodes, this test would outlast its timeout (300 s)

@@ -5,11 +5,11 @@ import sys
 
 SCRIPT = """
 import sys
-from pathlib import Path
 from hddm_flower.config_io import load_config
 from clients.client_app import _train_in_child
+from hddm_flower.data import Dataset
 cfg = load_config(sys.argv[1], {"expert.steps": 3, "expert.log_every": 1})
-_train_in_child(cfg, Path(sys.argv[2]), 0, "fm", "cpu", None)
+_train_in_child(cfg, Dataset.open(sys.argv[2]), 0, "fm", "cpu", None)
 """
 
 
