@@ -42,7 +42,11 @@ from hddm_flower.truth_eval import Row, evaluate_group
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 METRICS = ("delta_log_density", "cluster_adherence", "mmd2", "mode_tv")
-REMEDIES = {"shrink": {"clean_estimate": "shrink"}, "handover 0.8": {"handover_t": 0.8}}
+REMEDIES = {
+    "shrink": {"clean_estimate": "shrink"},
+    "handover 0.8": {"handover_t": 0.8},
+    "shrink + handover 0.8": {"clean_estimate": "shrink", "handover_t": 0.8},
+}
 
 
 def _configs(cfg, details: list[float], pairs: int, pool: str) -> dict[str, list[str]]:
@@ -145,7 +149,7 @@ def main() -> None:
              for i in range(args.trainings)]  # fmt: skip
         pooled[m] = nested_interval(v) | {"minus_homo": nested_interval(paired(v, values[homo][m]))}
     out = {
-        "command": "python " + " ".join(sys.argv),
+        "command": "python -m benchmarks.hetero_trainings " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {args.jobs} processes, "
         "shared with other processes (load below)",
