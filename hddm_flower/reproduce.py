@@ -8,6 +8,9 @@
    same size trained on all clusters for K × the expert steps at the same batch size.
 3. Each configuration is assembled in ``OUT/runs/NAME`` (links to the shared experts and router) and evaluated
    under aligned inference (same prompts, noise, sampler, steps, CFG) for every routing mode; the monolith too.
+   With ``evaluation.training_seeds`` = N > 1 (gmm data) all of 1–2 is repeated for trainings 1 … N−1 with seeds
+   moved (:func:`~hddm_flower.training_seeds.training_config`) in ``OUT/trainings/training-i``, and every trained
+   row is sampled for each training on the same sampling seeds (:mod:`hddm_flower.truth_compare`).
 4. ``OUT/tables.md`` puts the results beside the paper's numbers; ``OUT/manifest.json`` records configs,
    versions, seeds and sha256 of every artefact so that a second run can be compared.
 """
@@ -46,6 +49,7 @@ from .stages.assemble import evaluate_and_report, load_ensemble
 from .stages.expert import build_expert, train_one_expert
 from .stages.router import fit_router
 from .training import train_expert
+from .training_seeds import TRAINING_SEED_STRIDE, training_config
 from .truth import interval
 
 log = logging.getLogger(__name__)
@@ -316,12 +320,71 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
         "images_seen": stats.images_seen,
         "device_seconds": round(stats.device_seconds, 3),
         "final_loss": stats.final_loss,
+        "loss_curve": stats.loss_curve,
+        "seed": e.seed + 1000,
         "cluster_size": len(data),
         "batch_size": e.batch_size,
         "lr": e.optim.lr,
     }
     state = {k: v.detach().cpu() for k, v in expert.net.transformer.state_dict().items()}
     return state, model_config, meta
+
+
+def training_root(out: Path, i: int) -> Path:
+    """Where training ``i`` keeps its experts, monolith and router: ``OUT`` itself for training 0 (the layout of a
+    run with one training, so its caches stay valid) and ``OUT/trainings/training-i`` for the others."""
+    return out if i == 0 else out / "trainings" / f"training-{i}"
+
+
+def _train_experts(
+    cfgs: list[Config],
+    roots: list[Path],
+    dataset_dir: Path,
+    unique: list[tuple[int, str]],
+    data_id: dict,
+    jobs: int,
+    progress: bool,
+) -> list[dict]:
+    """Every training's unique (cluster, objective) experts and its monolith, reused when their fingerprint (the
+    training's expert config, seeds included, and the dataset) matches, else trained, all pending jobs of all
+    trainings in one pool of ``jobs`` processes. Returns per training ``{"fingerprint", "monolith", "experts"}``."""
+    plans, pending = [], []
+    for cfg, root in zip(cfgs, roots):
+        fp = _fingerprint(cfg.expert, cfg.ddpm, data_id)
+        todo = [("monolith", None, "fm", root / "monolith")]
+        todo += [(f"cluster-{k}-{o}", k, o, root / "experts" / f"cluster-{k}-{o}") for k, o in unique]
+        for _, k, obj, folder in todo:
+            try:
+                _train_or_reuse(folder, fp, None)
+            except _Missing:
+                pending.append((cfg.to_dict(), str(dataset_dir), k, obj, str(folder), fp, jobs > 1, progress))
+        plans.append((fp, todo))
+    _run_jobs(_train_job, pending, jobs, progress, "training")
+    trained = {a[4] for a in pending}
+    out = []
+    for fp, todo in plans:
+        entry: dict[str, Any] = {"fingerprint": fp, "experts": {}}
+        for name, k, _, folder in todo:
+            info = _train_or_reuse(folder, fp, None) | {"reused": str(folder) not in trained}
+            if k is None:
+                entry["monolith"] = info
+            else:
+                entry["experts"][name] = info
+        out.append(entry)
+    return out
+
+
+def _train_router(cfg: Config, root: Path, dataset_dir: Path, data_id: dict, progress: bool) -> dict:
+    """The training's router (it depends only on the clusters) in ``root/router``, reused when its fingerprint
+    matches."""
+    fp = _fingerprint(cfg.router, data_id)
+    router_meta = root / ROUTER / ROUTER_META
+    if not router_meta.exists() or json.loads(router_meta.read_text()).get("reproduce_fingerprint") != fp:
+        fit_router(cfg, dataset_dir, root, progress=progress)
+        router_meta.write_text(
+            json.dumps(json.loads(router_meta.read_text()) | {"reproduce_fingerprint": fp}, indent=2)
+        )
+    return {"fingerprint": fp, "tensor_sha256": tensor_sha256(root / ROUTER / WEIGHTS)}
 
 
 def reproduce(
@@ -346,57 +409,41 @@ def reproduce(
     plans = {name: config_for(cfg, n) for name, n in configs.items()}
     objectives = {name: c.objective_of(details) for name, c in plans.items()}
     data_id = dataset_id(dataset_dir, meta)
-    fp_expert = _fingerprint(cfg.expert, cfg.ddpm, data_id)
-    artefacts: dict[str, Any] = {"experts": {}}
+    truth = meta.get("name") == "gmm"
+    trainings = cfg.evaluation.training_seeds
+    if trainings > 1 and not truth:
+        raise ConfigError(
+            f"evaluation.training_seeds: {trainings} independent trainings are compared by hddm reproduce on a "
+            "data.name: gmm dataset only (the embedded tables are over sampling seeds of one training); set it to 1"
+        )
+    tcfgs = [training_config(cfg, i) for i in range(trainings)]
+    roots = [training_root(out, i) for i in range(trainings)]
     timings: dict[str, float] = {}
 
-    # 1. unique (cluster, objective) experts and the monolith, reused or trained (in `jobs` processes)
+    # 1–2. per training: the unique (cluster, objective) experts, the monolith and the router, reused or trained
     t0 = time.perf_counter()
     unique = sorted({(k, o) for objs in objectives.values() for k, o in enumerate(objs)})
-    todo = [("monolith", None, "fm")] + [(f"cluster-{k}-{o}", k, o) for k, o in unique]
-    folders = {name: out / ("monolith" if k is None else f"experts/{name}") for name, k, _ in todo}
-    pending = []
-    for name, k, obj in todo:
-        try:
-            _train_or_reuse(folders[name], fp_expert, None)
-        except _Missing:
-            pending.append((name, k, obj))
-    args = [
-        (cfg.to_dict(), str(dataset_dir), k, obj, str(folders[name]), fp_expert, jobs > 1, progress)
-        for name, k, obj in pending
-    ]
-    _run_jobs(_train_job, args, jobs, progress, "training")
-    for name, k, obj in todo:
-        info = _train_or_reuse(folders[name], fp_expert, None)
-        info["reused"] = (name, k, obj) not in pending
-        if k is None:
-            artefacts["monolith"] = info
-        else:
-            artefacts["experts"][name] = info
+    per_training = _train_experts(tcfgs, roots, dataset_dir, unique, data_id, jobs, progress)
     timings["training"] = time.perf_counter() - t0
-
-    # 2. the router (it depends only on the clusters)
     t0 = time.perf_counter()
-    fp_router = _fingerprint(cfg.router, data_id)
-    router_meta = out / ROUTER / ROUTER_META
-    if not router_meta.exists() or json.loads(router_meta.read_text()).get("reproduce_fingerprint") != fp_router:
-        fit_router(cfg, dataset_dir, out, progress=progress)
-        router_meta.write_text(
-            json.dumps(json.loads(router_meta.read_text()) | {"reproduce_fingerprint": fp_router}, indent=2)
-        )
-    artefacts["router"] = {"tensor_sha256": tensor_sha256(out / ROUTER / WEIGHTS)}
+    for c, root, artefacts_i in zip(tcfgs, roots, per_training):
+        artefacts_i["router"] = _train_router(c, root, dataset_dir, data_id, progress)
     timings["router"] = time.perf_counter() - t0
+    artefacts: dict[str, Any] = per_training[0] | (
+        {"trainings": [{"root": str(r.relative_to(out))} | a for r, a in zip(roots, per_training)]}
+        if trainings > 1
+        else {}
+    )
 
     # 3. evaluation: on a gmm dataset every row against the true density; otherwise the feature network once,
     #    then each configuration and the monolith
     t0 = time.perf_counter()
-    truth = meta.get("name") == "gmm"
     if truth:
         from .truth_eval import evaluate_truth
 
         results = evaluate_truth(
             cfg,
-            out,
+            roots,
             dataset_dir,
             objectives,
             in_worker=jobs > 1,
@@ -464,13 +511,19 @@ def reproduce(
             "router": cfg.router.seed,
             "evaluation": cfg.evaluation.seed,
             "sampling": cfg.sampling.seed,
+            "trainings": trainings,
+            "training_stride": f"training i moves the expert, monolith and router seeds by i × {TRAINING_SEED_STRIDE}",
         },
-        "fingerprints": {"experts": fp_expert, "router": fp_router},
+        "fingerprints": {"experts": artefacts["fingerprint"], "router": artefacts["router"]["fingerprint"]},
         "dataset": data_id,
         "artefacts": artefacts,
         "versions": versions(),
         "results": results if truth else {n: _summary(r) for n, r in results.items()},
     }
+    if truth:
+        from .truth_compare import paired_truth
+
+        manifest["paired"] = paired_truth(results)
     write_atomic(out / "manifest.json", json.dumps(manifest, indent=2))
     if truth:
         from .truth_eval import render_truth_tables

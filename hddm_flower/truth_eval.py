@@ -38,6 +38,7 @@ from .exact import ExactRouter, exact_expert
 from .gmm_data import GMMReference, load_reference
 from .rundir import ROUTER
 from .truth import interval, median_bandwidth, truth_metrics
+from .truth_compare import paired_truth, render_paired, trainings_of
 
 log = logging.getLogger(__name__)
 METRICS = ("delta_log_density", "mmd2", "mode_tv", "adherence", "cluster_adherence", "log_density")
@@ -227,37 +228,59 @@ def _cost(row: Row, num_experts: int) -> float:
 
 def evaluate_truth(
     cfg: Config,
-    out: Path,
+    roots: list[Path],
     dataset: Dataset,
     objectives: dict[str, list[str]],
     *,
     in_worker: bool,
     run_jobs: Callable[[Callable, list[tuple]], list],
 ) -> dict[str, Any]:
-    """Every row of :func:`truth_rows`, one job per group through ``run_jobs(fn, args)`` (the caller's process
-    pool; ``args[i][-1]`` says whether job i runs in a worker); returns the rows in table order."""
+    """Every row of :func:`truth_rows`, one job per row through ``run_jobs(fn, args)`` (the caller's process pool;
+    ``args[i][-1]`` says whether job i runs in a worker); returns the rows in table order.
+
+    ``roots[i]`` holds training i's experts, monolith and router (:func:`hddm_flower.reproduce.training_root`).
+    The exact rows do not depend on a training and are sampled once; each trained row is sampled for every
+    training on the same sampling seeds. A row's ``per_seed`` and ``metrics`` are training 0's; with several
+    trainings a trained row also has ``per_training`` (``[training][seed]`` metric dicts) and ``nested`` (per
+    metric, :func:`~hddm_flower.training_seeds.nested_interval`: over trainings, outer; sampling seeds, inner)."""
+    from .training_seeds import nested_interval
 
     o = cfg.objectives
     main = f"{o.ddpm}DDPM:{o.fm}FM" if o.ddpm and o.fm else f"{cfg.num_experts}{'DDPM' if o.ddpm else 'FM'}"
     main = main if main in objectives else next(iter(objectives))
     rows = truth_rows(list(objectives), list(cfg.evaluation.routing_modes), main)
-    # one job per row, the most expensive first: the pool's processes then finish close together (a job per
-    # group left one process sampling the main mix's five routing modes long after the other was done)
+    # one job per row and training, the most expensive first: the pool's processes then finish close together (a
+    # job per group left one process sampling the main mix's five routing modes long after the other was done)
     K = cfg.num_experts
+    jobs = [(r, i) for r in rows for i in range(1 if r.group == "exact" else len(roots))]
+    jobs.sort(key=lambda job: -_cost(job[0], K))
     args = [
-        (cfg.to_dict(), str(out), str(as_dataset(dataset).root), [r], objectives.get(r.group), in_worker)
-        for r in sorted(rows, key=lambda r: -_cost(r, K))
+        (cfg.to_dict(), str(roots[i]), str(as_dataset(dataset).root), [r], objectives.get(r.group), in_worker)
+        for r, i in jobs
     ]
-    done: dict[str, Any] = {}
-    for part in run_jobs(evaluate_group, args):
-        done |= part
-    return {r.name: done[r.name] for r in rows}
+    done: dict[tuple[str, int], Any] = {}
+    for (r, i), part in zip(jobs, run_jobs(evaluate_group, args)):
+        done[r.name, i] = part[r.name]
+    results = {}
+    for r in rows:
+        results[r.name] = done[r.name, 0]
+        if r.group != "exact" and len(roots) > 1:
+            per_training = [done[r.name, i]["per_seed"] for i in range(len(roots))]
+            results[r.name]["per_training"] = per_training
+            results[r.name]["nested"] = {
+                k: nested_interval([[m[k] for m in seeds] for seeds in per_training])
+                for k in METRICS
+                if k in per_training[0][0]
+            }
+    return results
 
 
-def _cell(m: dict[str, float] | None, spec: str) -> str:
+def _cell(m: dict[str, float] | None, spec: str, scale: float = 1.0) -> str:
+    """``mean ± half`` (with ``[inner_half]`` for an interval over trainings), times ``scale``."""
     if m is None:
         return "–"
-    return f"{format(m['mean'], spec)} ± {format(m['half'], spec)}"
+    inner = f" [{format(m['inner_half'] * scale, spec)}]" if "inner_half" in m else ""
+    return f"{format(m['mean'] * scale, spec)} ± {format(m['half'] * scale, spec)}{inner}"
 
 
 def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
@@ -270,12 +293,22 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
     )
 
     def line(name: str, r: dict) -> str:
-        m = r["metrics"]
-        mmd = {k: v * 1e3 if k in ("mean", "half", "lo", "hi") else v for k, v in m["mmd2"].items()}
+        m = r.get("nested", r["metrics"])  # over trainings where there are several
         return (
-            f"| {name} | {_cell(m['delta_log_density'], '.2f')} | {_cell(mmd, '.2f')} | {_cell(m['mode_tv'], '.3f')} | "
-            f"{_cell(m.get('adherence'), '.3f')} | {_cell(m.get('cluster_adherence'), '.3f')} |"
+            f"| {name} | {_cell(m['delta_log_density'], '.2f')} | {_cell(m['mmd2'], '.2f', 1e3)} | "
+            f"{_cell(m['mode_tv'], '.3f')} | {_cell(m.get('adherence'), '.3f')} | "
+            f"{_cell(m.get('cluster_adherence'), '.3f')} |"
         )
+
+    trainings = trainings_of(results)
+    trained_cells = (
+        f"Each cell: the mean over {trainings} independent trainings (experts, router and monolith retrained, "
+        "`evaluation.training_seeds`) ± the half-width of the 95 % Student-t interval over trainings of the "
+        "per-training means over sampling seeds [the mean half-width over sampling seeds within one training]."
+        if trainings > 1
+        else "Each cell: the mean over sampling seeds of **one** training ± the half-width of its 95 % Student-t "
+        "interval; it does not cover another training of the same config (`evaluation.training_seeds` > 1)."
+    )
 
     exact = [n for n, r in results.items() if r["row"]["group"] == "exact"]
     trained = [n for n in results if n not in exact]
@@ -295,7 +328,7 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
         f"{anyr['samples_per_seed']} samples per row and seed, {ev['seeds']} seeds "
         f"({anyr['samples_per_seed'] * ev['seeds']} samples per row), the same noise in every row, FM Euler "
         f"{ev['num_steps'] or cfg['sampling']['num_steps']} steps, CFG {cfg['sampling']['cfg_scale']}, DDPM schedule "
-        f"{cfg['ddpm']['schedule']}. Each cell: mean over seeds ± the half-width of its 95 % Student-t interval. "
+        f"{cfg['ddpm']['schedule']}. Exact rows: mean over seeds ± the half-width of its 95 % Student-t interval. "
         f"MMD: Gaussian kernel, bandwidth {anyr['bandwidth']:.3f} (median distance of true samples). The truth: "
         "fresh true samples for the same prompts.",
         "",
@@ -306,10 +339,12 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
         "",
         f"**Trained experts** (routing modes with the trained router, conditioning "
         f"`{cfg['router'].get('conditioning', 'none')}`; top2 with the exact router and the exact prompt-aware "
-        "router; the monolith).",
+        "router; the monolith). " + trained_cells,
         "",
         head,
         *[line(n, results[n]) for n in trained],
+        "",
+        *render_paired(paired_truth(results), trainings, ev["seeds"]),
         "",
         "The `empty caption` row is scored against the whole mixture (adherence does not apply). Finite samples make "
         "mode TV positive even for true samples and spread MMD² around 0: the true-samples row is the yardstick.",

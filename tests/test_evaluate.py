@@ -192,6 +192,32 @@ def test_monolith_sees_what_the_experts_saw(tiny_config, dataset_dir):
     assert meta["images_seen"] == cfg.num_experts * e.steps * e.batch_size * e.grad_accumulation
 
 
+def test_the_monolith_is_reproducible_from_its_seed_across_processes_and_threads(tiny_config, dataset_dir, tmp_path):
+    """The monolith trained here (this process's torch threads) and in a spawned worker (one thread) has the same
+    weights to the byte and the same loss curve; training 1 of evaluation.training_seeds (other seeds) does not."""
+    import dataclasses
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from hddm_flower.checkpoints import WEIGHTS, read_expert_meta
+    from hddm_flower.reproduce import _train_job, tensor_sha256
+    from hddm_flower.training_seeds import training_config
+
+    cfg = dataclasses.replace(tiny_config, expert=dataclasses.replace(tiny_config.expert, steps=4))
+
+    def job(c, folder, in_worker):
+        return (c.to_dict(), str(dataset_dir), None, "fm", str(tmp_path / folder), "fp", in_worker, False)
+
+    _train_job(job(cfg, "here", False))
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        pool.submit(_train_job, job(cfg, "worker", True)).result()
+    _train_job(job(training_config(cfg, 1), "training-1", False))
+    digest = {f: tensor_sha256(tmp_path / f / WEIGHTS) for f in ("here", "worker", "training-1")}
+    curves = {f: read_expert_meta(tmp_path / f)["loss_curve"] for f in digest}
+    assert digest["here"] == digest["worker"] and curves["here"] == curves["worker"]
+    assert digest["training-1"] != digest["here"] and curves["training-1"] != curves["here"]
+
+
 def test_streamed_monolith_reads_the_shards_as_a_stream_and_is_reproducible(tiny_config, dataset_dir, monkeypatch):
     """data.stream: the monolith trains from every cluster's seeded stream (no split loaded), twice the same."""
     import dataclasses

@@ -7,6 +7,7 @@ import torch
 from scipy import stats
 
 from hddm_flower.config_io import config_from_dict
+from hddm_flower.data import read_meta
 from hddm_flower.gmm import GaussianMixture
 from hddm_flower.truth import interval, median_bandwidth, mmd2, truth_metrics, tv_distance
 
@@ -71,8 +72,11 @@ def test_truth_metrics_of_true_and_of_wrong_samples():
 
 
 def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
-    from hddm_flower.reproduce import reproduce
+    """Two independent trainings (evaluation.training_seeds: 2): experts, monolith and router retrained per
+    training, the trained rows sampled for both on the same seeds, nested intervals and the paired Table 3."""
+    from hddm_flower.reproduce import _train_experts, dataset_id, reproduce, training_root
     from hddm_flower.stages.prepare import prepare_data
+    from hddm_flower.training_seeds import training_config
 
     cfg = config_from_dict(
         {
@@ -90,10 +94,11 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
             "router": {"preset": "test", "steps": 2, "batch_size": 8},
             "sampling": {"cfg_scale": 1.0, "x0_clamp": 3.0},
             "evaluation": {
-                "routing_modes": ["top1", "oracle"],
+                "routing_modes": ["top1", "top2"],
                 "samples_per_prompt": 2,
                 "seeds": 2,
                 "num_steps": 3,
+                "training_seeds": 2,
             },
             "federation": {"min_nodes": 2, "min_experts": 1},
         },
@@ -105,8 +110,8 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
     rows = manifest["results"]
     assert list(rows)[0] == "true samples (fresh draws)" and "monolith (equal compute)" in rows
     # the config's own mix (1DDPM:1FM) under every routing mode, the other under top2; both with the exact router
-    assert {"1DDPM:1FM · oracle", "1DDPM:1FM · top1", "2FM · top2", "2FM · top2 · exact router"} <= set(rows)
-    assert "2FM · oracle" not in rows
+    assert {"1DDPM:1FM · top2", "1DDPM:1FM · top1", "2FM · top2", "2FM · top2 · exact router"} <= set(rows)
+    assert "2FM · top1" not in rows
     # the exact prompt-aware router routes each caption to its cluster; the text-free one cannot at high noise
     aware = rows["exact FM experts · exact prompt-aware router · top2"]["metrics"]["cluster_adherence"]["mean"]
     free = rows["exact FM experts · exact router · top2"]["metrics"]["cluster_adherence"]["mean"]
@@ -121,6 +126,42 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
     assert naive < aware - 5
     tables = (out / "tables.md").read_text()
     assert "Exact references" in tables and "± " in tables and "bandwidth" in tables
+    # training 1 retrained everything from its own seeds, in its own folder; its trained rows have their own values
+    a = manifest["artefacts"]
+    assert [t["root"] for t in a["trainings"]] == [".", "trainings/training-1"]
+    t0, t1 = a["trainings"]
+    assert t0["monolith"]["tensor_sha256"] != t1["monolith"]["tensor_sha256"]
+    assert t0["router"]["tensor_sha256"] != t1["router"]["tensor_sha256"]
+    assert all(t0["experts"][n]["tensor_sha256"] != t1["experts"][n]["tensor_sha256"] for n in t0["experts"])
+    mono = rows["monolith (equal compute)"]
+    assert len(mono["per_training"]) == 2 and mono["per_training"][0] == mono["per_seed"]
+    assert mono["per_training"][0] != mono["per_training"][1]
+    d = [[s["delta_log_density"] for s in seeds] for seeds in mono["per_training"]]
+    assert mono["nested"]["delta_log_density"]["per_training"] == pytest.approx([sum(v) / 2 for v in d], abs=1e-12)
+    assert "per_training" not in true  # the exact rows do not depend on a training: sampled once
+    # Table 3: paired by training and seed, over trainings
+    pairs = {e["what"]: e for e in manifest["paired"]}
+    e = pairs["1DDPM:1FM: top2 − monolith"]["delta_log_density"]
+    top2 = [[s["delta_log_density"] for s in seeds] for seeds in rows["1DDPM:1FM · top2"]["per_training"]]
+    want = [sum(x - y for x, y in zip(u, v)) / 2 for u, v in zip(top2, d)]
+    assert e["covers"] == "trainings" and e["per_training"] == pytest.approx(want, abs=1e-12)
+    assert {"1DDPM:1FM: top2 − top1", "1DDPM:1FM: top2, trained − exact router", "top2: 1DDPM:1FM − 2FM"} <= set(pairs)
+    assert "Table 3" in tables and "over 2 trainings" in tables
+    # cached by fingerprint: a second pass over both trainings reuses every expert and monolith
+    again = _train_experts(
+        [training_config(cfg, i) for i in range(2)],
+        [training_root(out, i) for i in range(2)],
+        dataset,
+        sorted((int(n.split("-")[1]), n.split("-")[2]) for n in t0["experts"]),
+        dataset_id(dataset, read_meta(dataset)),
+        1,
+        False,
+    )
+    assert all(x["reused"] for t in again for x in [t["monolith"], *t["experts"].values()])
+    assert [t["monolith"]["tensor_sha256"] for t in again] == [
+        t0["monolith"]["tensor_sha256"],
+        t1["monolith"]["tensor_sha256"],
+    ]
 
 
 def test_truth_rows_are_scheduled_longest_first():

@@ -1,0 +1,134 @@
+"""The comparisons ``hddm reproduce`` makes on a Gaussian mixture, as differences paired by training and seed.
+
+Every row of one sampling seed shares its prompts, noise and true samples, and every trained row of training i
+uses that training's experts, monolith and router: the difference of two rows is taken per (training, seed), so
+what moves every row together (the seed's prompts and noise, the draw of true samples) cancels. The comparisons:
+per configuration, top-2 − each other routing mode of that configuration, top-2 − the monolith, and top-2 with
+the trained router − top-2 with the exact router; across configurations, each pair at top-2.
+
+What an interval covers is part of the result: with several trainings (``evaluation.training_seeds``) it is the
+Student-t interval over trainings of the per-training mean difference (:func:`~hddm_flower.training_seeds.
+nested_interval`; a fresh training's difference), with the mean half-width over sampling seeds within one training
+beside it; with one training it is over the sampling seeds of that one training only and says nothing about
+another training of the same config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .training_seeds import nested_interval, paired
+from .truth import interval
+
+PAIRED_METRICS = ("delta_log_density", "mmd2", "mode_tv", "cluster_adherence")
+TRAINED_GROUPS_EXCLUDED = ("exact", "monolith")
+
+
+def row_values(results: dict[str, Any], name: str, metric: str, trainings: int) -> list[list[float]]:
+    """``values[i][j]`` of one row's ``metric`` for training i and sampling seed j; a row that does not depend on a
+    training (the exact ones) has the same values in every training."""
+    r = results[name]
+    per_training = r.get("per_training") or [r["per_seed"]] * trainings
+    return [[s[metric] for s in seeds] for seeds in per_training]
+
+
+def comparisons(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``(what, a, b)``: the paired differences row ``a`` − row ``b`` the tables report (module docstring)."""
+    rows = {n: r["row"] for n, r in results.items()}
+    groups = list(dict.fromkeys(r["group"] for r in rows.values() if r["group"] not in TRAINED_GROUPS_EXCLUDED))
+    monolith = next((n for n, r in rows.items() if r["group"] == "monolith"), None)
+
+    def find(group: str, mode: str, router: str = "trained") -> str | None:
+        return next(
+            (
+                n
+                for n, r in rows.items()
+                if r["group"] == group and r["mode"] == mode and r["router"] == router and r["experts"] == "trained"
+            ),
+            None,
+        )
+
+    out = []
+    for g in groups:
+        top2 = find(g, "top2")
+        if top2 is None:
+            continue
+        for n, r in rows.items():
+            if r["group"] == g and r["router"] == "trained" and n != top2:
+                out.append((f"{g}: top2 − {r['mode']}", top2, n))
+        if monolith:
+            out.append((f"{g}: top2 − monolith", top2, monolith))
+        exact_router = find(g, "top2", "exact")
+        if exact_router:
+            out.append((f"{g}: top2, trained − exact router", top2, exact_router))
+    tops = [(g, find(g, "top2")) for g in groups if find(g, "top2")]
+    out += [(f"top2: {b} − {a}", nb, na) for i, (a, na) in enumerate(tops) for b, nb in tops[i + 1 :]]
+    return out
+
+
+def trainings_of(results: dict[str, Any]) -> int:
+    """The number of trainings behind the trained rows (1 when none has ``per_training``)."""
+    return max((len(r["per_training"]) for r in results.values() if "per_training" in r), default=1)
+
+
+def paired_summary(a: list[list[float]], b: list[list[float]]) -> dict[str, Any]:
+    """The paired difference ``a − b`` (``[training][seed]``): over trainings (outer) with the inner half-width
+    when there are several, else over the one training's sampling seeds; ``covers`` says which, ``resolved``
+    whether the interval excludes 0."""
+    d = paired(a, b)
+    if len(d) > 1:
+        iv = nested_interval(d) | {"covers": "trainings"}
+    else:
+        iv = interval(d[0]) | {"covers": "sampling seeds of one training", "per_seed": d[0]}
+    return iv | {"resolved": not iv["lo"] <= 0 <= iv["hi"]}
+
+
+def paired_truth(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every comparison of :func:`comparisons` with, per metric of :data:`PAIRED_METRICS` that both rows have, its
+    :func:`paired_summary`."""
+    n = trainings_of(results)
+    out = []
+    for what, a, b in comparisons(results):
+        entry: dict[str, Any] = {"what": what, "a": a, "b": b}
+        for m in PAIRED_METRICS:
+            if m in results[a]["per_seed"][0] and m in results[b]["per_seed"][0]:
+                entry[m] = paired_summary(row_values(results, a, m, n), row_values(results, b, m, n))
+        out.append(entry)
+    return out
+
+
+def render_paired(paired_rows: list[dict[str, Any]], trainings: int, seeds: int) -> list[str]:
+    """Table 3 (markdown lines): each comparison's paired differences, with what their intervals cover."""
+    if trainings > 1:
+        covers = (
+            f"mean over {trainings} trainings ± the half-width of the 95 % Student-t interval over trainings (outer; "
+            f"each training's value is its mean over {seeds} sampling seeds) [the mean half-width over sampling "
+            "seeds within one training, inner]"
+        )
+    else:
+        covers = (
+            f"mean ± the half-width of the 95 % Student-t interval over {seeds} sampling seeds of **one** training: "
+            "it says nothing about another training of the same config (`evaluation.training_seeds` > 1 for that)"
+        )
+    lines = [
+        f"**Table 3 — paired differences (row a − row b, by training and sampling seed).** Each cell: {covers}; "
+        "resolved = the interval excludes 0.",
+        "",
+        "| comparison | Δ log p | MMD² ×10³ | mode TV | cluster adherence | resolved |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def cell(iv: dict | None, spec: str, scale: float = 1.0) -> str:
+        if iv is None:
+            return "–"
+        inner = f" [{iv['inner_half'] * scale:{spec}}]" if "inner_half" in iv else ""
+        return f"{iv['mean'] * scale:+{spec}} ± {iv['half'] * scale:{spec}}{inner}"
+
+    for e in paired_rows:
+        res = [m for m in PAIRED_METRICS if e.get(m) and e[m]["resolved"]]
+        lines.append(
+            f"| {e['what']} | {cell(e.get('delta_log_density'), '.2f')} | {cell(e.get('mmd2'), '.2f', 1e3)} | "
+            f"{cell(e.get('mode_tv'), '.3f')} | {cell(e.get('cluster_adherence'), '.3f')} | "
+            f"{', '.join(res) or 'no'} |"
+        )
+    return lines
