@@ -19,6 +19,7 @@ from .config_sections import (
     ExpertConfig,
     FederationConfig,
     ObjectivesConfig,
+    ReproduceConfig,
     RouterConfig,
     SamplingConfig,
 )
@@ -36,7 +37,18 @@ def shipped_configs() -> Path:
     return inside if (inside / "default.yaml").is_file() else here.parent / "configs"
 
 
-SECTIONS = ("data", "objectives", "ddpm", "expert", "router", "sampling", "evaluation", "federation", "coordinator")
+SECTIONS = (
+    "data",
+    "objectives",
+    "ddpm",
+    "expert",
+    "router",
+    "sampling",
+    "evaluation",
+    "federation",
+    "coordinator",
+    "reproduce",
+)
 
 
 @dataclass
@@ -51,6 +63,7 @@ class Config:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
 
     def validate(self, source: str = "<config>") -> Config:
         """Each section's own checks, then those spanning sections; raises :class:`ConfigError` naming the key
@@ -70,6 +83,12 @@ class Config:
             ids = o.ddpm_clusters
             if ids != "auto" and (len(set(ids)) != o.ddpm or not all(0 <= i < k for i in ids)):
                 r.fail("objectives.ddpm_clusters", f"needs {o.ddpm} distinct ids in 0..{k - 1}")
+        if self.reproduce.budget == "equal_steps" and self.expert.batch_size % k:
+            r.fail(
+                "reproduce.budget",
+                f"equal_steps splits expert.batch_size {self.expert.batch_size} among {k} experts: it must be a "
+                f"multiple of num_experts",
+            )
         d = self.data
         if d.name == "gmm" and not 1 <= k <= 8:
             r.fail("num_experts", f"name: gmm has 8 patterns, one per cluster: needs 1..8 experts, got {k}")

@@ -278,6 +278,19 @@ class RouterConfig:
         return self
 
 
+@dataclass
+class ReproduceConfig:
+    """``hddm reproduce``'s protocol: how training compute is split between experts and monolith
+    (hddm_flower/budget.py)."""
+
+    budget: str = "equal_images"  # equal_images: monolith K × expert steps at the batch; equal_steps (DDM): every
+    # side the same steps, each expert at batch / K
+
+    def validate(self, source: str = "<config>", prefix: str = "reproduce.") -> ReproduceConfig:
+        _Rules(self, source, prefix).choice("budget", ("equal_images", "equal_steps"), "budget")
+        return self
+
+
 DEVICES_HELP = "auto (cuda when present, else cpu), cpu, cuda or cuda:N"
 
 

@@ -34,6 +34,9 @@ import torch
 import yaml
 from torch import Tensor, nn
 
+from .budget import budget_of
+from .budget import describe as describe_budget
+from .budget import expert_config as budget_expert_config
 from .checkpoints import META, ROUTER_META, WEIGHTS, load_expert, read_expert_meta, save_expert, sha256_file
 from .config import Config
 from .config_io import config_from_dict
@@ -286,12 +289,15 @@ def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None 
 
 
 def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) -> tuple[dict, dict, dict]:
-    """An FM expert of the experts' size on all clusters for K × ``expert.steps`` optimiser steps, trained exactly
-    as the experts are (micro-batches, gradient accumulation, precision, optimiser): equal training compute, i.e.
-    as many images seen as all K experts together. With ``data.stream`` the training split is streamed from the
-    shards (:class:`~hddm_flower.data.streams.StreamingAllClusters`, seeded), not loaded."""
-    e = cfg.expert
-    steps = cfg.num_experts * e.steps
+    """An FM expert of the experts' size on all clusters, trained exactly as the experts are (micro-batches,
+    gradient accumulation, precision, optimiser) for the steps and batch of ``reproduce.budget``
+    (:mod:`hddm_flower.budget`: K × ``expert.steps`` at the experts' batch under equal_images, ``expert.steps``
+    at ``expert.batch_size`` under equal_steps): as many images seen as all K experts together. With
+    ``data.stream`` the training split is streamed from the shards
+    (:class:`~hddm_flower.data.streams.StreamingAllClusters`, seeded), not loaded."""
+    budget = budget_of(cfg)
+    e = dataclasses.replace(cfg.expert, batch_size=budget.monolith_batch)
+    steps = budget.monolith_steps
     dataset_meta = read_meta(dataset_dir)
     data = (
         StreamingAllClusters(dataset_dir, seed=e.seed + 1000)
@@ -324,6 +330,7 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
         "seed": e.seed + 1000,
         "cluster_size": len(data),
         "batch_size": e.batch_size,
+        "budget": budget.protocol,
         "lr": e.optim.lr,
     }
     state = {k: v.detach().cpu() for k, v in expert.net.transformer.state_dict().items()}
@@ -334,6 +341,13 @@ def training_root(out: Path, i: int) -> Path:
     """Where training ``i`` keeps its experts, monolith and router: ``OUT`` itself for training 0 (the layout of a
     run with one training, so its caches stay valid) and ``OUT/trainings/training-i`` for the others."""
     return out if i == 0 else out / "trainings" / f"training-{i}"
+
+
+def expert_fingerprint(cfg: Config, data_id: dict) -> str:
+    """The training cache key of a training's experts and monolith: the expert and DDPM sections, the dataset,
+    and the budget protocol where it is not the default (so that equal_images caches stay valid)."""
+    protocol = cfg.reproduce.budget
+    return _fingerprint(cfg.expert, cfg.ddpm, data_id, *([protocol] if protocol != "equal_images" else []))
 
 
 def _train_experts(
@@ -350,14 +364,15 @@ def _train_experts(
     trainings in one pool of ``jobs`` processes. Returns per training ``{"fingerprint", "monolith", "experts"}``."""
     plans, pending = [], []
     for cfg, root in zip(cfgs, roots):
-        fp = _fingerprint(cfg.expert, cfg.ddpm, data_id)
+        fp = expert_fingerprint(cfg, data_id)
         todo = [("monolith", None, "fm", root / "monolith")]
         todo += [(f"cluster-{k}-{o}", k, o, root / "experts" / f"cluster-{k}-{o}") for k, o in unique]
         for _, k, obj, folder in todo:
             try:
                 _train_or_reuse(folder, fp, None)
             except _Missing:
-                pending.append((cfg.to_dict(), str(dataset_dir), k, obj, str(folder), fp, jobs > 1, progress))
+                c = cfg if k is None else budget_expert_config(cfg)  # the monolith applies the budget itself
+                pending.append((c.to_dict(), str(dataset_dir), k, obj, str(folder), fp, jobs > 1, progress))
         plans.append((fp, todo))
     _run_jobs(_train_job, pending, jobs, progress, "training")
     trained = {a[4] for a in pending}
@@ -516,6 +531,7 @@ def reproduce(
         },
         "fingerprints": {"experts": artefacts["fingerprint"], "router": artefacts["router"]["fingerprint"]},
         "dataset": data_id,
+        "budget": dataclasses.asdict(budget_of(cfg)),
         "artefacts": artefacts,
         "versions": versions(),
         "results": results if truth else {n: _summary(r) for n, r in results.items()},
@@ -614,9 +630,8 @@ def render_tables(manifest: dict, results: dict) -> str:
         f"start; training {manifest['timings_s']['training']:.0f} s in {manifest['training_processes']} "
         f"process(es), router {manifest['timings_s']['router']:.0f} s, evaluation "
         f"{manifest['timings_s']['evaluation']:.0f} s).",
-        f"Scale: {cfg['num_experts']} experts `{cfg['expert']['preset']}` × {cfg['expert']['steps']} steps × batch "
-        f"{cfg['expert']['batch_size']} on {manifest['dataset']['dataset']}; monolith: the same network, "
-        f"{cfg['num_experts'] * cfg['expert']['steps']} steps on all clusters (equal images seen). Router "
+        f"Scale: {cfg['num_experts']} experts `{cfg['expert']['preset']}` on {manifest['dataset']['dataset']}; "
+        f"monolith: the same network on all clusters; {describe_budget(manifest['budget'])}. Router "
         f"`{cfg['router']['preset']}` × {cfg['router']['steps']} steps.",
         f"Aligned inference: {p['prompts']} prompts × {p['samples_per_prompt']} samples, the same noise for every "
         f"row, {p['sampler']}, {p['num_steps']} steps, CFG {p['cfg_scale']}, threshold {p['threshold']}; "

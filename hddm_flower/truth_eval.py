@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .budget import describe as describe_budget
 from .checkpoints import load_expert, load_router
 from .config import Config
 from .config_io import config_from_dict
@@ -321,8 +322,7 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
         f"{manifest['timings_s']['evaluation']:.0f} s).",
         f"Data: {manifest['dataset']['dataset']} (a Gaussian mixture, {cfg['num_experts']} clusters × "
         f"{cfg['data']['gmm_components']} components, {cfg['data']['gmm_channels']}×{cfg['data']['image_size']}²). "
-        f"Experts `{cfg['expert']['preset']}` × {cfg['expert']['steps']} steps × batch {cfg['expert']['batch_size']}; "
-        f"monolith {cfg['num_experts'] * cfg['expert']['steps']} steps; router `{cfg['router']['preset']}` × "
+        f"Experts `{cfg['expert']['preset']}`, {describe_budget(manifest['budget'])}; router `{cfg['router']['preset']}` × "
         f"{cfg['router']['steps']} steps.",
         f"Aligned inference: every component's caption × {ev['samples_per_prompt']} samples = "
         f"{anyr['samples_per_seed']} samples per row and seed, {ev['seeds']} seeds "

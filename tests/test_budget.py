@@ -1,0 +1,53 @@
+"""reproduce.budget: the steps and batches of experts and monolith under equal_images and equal_steps."""
+
+import dataclasses
+
+from hddm_flower.budget import budget_of, describe, expert_config
+from hddm_flower.config_io import config_from_dict
+
+
+def _cfg(budget: str, **expert):
+    return config_from_dict({"num_experts": 8, "reproduce": {"budget": budget}, "expert": expert}, "budget-test")
+
+
+def test_equal_images_gives_the_monolith_k_times_the_steps_at_the_same_batch():
+    b = budget_of(_cfg("equal_images", steps=200, batch_size=32))
+    assert (b.expert_steps, b.expert_batch, b.monolith_steps, b.monolith_batch) == (200, 32, 1600, 32)
+    assert b.monolith_images == 8 * b.expert_images == 8 * 200 * 32
+    cfg = _cfg("equal_images", steps=200, batch_size=32)
+    assert expert_config(cfg) is cfg
+
+
+def test_equal_steps_splits_the_batch_among_the_experts():
+    """DDM: every side the same steps; the monolith's batch B split into K expert batches of B / K, so the images
+    seen are equal too (also with gradient accumulation)."""
+    cfg = _cfg("equal_steps", steps=800, batch_size=64, grad_accumulation=2)
+    b = budget_of(cfg)
+    assert (b.expert_steps, b.expert_batch, b.monolith_steps, b.monolith_batch) == (800, 8, 800, 64)
+    assert b.monolith_images == 8 * b.expert_images == 800 * 64 * 2
+    e = expert_config(cfg).expert
+    assert (e.steps, e.batch_size, e.grad_accumulation) == (800, 8, 2)
+    assert "each of the 8 experts 800 steps × batch 8, the monolith 800 steps × batch 64" in describe(
+        dataclasses.asdict(b)
+    )
+
+
+def test_the_monolith_and_the_experts_train_on_their_budget(tiny_config, dataset_dir, tmp_path):
+    """Under equal_steps the trained monolith takes expert.steps steps of expert.batch_size and an expert the same
+    steps of batch / K, as their metadata records; the cache key differs from equal_images'."""
+    from hddm_flower.reproduce import _train_experts, dataset_id, expert_fingerprint, train_monolith
+
+    k = tiny_config.num_experts
+    cfg = dataclasses.replace(
+        tiny_config,
+        expert=dataclasses.replace(tiny_config.expert, steps=2, batch_size=2 * k),
+        reproduce=dataclasses.replace(tiny_config.reproduce, budget="equal_steps"),
+    )
+    _, _, meta = train_monolith(cfg, dataset_dir)
+    assert (meta["steps"], meta["batch_size"], meta["budget"]) == (2, 2 * k, "equal_steps")
+    data_id = dataset_id(dataset_dir, __import__("json").loads((dataset_dir / "meta.json").read_text()))
+    (t,) = _train_experts([cfg], [tmp_path], dataset_dir, [(0, "fm")], data_id, 1, False)
+    expert = __import__("json").loads((tmp_path / "experts" / "cluster-0-fm" / "hddm_expert.json").read_text())
+    assert (expert["steps"], expert["batch_size"]) == (2, 2)
+    assert not t["experts"]["cluster-0-fm"]["reused"]
+    assert expert_fingerprint(cfg, data_id) != expert_fingerprint(tiny_config, data_id)
