@@ -26,8 +26,8 @@ name made of the expert id and a hash of the experiment's training sections, the
 restarted node that gets the same expert of the same experiment again (e.g. from a later run that targets the
 missing experts) resumes from the last checkpoint, and the final metadata says how many steps were resumed
 (``resumed_steps``). The final checkpoint is kept there too (also with ``checkpoint_every`` 0 when the node config
-names a ``work-dir``), so a node whose reply was lost — the server stopped waiting, the coordinator crashed —
-sends it again instead of training again.
+names a ``work-dir``, and always for a message naming several experts: :func:`_train_all`), so a node whose reply
+was lost — the server stopped waiting, the coordinator crashed — sends it again instead of training again.
 """
 
 from __future__ import annotations
@@ -103,27 +103,50 @@ def train(msg: Message, context: Context) -> Message:
     device = str(node.get("device", "cuda" if torch.cuda.is_available() else "cpu"))
 
     cache_dir = str(task[wire.TASK_CACHE_DIR]) or None
-    dataset = node_dataset(context, cfg, cache_dir, [expert_id for expert_id, _, _ in jobs])
     several = len(jobs) > 1
+    # one expert: its cluster's data checked before anything else (fail early, naming the path); several: each
+    # expert's cluster checked on its own, so that one cluster without data costs only its own expert
+    dataset = node_dataset(context, cfg, cache_dir, [] if several else [expert_id for expert_id, _, _ in jobs])
+    unusable: dict[int, BaseException] = {}  # expert id → why its cluster's data cannot be trained on
+    if several:
+        for expert_id, _, _ in jobs:
+            try:
+                dataset.shards(expert_id)
+            except Exception as e:  # one expert's cluster: costs that expert only
+                unusable[expert_id] = e
+    trainable = [job for job in jobs if job[0] not in unusable]
+    results = unusable | _train_all(cfg, dataset, trainable, device, node, context.node_id, several=several)
     content = RecordDict()
-    for expert_id, result in _train_all(cfg, dataset, jobs, device, node, context.node_id).items():
-        key = expert_id if several else None
-        if isinstance(result, BaseException):
-            if not several:
+    for expert_id, _, _ in jobs:
+        result = results[expert_id]
+        if not several:
+            if isinstance(result, BaseException):
                 raise result
-            log.warning("expert %d failed: %s", expert_id, result)
-            reason = f"{type(result).__name__}: {str(result).strip()}"[: wire.MAX_REASON_CHARS]
-            content[wire.expert_record(wire.ERROR, key)] = ConfigRecord({wire.ERROR_REASON: reason})
+            content.update(_expert_records(expert_id, result, None))
             continue
-        blob, model_config, meta = result
-        content[wire.expert_record(wire.EXPERT, key)] = ArrayRecord(  # the safetensors file as one raw array:
-            {wire.WEIGHTS: Array(dtype="uint8", shape=(len(blob),), stype=wire.STYPE, data=blob)}  # dtypes kept
-        )
-        content[wire.expert_record(wire.META, key)] = ConfigRecord(
-            {wire.META_JSON: json.dumps(meta), wire.MODEL_CONFIG_JSON: json.dumps(model_config)}
-        )
-        content[wire.expert_record(wire.METRICS, key)] = _metrics(expert_id, meta)
+        try:
+            if isinstance(result, BaseException):
+                raise result
+            content.update(_expert_records(expert_id, result, expert_id))
+        except Exception as e:  # whatever this expert's training or its records raised: this expert only
+            log.warning("expert %d failed: %s", expert_id, e)
+            reason = f"{type(e).__name__}: {str(e).strip()}"[: wire.MAX_REASON_CHARS]
+            content[wire.expert_record(wire.ERROR, expert_id)] = ConfigRecord({wire.ERROR_REASON: reason})
     return Message(content, reply_to=msg)
+
+
+def _expert_records(expert_id: int, result: tuple[bytes, dict, dict], key: int | None) -> dict:
+    """One trained expert's records of a train reply (named by :func:`hddm_flower.wire.expert_record`)."""
+    blob, model_config, meta = result
+    return {
+        wire.expert_record(wire.EXPERT, key): ArrayRecord(  # the safetensors file as one raw array: dtypes kept
+            {wire.WEIGHTS: Array(dtype="uint8", shape=(len(blob),), stype=wire.STYPE, data=blob)}
+        ),
+        wire.expert_record(wire.META, key): ConfigRecord(
+            {wire.META_JSON: json.dumps(meta), wire.MODEL_CONFIG_JSON: json.dumps(model_config)}
+        ),
+        wire.expert_record(wire.METRICS, key): _metrics(expert_id, meta),
+    }
 
 
 def _jobs(task: ConfigRecord, node) -> list[tuple[int, str, str]]:
@@ -158,27 +181,44 @@ def _metrics(expert_id: int, meta: dict) -> MetricRecord:
     )
 
 
-def _work_dir(cfg, node, expert_id: int, objective: str, dataset: Dataset) -> Path | None:
+def _work_dir(cfg, node, expert_id: int, objective: str, dataset: Dataset, *, keep: bool = False) -> Path | None:
     """Where a restarted node finds this expert's training state and kept result (``expert.checkpoint_every`` >
-    0, or a node config that names a ``work-dir``; named by :func:`_work_name`), or None."""
-    if not cfg.expert.checkpoint_every and not node.get("work-dir"):
+    0, a node config that names a ``work-dir``, or ``keep``: a node given several experts keeps each one as it
+    ends; named by :func:`_work_name`), or None."""
+    if not cfg.expert.checkpoint_every and not node.get("work-dir") and not keep:
         return None
     return Path(str(node.get("work-dir", "")) or default_cache_dir() / "work") / _work_name(
         cfg, expert_id, objective, dataset
     )
 
 
-def _train_all(cfg, dataset: Dataset, jobs: list[tuple[int, str, str]], device: str, node, node_id: int) -> dict:
+def _train_all(
+    cfg, dataset: Dataset, jobs: list[tuple[int, str, str]], device: str, node, node_id: int, *, several: bool = False
+) -> dict:
     """Train every job; expert id → (weights blob, model config, metadata) or the exception it ended with.
 
     Isolated (in simulation), each expert trains in its own child process, as many at once as this process has
     torch threads (the actor's CPUs), the threads shared evenly among them (one each when there are more experts
     than CPUs); not isolated, one after another in this process. An expert trained before whose reply was lost
-    is sent again from its kept checkpoint (``work-dir``)."""
+    is sent again from its kept checkpoint (``work-dir``).
+
+    ``several`` (the message names several experts): a failure is its expert's result, never raised, even when only
+    one of them is left to train here; and each expert is kept in the work directory as soon as it ends
+    (:func:`_work_dir`), whether or not a ``work-dir`` or ``expert.checkpoint_every`` is set. One reply carries
+    all of this node's experts, so a reply that never arrives (the server's ``train_timeout`` passed while the
+    last expert trained, the node or its SuperNode died, the reply was lost) would cost every expert of the node;
+    kept, a later run that targets them (run config ``experts``) gets each finished one sent again without a
+    training step, and only the unfinished ones train (resumed with ``expert.checkpoint_every``). Why this and not
+    one message (and reply) per expert: the one message lets the node schedule its experts on its own CPUs, as
+    many at once as it has, the threads shared among them (docs/performance.md), which separate messages cannot
+    (Flower's simulation hands each to whichever actor is free, and concurrent messages to one node race on its
+    one Context); an error in any step of one expert is already that expert's alone (an error record in the
+    reply); and what a single reply cannot survive, its loss, costs with the kept copies a re-run's transfer, not
+    the trainings."""
     results: dict[int, object] = {}
     pending = []
     for expert_id, assigned, objective in jobs:
-        work = _work_dir(cfg, node, expert_id, objective, dataset)
+        work = _work_dir(cfg, node, expert_id, objective, dataset, keep=several)
         done = _finished(work)
         if done is not None:  # trained before, but the reply never made it (server timed out, node restarted …)
             log.info("expert %d: already trained (%s); sending the kept checkpoint", expert_id, work)
@@ -188,7 +228,7 @@ def _train_all(cfg, dataset: Dataset, jobs: list[tuple[int, str, str]], device: 
     if _isolated(node):
         trained = _train_side_by_side(cfg, dataset, pending, device)
     else:
-        trained = _train_here(cfg, dataset, pending, device, raise_errors=len(jobs) == 1)
+        trained = _train_here(cfg, dataset, pending, device, raise_errors=not several)
     for job in pending:
         result = trained[job[0]]
         results[job[0]] = result if isinstance(result, BaseException) else _finish(job, cfg, node_id, *result)
@@ -211,7 +251,12 @@ def _train_side_by_side(cfg, dataset: Dataset, pending: list, device: str) -> di
             expert_id, assigned, objective, work = queue.pop(0)
             _announce(expert_id, objective, assigned, device, each)
             checkpoint = work.with_suffix(".pt") if work else None
-            running[expert_id] = _start_child(cfg, dataset, expert_id, objective, device, checkpoint, each)
+            try:
+                running[expert_id] = _start_child(cfg, dataset, expert_id, objective, device, checkpoint, each)
+            except Exception as e:  # no process for this expert (fork server, temporary folder): this one only
+                results[expert_id] = e
+        if not running:
+            continue
         ended = _wait_any([child for child, _ in running.values()])
         for expert_id in [k for k, (child, _) in running.items() if child in ended]:
             child, tmp = running.pop(expert_id)
@@ -257,7 +302,7 @@ def _announce(expert_id: int, objective: str, assigned: str, device: str, thread
 
 def _finish(job, cfg, node_id: int, blob: bytes, model_config: dict, meta: dict) -> tuple[bytes, dict, dict]:
     """Complete a fresh expert's metadata and keep it for a resend (with ``work-dir``)."""
-    _, assigned, _, work = job
+    expert_id, assigned, _, work = job
     meta |= {
         "objective_assigned": assigned,
         "node_id": node_id,
@@ -265,8 +310,11 @@ def _finish(job, cfg, node_id: int, blob: bytes, model_config: dict, meta: dict)
         "sha256": hashlib.sha256(blob).hexdigest(),
     }
     if work is not None:  # keep the result until a later message (or the operator) no longer needs it
-        _keep(work, blob, model_config, meta)
-        work.with_suffix(".pt").unlink(missing_ok=True)
+        try:
+            _keep(work, blob, model_config, meta)
+            work.with_suffix(".pt").unlink(missing_ok=True)
+        except OSError as e:  # a full or read-only disk costs the copy, not the expert: the reply still carries it
+            log.warning("expert %d: could not keep it in %s (%s); sending it unkept", expert_id, work, e)
     return blob, model_config, meta
 
 

@@ -16,8 +16,9 @@ from flwr.supercore.task_identity import TaskIdentity  # private API: Message() 
 class FakeGrid(Grid):
     """``node_configs`` maps node id → node config. ``silent`` nodes answer queries but never a train message;
     ``link_errors`` maps a node id to the (code, reason) of the error the SuperLink returns for its train message
-    instead of the node's reply (e.g. 3: TTL expired, 5: node unavailable; such errors carry node id 1);
-    ``tamper(node_id, reply)`` may alter a reply in flight."""
+    instead of the node's reply (e.g. 3: TTL expired, 5: node unavailable; such errors carry node id 1); ``lost``
+    nodes run their train message but their reply never arrives (it came after the server stopped waiting, or
+    the node died before sending it); ``tamper(node_id, reply)`` may alter a reply in flight."""
 
     def __init__(
         self,
@@ -28,9 +29,11 @@ class FakeGrid(Grid):
         silent: Iterable[int] = (),
         tamper: Callable[[int, Message], Message] | None = None,
         link_errors: dict[int, tuple[int, str]] | None = None,
+        lost: Iterable[int] = (),
     ):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         self.client_app, self.silent, self.tamper = client_app, set(silent), tamper
+        self.lost = set(lost)
         self.link_errors = dict(link_errors or {})
         self.contexts = {
             n: Context(run_id=1, node_id=n, node_config=dict(c), state=RecordDict(), run_config=dict(run_config or {}))
@@ -61,6 +64,8 @@ class FakeGrid(Grid):
             except Exception as e:  # what the SuperNode does: an error reply, code 2
                 reply = Message(Error(code=2, reason=f"{type(e).__name__}: {e}"), reply_to=msg)
             reply.metadata.__dict__["_src_node_id"] = node
+            if node in self.lost and msg.metadata.message_type == "train":
+                continue
             self.replies[message_id] = self.tamper(node, reply) if self.tamper else reply
         return ids
 

@@ -280,9 +280,9 @@ class OneShotExperts(Strategy):
                 discard(reply)
                 continue
             if reply.has_error():
-                reason = f"error reply (code {reply.error.code}): {_summary_line(reply.error.reason)}"
-                for expert_id in experts:
-                    self._lose(expert_id, reason)
+                self._lose_message(
+                    experts, f"error reply (code {reply.error.code}): {_summary_line(reply.error.reason)}"
+                )
                 continue
             try:
                 how = "spooled to disk" if spooled_arrays(reply) else "pulled in memory"
@@ -392,8 +392,7 @@ class OneShotExperts(Strategy):
             is_train = message.metadata.message_type == MessageType.TRAIN
             experts = _task_experts(message.content[wire.TASK]) if is_train else []
             if not message_id:
-                for expert_id in experts:
-                    self._lose(expert_id, "the train message could not be delivered to its node")
+                self._lose_message(experts, "the train message could not be delivered to its node")
                 continue
             pending.add(message_id)
             if is_train:
@@ -407,8 +406,9 @@ class OneShotExperts(Strategy):
             if pending:
                 time.sleep(self.poll_interval)
         for message_id in pending:
-            for expert_id in expert_of.get(message_id, []):
-                self._lose(expert_id, f"no reply within {timeout:.0f} s (node silent or too slow)")
+            self._lose_message(
+                expert_of.get(message_id, []), f"no reply within {timeout:.0f} s (node silent or too slow)"
+            )
 
     def _receive(self, expert_id: int, content: RecordDict, key: int | None = None) -> dict:
         """Take one expert of a train reply apart (the wire format of :mod:`hddm_flower.wire`; ``key``: the
@@ -462,6 +462,18 @@ class OneShotExperts(Strategy):
     def _lose(self, expert_id: int, reason: str) -> None:
         log(WARNING, "expert %d missing: %s", expert_id, reason)
         self.missing[expert_id] = reason
+
+    def _lose_message(self, experts: list[int], reason: str) -> None:
+        """Every expert of a train message whose reply will not come. A node given several experts keeps each
+        one as it ends (clients/client_app.py), so the reason says how a later run collects the finished ones."""
+        if len(experts) > 1:
+            ids = ",".join(str(k) for k in sorted(experts))
+            reason += (
+                f"; its node keeps each of experts {ids} it finished: a run into this run directory with run config "
+                f'experts="{ids}" collects them without training them again'
+            )
+        for expert_id in experts:
+            self._lose(expert_id, reason)
 
 
 def _task_experts(task: ConfigRecord) -> list[int]:

@@ -645,3 +645,99 @@ def test_fewer_simulated_nodes_than_experts_each_train_several(tiny_config, data
     ) == [3]
     assert [one_each._claims({"partition-id": p, "num-partitions": 3}) for p in range(3)] == [[0, 3], [1], [2]]
     assert one_each._claims({"partition-id": 1, "num-partitions": 8}) == [1]  # enough nodes: one expert each
+
+
+def test_a_node_whose_second_of_four_experts_fails_delivers_the_other_three(
+    tiny_config_path, dataset_dir, cache_dir, tmp_path
+):
+    """The ServerApp end to end over one simulated SuperNode that holds all four experts (partition 0 of 1, as
+    each of plain `flwr run .`'s 2 SuperNodes holds 4 of 8) and trains them from its own copy of the prepared
+    dataset, in which cluster 1 (its 2nd expert's) has lost its shards: experts 0, 2 and 3 arrive, the run
+    completes, and the report names expert 1 and why. (Before, the node's data check raised for the whole
+    message: all four were lost and the run failed for want of experts.)"""
+    import shutil
+
+    from flwr.app import RecordDict
+
+    from strategies.server_app import main as server_main
+
+    data = tmp_path / "node-data"
+    shutil.copytree(dataset_dir, data)
+    for shard in (data / "cluster-1").glob("shard-*.tar"):
+        shard.unlink()
+    node = {"partition-id": 0, "num-partitions": 1, "data-dir": str(data), "work-dir": str(tmp_path / "work")}
+    run_dir = tmp_path / "run"
+    run_config = {
+        "config": str(tiny_config_path),
+        "overrides": "federation.min_experts=3 evaluation.routing_modes=[top2]",
+        "run-dir": str(run_dir),
+        "cache-dir": str(cache_dir),
+    }
+    grid = FakeGrid(client_app, {10: node | {"isolate-training": False}})
+    server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    (task,) = [m.content["config"] for m in grid.sent if m.metadata.message_type == "train"]
+    assert list(task["expert-ids"]) == [0, 1, 2, 3]  # one message for the node's four experts
+    report = json.loads((run_dir / "report.json").read_text())
+    assert "status" not in report and [e["expert_id"] for e in report["experts"]] == [0, 2, 3]  # not "failed"
+    (lost,) = report["missing"]
+    assert lost["expert_id"] == 1 and lost["reason"].startswith("training failed on the node: ValueError: cluster 1")
+    assert "no shards" in lost["reason"], lost
+    assert sorted(p.name for p in (run_dir / "experts").glob("expert-*")) == ["expert-0", "expert-2", "expert-3"]
+    assert f"- expert 1: {lost['reason']}" in (run_dir / "report.md").read_text()
+    # each of the three was kept on the node as it ended (what a re-run collects when a whole reply is lost)
+    assert sorted(p.name.split("-")[1] for p in (tmp_path / "work").glob("expert-*.json")) == ["0", "2", "3"]
+
+
+def test_a_lost_several_expert_reply_costs_a_rerun_not_the_trainings(
+    tiny_config, dataset_dir, cache_dir, tmp_path, monkeypatch
+):
+    """A node holding four experts trains them all, but its one reply never arrives (the server stopped waiting):
+    all four are missing, and the reason says how to collect them. The node kept each one as it ended (no
+    work-dir and no expert.checkpoint_every set: in its default cache), so a run that targets the four gets every
+    one sent again without a training step (the metadata is the kept one, its measured device seconds included)."""
+    monkeypatch.setenv("HDDM_CACHE", str(tmp_path / "node-cache"))  # the node's default work dir lives here
+    node = {"partition-id": 0, "num-partitions": 1, "isolate-training": False}
+    first = _strategy(tiny_config, tmp_path / "run", cache_dir, dataset_dir)
+    with pytest.raises(RuntimeError, match="only 0 of 4 experts arrived"):
+        first.start(FakeGrid(client_app, {10: node}, lost=[10]), timeout=1.0)
+    assert sorted(first.missing) == [0, 1, 2, 3] and first.received == {}
+    for reason in first.missing.values():
+        assert reason.startswith("no reply within 1 s") and 'experts="0,1,2,3"' in reason, reason
+    kept = {
+        int(p.name.split("-")[1]): json.loads(p.read_text())["meta"]
+        for p in (tmp_path / "node-cache" / "work").glob("expert-*.json")
+    }
+    assert sorted(kept) == [0, 1, 2, 3]
+
+    again = _strategy(tiny_config, tmp_path / "run", cache_dir, dataset_dir, experts=[0, 1, 2, 3])
+    again.start(FakeGrid(client_app, {10: node}), timeout=30.0)
+    assert again.missing == {} and sorted(again.received) == [0, 1, 2, 3]
+    for k, meta in again.received.items():
+        assert {key: meta[key] for key in kept[k]} == kept[k], k  # sent from the kept copy, not trained again
+
+
+def test_each_failure_of_a_several_expert_node_is_its_own_experts(tiny_config, dataset_dir, cache_dir, tmp_path):
+    """Three of a node's four clusters have no shards and the fourth expert's training fails (a corrupt training
+    state in its work dir): four failures, four reasons, each its own expert's, not one error reply for the node
+    (the last one left to train must not raise for all of them)."""
+    import shutil
+
+    import clients.client_app as ca
+
+    data = tmp_path / "node-data"
+    shutil.copytree(dataset_dir, data)
+    for k in (0, 1, 2):
+        for shard in (data / f"cluster-{k}").glob("shard-*.tar"):
+            shard.unlink()
+    node = {"partition-id": 0, "num-partitions": 1, "data-dir": str(data), "work-dir": str(tmp_path / "work")}
+    node["isolate-training"] = False
+    state = ca._work_dir(tiny_config, node, 3, tiny_config.objective_of()[3], Dataset.open(data)).with_suffix(".pt")
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_bytes(b"not a training state")
+    strategy = _strategy(tiny_config, tmp_path / "run", cache_dir, dataset_dir)
+    with pytest.raises(RuntimeError, match="only 0 of 4 experts arrived"):
+        strategy.start(FakeGrid(client_app, {10: node}), timeout=30.0)
+    m = strategy.missing
+    assert sorted(m) == [0, 1, 2, 3] and all(r.startswith("training failed on the node: ") for r in m.values()), m
+    assert all(f"ValueError: cluster {k} of " in m[k] and "no shards" in m[k] for k in (0, 1, 2)), m
+    assert "cluster" not in m[3] and "no shards" not in m[3], m[3]  # its own failure: the training state

@@ -13,10 +13,13 @@ from strategies.server_app import main as server_main
 pytestmark = pytest.mark.simulation
 
 
-def test_simulation_two_nodes_for_four_experts(tiny_config_path, cache_dir, tmp_path):
+def test_simulation_two_nodes_for_four_experts(tiny_config_path, cache_dir, tmp_path, monkeypatch):
     """As plain `flwr run .` runs it since flwr 1.32: 2 simulated SuperNodes, Flower's default 2 CPUs per ClientApp
     (one actor on 2 cores), more experts than nodes: each node gets its share in one message and trains it side by
     side, two at a time with one of the actor's 2 threads each; the server does not wait for federation.min_nodes."""
+    # a node given several experts keeps each one in its default work dir ($HDDM_CACHE/work; Ray's workers inherit
+    # the variable): here, not in the user's cache
+    monkeypatch.setenv("HDDM_CACHE", str(tmp_path / "node-cache"))
     run_dir = tmp_path / "run"
     run_config = {
         "config": str(tiny_config_path),
@@ -56,3 +59,4 @@ def test_simulation_two_nodes_for_four_experts(tiny_config_path, cache_dir, tmp_
     }
     assert threads == {1}  # the actor's 2 CPUs shared by two trainings at a time, in the forked processes
     assert (run_dir / "samples.png").exists() and (run_dir / "config.yaml").exists()
+    assert len(list((tmp_path / "node-cache" / "work").glob("expert-*.json"))) == 4  # each expert kept as it ended
