@@ -70,7 +70,7 @@ if not _core_log.handlers:
 
 
 # the federated router's rounds and the federated reference statistics (clients/federated.py)
-app.train("router")(federated.train_router)
+app.train("router", mods=[federated.clip_when_asked])(federated.train_router)
 app.evaluate("router")(federated.evaluate_router)
 app.query("feature_stats")(federated.feature_stats)
 app.train("feature_net")(federated.train_feature_net)

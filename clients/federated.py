@@ -4,9 +4,10 @@ Each computes on this node's own clusters and replies with a model update, count
 
 * ``train.router`` (a round of :class:`strategies.federated_router.RouterStrategy`): a few SGD steps of the
   global router on this node's clusters (:func:`hddm_flower.federated.router_local_update`; a router that reads
-  the caption trains on the pooled embeddings of the node's own captions); replies with the new
-  weights, ``num-examples`` = the node's number of training images (FedAvg's weight n_k, which the server checks
-  against the size the node declared) and ``images-seen`` = the images its steps drew.
+  the caption trains on the pooled embeddings of the node's own captions); replies with the new weights (their
+  update clipped here when the server asks for client-side DP clipping: :func:`clip_when_asked`),
+  ``num-examples`` = the node's number of training images (FedAvg's weight n_k, which the server checks against
+  the size the node declared) and ``images-seen`` = the images its steps drew.
 * ``evaluate.router``: the router's confusion counts and top-2 hits on this node's held-out split at
   ``evaluation.times`` (:func:`hddm_flower.federated.router_confusion`).
 * ``train.feature_net``: a round of the evaluation's feature classifier when the coordinator holds no images
@@ -28,6 +29,8 @@ import time
 
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp.mod import fixedclipping_mod
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM  # the key fixedclipping_mod reads
 
 from hddm_flower.config import Config
 from hddm_flower.config_io import config_from_dict
@@ -42,6 +45,7 @@ from hddm_flower.federated import (
 from hddm_flower.metrics import FeatureClassifier, classifier_features, inception_features, pooled_caption
 from hddm_flower.models import Router
 
+from . import drill
 from .node_data import node_dataset
 
 log = logging.getLogger("hddm_flower.client")
@@ -108,6 +112,16 @@ def _pooled_captions(router: Router, dataset: Dataset, clusters: list[int], spli
     return _POOLED[key]
 
 
+def clip_when_asked(msg: Message, context: Context, call_next) -> Message:
+    """The ``train.router`` handler's mod: Flower's ``fixedclipping_mod`` (the update clipped to the norm C before
+    it leaves the node) when the message carries a clipping norm (the server's
+    ``DifferentialPrivacyClientSideFixedClipping``, ``router.dp_clipping: client``); else the handler as it is."""
+    config = msg.content.config_records.get("config")
+    if config is not None and KEY_CLIPPING_NORM in config:
+        return fixedclipping_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
 def train_router(msg: Message, context: Context) -> Message:
     """One round: local SGD steps of the received router on this node's training images (and own captions)."""
     cfg, clusters, dataset, conf = _task(msg, context)
@@ -131,9 +145,8 @@ def train_router(msg: Message, context: Context) -> Message:
         uncond_caption=None if captions is None else pooled_caption(*dataset.uncond),
         caption_dropout=r.caption_dropout,
     )
-    return Message(
-        RecordDict({"arrays": ArrayRecord(router.state_dict()), "metrics": _metrics(data, stats, start)}), reply_to=msg
-    )
+    content = RecordDict({"arrays": ArrayRecord(router.state_dict()), "metrics": _metrics(data, stats, start)})
+    return Message(drill.router_reply(context, content), reply_to=msg)
 
 
 def _metrics(data: Split, stats: dict, start: float) -> MetricRecord:

@@ -49,6 +49,10 @@ ROUTER_TRAINING = ("central", "federated")
 SERVER_OPTIMIZERS = ("adam", "avg", "median", "trimmed_avg", "krum")
 """Federated router training: Flower's FedAdam (Adam on the averaged update), FedAvg, or a robust aggregation
 (FedMedian, FedTrimmedAvg, Krum) that bounds what ``router.robust_f`` hostile nodes can do to a round."""
+DP_CLIPPING = ("server", "client")
+"""Differential privacy of the federated router (``router.dp_noise_multiplier`` > 0): who clips each node's update,
+the coordinator (Flower's ``DifferentialPrivacyServerSideFixedClipping``) or the node itself (Flower's
+``DifferentialPrivacyClientSideFixedClipping`` with the ClientApp's ``fixedclipping_mod``)."""
 PARTITIONS = ("central", "institution")
 """Whose data is whose: the coordinator clusters one dataset into the experts' clusters, or each node's own
 prepared data is its cluster (the coordinator holds none)."""

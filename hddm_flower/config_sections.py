@@ -11,6 +11,7 @@ from .choices import (
     CLUSTER_FEATURES,
     CONVERSIONS,
     DATASETS,
+    DP_CLIPPING,
     FM_TIME_SAMPLINGS,
     LR_SCHEDULES,
     OBJECTIVES,
@@ -242,6 +243,9 @@ class RouterConfig:
     robust_f: int = 1  # federated, server_optimizer krum or trimmed_avg: nodes assumed hostile (trimmed per side)
     dp_noise_multiplier: float = 0.0  # federated: > 0 = Flower's server-side DP clipping (Gaussian noise, this σ/C)
     dp_clipping_norm: float = 1.0  # federated, with dp_noise_multiplier: the L2 bound C of each node's update
+    # federated, with dp_noise_multiplier: who clips each update to C — "server" (Flower's server-side fixed
+    # clipping) or "client" (Flower's client-side fixed clipping: each node clips its own, fixedclipping_mod)
+    dp_clipping: str = "server"
     epochs: float = 0.0  # central: > 0 = passes over all clusters' training split; steps = ⌈epochs × N / batch_size⌉
     shuffle_buffer: int = 4096  # central: samples held for shuffling the streamed clusters (shared among them)
 
@@ -268,6 +272,7 @@ class RouterConfig:
         if self.dp_noise_multiplier < 0:
             r.fail("dp_noise_multiplier", "must be ≥ 0 (0 = no differential privacy)")
         r.positive("dp_clipping_norm")
+        r.choice("dp_clipping", DP_CLIPPING, "value")
         if self.max_weight_ratio != 0 and self.max_weight_ratio < 1:
             r.fail("max_weight_ratio", "must be ≥ 1 (0 = no bound)")
         if not 0 < self.restricted_softmax <= 1:

@@ -39,6 +39,7 @@ from flwr.app.exception import AppExitException
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import (
+    DifferentialPrivacyClientSideFixedClipping,
     DifferentialPrivacyServerSideFixedClipping,
     FedAdam,
     FedAvg,
@@ -113,6 +114,24 @@ class CheckedServerSideDP(DifferentialPrivacyServerSideFixedClipping):
         return super().aggregate_train(server_round, self.strategy.check_train_replies(server_round, replies))
 
 
+class CheckedClientSideDP(DifferentialPrivacyClientSideFixedClipping):
+    """Flower's client-side DP wrapper around a :class:`RouterStrategy`: each train message carries the clipping
+    norm C, each node clips its own update to it (the ClientApp's ``fixedclipping_mod``, clients/federated.py), and
+    the wrapper adds Gaussian noise to the average. The reply checks run first, and they also hold each node to
+    it: a reply whose update is longer than C (a node that did not clip) is dropped with its reason, so that the
+    noise's guarantee does not rest on every node's word."""
+
+    def __init__(self, strategy, noise_multiplier: float, clipping_norm: float, num_sampled_clients: int) -> None:
+        super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients)
+        strategy.max_update_norm = clipping_norm
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        return super().aggregate_train(server_round, self.strategy.check_train_replies(server_round, replies))
+
+
+DP_WRAPPERS = {"server": CheckedServerSideDP, "client": CheckedClientSideDP}
+
+
 def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool = True):
     """Flower's FedAdam, FedAvg, FedMedian, FedTrimmedAvg or Krum with the ClientApp's ``<type>.<action>``
     messages (``router``, or ``feature_net`` for the evaluation's feature classifier, which has no evaluation
@@ -158,6 +177,7 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             self.dropped: dict[int, list[str]] = {}
             self._global: dict[str, np.ndarray] = {}
             self._sent: list[Message] = []
+            self.max_update_norm: float | None = None  # client-side DP clipping: the norm C each node clips to
 
         def summary(self) -> None:
             super().summary()
@@ -266,6 +286,10 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
                 raise ReplyRefused(f"{self.weighted_by_key} = {n!r}, the node declared {want}")
             if not 0 < m["images-seen"] <= self.max_images:
                 raise ReplyRefused(f"images-seen = {m['images-seen']!r}, not in 1..{self.max_images}")
+            if self.max_update_norm is not None:  # the node was asked to clip its update to this norm
+                norm = update_norm(content["arrays"], self._global)
+                if norm > self.max_update_norm * (1 + 1e-4):
+                    raise ReplyRefused(f"update norm {norm:.6g} exceeds the clipping norm {self.max_update_norm:g}")
             content["metrics"][self.weighted_by_key] = self.weights[node]
             return content
 
@@ -273,6 +297,16 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             return check_evaluate_reply(msg.content, self.num_times, self.num_classes)
 
     return RouterStrategy
+
+
+def update_norm(arrays: ArrayRecord, start: dict[str, np.ndarray]) -> float:
+    """The L2 norm of a node's update (its arrays minus the global model it was sent), over every array, as
+    Flower's clipping measures it."""
+    total = 0.0
+    for name, before in start.items():
+        diff = arrays[name].numpy().astype(np.float64) - before.astype(np.float64)
+        total += float(np.sum(diff * diff))
+    return total**0.5
 
 
 def bounded_weights(sizes: dict[int, int], ratio: float) -> dict[int, float]:
@@ -332,7 +366,8 @@ def train_router_federated(
     )
     runner = strategy
     if r.dp_noise_multiplier > 0:
-        runner = CheckedServerSideDP(strategy, r.dp_noise_multiplier, r.dp_clipping_norm, len(strategy.clusters))
+        wrapper = DP_WRAPPERS[r.dp_clipping]
+        runner = wrapper(strategy, r.dp_noise_multiplier, r.dp_clipping_norm, len(strategy.clusters))
     shared = {
         "experiment": json.dumps(cfg.to_dict()),
         "clusters": json.dumps({str(n): c for n, c in strategy.clusters.items()}),
@@ -367,12 +402,16 @@ def train_router_federated(
     record = {
         "training": "federated",
         "strategy": f"flwr {type(strategy).__mro__[1].__name__}"
-        + (" in DifferentialPrivacyServerSideFixedClipping" if runner is not strategy else ""),
+        + (f" in {type(runner).__mro__[1].__name__}" if runner is not strategy else ""),
         "server_optimizer": r.server_optimizer,
         **({"robust_f": r.robust_f} if r.server_optimizer in ("krum", "trimmed_avg") else {}),
         **({"krum_too_few_nodes": short} if short else {}),
         **(
-            {"dp_noise_multiplier": r.dp_noise_multiplier, "dp_clipping_norm": r.dp_clipping_norm}
+            {
+                "dp_noise_multiplier": r.dp_noise_multiplier,
+                "dp_clipping_norm": r.dp_clipping_norm,
+                "dp_clipping": r.dp_clipping,
+            }
             if runner is not strategy
             else {}
         ),

@@ -108,6 +108,80 @@ def test_a_malformed_update_costs_only_its_own_reply(tiny_config, dataset_dir, c
     assert record["strategy"] == "flwr FedAvg"
 
 
+def test_a_node_in_the_hostile_router_drill_is_dropped_and_the_rest_averaged(tiny_config, dataset_dir, cache_dir):
+    """The node config ``drill=hostile-router`` (what scripts/deploy_loopback.py --drill gives one SuperNode) makes
+    the real ClientApp send a router reply whose first weight matrix is one row moved by 1000 (numpy would
+    broadcast it over every row): each round drops it with its reason, and the router is the FedAvg of the three
+    honest nodes, the same as a run without the hostile one."""
+    cfg = _cfg(tiny_config, cache_dir, training="federated", rounds=2, server_optimizer="avg", local_lr=0.05)
+    rc = _router_config(cfg, dataset_dir)
+    honest = {n: c for n, c in CLUSTERS.items() if n != 14}
+    nodes = {n: {} for n in honest} | {14: {"drill": "hostile-router"}}
+    router, record = train_router_federated(
+        FakeGrid(client_app, nodes), cfg, CLUSTERS, rc, sizes=_sizes(dataset_dir), timeout=60, cache_dir=str(cache_dir)
+    )
+    assert sorted(record["dropped_replies"]) == ["1", "2"]
+    for dropped in record["dropped_replies"].values():
+        (why,) = dropped
+        assert why.startswith("node 14: array ") and "float32(1, " in why and ", expected float32(" in why, why
+    alone, _ = train_router_federated(
+        FakeGrid(client_app, {n: {} for n in honest}),
+        cfg,
+        honest,
+        rc,
+        sizes=node_sizes(read_meta(dataset_dir), honest),
+        timeout=60,
+        cache_dir=str(cache_dir),
+    )
+    for name, value in alone.state_dict().items():
+        torch.testing.assert_close(router.state_dict()[name], value, rtol=1e-6, atol=1e-7, msg=name)
+    with pytest.raises(ValueError, match=r"node config drill='evil' is not one of \('hostile-router',\)"):
+        from flwr.app import Context, RecordDict
+
+        from clients import drill
+
+        drill.router_reply(
+            Context(run_id=1, node_id=1, node_config={"drill": "evil"}, state=RecordDict(), run_config={}), RecordDict()
+        )
+
+
+def test_client_side_dp_each_node_clips_its_own_update(tiny_config, dataset_dir, cache_dir):
+    """router.dp_clipping: client — Flower's DifferentialPrivacyClientSideFixedClipping: every train message carries
+    the clipping norm C, the real ClientApp clips its own update to it (Flower's fixedclipping_mod), the noise is
+    added to the average; a node whose update is longer than C (it did not clip) is dropped, with the reason. The
+    router moves by at most C (plus the noise), while the same round without DP moves it by more than 10 C."""
+
+    def tamper(node, reply):  # node 14 ignores the clipping norm: every weight moved by 0.01
+        if node == 14 and reply.metadata.message_type == "train.router":
+            arrays = reply.content["arrays"]
+            reply.content["arrays"] = ArrayRecord({k: Array(arrays[k].numpy() + np.float32(0.01)) for k in arrays})
+        return reply
+
+    c = 1e-3
+    common = dict(training="federated", rounds=1, server_optimizer="avg", local_lr=0.05)
+    cfg = _cfg(tiny_config, cache_dir, **common, dp_noise_multiplier=1e-6, dp_clipping="client", dp_clipping_norm=c)
+    grid = FakeGrid(client_app, {n: {} for n in CLUSTERS}, tamper=tamper)
+    router, record = _train(grid, cfg, dataset_dir, cache_dir)
+    assert record["strategy"] == "flwr FedAvg in DifferentialPrivacyClientSideFixedClipping"
+    assert record["dp_clipping"] == "client"
+    asked = [m.content["config"]["clipping_norm"] for m in grid.sent if m.metadata.message_type == "train.router"]
+    assert asked == [c] * 4
+    (why,) = record["dropped_replies"]["1"]
+    assert why.startswith("node 14: update norm ") and why.endswith("exceeds the clipping norm 0.001"), why
+    assert record["images_seen"] == 3 * 2  # the three clipped updates were averaged
+
+    def moved(r):
+        torch.manual_seed(cfg.router.seed)
+        start = Router(**_router_config(cfg, dataset_dir)).state_dict()
+        return float(torch.cat([(r.state_dict()[k] - v).flatten().double() for k, v in start.items()]).norm())
+
+    assert moved(router) <= c * 1.01
+    plain, _ = _train(
+        FakeGrid(client_app, {n: {} for n in CLUSTERS}), _cfg(tiny_config, cache_dir, **common), dataset_dir, cache_dir
+    )
+    assert moved(plain) > 10 * c
+
+
 def test_federated_reference_statistics_equal_the_central_ones(tiny_config, dataset_dir, cache_dir):
     """Each node's feature sums of its own cluster, added by the server, equal the central reference (1e-6)."""
     cfg = _cfg(tiny_config, cache_dir)
@@ -139,6 +213,11 @@ def test_federated_reference_statistics_equal_the_central_ones(tiny_config, data
         ("router.server_optimizer", "sgd", "router.server_optimizer: unknown value"),
         ("router.local_steps", 0, "router.local_steps: must be ≥ 1"),
         ("router.restricted_softmax", 0.0, r"router.restricted_softmax: must be in \(0, 1\]"),
+        (
+            "router.dp_clipping",
+            "both",
+            r"x.yaml: router.dp_clipping: unknown value 'both'; expected one of \('server', 'client'\)",
+        ),
         ("evaluation.reference", "nodes", "evaluation.reference: unknown value 'nodes'"),
     ],
 )
