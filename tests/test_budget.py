@@ -51,3 +51,32 @@ def test_the_monolith_and_the_experts_train_on_their_budget(tiny_config, dataset
     assert (expert["steps"], expert["batch_size"]) == (2, 2)
     assert not t["experts"]["cluster-0-fm"]["reused"]
     assert expert_fingerprint(cfg, data_id) != expert_fingerprint(tiny_config, data_id)
+
+
+def test_the_ladder_and_capacity_configs_load_with_their_budgets():
+    """The shipped GMM variants: equal_steps (each expert at 256 / 8 = 32, the monolith 200 steps × 256, three
+    trainings) and the capacity-limited mixture (48 components of rank 12 in 3×12×12), whose mixture builds."""
+    from pathlib import Path
+
+    from hddm_flower.config_io import load_config
+    from hddm_flower.gmm_data import GMMSpec, make_mixture
+
+    root = Path(__file__).parent.parent / "configs"
+    steps = load_config(root / "reproduce-gmm-equal-steps.yaml")
+    b = budget_of(steps)
+    assert (b.protocol, b.expert_steps, b.expert_batch, b.monolith_steps, b.monolith_batch) == (
+        "equal_steps",
+        200,
+        32,
+        200,
+        256,
+    )
+    assert steps.evaluation.training_seeds == 3
+    cap = load_config(root / "reproduce-gmm-capacity.yaml")
+    d = cap.data
+    assert (d.image_size, d.gmm_components, d.gmm_rank, cap.expert.preset) == (12, 6, 12, "mini")
+    assert budget_of(cap).expert_batch == 32
+    spec = GMMSpec(cap.num_experts, d.gmm_components, d.image_size, d.gmm_channels, d.gmm_rank, d.gmm_samples)
+    mixture, captions, _ = make_mixture(spec)
+    assert (mixture.num_components, mixture.dim, mixture.factors.shape[-1]) == (48, 432, 12)
+    assert len(set(captions)) == 48
