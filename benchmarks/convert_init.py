@@ -25,7 +25,6 @@ from benchmarks.common import ROOT, machine, write_result
 from hddm_flower.config_io import load_config
 from hddm_flower.config_sections import OptimConfig
 from hddm_flower.convert import convert_dit, read_dit, write_converted
-from hddm_flower.data import load_split, load_uncond, read_meta
 from hddm_flower.dit import TinyDiT
 from hddm_flower.models import EXPERT_PRESETS
 from hddm_flower.objectives import ddpm_alpha_bar, ddpm_noise
@@ -95,12 +94,12 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     cfg = load_config(args.config, {"expert.steps": args.steps, "expert.log_every": 10})
-    dataset_dir = prepare_data(cfg, args.cache_dir)
-    meta = read_meta(dataset_dir)
+    dataset = prepare_data(cfg, args.cache_dir)
+    meta = dataset.meta
     arch = EXPERT_PRESETS[cfg.expert.preset]  # the DiT has the expert's architecture, as XL/2 does in the paper
     others = [k for k in range(cfg.num_experts) if k != args.cluster]  # like ImageNet: not the expert's own data
-    everything, uncond = load_split(dataset_dir, others, "train"), load_uncond(dataset_dir)
-    train, val = load_split(dataset_dir, [args.cluster], "train"), load_split(dataset_dir, [args.cluster], "val")
+    everything, uncond = dataset.split(others, "train"), dataset.uncond
+    train, val = dataset.split([args.cluster], "train"), dataset.split([args.cluster], "val")
     start = time.perf_counter()
     dit, dit_curve = pretrain_dit(
         everything,
@@ -144,7 +143,7 @@ def main(argv=None) -> dict:
         reach = steps_to_reach(cvt["loss_curve"], rnd["final_loss"])
         results[f"{objective}_speedup"] = args.steps / reach if reach else None
     results["setup"] = {
-        "dataset": dataset_dir.name,
+        "dataset": dataset.root.name,
         "cluster": args.cluster,
         "cluster_train_images": len(train),
         "expert_preset": cfg.expert.preset,

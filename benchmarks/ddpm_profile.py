@@ -36,7 +36,7 @@ from PIL import Image, ImageDraw
 
 from hddm_flower.checkpoints import load_expert, read_expert_meta, scheduler_config
 from hddm_flower.config_io import load_config
-from hddm_flower.data import read_meta
+from hddm_flower.data import Dataset
 from hddm_flower.ensemble import euler_sample
 from hddm_flower.exact import ExactNet, ExactRouter
 from hddm_flower.gmm_data import load_reference
@@ -73,10 +73,9 @@ def _options(cfg) -> dict[str, dict]:
 # experts
 
 
-def train_or_reuse(cfg, dataset_dir: Path, out: Path, clusters: list[int], jobs: int) -> dict[str, Path]:
+def train_or_reuse(cfg, dataset: Dataset, out: Path, clusters: list[int], jobs: int) -> dict[str, Path]:
     """FM and DDPM experts on ``clusters`` and the monolith, in ``hddm reproduce``'s layout and fingerprint."""
-    meta = read_meta(dataset_dir)
-    data_id = dataset_id(dataset_dir, meta)
+    data_id = dataset_id(dataset)
     fp = _fingerprint(cfg.expert, cfg.ddpm, data_id)
     todo = [("monolith", None, "fm")] + [(f"cluster-{k}-{o}", k, o) for k in clusters for o in ("fm", "ddpm")]
     folders = {name: out / ("monolith" if k is None else f"experts/{name}") for name, k, _ in todo}
@@ -86,7 +85,7 @@ def train_or_reuse(cfg, dataset_dir: Path, out: Path, clusters: list[int], jobs:
             _train_or_reuse(folders[name], fp, None)
         except _Missing:
             pending.append((name, k, obj))
-    args = [(cfg.to_dict(), str(dataset_dir), k, o, str(folders[n]), fp, jobs > 1, False) for n, k, o in pending]
+    args = [(cfg.to_dict(), str(dataset.root), k, o, str(folders[n]), fp, jobs > 1, False) for n, k, o in pending]
     _run_jobs(_train_job, args, jobs, False, "training")
     for name, _, obj in todo:
         if obj == "ddpm" and "clean_prior" not in read_expert_meta(folders[name]):
@@ -370,7 +369,7 @@ def main() -> None:
     load0, start = os.getloadavg(), time.time()
     cfg = load_config(ROOT / "configs" / "reproduce-gmm.yaml")
     dataset = prepare_data(cfg, args.cache_dir)
-    details = [c["detail"] for c in read_meta(dataset)["clusters"]]
+    details = [c["detail"] for c in dataset.meta["clusters"]]
     clusters = [k for k, o in enumerate(config_for(cfg, 4).objective_of(details)) if o == "ddpm"]
     auto2 = [k for k, o in enumerate(config_for(cfg, 2).objective_of(details)) if o == "ddpm"]
     t0 = time.time()

@@ -40,7 +40,7 @@ from clients.client_app import app as client_app
 from hddm_flower import metrics as M
 from hddm_flower.checkpoints import load_router, save_router
 from hddm_flower.config_io import load_config, parse_overrides
-from hddm_flower.data import load_split, load_uncond, read_meta, split_size
+from hddm_flower.data import Dataset
 from hddm_flower.evaluate import FEATURE_NET, all_images, choose_prompts, feature_network, sample_mode
 from hddm_flower.federated import accuracy_from_confusion, router_confusion
 from hddm_flower.models import router_config
@@ -74,10 +74,10 @@ def heldout(router, val, times, seed) -> list[float]:
     return accuracy_from_confusion(conf)
 
 
-def prior_gap(router, meta: dict, k: int, n: int = 4096) -> dict:
+def prior_gap(router, dataset: Dataset, k: int, n: int = 4096) -> dict:
     """The router at t = 1, where x_t is pure noise and the exact posterior p(k | x_1) is the clusters' training
     frequencies: its mean probabilities over ``n`` noise draws and their total-variation distance to them."""
-    freq = torch.tensor([split_size(meta, [c], "train") for c in range(k)], dtype=torch.float64)
+    freq = torch.tensor([dataset.size([c], "train") for c in range(k)], dtype=torch.float64)
     freq = freq / freq.sum()
     g = torch.Generator().manual_seed(7)
     shape = (n, router.config.in_channels, router.config.sample_size, router.config.sample_size)
@@ -86,20 +86,20 @@ def prior_gap(router, meta: dict, k: int, n: int = 4096) -> dict:
     return {"mean_probs": probs.tolist(), "frequencies": freq.tolist(), "tv": 0.5 * float((probs - freq).abs().sum())}
 
 
-def fid(cfg, run_dir: Path, router, dataset_dir: Path, seeds: int, feature_dir: Path) -> dict:
+def fid(cfg, run_dir: Path, router, dataset: Dataset, seeds: int, feature_dir: Path) -> dict:
     """Top-2 ensemble FID (the run's feature classifier, the dataset's images as reference) per sampling seed."""
     ensemble, _ = load_ensemble(cfg, run_dir, router)
-    fx, _, _ = feature_network(cfg, dataset_dir, feature_dir)
-    ref = fx(all_images(dataset_dir).images)
+    fx, _, _ = feature_network(cfg, dataset, feature_dir)
+    ref = fx(all_images(dataset).images)
     ev = cfg.evaluation
-    prompts = choose_prompts(dataset_dir, ev.num_prompts, ev.seed)
+    prompts = choose_prompts(dataset, ev.num_prompts, ev.seed)
     values = []
     for s in range(seeds):
         images, _ = sample_mode(
             ensemble,
             "top2",
             prompts,
-            load_uncond(dataset_dir),
+            dataset.uncond,
             samples_per_prompt=ev.samples_per_prompt,
             num_steps=ev.num_steps or cfg.sampling.num_steps,
             cfg_scale=cfg.sampling.cfg_scale,
@@ -129,12 +129,12 @@ def main() -> None:
     args = p.parse_args()
     started = time.time()
     cfg = load_config(Path(args.config), parse_overrides(" ".join(args.set)))
-    dataset_dir = prepare_data(cfg, args.cache_dir)
-    meta = read_meta(dataset_dir)
+    dataset = prepare_data(cfg, args.cache_dir)
+    meta = dataset.meta
     rc = router_config(
         cfg.router.preset, num_experts=cfg.num_experts, sample_size=meta["image_size"], in_channels=meta["channels"]
     )
-    val = load_split(dataset_dir, None, "val")
+    val = dataset.split(None, "val")
     times, seed = list(cfg.evaluation.times), 12345
     work = Path(tempfile.mkdtemp(prefix="hddm-fedrouter-"))
     feature_dir = work / FEATURE_NET
@@ -157,14 +157,14 @@ def main() -> None:
                 name_cfg,
                 run_dir_with(name),
                 load_router(Path(args.fid_from) / name),
-                dataset_dir,
+                dataset,
                 args.fid_seeds,
                 feature_dir,
             )
-            r["prior_at_t1"] = prior_gap(load_router(Path(args.fid_from) / name), meta, cfg.num_experts)
+            r["prior_at_t1"] = prior_gap(load_router(Path(args.fid_from) / name), dataset, cfg.num_experts)
             print(json.dumps({name: r["fid"]}), flush=True)
     else:
-        results = train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, feature_dir, load)
+        results = train_all(args, cfg, dataset, rc, val, times, seed, run_dir_with, feature_dir, load)
     shutil.rmtree(work, ignore_errors=True)
     write(args, cfg, results, times, load, started, trained_by)
 
@@ -174,8 +174,8 @@ def _federated(cfg, name: str):
     return fcfg.validate()
 
 
-def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, feature_dir, load) -> dict:
-    results, meta = {}, read_meta(dataset_dir)
+def train_all(args, cfg, dataset, rc, val, times, seed, run_dir_with, feature_dir, load) -> dict:
+    results = {}
 
     def keep(name: str, router, meta: dict) -> None:  # after each router: a long run can be stopped and reused
         if args.keep:
@@ -187,7 +187,7 @@ def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, featur
 
     d = run_dir_with("central")
     t0 = time.perf_counter()
-    router = fit_router(cfg, dataset_dir, d)
+    router = fit_router(cfg, dataset, d)
     results["central"] = {
         "training": "central (AdamW on all clusters)",
         "wall_seconds": round(time.perf_counter() - t0, 1),
@@ -195,10 +195,10 @@ def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, featur
         "rounds": 0,
         "bytes_total": 0,
         "top1": heldout(router, val, times, seed),
-        "prior_at_t1": prior_gap(router, meta, cfg.num_experts),
+        "prior_at_t1": prior_gap(router, dataset, cfg.num_experts),
     }
     if args.experts:
-        results["central"]["fid"] = fid(cfg, d, router, dataset_dir, args.fid_seeds, feature_dir)
+        results["central"]["fid"] = fid(cfg, d, router, dataset, args.fid_seeds, feature_dir)
     print(json.dumps({"central": results["central"]}), flush=True)
     keep("central", router, {"training": "central"})
     clusters = {100 + k: [k] for k in range(cfg.num_experts)}  # one node per cluster: single-class nodes
@@ -207,7 +207,7 @@ def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, featur
         grid = FakeGrid(client_app, {n: {"cache-dir": args.cache_dir or ""} for n in clusters})
         t0 = time.perf_counter()
         router, record = train_router_federated(
-            grid, fcfg, clusters, rc, sizes=node_sizes(meta, clusters), timeout=3600, cache_dir=args.cache_dir or ""
+            grid, fcfg, clusters, rc, sizes=node_sizes(dataset, clusters), timeout=3600, cache_dir=args.cache_dir or ""
         )
         wall = time.perf_counter() - t0
         d = run_dir_with(name)
@@ -223,10 +223,10 @@ def train_all(args, cfg, dataset_dir, rc, val, times, seed, run_dir_with, featur
             "top1": heldout(router, val, times, seed),
             "top1_federated_counts": record["heldout"].get("top1"),
             "top1_per_round": record["heldout_per_round"],
-            "prior_at_t1": prior_gap(router, meta, cfg.num_experts),
+            "prior_at_t1": prior_gap(router, dataset, cfg.num_experts),
         }
         if args.experts:
-            results[name]["fid"] = fid(fcfg, d, router, dataset_dir, args.fid_seeds, feature_dir)
+            results[name]["fid"] = fid(fcfg, d, router, dataset, args.fid_seeds, feature_dir)
         print(json.dumps({name: results[name]}), flush=True)
         keep(name, router, {"training": "federated", **VARIANTS[name]})
     return results

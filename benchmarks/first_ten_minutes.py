@@ -36,7 +36,6 @@ import torch
 from benchmarks.common import ROOT, machine, write_result
 from hddm_flower.adherence import classify, prompt_adherence, prompt_clusters
 from hddm_flower.config_io import load_config
-from hddm_flower.data import load_split
 from hddm_flower.evaluate import evaluate_run, feature_network
 from hddm_flower.hddm_pipeline import load_pipeline, sample_images
 from hddm_flower.metrics import FeatureClassifier
@@ -117,7 +116,7 @@ def _measure(run_dir: Path, feature_dir: Path, args, scale: float | None) -> dic
 def held_out_accuracy(feature_dir: Path, runs: dict, args) -> float:
     """The shared classifier's accuracy on the dataset's validation split (the ceiling of adherence)."""
     cfg = load_config(Path(next(iter(runs.values()))) / CONFIG)
-    val = load_split(prepare_data(cfg, args.cache_dir), None, "val")
+    val = prepare_data(cfg, args.cache_dir).split(None, "val")
     net = FeatureClassifier.from_pretrained(feature_dir).eval()
     return float((classify(net, val.images) == val.labels).double().mean())
 

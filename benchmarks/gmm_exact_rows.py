@@ -40,7 +40,7 @@ def main() -> None:
         ([r for r in exact if r.steps_factor > 1], args.steps_factor_samples),
     ):
         cfg.evaluation.samples_per_prompt = per_prompt
-        results |= evaluate_group((cfg.to_dict(), str(ROOT), str(dataset), rows, None, False))
+        results |= evaluate_group((cfg.to_dict(), str(ROOT), str(dataset.root), rows, None, False))
     out = {
         "command": "python " + " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -48,7 +48,7 @@ def main() -> None:
     load0, start, rows = os.getloadavg(), time.time(), {}
 
     def run(row: Row, out: Path, c=cfg) -> dict:
-        return evaluate_group((c.to_dict(), str(out), str(dataset), [row], None, False))[row.name]
+        return evaluate_group((c.to_dict(), str(out), str(dataset.root), [row], None, False))[row.name]
 
     for router, name in (("exact", "exact router"), ("exact-text", "exact prompt-aware router")):
         r = run(Row(f"exact FM experts · {name} · top2", "exact", "top2", router, "exact-fm"), ROOT)

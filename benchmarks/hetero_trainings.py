@@ -31,7 +31,7 @@ import torch
 
 from hddm_flower.checkpoints import ROUTER_META
 from hddm_flower.config_io import config_from_dict, load_config
-from hddm_flower.data import read_meta
+from hddm_flower.data import Dataset
 from hddm_flower.reproduce import _fingerprint, _Missing, _run_jobs, _train_job, _train_or_reuse, config_for, dataset_id
 from hddm_flower.rundir import ROUTER
 from hddm_flower.stages.prepare import prepare_data
@@ -67,9 +67,8 @@ def _configs(cfg, details: list[float], pairs: int, pool: str) -> dict[str, list
     return out
 
 
-def _train(cfg, dataset_dir: Path, out: Path, needed: set[tuple[int, str]], jobs: int) -> list[str]:
-    meta = read_meta(dataset_dir)
-    data_id = dataset_id(dataset_dir, meta)
+def _train(cfg, dataset: Dataset, out: Path, needed: set[tuple[int, str]], jobs: int) -> list[str]:
+    data_id = dataset_id(dataset)
     fp = _fingerprint(cfg.expert, cfg.ddpm, data_id)
     pending = []
     for k, o in sorted(needed):
@@ -78,12 +77,12 @@ def _train(cfg, dataset_dir: Path, out: Path, needed: set[tuple[int, str]], jobs
             _train_or_reuse(folder, fp, None)
         except _Missing:
             pending.append((k, o, folder))
-    args = [(cfg.to_dict(), str(dataset_dir), k, o, str(f), fp, jobs > 1, False) for k, o, f in pending]
+    args = [(cfg.to_dict(), str(dataset.root), k, o, str(f), fp, jobs > 1, False) for k, o, f in pending]
     _run_jobs(_train_job, args, jobs, False, "training")
     fp_router = _fingerprint(cfg.router, data_id)
     router_meta = out / ROUTER / ROUTER_META
     if not router_meta.exists() or json.loads(router_meta.read_text()).get("reproduce_fingerprint") != fp_router:
-        fit_router(cfg, dataset_dir, out)
+        fit_router(cfg, dataset, out)
         router_meta.write_text(
             json.dumps(json.loads(router_meta.read_text()) | {"reproduce_fingerprint": fp_router}, indent=2)
         )
@@ -107,7 +106,7 @@ def main() -> None:
     base.evaluation.samples_per_prompt = args.per_prompt
     base.evaluation.training_seeds = args.trainings
     dataset = prepare_data(base, args.cache_dir)
-    details = [c["detail"] for c in read_meta(dataset)["clusters"]]
+    details = [c["detail"] for c in dataset.meta["clusters"]]
     configs = _configs(base, details, args.pairs, args.pair_pool)
     needed = {(k, o) for objs in configs.values() for k, o in enumerate(objs)}
     arms = [(name, "clamp", {}) for name in configs]
@@ -127,7 +126,7 @@ def main() -> None:
                 cfg.to_dict() | {"sampling": dataclasses.asdict(cfg.sampling) | overrides}, "hetero_trainings"
             )
             row = Row(f"{name} · {remedy}", f"{name} · {remedy}", "top2")
-            jobs.append((c.to_dict(), str(out), str(dataset), [row], configs[name], args.jobs > 1))
+            jobs.append((c.to_dict(), str(out), str(dataset.root), [row], configs[name], args.jobs > 1))
         for part in _run_jobs(evaluate_group, jobs, args.jobs, False, f"training {i}"):
             for row_name, r in part.items():
                 for m in METRICS:

@@ -39,7 +39,6 @@ from diffusers.optimization import get_scheduler
 
 from benchmarks.common import ROOT, write_result
 from hddm_flower.config_io import load_config
-from hddm_flower.data import load_split, load_uncond, read_meta
 from hddm_flower.models import ExpertNet
 from hddm_flower.provenance import versions
 from hddm_flower.stages.expert import build_expert
@@ -113,8 +112,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config)
     e = cfg.expert
-    dataset_dir = prepare_data(cfg, args.cache_dir)
-    meta, data, uncond = read_meta(dataset_dir), load_split(dataset_dir, [args.cluster]), load_uncond(dataset_dir)
+    dataset = prepare_data(cfg, args.cache_dir)
+    meta, data, uncond = dataset.meta, dataset.split([args.cluster]), dataset.uncond
 
     def fresh():
         torch.manual_seed(0)

@@ -39,7 +39,7 @@ def institution_data(context: Context, cfg: Config) -> Dataset:
         p = int(node["partition-id"])
         if not 0 <= p < cfg.num_experts:
             raise ValueError(f"simulated institution {p} has no cluster among the run's {cfg.num_experts}")
-        folder = cluster_dir(prepare_data(central, str(node.get("cache-dir", "")) or None), p)
+        folder = cluster_dir(prepare_data(central, str(node.get("cache-dir", "")) or None).root, p)
     else:
         raise ValueError("data.partition is institution but this node's config names no data-dir or shard-set")
     dataset = Dataset.open(folder)

@@ -27,4 +27,4 @@ def node_dataset(context: Context, cfg: Config, cache_dir: str | None, clusters:
         for k in clusters:
             dataset.shards(k)
         return dataset
-    return Dataset.open(prepare_data(cfg, str(node.get("cache-dir", "")) or cache_dir or None))
+    return prepare_data(cfg, str(node.get("cache-dir", "")) or cache_dir or None)

@@ -47,13 +47,15 @@ def _config(args, run_dir: Path | None = None) -> Config:
     return load_config(args.config or DEFAULT_CONFIG, overrides)
 
 
-def _dataset(args, cfg: Config) -> Path:
+def _dataset(args, cfg: Config):
     from .stages.prepare import prepare_data
 
     return prepare_data(cfg, args.cache_dir)
 
 
-def _print_clusters(d: Path, meta: dict) -> None:
+def _print_clusters(dataset) -> None:
+    """What a prepared dataset holds, cluster by cluster (``dataset``: a :class:`~hddm_flower.data.Dataset`)."""
+    d, meta = dataset.root, dataset.meta
     print(f"dataset: {d}  ({meta['num_images']} images, {meta['num_clusters']} clusters, {meta['text_encoder']})")
     for c in meta["clusters"]:
         print(
@@ -76,7 +78,6 @@ def _encoded_dir(args, cfg: Config) -> Path:
 
 
 def cmd_prepare(args) -> None:
-    from .data import read_meta
     from .ingest import prepare_from_config
 
     cfg = _config(args)
@@ -86,12 +87,11 @@ def cmd_prepare(args) -> None:
         from .stages.prepare import prepare_institution
 
         d = prepare_institution(cfg, args.cache_dir or None, progress=True)
-        _print_clusters(d, read_meta(d))
-        print(f"  one institution's data: pass {d} as this SuperNode's --node-config data-dir")
+        _print_clusters(d)
+        print(f"  one institution's data: pass {d.root} as this SuperNode's --node-config data-dir")
         return
     if _embedded(cfg) and args.out is None and args.repeat == 1:  # the embedded default, clustered in one go
-        d = _dataset(args, cfg)
-        _print_clusters(d, read_meta(d))
+        _print_clusters(_dataset(args, cfg))
         return
     out = Path(args.out) if args.out else _encoded_dir(args, cfg)
     m = prepare_from_config(cfg.data, out, repeat=args.repeat, progress=True)
@@ -105,7 +105,7 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_cluster(args) -> None:
-    from .data import check_clusters, default_cache_dir, read_meta
+    from .data import Dataset, check_clusters, default_cache_dir
     from .ingest import prepare_from_config
     from .stages.prepare import cluster_with_config, scaled_data_dirs
 
@@ -120,15 +120,15 @@ def cmd_cluster(args) -> None:
     cache = Path(args.cache_dir or d.cache_dir or default_cache_dir())
     out = Path(args.out) if args.out else scaled_data_dirs(cfg, cache)[1]
     cluster_with_config(cfg, encoded, out, progress=True)
-    meta = read_meta(out)
-    check_clusters(meta, cfg.num_experts, str(out))
-    _print_clusters(out, meta)
+    dataset = Dataset.open(out)
+    check_clusters(dataset.meta, cfg.num_experts, str(out))
+    _print_clusters(dataset)
     print(f"  shard sets: {out}/cluster-*/  assignments: {out / 'assignments.csv'}  report: {out / 'report.md'}")
 
 
 def cmd_train_expert(args) -> None:
     from .checkpoints import save_expert
-    from .data import read_meta
+    from .data import Dataset
     from .stages.expert import train_one_expert
     from .stages.prepare import assign_objectives
 
@@ -141,10 +141,12 @@ def cmd_train_expert(args) -> None:
         torch.set_num_threads(args.threads)
     cluster = None
     if args.cluster_data:  # a new institution's own shard set (it joins with hddm add-expert --cluster-data)
-        d = Path(args.cluster_data)
-        meta = read_meta(d)
+        d = Dataset.open(args.cluster_data)
+        meta = d.meta
         if "cluster_set" not in meta:
-            raise ConfigError(f"--cluster-data {d} is not one cluster's shard set (its meta.json has no cluster_set)")
+            raise ConfigError(
+                f"--cluster-data {d.root} is not one cluster's shard set (its meta.json has no cluster_set)"
+            )
         if args.objective is None:
             raise ConfigError(
                 "--cluster-data needs --objective (fm or ddpm): the config's assignment covers only "
@@ -190,10 +192,10 @@ def cmd_assemble(args) -> None:
     cfg = _config(args)
     run_dir = Path(args.run_dir)
     missing = _missing(cfg, run_dir)
-    dataset_dir = _dataset(args, cfg)
+    dataset = _dataset(args, cfg)
     coordinator_threads(cfg.coordinator.threads)
     write_config(run_dir / CONFIG, cfg, f"resolved from {args.config or DEFAULT_CONFIG} by hddm assemble")
-    report = finish_run(cfg, run_dir, dataset_dir, missing, progress=True)
+    report = finish_run(cfg, run_dir, dataset, missing, progress=True)
     print(f"report: {run_dir / 'report.md'}  ({len(report['experts'])} experts, {len(missing)} missing)")
 
 

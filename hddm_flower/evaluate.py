@@ -300,11 +300,6 @@ class StreamedSamples:
         return M.diversity_summary(self.per_prompt, self.S * (self.S - 1) // 2, self.distance.name)
 
 
-def feature_description(dataset: Dataset) -> str:
-    """What the run's feature classifier was trained on (part of every FID's feature-network name)."""
-    return as_dataset(dataset).description()
-
-
 def feature_network(cfg: Config, dataset: Dataset, folder: Path, *, decode=None, progress: bool = False):
     """(FeatureExtractor, classifier or None, description): Inception from ``evaluation.inception_weights`` if
     set, else the classifier in ``folder`` (trained on the dataset and saved there on first use)."""

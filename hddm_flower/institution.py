@@ -203,8 +203,3 @@ def write_descriptor(out: Path, cfg: Config, declarations: dict[int, dict]) -> P
         writer.write_uncond(uncond.states[0], uncond.mask[0])
         writer.write_meta(meta, clusters=())  # no shard set: no cluster folder
     return out
-
-
-def is_data_free(dataset: Dataset) -> bool:
-    """Whether ``dataset`` is a descriptor (no sample to read): :attr:`Dataset.data_free`."""
-    return as_dataset(dataset).data_free

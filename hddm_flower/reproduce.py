@@ -41,7 +41,8 @@ from .checkpoints import META, ROUTER_META, WEIGHTS, load_expert, read_expert_me
 from .config import Config
 from .config_io import config_from_dict
 from .config_rules import ConfigError
-from .data import Dataset, load_split, load_uncond, read_meta
+from .data import Dataset
+from .data.layout import META as DATASET_META
 from .data.streams import StreamingAllClusters
 from .devices import resolve_device, resolve_precision
 from .ensemble import Ensemble
@@ -94,12 +95,12 @@ def tensor_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def dataset_id(dataset_dir: str | os.PathLike, meta: dict) -> dict:
+def dataset_id(dataset: Dataset) -> dict:
     """What the training caches key a dataset by: its folder name, version and the hash of its ``meta.json``."""
     return {
-        "dataset": Path(dataset_dir).name,
-        "version": meta["version"],
-        "meta_sha256": sha256_file(Path(dataset_dir) / "meta.json"),
+        "dataset": dataset.root.name,
+        "version": dataset.meta["version"],
+        "meta_sha256": sha256_file(dataset.root / DATASET_META),
     }
 
 
@@ -152,13 +153,14 @@ def _run_jobs(fn, args: list[tuple], jobs: int, progress: bool, what: str) -> li
 
 def _eval_job(a: tuple) -> tuple[str, dict]:
     """Evaluate one configuration (its run directory) or, with ``objectives`` None, the monolith."""
-    cfg_dict, name, run_dir, dataset_dir, feature_dir, objectives, in_worker, progress = a
+    cfg_dict, name, run_dir, dataset_root, feature_dir, objectives, in_worker, progress = a
     if in_worker:
         torch.set_num_threads(1)
     progress = progress and not in_worker
-    cfg, run_dir, dataset_dir = config_from_dict(cfg_dict, "reproduce"), Path(run_dir), Path(dataset_dir)
+    cfg, run_dir = config_from_dict(cfg_dict, "reproduce"), Path(run_dir)
+    dataset = Dataset.open(dataset_root)  # a worker process: the dataset opened here
     if objectives is None:
-        meta = read_meta(dataset_dir)
+        meta = dataset.meta
         mono, _ = load_expert(run_dir.parent.parent / "monolith", **cfg.sampling.conversion_options())
         dev = resolve_device(cfg.coordinator.device)
         ens = Ensemble(
@@ -173,18 +175,18 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
         result = evaluate_run(
             cfg,
             ens,
-            dataset_dir,
+            dataset,
             run_dir,
             feature_dir=Path(feature_dir),
             modes=["top1"],
             per_expert=False,
             progress=progress,
         )
-        return name, _more_seeds(cfg, result, ens, dataset_dir, run_dir, Path(feature_dir), progress)
+        return name, _more_seeds(cfg, result, ens, dataset, run_dir, Path(feature_dir), progress)
     report = evaluate_and_report(
         cfg,
         run_dir,
-        dataset_dir,
+        dataset,
         [],
         feature_dir=Path(feature_dir),
         progress=progress,
@@ -196,7 +198,7 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
     )
     if cfg.evaluation.seeds > 1:
         ens, _ = load_ensemble(cfg, run_dir)
-        result = _more_seeds(cfg, result, ens, dataset_dir, run_dir, Path(feature_dir), progress)
+        result = _more_seeds(cfg, result, ens, dataset, run_dir, Path(feature_dir), progress)
     return name, result
 
 
@@ -204,7 +206,7 @@ SEED_METRICS = ("fid", "kid", "diversity")
 
 
 def _more_seeds(
-    cfg: Config, result: dict, ens: Ensemble, dataset_dir: Path, run_dir: Path, feature_dir: Path, progress: bool
+    cfg: Config, result: dict, ens: Ensemble, dataset: Dataset, run_dir: Path, feature_dir: Path, progress: bool
 ) -> dict:
     """Evaluate the same modes again with seeds ``evaluation.seed + 1 …`` (other prompts and noise; the same
     feature network and reference) into ``run_dir/seeds/``, and add ``per_seed`` values and their Student-t
@@ -217,7 +219,7 @@ def _more_seeds(
             evaluate_run(
                 cfg,
                 ens,
-                dataset_dir,
+                dataset,
                 run_dir / "seeds" / f"seed-{seed}",
                 feature_dir=feature_dir,
                 modes=list(result["modes"]),
@@ -244,16 +246,16 @@ def _seed_values(x: dict) -> dict:
 def _train_job(a: tuple) -> None:
     """Train one expert (``k``) or the monolith (``k is None``) into ``folder`` (a separate process when jobs > 1:
     one torch thread each, no progress bars)."""
-    cfg_dict, dataset_dir, k, obj, folder, fingerprint, in_worker, progress = a
+    cfg_dict, dataset_root, k, obj, folder, fingerprint, in_worker, progress = a
     if in_worker:
         torch.set_num_threads(1)
-    cfg, dataset_dir = config_from_dict(cfg_dict, "reproduce"), Path(dataset_dir)
+    cfg, dataset = config_from_dict(cfg_dict, "reproduce"), Dataset.open(dataset_root)  # the worker opens it
     progress = progress and not in_worker
     if k is None:
-        fn = lambda: train_monolith(cfg, dataset_dir, progress=progress)  # noqa: E731
+        fn = lambda: train_monolith(cfg, dataset, progress=progress)  # noqa: E731
     else:
         device = resolve_device(cfg.coordinator.device)
-        fn = lambda: train_one_expert(cfg, dataset_dir, k, obj, device=device, progress=progress)  # noqa: E731
+        fn = lambda: train_one_expert(cfg, dataset, k, obj, device=device, progress=progress)  # noqa: E731
     _train_or_reuse(Path(folder), fingerprint, fn, dtype=cfg.expert.weights_dtype)
 
 
@@ -288,7 +290,7 @@ def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None 
     }
 
 
-def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) -> tuple[dict, dict, dict]:
+def train_monolith(cfg: Config, dataset: Dataset, *, progress: bool = False) -> tuple[dict, dict, dict]:
     """An FM expert of the experts' size on all clusters, trained exactly as the experts are (micro-batches,
     gradient accumulation, precision, optimiser) for the steps and batch of ``reproduce.budget``
     (:mod:`hddm_flower.budget`: K × ``expert.steps`` at the experts' batch under equal_images, ``expert.steps``
@@ -298,18 +300,14 @@ def train_monolith(cfg: Config, dataset_dir: Path, *, progress: bool = False) ->
     budget = budget_of(cfg)
     e = dataclasses.replace(cfg.expert, batch_size=budget.monolith_batch)
     steps = budget.monolith_steps
-    dataset_meta = read_meta(dataset_dir)
-    data = (
-        StreamingAllClusters(dataset_dir, seed=e.seed + 1000)
-        if cfg.data.stream
-        else load_split(dataset_dir, None, "train")
-    )
+    dataset_meta = dataset.meta
+    data = StreamingAllClusters(dataset, seed=e.seed + 1000) if cfg.data.stream else dataset.split(None, "train")
     torch.manual_seed(e.seed + 1000)
     expert, model_config, meta = build_expert(cfg, dataset_meta, "fm")
     stats = train_expert(
         expert,
         data,
-        load_uncond(dataset_dir),
+        dataset.uncond,
         dataclasses.replace(e, steps=steps),
         seed=e.seed + 1000,
         name="monolith [fm]",
@@ -353,7 +351,7 @@ def expert_fingerprint(cfg: Config, data_id: dict) -> str:
 def _train_experts(
     cfgs: list[Config],
     roots: list[Path],
-    dataset_dir: Path,
+    dataset: Dataset,
     unique: list[tuple[int, str]],
     data_id: dict,
     jobs: int,
@@ -372,7 +370,7 @@ def _train_experts(
                 _train_or_reuse(folder, fp, None)
             except _Missing:
                 c = cfg if k is None else budget_expert_config(cfg)  # the monolith applies the budget itself
-                pending.append((c.to_dict(), str(dataset_dir), k, obj, str(folder), fp, jobs > 1, progress))
+                pending.append((c.to_dict(), str(dataset.root), k, obj, str(folder), fp, jobs > 1, progress))
         plans.append((fp, todo))
     _run_jobs(_train_job, pending, jobs, progress, "training")
     trained = {a[4] for a in pending}
@@ -389,13 +387,13 @@ def _train_experts(
     return out
 
 
-def _train_router(cfg: Config, root: Path, dataset_dir: Path, data_id: dict, progress: bool) -> dict:
+def _train_router(cfg: Config, root: Path, dataset: Dataset, data_id: dict, progress: bool) -> dict:
     """The training's router (it depends only on the clusters) in ``root/router``, reused when its fingerprint
     matches."""
     fp = _fingerprint(cfg.router, data_id)
     router_meta = root / ROUTER / ROUTER_META
     if not router_meta.exists() or json.loads(router_meta.read_text()).get("reproduce_fingerprint") != fp:
-        fit_router(cfg, dataset_dir, root, progress=progress)
+        fit_router(cfg, dataset, root, progress=progress)
         router_meta.write_text(
             json.dumps(json.loads(router_meta.read_text()) | {"reproduce_fingerprint": fp}, indent=2)
         )
@@ -405,7 +403,7 @@ def _train_router(cfg: Config, root: Path, dataset_dir: Path, data_id: dict, pro
 def reproduce(
     cfg: Config,
     out: Path,
-    dataset_dir: Path,
+    dataset: Dataset,
     *,
     configs: dict[str, int] | None = None,
     jobs: int = 1,
@@ -419,11 +417,11 @@ def reproduce(
     start, load_start = time.perf_counter(), os.getloadavg()
     configs = configs or default_configs(cfg.num_experts)
     out.mkdir(parents=True, exist_ok=True)
-    meta = read_meta(dataset_dir)
+    meta = dataset.meta
     details = [c["detail"] for c in meta["clusters"]]
     plans = {name: config_for(cfg, n) for name, n in configs.items()}
     objectives = {name: c.objective_of(details) for name, c in plans.items()}
-    data_id = dataset_id(dataset_dir, meta)
+    data_id = dataset_id(dataset)
     truth = meta.get("name") == "gmm"
     trainings = cfg.evaluation.training_seeds
     if trainings > 1 and not truth:
@@ -438,11 +436,11 @@ def reproduce(
     # 1–2. per training: the unique (cluster, objective) experts, the monolith and the router, reused or trained
     t0 = time.perf_counter()
     unique = sorted({(k, o) for objs in objectives.values() for k, o in enumerate(objs)})
-    per_training = _train_experts(tcfgs, roots, dataset_dir, unique, data_id, jobs, progress)
+    per_training = _train_experts(tcfgs, roots, dataset, unique, data_id, jobs, progress)
     timings["training"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for c, root, artefacts_i in zip(tcfgs, roots, per_training):
-        artefacts_i["router"] = _train_router(c, root, dataset_dir, data_id, progress)
+        artefacts_i["router"] = _train_router(c, root, dataset, data_id, progress)
     timings["router"] = time.perf_counter() - t0
     artefacts: dict[str, Any] = per_training[0] | (
         {"trainings": [{"root": str(r.relative_to(out))} | a for r, a in zip(roots, per_training)]}
@@ -459,14 +457,14 @@ def reproduce(
         results = evaluate_truth(
             cfg,
             roots,
-            dataset_dir,
+            dataset,
             objectives,
             in_worker=jobs > 1,
             run_jobs=lambda fn, args: _run_jobs(fn, args, jobs, progress, "truth evaluation"),
         )
     else:
         feature_dir = out / FEATURE_NET
-        feature_network(cfg, dataset_dir, feature_dir, decode=Dataset.open(dataset_dir).decoder(cfg), progress=progress)
+        feature_network(cfg, dataset, feature_dir, decode=dataset.decoder(cfg), progress=progress)
         artefacts["feature_net"] = {"tensor_sha256": tensor_sha256(feature_dir / WEIGHTS)}
         eval_args = []
         for name, c in plans.items():
@@ -481,7 +479,7 @@ def reproduce(
                     c.to_dict(),
                     name,
                     str(run_dir),
-                    str(dataset_dir),
+                    str(dataset.root),
                     str(feature_dir),
                     objectives[name],
                     jobs > 1,
@@ -493,7 +491,7 @@ def reproduce(
                 cfg.to_dict(),
                 "monolith",
                 str(out / "runs" / "monolith"),
-                str(dataset_dir),
+                str(dataset.root),
                 str(feature_dir),
                 None,
                 jobs > 1,

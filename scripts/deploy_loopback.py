@@ -449,11 +449,12 @@ def institution_data(config: str, overrides: str, work: Path) -> list[str]:
     node; the coordinator is never given this path."""
     sys.path.insert(0, str(APP))
     from hddm_flower.config_io import load_config, parse_overrides
+    from hddm_flower.data.layout import cluster_dir
     from hddm_flower.stages.prepare import prepare_data
 
     cfg = load_config(APP / config, parse_overrides(overrides))
     prepared = prepare_data(cfg, work / "institutions-data")
-    return [str(prepared / f"cluster-{k}") for k in range(cfg.num_experts)]
+    return [str(cluster_dir(prepared.root, k)) for k in range(cfg.num_experts)]
 
 
 def sample_files(root: Path) -> list[Path]:

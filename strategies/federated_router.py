@@ -51,10 +51,9 @@ from flwr.serverapp.strategy import (
 from hddm_flower.checkpoints import TIME_CONVENTION, save_router
 from hddm_flower.config import Config
 from hddm_flower.config_sections import OptimConfig
-from hddm_flower.data import Dataset, read_meta, split_size
-from hddm_flower.evaluate import FEATURE_NET, feature_description, feature_network
+from hddm_flower.data import Dataset
+from hddm_flower.evaluate import FEATURE_NET, feature_network
 from hddm_flower.federated import FEATURE_BATCH, FeatureSums, accuracy_from_confusion
-from hddm_flower.institution import is_data_free
 from hddm_flower.metrics import FeatureClassifier
 from hddm_flower.models import Router
 from hddm_flower.rundir import ROUTER
@@ -318,10 +317,10 @@ def bounded_weights(sizes: dict[int, int], ratio: float) -> dict[int, float]:
     return {n: float(min(s, cap)) for n, s in sizes.items()}
 
 
-def node_sizes(meta: dict, clusters: dict[int, list[int]]) -> dict[int, int]:
-    """Each node's number of training images (its FedAvg weight), from the dataset's ``meta.json`` (in
+def node_sizes(dataset: Dataset, clusters: dict[int, list[int]]) -> dict[int, int]:
+    """Each node's number of training images (its FedAvg weight), from the dataset's metadata (in
     ``data.partition: institution``, what the nodes declared)."""
-    return {int(n): split_size(meta, [int(k) for k in c], "train") for n, c in clusters.items()}
+    return {int(n): dataset.size([int(k) for k in c], "train") for n, c in clusters.items()}
 
 
 def train_router_federated(
@@ -437,26 +436,24 @@ def train_router_federated(
 
 
 def train_feature_net_federated(
-    grid: Grid, cfg: Config, clusters: dict[int, list[int]], dataset_dir: Path, folder: Path, *, timeout: float
+    grid: Grid, cfg: Config, clusters: dict[int, list[int]], dataset: Dataset, folder: Path, *, timeout: float
 ) -> dict:
     """The evaluation's feature classifier (offline FID features) when the coordinator holds no images: the
     router's machinery (Flower's FedAdam/FedAvg over the same nodes, one local SGD step per round by default,
     ClientApp action ``train.feature_net``) for ``evaluation.feature_steps`` rounds; saved into ``folder`` the way
     :func:`hddm_flower.evaluate.feature_network` finds it. Returns its record for the report."""
     ev, r = cfg.evaluation, cfg.router
-    meta = read_meta(dataset_dir)
     torch.manual_seed(ev.seed)
-    channels = 3 if meta.get("latent") else meta["channels"]
-    net = FeatureClassifier(in_channels=channels, num_classes=cfg.num_experts, text_dim=meta["text_dim"])
+    net = FeatureClassifier(in_channels=dataset.pixel_channels, num_classes=cfg.num_experts, text_dim=dataset.text_dim)
     strategy = _make_strategy(r.server_optimizer, "feature_net", evaluate=False)(
         {int(n): [int(k) for k in c] for n, c in clusters.items()},
-        node_sizes(meta, clusters),
+        node_sizes(dataset, clusters),
         r.local_steps * FEATURE_BATCH,
         cfg.num_experts,
         len(ev.times),
         ev.feature_steps,
         None,
-        bounded_weights(node_sizes(meta, clusters), r.max_weight_ratio),  # the sizes the nodes declared
+        bounded_weights(node_sizes(dataset, clusters), r.max_weight_ratio),  # the sizes the nodes declared
         **(
             {"eta": FEATURE_LR, "eta_l": r.local_lr, "tau": 1e-8, "beta_2": 0.999}
             if r.server_optimizer == "adam"
@@ -493,7 +490,7 @@ def train_feature_net_federated(
             {
                 "steps": ev.feature_steps,
                 "seed": ev.seed,
-                "trained_on": feature_description(dataset_dir),
+                "trained_on": dataset.description(),
                 "data": "federated: each node's own clean images, one cluster per node",
                 **record,
             },
@@ -581,7 +578,7 @@ def finish_federated(
     grid: Grid,
     cfg: Config,
     run_dir: Path,
-    dataset_dir: Path,
+    dataset: Dataset,
     clusters: dict[int, list[int]],
     missing: list[dict],
     *,
@@ -594,10 +591,9 @@ def finish_federated(
     ``router`` block holds the costs (rounds, bytes, wall time)."""
     extra = dict(extra)
     if cfg.router.training == "federated":
-        meta = read_meta(dataset_dir)
-        config = router_model_config(cfg, meta)
-        sizes = node_sizes(meta, clusters)
-        declared = is_data_free(dataset_dir)  # institution mode: sizes the nodes declared, bounded
+        config = router_model_config(cfg, dataset.meta)
+        sizes = node_sizes(dataset, clusters)
+        declared = dataset.data_free  # institution mode: sizes the nodes declared, bounded
         router, record = train_router_federated(
             grid,
             cfg,
@@ -615,7 +611,7 @@ def finish_federated(
         )
     else:
         start = time.perf_counter()
-        router = fit_router(cfg, dataset_dir, run_dir)
+        router = fit_router(cfg, dataset, run_dir)
         record = {
             "training": "central",
             "steps": cfg.router.steps,
@@ -627,21 +623,17 @@ def finish_federated(
     extra["router"] = {**router_record(cfg.router), **record}
     reference = None
     if cfg.evaluation.reference == "federated":
-        if is_data_free(dataset_dir):  # no image here: the classifier (FID features or LPIPS fallback) federated
-            extra["feature_net"] = _federated_feature_net(grid, cfg, clusters, dataset_dir, run_dir, timeout)
-        _, net, desc = feature_network(
-            cfg, dataset_dir, run_dir / FEATURE_NET, decode=Dataset.open(dataset_dir).decoder(cfg)
-        )
-        meta = read_meta(
-            dataset_dir
-        )  # the clusters' sizes as the coordinator knows them (declared, in institution mode)
-        counts = {int(k): split_size(meta, [int(k)], None) for c in clusters.values() for k in c}
+        if dataset.data_free:  # no image here: the classifier (FID features or LPIPS fallback) federated
+            extra["feature_net"] = _federated_feature_net(grid, cfg, clusters, dataset, run_dir, timeout)
+        _, net, desc = feature_network(cfg, dataset, run_dir / FEATURE_NET, decode=dataset.decoder(cfg))
+        # the clusters' sizes as the coordinator knows them (declared, in institution mode)
+        counts = {int(k): dataset.size([int(k)], None) for c in clusters.values() for k in c}
         reference, extra["reference_statistics"] = federated_reference(
             grid, cfg, clusters, net, desc, timeout=timeout, cache_dir=cache_dir, counts=counts
         )
         if not reference:
             raise RuntimeError("no node sent feature sums; the FID reference is empty")
-    return evaluate_and_report(cfg, run_dir, dataset_dir, missing, router=router, extra=extra, reference=reference)
+    return evaluate_and_report(cfg, run_dir, dataset, missing, router=router, extra=extra, reference=reference)
 
 
 def _one_line(text: str) -> str:
@@ -651,7 +643,7 @@ def _one_line(text: str) -> str:
 
 
 def _federated_feature_net(
-    grid: Grid, cfg: Config, clusters: dict[int, list[int]], dataset_dir: Path, run_dir: Path, timeout: float
+    grid: Grid, cfg: Config, clusters: dict[int, list[int]], dataset: Dataset, run_dir: Path, timeout: float
 ) -> dict:
     """The run's feature classifier trained over ``clusters``, reused when it was trained over the same nodes'
     clusters with the same settings (a re-run that adds an institution trains it again)."""
@@ -670,4 +662,4 @@ def _federated_feature_net(
                 "reused": True
             }
         shutil.rmtree(folder)
-    return train_feature_net_federated(grid, cfg, clusters, dataset_dir, folder, timeout=timeout)
+    return train_feature_net_federated(grid, cfg, clusters, dataset, folder, timeout=timeout)

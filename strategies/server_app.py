@@ -14,6 +14,7 @@ from hddm_flower.accept import ExpertStore
 from hddm_flower.config import Config
 from hddm_flower.config_io import load_config, parse_overrides
 from hddm_flower.config_rules import ConfigError
+from hddm_flower.data import Dataset
 from hddm_flower.devices import coordinator_threads
 from hddm_flower.logs import quiet_libraries
 from hddm_flower.rundir import (
@@ -98,14 +99,14 @@ def main(grid: Grid, context: Context) -> None:
     if cfg.data.partition == "institution":  # the nodes' own data: declarations, no copy on the coordinator
         fixed = {k: o for k, o in enumerate(trained_objectives(run_dir, [""] * cfg.num_experts)) if o}
         institutions = gather_declarations(grid, cfg, run_dir, timeout=f.train_timeout, fixed=fixed)
-        dataset_dir, objectives = institutions.descriptor, institutions.objectives
+        dataset, objectives = Dataset.open(institutions.descriptor), institutions.objectives
         targets = [k for k in (range(cfg.num_experts) if targets is None else targets) if k in institutions.nodes]
         targets = [k for k in targets if k not in present]
     else:
-        dataset_dir = prepare_data(cfg, cache_dir or None)  # the coordinator's copy (router training, evaluation)
-        objectives = assign_objectives(cfg, dataset_dir)
+        dataset = prepare_data(cfg, cache_dir or None)  # the coordinator's copy (router training, evaluation)
+        objectives = assign_objectives(cfg, dataset)
     strategy = OneShotExperts(
-        ExpertStore(run_dir, expert_spec(cfg, dataset_dir)),
+        ExpertStore(run_dir, expert_spec(cfg, dataset)),
         cfg.to_dict(),
         objectives,
         min_nodes=f.min_nodes,
@@ -126,7 +127,7 @@ def main(grid: Grid, context: Context) -> None:
             grid,
             cfg,
             run_dir,
-            dataset_dir,
+            dataset,
             clusters,
             missing_experts(run_dir, cfg.num_experts, missing, default=NOT_TRAINED),
             extra={

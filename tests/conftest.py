@@ -54,4 +54,4 @@ def tiny_config(tiny_config_path):
 def dataset_dir(tiny_config, cache_dir):
     from hddm_flower.stages.prepare import prepare_data
 
-    return prepare_data(tiny_config, cache_dir)
+    return prepare_data(tiny_config, cache_dir).root

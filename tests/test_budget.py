@@ -4,6 +4,7 @@ import dataclasses
 
 from hddm_flower.budget import budget_of, describe, expert_config
 from hddm_flower.config_io import config_from_dict
+from hddm_flower.data import Dataset
 
 
 def _cfg(budget: str, **expert):
@@ -43,10 +44,11 @@ def test_the_monolith_and_the_experts_train_on_their_budget(tiny_config, dataset
         expert=dataclasses.replace(tiny_config.expert, steps=2, batch_size=2 * k),
         reproduce=dataclasses.replace(tiny_config.reproduce, budget="equal_steps"),
     )
-    _, _, meta = train_monolith(cfg, dataset_dir)
+    dataset = Dataset.open(dataset_dir)
+    _, _, meta = train_monolith(cfg, dataset)
     assert (meta["steps"], meta["batch_size"], meta["budget"]) == (2, 2 * k, "equal_steps")
-    data_id = dataset_id(dataset_dir, __import__("json").loads((dataset_dir / "meta.json").read_text()))
-    (t,) = _train_experts([cfg], [tmp_path], dataset_dir, [(0, "fm")], data_id, 1, False)
+    data_id = dataset_id(dataset)
+    (t,) = _train_experts([cfg], [tmp_path], dataset, [(0, "fm")], data_id, 1, False)
     expert = __import__("json").loads((tmp_path / "experts" / "cluster-0-fm" / "hddm_expert.json").read_text())
     assert (expert["steps"], expert["batch_size"]) == (2, 2)
     assert not t["experts"]["cluster-0-fm"]["reused"]

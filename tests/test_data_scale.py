@@ -230,7 +230,7 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
             },
         }
     )
-    d = prepare_data(cfg, tmp_path / "cache")
+    d = prepare_data(cfg, tmp_path / "cache").root
     meta = read_meta(d)
     assert meta["channels"] == 4 and meta["image_size"] == 8 and meta["pixel_size"] == 16
     assert meta["latent"]["scaling_factor"] == 0.18215 and meta["text_dim"] == 32
@@ -240,7 +240,7 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     split = load_split(d, None, "train")
     assert split.images.shape[1:] == (4, 8, 8) and split.cond.states.shape[1:] == (77, 32)
     assert load_uncond(d).mask.sum() == 2  # CLIP: <|startoftext|> <|endoftext|>
-    assert prepare_data(cfg, tmp_path / "cache") == d  # cached
+    assert prepare_data(cfg, tmp_path / "cache").root == d  # cached
     state, model_config, emeta = train_one_expert(cfg, d, 0, "fm")
     assert model_config["in_channels"] == 4 and model_config["sample_size"] == 8 and emeta["steps"] == 2
     x = torch.randn(2, 4, 8, 8)

@@ -11,6 +11,7 @@ from PIL import Image
 from hddm_flower.cli import main
 from hddm_flower.config_io import load_config
 from hddm_flower.config_rules import ConfigError
+from hddm_flower.data import Dataset
 from hddm_flower.evaluate import choose_prompts, parse_mode
 from hddm_flower.reproduce import default_configs, paired_differences, reproduce
 
@@ -83,7 +84,7 @@ def reproduced(tmp_path_factory, dataset_dir):
     path.write_text(yaml.safe_dump(d))
     cfg = load_config(path)
     out = tmp_path_factory.mktemp("out")
-    return cfg, out, reproduce(cfg, out, dataset_dir)
+    return cfg, out, reproduce(cfg, out, Dataset.open(dataset_dir))
 
 
 @pytest.mark.slow
@@ -187,7 +188,7 @@ def test_monolith_sees_what_the_experts_saw(tiny_config, dataset_dir):
 
     e = dataclasses.replace(tiny_config.expert, steps=1, grad_accumulation=3)
     cfg = dataclasses.replace(tiny_config, expert=e)
-    _, _, meta = train_monolith(cfg, dataset_dir)
+    _, _, meta = train_monolith(cfg, Dataset.open(dataset_dir))
     assert meta["steps"] == cfg.num_experts * e.steps and meta["grad_accumulation"] == 3
     assert meta["images_seen"] == cfg.num_experts * e.steps * e.batch_size * e.grad_accumulation
 
@@ -227,11 +228,11 @@ def test_streamed_monolith_reads_the_shards_as_a_stream_and_is_reproducible(tiny
     def no_loading(*a, **k):
         raise AssertionError("the streamed monolith loaded a split")
 
-    monkeypatch.setattr(reproduce, "load_split", no_loading)
+    monkeypatch.setattr(Dataset, "split", no_loading)
     e = dataclasses.replace(tiny_config.expert, steps=1)
     cfg = dataclasses.replace(tiny_config, expert=e, data=dataclasses.replace(tiny_config.data, stream=True))
-    a, _, meta = reproduce.train_monolith(cfg, dataset_dir)
-    b, _, _ = reproduce.train_monolith(cfg, dataset_dir)
+    a, _, meta = reproduce.train_monolith(cfg, Dataset.open(dataset_dir))
+    b, _, _ = reproduce.train_monolith(cfg, Dataset.open(dataset_dir))
     train = sum(c["size"] - c["val"] for c in json.loads((dataset_dir / "meta.json").read_text())["clusters"])
     assert meta["cluster_size"] == train and meta["images_seen"] == cfg.num_experts * e.batch_size
     for k in a:

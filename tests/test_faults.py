@@ -477,7 +477,7 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(
     before = {
         k: (run / "experts" / f"expert-{k}" / "diffusion_pytorch_model.safetensors").read_bytes() for k in range(3)
     }
-    cluster = prepare_data(tiny_config, cache_dir) / "cluster-3"  # the newcomer's own shard set
+    cluster = prepare_data(tiny_config, cache_dir).root / "cluster-3"  # the newcomer's own shard set
     capsys.readouterr()
     # the newcomer trains with the run's config on its own shard set
     assert (

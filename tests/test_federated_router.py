@@ -11,7 +11,7 @@ from flwr.app import Array, ArrayRecord
 
 from clients.client_app import app as client_app
 from hddm_flower import metrics as M
-from hddm_flower.data import load_split, read_meta
+from hddm_flower.data import Dataset, load_split, read_meta
 from hddm_flower.evaluate import all_images
 from hddm_flower.federated import FeatureSums, frechet_distance_from_sums
 from hddm_flower.models import Router, router_config
@@ -35,7 +35,7 @@ def _router_config(cfg, dataset_dir):
 
 
 def _sizes(dataset_dir):
-    return node_sizes(read_meta(dataset_dir), CLUSTERS)
+    return node_sizes(Dataset.open(dataset_dir), CLUSTERS)
 
 
 def _train(grid, cfg, dataset_dir, cache_dir):

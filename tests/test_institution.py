@@ -210,7 +210,7 @@ def test_hddm_prepare_makes_one_institutions_data_answer_to_any_expert_id(tiny_c
     from hddm_flower.stages.prepare import prepare_institution
 
     cfg = load_config(tiny_config_path, parse_overrides(f"{INSTITUTION} data.limit=40"))
-    d = prepare_institution(cfg, cache_dir)
+    d = prepare_institution(cfg, cache_dir).root
     meta = read_meta(d)
     assert meta["institution"] and meta["num_clusters"] == 1 and meta["num_images"] == 40
     split = load_split(d, [3], "train")

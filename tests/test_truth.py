@@ -7,7 +7,6 @@ import torch
 from scipy import stats
 
 from hddm_flower.config_io import config_from_dict
-from hddm_flower.data import read_meta
 from hddm_flower.gmm import GaussianMixture
 from hddm_flower.truth import interval, median_bandwidth, mmd2, truth_metrics, tv_distance
 
@@ -153,7 +152,7 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
         [training_root(out, i) for i in range(2)],
         dataset,
         sorted((int(n.split("-")[1]), n.split("-")[2]) for n in t0["experts"]),
-        dataset_id(dataset, read_meta(dataset)),
+        dataset_id(dataset),
         1,
         False,
     )

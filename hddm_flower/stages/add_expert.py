@@ -12,7 +12,7 @@ from ..accept import accept_expert, parse_expert_meta, parse_model_config
 from ..checkpoints import META, MODEL_CONFIG, WEIGHTS, CheckpointRejected
 from ..config import Config
 from ..config_io import config_from_dict, load_config
-from ..data import Dataset, as_dataset, check_clusters, extend_dataset
+from ..data import Dataset, check_clusters, extend_dataset
 from ..provenance import now
 from ..rundir import (
     CONFIG,
@@ -95,7 +95,7 @@ def add_expert(
     existed = folder.exists()
     if existed and not replace:
         raise FileExistsError(f"{folder} already exists; pass --replace to replace that expert")
-    dataset = as_dataset(prepare_data(cfg, cache_dir))
+    dataset = prepare_data(cfg, cache_dir)
     spec = expert_spec(cfg, dataset)
     try:
         parse_model_config(declared, spec.model_config, spec.preset)  # refused before any byte is copied

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..cluster import cluster_encoded
 from ..config import Config
-from ..data import Dataset, as_dataset, check_clusters, default_cache_dir, read_meta
+from ..data import Dataset, as_dataset, check_clusters, default_cache_dir
 from ..data.layout import is_prepared
 from ..data.writer import rewrite_meta
 from ..embedded import prepare_embedded
@@ -18,8 +18,8 @@ from ..gmm_data import GMMSpec, prepare_gmm
 from ..ingest import default_device, prepare_from_config
 
 
-def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: bool = False) -> Path:
-    """The prepared (clustered) dataset directory for this config, built on first use and cached.
+def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: bool = False) -> Dataset:
+    """The prepared (clustered) dataset of this config, built on first use, cached, and opened.
 
     The embedded Twemoji dataset in pixel space with pixel or caption clusters is built by
     :func:`~hddm_flower.embedded.prepare_embedded`; everything else (webdataset shards, an image folder, VAE latents,
@@ -75,23 +75,24 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: 
                             f"no usable samples in the input of data.{d.name} (skipped: {manifest.get('skipped')})"
                         )
                 cluster_with_config(cfg, encoded, out, progress=progress)
-    check_clusters(read_meta(out), cfg.num_experts, str(out))
-    return out
+    dataset = Dataset.open(out)
+    check_clusters(dataset.meta, cfg.num_experts, str(out))
+    return dataset
 
 
-def prepare_institution(cfg: Config, cache_dir: str | Path | None = None, *, progress: bool = False) -> Path:
+def prepare_institution(cfg: Config, cache_dir: str | Path | None = None, *, progress: bool = False) -> Dataset:
     """One institution's own data (``data.partition: institution``) as a one-cluster dataset: the data section's
     input prepared as usual (`hddm prepare`: encoded, text states, detail scores) without clustering it into
     ``num_experts`` (a one-cluster dataset), marked ``institution`` in its ``meta.json`` so that its single
-    cluster trains whichever expert id the federation assigns (:func:`~hddm_flower.data.cluster_shards`)."""
+    cluster trains whichever expert id the federation assigns (:meth:`~hddm_flower.data.Dataset.shards`)."""
     one = dataclasses.replace(
         cfg, num_experts=1, data=dataclasses.replace(cfg.data, partition="central", fine_clusters=1)
     )
-    out = prepare_data(one, cache_dir, progress=progress)
-    meta = read_meta(out)
-    if not meta.get("institution"):
-        rewrite_meta(out, meta | {"institution": True})
-    return out
+    dataset = prepare_data(one, cache_dir, progress=progress)
+    if dataset.meta.get("institution"):
+        return dataset
+    rewrite_meta(dataset.root, dataset.meta | {"institution": True})
+    return Dataset.open(dataset.root)
 
 
 def cluster_with_config(cfg: Config, encoded, out: Path, *, progress: bool = False) -> Path:
