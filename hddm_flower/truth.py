@@ -10,6 +10,9 @@ For samples drawn for given prompts (each prompt = one mixture component, or the
   its expectation is 0 exactly when the two distributions are equal and both sets are i.i.d.; with stratified
   prompts (a fixed number per component, as in aligned inference) it is slightly negative for every row alike,
   so an exact sampler's interval should cover the true-vs-true value, not 0;
+* ``delta_log_density_median`` and ``log_deficit_p90``: the median difference and the 90th-percentile difference
+  of the per-sample deficit ``−log p`` (:func:`log_density_quantiles`): Δ log p is heavy-tailed;
+* ``mmd2_bw0.25`` and ``mmd2_bw4``: the same MMD² at 0.25× and 4× the bandwidth (local and global structure);
 * ``mode_tv``: the total-variation distance between the histogram of the components the samples fall in (their
   most probable component under the true mixture) and the target weights (the prompts' components, or the mixture
   weights for the empty caption); finite samples make it positive even for true samples: compare with that row;
@@ -37,19 +40,44 @@ def median_bandwidth(x: Tensor) -> float:
 
 def mmd2(x: Tensor, y: Tensor, bandwidth: float) -> float:
     """Unbiased MMD² between samples ``x`` (n, d) and ``y`` (m, d), kernel ``exp(−‖a − b‖² / (2·bandwidth²))``."""
+    return mmd2_at(x, y, [bandwidth])[0]
+
+
+def mmd2_at(x: Tensor, y: Tensor, bandwidths: list[float]) -> list[float]:
+    """:func:`mmd2` at each of ``bandwidths``, the squared distances computed once."""
     x, y = x.double(), y.double()
     n, m = len(x), len(y)
     if n < 2 or m < 2:
         raise ValueError("MMD needs at least two samples on each side")
-    gamma = 1 / (2 * bandwidth**2)
-    kxx = torch.exp(-gamma * torch.cdist(x, x) ** 2)
-    kyy = torch.exp(-gamma * torch.cdist(y, y) ** 2)
-    kxy = torch.exp(-gamma * torch.cdist(x, y) ** 2)
-    return float(
-        (kxx.sum() - kxx.diagonal().sum()) / (n * (n - 1))
-        + (kyy.sum() - kyy.diagonal().sum()) / (m * (m - 1))
-        - 2 * kxy.mean()
-    )
+    dxx, dyy, dxy = torch.cdist(x, x) ** 2, torch.cdist(y, y) ** 2, torch.cdist(x, y) ** 2
+    out = []
+    for h in bandwidths:
+        gamma = 1 / (2 * h**2)
+        kxx, kyy, kxy = torch.exp(-gamma * dxx), torch.exp(-gamma * dyy), torch.exp(-gamma * dxy)
+        out.append(
+            float(
+                (kxx.sum() - kxx.diagonal().sum()) / (n * (n - 1))
+                + (kyy.sum() - kyy.diagonal().sum()) / (m * (m - 1))
+                - 2 * kxy.mean()
+            )
+        )
+    return out
+
+
+MMD_SCALES = {"mmd2_bw0.25": 0.25, "mmd2": 1.0, "mmd2_bw4": 4.0}
+"""MMD² at these multiples of the median bandwidth (the 1× one keeps its name ``mmd2``)."""
+
+
+def log_density_quantiles(log_p: Tensor, log_p_true: Tensor) -> dict[str, float]:
+    """The heavy-tailed log-density difference beyond its mean: the median of ``log p`` over the samples minus
+    that over the true samples (``delta_log_density_median``), and the 90th percentile of the per-sample deficit
+    ``−log p`` minus that of the true samples (``log_deficit_p90``: > 0 when the worst tenth of the samples is
+    worse than the truth's worst tenth). Quantiles by linear interpolation (``torch.quantile``)."""
+    a, b = log_p.double(), log_p_true.double()
+    return {
+        "delta_log_density_median": float(a.quantile(0.5) - b.quantile(0.5)),
+        "log_deficit_p90": float((-a).quantile(0.9) - (-b).quantile(0.9)),
+    }
 
 
 def tv_distance(components: Tensor, target: Tensor) -> float:
@@ -80,7 +108,8 @@ def truth_metrics(
     out = {
         "log_density": float(log_p.mean()),
         "delta_log_density": float(log_p.mean() - log_p_true.mean()),
-        "mmd2": mmd2(x, y, bandwidth),
+        **log_density_quantiles(log_p, log_p_true),
+        **dict(zip(MMD_SCALES, mmd2_at(x, y, [s * bandwidth for s in MMD_SCALES.values()]))),
         "mode_tv": tv_distance(comp, target),
     }
     if prompt_components is not None:

@@ -42,7 +42,18 @@ from .truth import interval, median_bandwidth, truth_metrics
 from .truth_compare import paired_truth, render_paired, trainings_of
 
 log = logging.getLogger(__name__)
-METRICS = ("delta_log_density", "mmd2", "mode_tv", "adherence", "cluster_adherence", "log_density")
+METRICS = (
+    "delta_log_density",
+    "delta_log_density_median",
+    "log_deficit_p90",
+    "mmd2_bw0.25",
+    "mmd2",
+    "mmd2_bw4",
+    "mode_tv",
+    "adherence",
+    "cluster_adherence",
+    "log_density",
+)
 
 
 @dataclass(frozen=True)
@@ -154,6 +165,21 @@ def _true_draws(ref: GMMReference, comps: torch.Tensor | None, n: int, seed: int
     return ref.mixture.sample(n, torch.Generator().manual_seed(seed), comps)[0]
 
 
+PER_SAMPLE_DIR = "truth-per-sample"
+
+
+def save_per_sample(out: Path, row: Row, values: dict[str, torch.Tensor]) -> Path:
+    """Every sample's ``log p`` (and its seed's true samples') of one row, ``OUT/truth-per-sample/ROW.safetensors``
+    (keys ``seed-S.log_p``, ``seed-S.true_log_p``): the per-sample values behind the means and quantiles."""
+    from safetensors.torch import save_file
+
+    slug = "".join(c if c.isalnum() else "-" for c in row.name).strip("-")
+    path = out / PER_SAMPLE_DIR / f"{slug}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in values.items()}, path)
+    return path
+
+
 def evaluate_group(a: tuple) -> dict[str, Any]:
     """Sample and score the rows of one group for every seed (a separate process when jobs > 1)."""
     cfg_dict, out, dataset_root, rows, objectives, in_worker = a
@@ -172,7 +198,7 @@ def evaluate_group(a: tuple) -> dict[str, Any]:
         if row.experts != "true" and key not in ensembles:
             ensembles[key] = _ensemble(cfg, row, ref, out, objectives)
         ens = ensembles.get(key)
-        per_seed, seconds = [], 0.0
+        per_seed, seconds, per_sample = [], 0.0, {}
         for i in range(ev.seeds):
             seed = ev.seed + i
             reference = _true_draws(ref, comps, n, 1_000_000 + seed)  # the truth every row of this seed is scored on
@@ -195,9 +221,13 @@ def evaluate_group(a: tuple) -> dict[str, Any]:
             seconds += time.perf_counter() - start
             x = x.flatten(0, 1) if ens is not None else x  # (P, S, C, H, W) → (N, C, H, W)
             per_seed.append(truth_metrics(ref.mixture, ref.cluster_of, x.flatten(1), reference, comps, bandwidth))
+            per_sample[f"seed-{seed}.log_p"] = ref.mixture.log_prob(x.flatten(1).double()).float()
+            per_sample[f"seed-{seed}.true_log_p"] = ref.mixture.log_prob(reference.double()).float()
         summary = {k: interval([m[k] for m in per_seed]) for k in METRICS if k in per_seed[0]}
+        samples_file = save_per_sample(out, row, per_sample)
         results[row.name] = {
             "row": row.__dict__,
+            "per_sample_file": str(samples_file.relative_to(out)),
             "samples_per_seed": n,
             "seeds": ev.seeds,
             "per_seed": per_seed,
@@ -290,13 +320,16 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
     ev = cfg["evaluation"]
     anyr = next(iter(results.values()))
     head = (
-        "| row | Δ log p (vs true) | MMD² ×10³ | mode TV | adherence | cluster adherence |\n|---|---|---|---|---|---|"
+        "| row | Δ log p (vs true) | median | deficit p90 | MMD² ×10³ | at 0.25× / 4× bandwidth | mode TV | adherence "
+        "| cluster adherence |\n|---|---|---|---|---|---|---|---|---|"
     )
 
     def line(name: str, r: dict) -> str:
         m = r.get("nested", r["metrics"])  # over trainings where there are several
         return (
-            f"| {name} | {_cell(m['delta_log_density'], '.2f')} | {_cell(m['mmd2'], '.2f', 1e3)} | "
+            f"| {name} | {_cell(m['delta_log_density'], '.2f')} | {_cell(m.get('delta_log_density_median'), '.2f')} | "
+            f"{_cell(m.get('log_deficit_p90'), '.2f')} | {_cell(m['mmd2'], '.2f', 1e3)} | "
+            f"{_cell(m.get('mmd2_bw0.25'), '.2f', 1e3)} / {_cell(m.get('mmd2_bw4'), '.2f', 1e3)} | "
             f"{_cell(m['mode_tv'], '.3f')} | {_cell(m.get('adherence'), '.3f')} | "
             f"{_cell(m.get('cluster_adherence'), '.3f')} |"
         )

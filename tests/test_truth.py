@@ -146,6 +146,19 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
     assert e["covers"] == "trainings" and e["per_training"] == pytest.approx(want, abs=1e-12)
     assert {"1DDPM:1FM: top2 − top1", "1DDPM:1FM: top2, trained − exact router", "top2: 1DDPM:1FM − 2FM"} <= set(pairs)
     assert "Table 3" in tables and "over 2 trainings" in tables
+    # relative to the exact row of the same mode and steps (exact rows paired on their seeds in every training)
+    rel = pairs["1DDPM:1FM · top2 − exact (top2)"]["delta_log_density"]
+    ex = [s["delta_log_density"] for s in rows["exact FM experts · exact router · top2"]["per_seed"]]
+    assert rel["per_training"] == pytest.approx([sum(u) / 2 - sum(ex) / 2 for u in top2], abs=1e-12)
+    assert "monolith (equal compute) − exact (oracle)" in pairs
+    # the per-sample log-densities behind the mean, median and p90 are stored per row and seed
+    from safetensors.torch import load_file
+
+    ps = load_file(out / mono["per_sample_file"])
+    seed0 = mono["per_seed"][0]
+    diff = float(ps["seed-0.log_p"].double().mean() - ps["seed-0.true_log_p"].double().mean())
+    assert diff == pytest.approx(seed0["delta_log_density"], abs=1e-3) and len(ps["seed-0.log_p"]) == 8
+    assert {"mmd2_bw0.25", "mmd2_bw4", "delta_log_density_median", "log_deficit_p90"} <= set(seed0)
     # cached by fingerprint: a second pass over both trainings reuses every expert and monolith
     again = _train_experts(
         [training_config(cfg, i) for i in range(2)],
@@ -172,3 +185,41 @@ def test_truth_rows_are_scheduled_longest_first():
     eight = next(r for r in rows if r.steps_factor == 8)
     assert _cost(eight, 8) == 8  # oracle routing runs no router and one expert, at 8× the steps
     assert order.index(eight) < order.index(next(r for r in rows if r.name == "2DDPM:6FM · top2"))
+
+
+def test_mmd2_at_three_bandwidths_matches_the_gaussian_closed_form():
+    """mmd2_at at 0.25×, 1× and 4× a bandwidth: each the closed form for N(0, σ²I) vs N(μ, σ²I) at that bandwidth,
+    and equal to mmd2 computed alone (float64)."""
+    from hddm_flower.truth import MMD_SCALES, mmd2_at
+
+    g = torch.Generator().manual_seed(1)
+    d, sigma, h0, n = 2, 1.0, 2.0, 1500
+    mu = torch.tensor([1.0, 0.0], dtype=F64)
+    x = sigma * torch.randn(n, d, generator=g, dtype=F64)
+    y = mu + sigma * torch.randn(n, d, generator=g, dtype=F64)
+    hs = [s * h0 for s in MMD_SCALES.values()]
+    assert list(MMD_SCALES.values()) == [0.25, 1.0, 4.0]
+    got = mmd2_at(x, y, hs)
+    for h, v in zip(hs, got):
+        c = (h**2 / (h**2 + 2 * sigma**2)) ** (d / 2)
+        want = 2 * c * (1 - math.exp(-float(mu @ mu) / (2 * (h**2 + 2 * sigma**2))))
+        assert abs(v - want) < 0.2 * want + 2e-3
+        assert v == pytest.approx(mmd2(x, y, h), rel=1e-12, abs=1e-15)
+
+
+def test_log_density_quantiles_against_closed_forms():
+    """Median difference and the 90th-percentile deficit difference of per-sample log-densities: for samples at
+    known points of N(0, 1) the values are the Gaussian log-density at the order statistics (linear interpolation)."""
+    from hddm_flower.truth import log_density_quantiles
+
+    log_n = lambda z: -0.5 * z**2 - 0.5 * math.log(2 * math.pi)  # noqa: E731
+    x = torch.tensor([0.0, 0.5, 1.0, 2.0, 3.0], dtype=F64)  # log p decreasing in |x|
+    y = torch.tensor([0.0, 0.0, 0.5, 1.0, 1.0], dtype=F64)
+    got = log_density_quantiles(log_n(x), log_n(y))
+    assert got["delta_log_density_median"] == pytest.approx(log_n(1.0) - log_n(0.5), abs=1e-12)
+    # −log p sorted: x → 0.5·z² + c at z = 0, .5, 1, 2, 3; the 0.9 quantile at position 3.6: 0.4·q(2) + 0.6·q(3)
+    qx = 0.4 * -log_n(2.0) + 0.6 * -log_n(3.0)
+    qy = 0.4 * -log_n(1.0) + 0.6 * -log_n(1.0)
+    assert got["log_deficit_p90"] == pytest.approx(qx - qy, abs=1e-12)
+    same = log_density_quantiles(log_n(x), log_n(x))
+    assert same == {"delta_log_density_median": 0.0, "log_deficit_p90": 0.0}
