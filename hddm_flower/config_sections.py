@@ -66,6 +66,9 @@ class DataConfig:
     gmm_rank: int = 4  # gmm: rank of each component's low-rank covariance factor
     gmm_channels: int = 3  # gmm: image channels (1 or 3); the side is image_size
     gmm_samples: int = 8000  # gmm: images drawn for the dataset (train + val)
+    # gmm: "pattern" captions name the component ("red ring": the caption fixes the cluster); "colour" captions
+    # name only its colour ("red"), shared by every cluster: the pattern, hence the cluster, is decided by the data
+    gmm_captions: str = "pattern"
 
     def validate(self, source: str = "<config>", prefix: str = "data.") -> DataConfig:
         r = _Rules(self, source, prefix)
@@ -81,6 +84,7 @@ class DataConfig:
         if self.name == "gmm":  # the limits of hddm_flower.gmm_data (8 patterns, 6 colours), checked without torch
             if not 1 <= self.gmm_components <= 6:
                 r.fail("gmm_components", f"must be 1..6 (colours per pattern), got {self.gmm_components}")
+            r.choice("gmm_captions", ("pattern", "colour"), "caption kind")
             if self.gmm_channels not in (1, 3):
                 r.fail("gmm_channels", f"must be 1 or 3, got {self.gmm_channels}")
             if self.image_size < 4:

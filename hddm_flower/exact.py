@@ -7,7 +7,8 @@ An exact expert is a network ``net(x, timestep, cond)`` computed in closed form 
 * as DDPM it returns the exact ``ε*`` of its cluster on the VP path at (fractional) ``timestep`` of its discrete
   schedule, so the ``schedule_aware`` and ``naive`` conversions can be compared on an exact network.
 
-The caption selects the component: a caption of one of the cluster's components conditions on that component; the
+The caption selects the components: a caption of the cluster's components conditions on them (one component for
+a pattern caption, the cluster's component of that colour for a colour caption shared by every cluster); the
 empty caption, and a caption of another cluster (never seen by an expert trained on this cluster), give the
 cluster's unconditional density. The caption is recognised by the nearest pooled text embedding.
 
@@ -77,11 +78,12 @@ class ExactNet(nn.Module):
         self.captions = CaptionIndex(reference)
 
     def component_mask(self, cond: TextCond) -> Tensor:
-        """(B, J_k) bool: the caption's component, or all of the cluster's components."""
-        j = self.captions(cond)
-        loc = torch.where(j >= 0, self.local[j.clamp(min=0)], -1)
-        jk = self.mixture.num_components
-        return (loc[:, None] == torch.arange(jk)) | (loc[:, None] < 0)
+        """(B, J_k) bool: the cluster's components whose caption it is (one for a caption that names a component,
+        one per cluster for a colour caption shared by every cluster), or all of the cluster's components for the
+        empty caption and a caption none of them has."""
+        pooled = pooled_caption(cond.states.float(), cond.mask.float())
+        mask = self.captions.compatible(pooled)[:, self.local >= 0]  # (B, J_k), in the cluster's component order
+        return mask | ~mask.any(-1, keepdim=True)
 
     def forward(self, x: Tensor, timestep: Tensor, cond: TextCond) -> Tensor:
         flat = x.reshape(x.shape[0], -1)
@@ -120,6 +122,17 @@ class ExactRouter(nn.Module):
         log_r = self.mixture.log_responsibilities(x_t.reshape(x_t.shape[0], -1), 1 - t, t, mask)
         log_member = torch.log(self.member)  # 0 for members, −inf elsewhere
         return torch.logsumexp(log_r[:, :, None] + log_member[None], 1).to(x_t.dtype)
+
+
+def caption_cluster_prior(reference: GMMReference) -> Tensor:
+    """``p(k | c)`` (C, K) for each distinct caption c of the mixture (in order of first appearance): the weight of
+    cluster k's components with caption c over that of every component with caption c. One-hot when a caption
+    names one component; the clusters' shares of a colour when every cluster has a component of that colour."""
+    captions = list(dict.fromkeys(reference.captions))
+    member = nn.functional.one_hot(reference.cluster_of, reference.num_clusters).double()  # (J, K)
+    has = torch.tensor([[c == d for d in reference.captions] for c in captions], dtype=torch.float64)  # (C, J)
+    joint = (has * reference.mixture.weights[None]) @ member  # (C, K): Σ_{j ∈ k, caption j = c} π_j
+    return joint / joint.sum(-1, keepdim=True)
 
 
 def exact_expert(

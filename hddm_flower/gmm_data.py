@@ -55,6 +55,7 @@ COLOURS = {
     "purple": (0.7, 0.2, 0.9),
     "cyan": (0.1, 0.85, 0.9),
 }
+CAPTION_KINDS = ("pattern", "colour")
 BACKGROUND, CONTRAST = -0.7, 1.4  # mean = BACKGROUND + CONTRAST·pattern·colour ∈ [−0.7, 0.7]
 
 
@@ -69,6 +70,7 @@ class GMMSpec:
     rank: int = 4
     num_samples: int = 8000
     seed: int = 0
+    captions: str = "pattern"  # "pattern": "red ring" (one component each); "colour": "red" (shared by every cluster)
 
     def check(self) -> None:
         if not 1 <= self.num_clusters <= len(PATTERNS):
@@ -85,6 +87,8 @@ class GMMSpec:
             raise ValueError(f"gmm: image_size must be ≥ 4, got {self.image_size}")
         if not 1 <= self.rank <= self.channels * self.image_size**2:
             raise ValueError(f"gmm: rank must be 1..d, got {self.rank}")
+        if self.captions not in CAPTION_KINDS:
+            raise ValueError(f"gmm: captions must be one of {CAPTION_KINDS}, got {self.captions!r}")
         if self.num_samples < 2 * self.num_clusters:
             raise ValueError(f"gmm: num_samples must be ≥ 2 per cluster, got {self.num_samples}")
 
@@ -136,7 +140,7 @@ def make_mixture(spec: GMMSpec) -> tuple[GaussianMixture, list[str], list[int]]:
             means.append(mu.reshape(-1))
             factors.append(U)
             diags.append(np.full(d, rng.uniform(0.06, 0.1) ** 2))
-            captions.append(f"{colour} {PATTERNS[k]}")
+            captions.append(f"{colour} {PATTERNS[k]}" if spec.captions == "pattern" else colour)
             cluster_of.append(k)
             weights.append(cluster_w[k] * within[c_i])
     mixture = GaussianMixture(
@@ -152,6 +156,7 @@ def gmm_dataset_dir(cache_dir: str | os.PathLike, spec: GMMSpec, max_caption_tok
     name = (
         f"gmm-v{GMM_VERSION}-{spec.channels}x{spec.image_size}px-k{spec.num_clusters}-j{spec.components_per_cluster}"
         f"-r{spec.rank}-n{spec.num_samples}-L{max_caption_tokens}-seed{spec.seed}"
+        + ("" if spec.captions == "pattern" else f"-captions-{spec.captions}")
     )
     return Path(cache_dir) / name
 
@@ -226,7 +231,8 @@ def prepare_gmm(
         encoder = TextEncoder(encoder_path, max_caption_tokens)
         cond, pooled = encoder.encode(captions)
         uncond, _ = encoder.encode([""])
-        sims = pooled @ pooled.T - 2 * torch.eye(len(captions))
+        same = torch.tensor([[a == b for b in captions] for a in captions])
+        sims = (pooled @ pooled.T).masked_fill(same, -2.0)  # equal captions (colour captions) share an embedding
         if float(sims.max()) > 0.999:
             raise ValueError(
                 "two gmm captions have the same text embedding; the exact experts could not tell them apart"
@@ -299,6 +305,7 @@ def prepare_gmm(
                     "components_per_cluster": spec.components_per_cluster,
                     "rank": spec.rank,
                     "captions": captions,
+                    "caption_kind": spec.captions,
                     "cluster_of": cluster_of,
                     "weights": mixture.weights.tolist(),
                     "covariance": "low rank (pattern contrast, per-channel brightness, smooth random) + diagonal",

@@ -276,6 +276,12 @@ def evaluate_truth(
     metric, :func:`~hddm_flower.training_seeds.nested_interval`: over trainings, outer; sampling seeds, inner)."""
     from .training_seeds import nested_interval
 
+    captions = load_reference(dataset).captions
+    if len(set(captions)) != len(captions):
+        raise ValueError(
+            "the truth rows prompt and score one component per caption; this mixture's captions are shared by "
+            "several components (data.gmm_captions: colour), which hddm reproduce does not score yet"
+        )
     o = cfg.objectives
     main = f"{o.ddpm}DDPM:{o.fm}FM" if o.ddpm and o.fm else f"{cfg.num_experts}{'DDPM' if o.ddpm else 'FM'}"
     main = main if main in objectives else next(iter(objectives))

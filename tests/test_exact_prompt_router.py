@@ -100,3 +100,54 @@ def test_the_exact_router_refuses_a_caption_it_does_not_read(ref):
         ExactRouter(ref)(x, t, _pooled(ref.uncond, 0, 2))
     with pytest.raises(ValueError, match="conditioning 'text'"):
         ExactRouter(ref, "text")(x, t)
+
+
+@pytest.fixture(scope="module")
+def colour_ref(tmp_path_factory):
+    """Captions that do not fix the cluster: each names a colour only, shared by every cluster."""
+    spec = GMMSpec(
+        num_clusters=3, components_per_cluster=2, image_size=4, channels=1, rank=2, num_samples=90, captions="colour"
+    )
+    return load_reference(prepare_gmm(tmp_path_factory.mktemp("gmm-colour"), spec, max_caption_tokens=8))
+
+
+def test_colour_captions_are_shared_by_every_cluster_and_their_cluster_prior_is_closed_form(colour_ref):
+    """p(k | c) = Σ_{j ∈ k, c_j = c} π_j / Σ_{c_j = c} π_j: against the weights by hand, and the exact prompt-aware
+    router at t = 1 (x_t carries no information: the posterior is that prior) in float64."""
+    from hddm_flower.exact import caption_cluster_prior
+
+    ref = colour_ref
+    assert ref.captions == ["red", "green"] * 3
+    prior = caption_cluster_prior(ref)  # (2 captions, 3 clusters)
+    w = ref.mixture.weights
+    for c in range(2):
+        want = torch.stack([w[2 * k + c] for k in range(3)]) / sum(w[2 * k + c] for k in range(3))
+        torch.testing.assert_close(prior[c], want, rtol=1e-12, atol=1e-15)
+        assert (prior[c] > 0.01).all()  # no cluster is fixed by the caption
+    router = ExactRouter(ref, "text")
+    x = torch.randn(5, 1, 4, 4, generator=torch.Generator().manual_seed(5), dtype=F64)
+    for c in range(2):
+        p = router(x, torch.ones(5, dtype=F64), _pooled(ref.cond, c, 5)).softmax(-1)
+        torch.testing.assert_close(p, prior[c].expand(5, -1), rtol=1e-9, atol=1e-12)
+        for t in T_GRID:  # every t: the dense posterior over the caption's components, one per cluster
+            p = router(x, torch.full((5,), t, dtype=F64), _pooled(ref.cond, c, 5)).softmax(-1)
+            torch.testing.assert_close(p, _dense_posterior(ref, x, t, [c, 2 + c, 4 + c]), rtol=1e-9, atol=1e-12)
+
+
+def test_colour_captions_give_the_exact_density_given_the_caption(colour_ref):
+    """Each exact expert conditions on its own cluster's component of the colour, and full routing of the exact
+    experts by the exact prompt-aware router gives the velocity of p(x | c), the mixture of that colour's
+    components over every cluster, on the t grid (endpoints included)."""
+    ref = colour_ref
+    experts = {k: exact_expert(ref, k, "fm") for k in range(ref.num_clusters)}
+    full = Ensemble(experts, ExactRouter(ref, "text"), ref.num_clusters, routing="full")
+    x = torch.randn(4, 1, 4, 4, generator=torch.Generator().manual_seed(6), dtype=F64)
+    c = 1  # "green": components 1, 3, 5
+    cond = TextCond(ref.cond.states[c : c + 1].expand(4, -1, -1), ref.cond.mask[c : c + 1].expand(4, -1))
+    for t in T_GRID:
+        tt = torch.full((4,), t, dtype=F64)
+        for k in range(ref.num_clusters):
+            want_k = ref.mixture.subset([2 * k + c]).fm_velocity(x.flatten(1), tt)
+            torch.testing.assert_close(experts[k].velocity(x, tt, cond).flatten(1), want_k, rtol=1e-6, atol=1e-6)
+        want = ref.mixture.subset([1, 3, 5]).fm_velocity(x.flatten(1), tt)
+        torch.testing.assert_close(full.velocity(x, tt, cond).flatten(1), want, rtol=1e-6, atol=1e-6)

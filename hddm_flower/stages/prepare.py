@@ -43,6 +43,7 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: 
                 channels=d.gmm_channels,
                 rank=d.gmm_rank,
                 num_samples=d.gmm_samples,
+                captions=d.gmm_captions,
                 seed=d.seed,
             ),
             val_fraction=d.val_fraction,
