@@ -45,6 +45,7 @@ def child(stage: str, spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     from hddm_flower.cluster import cluster_encoded, feature_model
     from hddm_flower.config_io import config_from_dict
+    from hddm_flower.data import Dataset
     from hddm_flower.ingest import Encoders, prepare_shards, units_for
 
     cfg = config_from_dict(spec["config"], "benchmark")
@@ -105,7 +106,7 @@ def child(stage: str, spec: dict) -> dict:
         device=d.device or "cpu",
     )
     seconds = time.perf_counter() - t0
-    meta = json.loads((out / "meta.json").read_text())
+    meta = Dataset.open(out).meta
     return {
         "seconds": seconds,
         "samples": meta["num_images"],

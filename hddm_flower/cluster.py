@@ -414,7 +414,7 @@ def cluster_encoded(
     progress: bool = False,
 ) -> Path:
     """Cluster the output of `hddm prepare` in ``encoded_dir`` (or a list of such folders, e.g. one per machine)
-    into ``out`` (a dataset directory that :func:`hddm_flower.data.load_split` reads). Written to a temporary
+    into ``out`` (a dataset directory that :class:`hddm_flower.data.Dataset` opens). Written to a temporary
     folder beside ``out`` and renamed when complete; an existing finished ``out`` is an error."""
     dirs = [Path(d) for d in encoded_dir] if isinstance(encoded_dir, (list, tuple)) else [Path(encoded_dir)]
     encoded_dir, out = dirs[0], Path(out)

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .data.layout import SHARD_PATTERN, UNCOND
 from .provenance import versions
 
 log = logging.getLogger(__name__)
@@ -396,7 +397,7 @@ def prepare_shards(
                 continue
             if stop_after_units is not None and written >= stop_after_units:
                 break
-            name = f"shard-{index:06d}.tar"
+            name = SHARD_PATTERN % index
             skipped, count = Counter(), 0
             try:
                 samples = unit.read()
@@ -464,9 +465,7 @@ def prepare_shards(
     if len(done) < len(units):
         return {"complete": False, "units_done": len(done), "units": len(units)}
     uncond = encoders.text.encode([""])[0]
-    save_file(
-        {"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()}, out / "uncond.safetensors"
-    )
+    save_file({"states": uncond.states[0].contiguous(), "mask": uncond.mask[0].contiguous()}, out / UNCOND)
     records = [done[u.name] for u in units]
     skipped = Counter()
     for r in records:

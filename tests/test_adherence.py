@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from hddm_flower.adherence import prompt_adherence, prompt_clusters
-from hddm_flower.data import load_split
+from hddm_flower.data import Dataset
 from hddm_flower.metrics import FeatureClassifier
 
 
 def test_prompt_clusters_come_from_the_dataset_captions(dataset_dir):
-    both = [load_split(dataset_dir, None, split) for split in ("train", "val")]
+    both = [Dataset.open(dataset_dir).split(None, split) for split in ("train", "val")]
     truth: dict[str, set[int]] = {}
     for split in both:
         for caption, k in zip(split.captions, split.labels.tolist()):
@@ -24,7 +24,7 @@ def test_prompt_clusters_are_read_once_per_dataset_and_prompts(dataset_dir, monk
     """The first call reads the captions and caches the answer beside the dataset; the next reads no caption."""
     import hddm_flower.adherence as adherence
 
-    prompts = [load_split(dataset_dir, None, "val").captions[0], "a prompt only this test asks for"]
+    prompts = [Dataset.open(dataset_dir).split(None, "val").captions[0], "a prompt only this test asks for"]
     first = prompt_clusters(dataset_dir, prompts)
     assert list((dataset_dir / adherence.CACHE_DIR).glob("*.json"))
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hddm_flower import embedded as embedded_mod
-from hddm_flower.data import load_split, load_uncond, read_meta
+from hddm_flower.data import Dataset, read_meta
 from hddm_flower.embedded import load_twemoji, prepare_embedded
 from hddm_flower.text import TextEncoder
 
@@ -33,7 +33,7 @@ def test_prepared_dataset(tiny_config, dataset_dir):
     assert sum(sizes) == 240 and sizes == sorted(sizes, reverse=True)  # id 0 = largest
     total = 0
     for k in range(4):
-        train, val = load_split(dataset_dir, [k], "train"), load_split(dataset_dir, [k], "val")
+        train, val = Dataset.open(dataset_dir).split([k], "train"), Dataset.open(dataset_dir).split([k], "val")
         assert len(train) + len(val) == sizes[k] and torch.all(train.labels == k)
         total += len(train) + len(val)
         x = train.images
@@ -42,14 +42,14 @@ def test_prepared_dataset(tiny_config, dataset_dir):
         assert states.shape[1:] == (8, 384) and torch.all(mask[:, 0] == 1)
         assert torch.all(states[mask == 0] == 0)  # padding carries no signal
     assert total == 240
-    un = load_uncond(dataset_dir)
+    un = Dataset.open(dataset_dir).uncond
     assert un.states.shape == (1, 8, 384) and un.mask.sum() == 2  # [CLS] [SEP]
     with pytest.raises(ValueError, match="cluster 9 does not exist"):
-        load_split(dataset_dir, [9])
+        Dataset.open(dataset_dir).split([9])
 
 
 def test_caption_states_match_the_encoder(dataset_dir):
-    split = load_split(dataset_dir, [0], "train")
+    split = Dataset.open(dataset_dir).split([0], "train")
     encoder = TextEncoder(max_length=8)
     cond, pooled = encoder.encode(split.captions[:3])
     torch.testing.assert_close(split.cond.states[:3], cond.states, atol=2e-3, rtol=1e-2)  # stored as float16
@@ -130,7 +130,7 @@ def test_router_data_path_reads_no_text_member(tiny_config, dataset_dir, tmp_pat
     the router trains from it, its steps derived from router.epochs."""
     import dataclasses
 
-    from hddm_flower.data import load_split, read_meta, split_size
+    from hddm_flower.data import Dataset, read_meta, split_size
     from hddm_flower.data.streams import stream_images
     from hddm_flower.stages.router import fit_router
 
@@ -139,8 +139,8 @@ def test_router_data_path_reads_no_text_member(tiny_config, dataset_dir, tmp_pat
     from webdataset.autodecode import DecodingError
 
     with pytest.raises(DecodingError):  # anything that decodes a text member fails on this copy
-        load_split(poisoned, [0], "train")
-    ref = load_split(dataset_dir, None, "train")
+        Dataset.open(poisoned).split([0], "train")
+    ref = Dataset.open(dataset_dir).split(None, "train")
     n = split_size(read_meta(poisoned), None, "train")
     assert n == len(ref)
     batches = list(stream_images(poisoned, None, batch_size=7, split="train", seed=3, loop=False))

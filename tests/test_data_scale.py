@@ -14,7 +14,7 @@ from PIL import Image
 
 from hddm_flower.cluster import cluster_encoded, fit_hierarchical
 from hddm_flower.config_io import config_from_dict
-from hddm_flower.data import Dataset, check_clusters, cluster_shards, load_split, load_uncond, read_meta, stream_batches
+from hddm_flower.data import Dataset, check_clusters, read_meta
 from hddm_flower.ingest import SKIP_REASONS, ShardError, prepare_from_config
 
 from .tiny_models import save_tiny_clip_text, save_tiny_dinov2, save_tiny_vae
@@ -237,9 +237,9 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     assert meta["feature_model"].startswith("dinov2:") and "6 fine → 2 coarse" in meta["cluster_features"]
     assert sum(c["size"] for c in meta["clusters"]) == counts["num_samples"]
     # the stored latents are the VAE's scaled posterior means of the centre-cropped image
-    split = load_split(d, None, "train")
+    split = Dataset.open(d).split(None, "train")
     assert split.images.shape[1:] == (4, 8, 8) and split.cond.states.shape[1:] == (77, 32)
-    assert load_uncond(d).mask.sum() == 2  # CLIP: <|startoftext|> <|endoftext|>
+    assert Dataset.open(d).uncond.mask.sum() == 2  # CLIP: <|startoftext|> <|endoftext|>
     assert prepare_data(cfg, tmp_path / "cache").root == d  # cached
     state, model_config, emeta = train_one_expert(cfg, d, 0, "fm")
     assert model_config["in_channels"] == 4 and model_config["sample_size"] == 8 and emeta["steps"] == 2
@@ -317,7 +317,7 @@ def test_clustering_is_deterministic_and_each_sample_lands_in_one_shard_set(tmp_
     meta = read_meta(outs[0])
     keys = []
     for k in range(4):
-        urls = cluster_shards(outs[0], k)
+        urls = Dataset.open(outs[0]).shards(k)
         ks = [s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
         assert len(ks) == meta["clusters"][k]["size"] > 0
         assert all(
@@ -333,15 +333,16 @@ def test_clustering_is_deterministic_and_each_sample_lands_in_one_shard_set(tmp_
     own = read_meta(outs[0] / "cluster-2")
     assert own["cluster_set"] == 2 and (outs[0] / "cluster-2" / "uncond.safetensors").exists()
     assert (
-        len(load_split(outs[0] / "cluster-2", None, "train")) + len(load_split(outs[0] / "cluster-2", [2], "val"))
+        len(Dataset.open(outs[0] / "cluster-2").split(None, "train"))
+        + len(Dataset.open(outs[0] / "cluster-2").split([2], "val"))
         == sizes[2]
     )
     with pytest.raises(ValueError, match="shard set of cluster 2, not of cluster 1"):
-        load_split(outs[0] / "cluster-2", [1])
+        Dataset.open(outs[0] / "cluster-2").split([1])
     with pytest.raises(FileExistsError, match="already holds"):
         cluster_encoded(enc, outs[0], num_clusters=4, features="pixels", fine_clusters=16)
     # streaming: explicit shard shuffle, whole shard set, batches of the right shape
-    batches = stream_batches(outs[0], 0, batch_size=5, seed=0)
+    batches = Dataset.open(outs[0]).batches(0, batch_size=5, seed=0)
     x, cond = next(batches)
     assert x.shape == (5, 3, 16, 16) and cond.states.shape == (5, 8, 384)
     seen = torch.cat([next(batches)[0] for _ in range(20)])
@@ -512,10 +513,10 @@ def test_streamed_training_reads_the_shards_as_a_stream(tiny_config, dataset_dir
     """data.stream: the expert trains from StreamingSplit (webdataset, shard shuffle) instead of RAM."""
     import copy
 
-    from hddm_flower.data import StreamingSplit
+    from hddm_flower.data import Dataset, StreamingSplit
     from hddm_flower.stages.expert import train_one_expert
 
-    in_ram = load_split(dataset_dir, [1], "train")
+    in_ram = Dataset.open(dataset_dir).split([1], "train")
     stream = StreamingSplit(Dataset.open(dataset_dir), 1, seed=0)
     assert len(stream) == len(in_ram)
     xs = torch.cat([stream.batch(torch.zeros(7, dtype=torch.long))[0] for _ in range(len(in_ram) // 7 * 3)])
@@ -549,7 +550,7 @@ def test_outputs_of_several_machines_cluster_together(shards, tmp_path):
     assert meta["num_images"] == counts["num_samples"] and meta["skipped"] == counts["skipped"]
     keys, sources = [], []
     for k in range(3):
-        for s in wds.WebDataset(cluster_shards(out, k), shardshuffle=False, empty_check=False):
+        for s in wds.WebDataset(Dataset.open(out).shards(k), shardshuffle=False, empty_check=False):
             keys.append(s["__key__"])
             sources.append(json.loads(s["json"])["source_key"])
     assert len(set(keys)) == len(keys) == counts["num_samples"] and sorted(sources) == sorted(good)

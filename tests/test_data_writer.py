@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from hddm_flower.data import cluster_shards, load_split, load_uncond, read_meta
+from hddm_flower.data import Dataset, read_meta
 from hddm_flower.data.layout import META, UNCOND, cluster_dir, is_prepared
 from hddm_flower.data.writer import DatasetWriter, rewrite_meta
 
@@ -50,10 +50,10 @@ def test_a_written_dataset_reads_back_and_each_cluster_stands_alone(tmp_path):
         assert json.loads((folder / META).read_text()) == _meta() | {"cluster_set": k}
         assert (folder / UNCOND).read_bytes() == (out / UNCOND).read_bytes()
         assert (folder / "extra.txt").read_text() == "x"
-        assert len(cluster_shards(out, k)) == 2 and cluster_shards(folder, k) == cluster_shards(out, k)
-    split = load_split(out, None, "val")
+        assert len(Dataset.open(out).shards(k)) == 2 and Dataset.open(folder).shards(k) == Dataset.open(out).shards(k)
+    split = Dataset.open(out).split(None, "val")
     assert split.labels.tolist() == [0, 1] and split.cond.states.shape == (2, 3, 2)
-    assert load_uncond(out).mask.tolist() == [[1.0, 0.0, 0.0]]
+    assert Dataset.open(out).uncond.mask.tolist() == [[1.0, 0.0, 0.0]]
 
 
 def test_a_failed_write_leaves_nothing_and_a_finished_one_is_kept(tmp_path):

@@ -58,9 +58,9 @@ def test_fid_from_sums_equals_the_pooled_fid_and_the_closed_form():
 def test_node_feature_sums_stream_bounded_batches_and_equal_the_whole_cluster(dataset_dir):
     """A node's sums of one cluster, streamed from its shards, equal (float64) the sums of the whole cluster
     (train + val) featurised at once, and no call decodes or featurises more than one batch."""
-    from hddm_flower.data import load_split
+    from hddm_flower.data import Dataset
 
-    whole = torch.cat([load_split(dataset_dir, [2], split).images for split in ("train", "val")])
+    whole = torch.cat([Dataset.open(dataset_dir).split([2], split).images for split in ("train", "val")])
     proj = torch.randn(whole[0].numel(), 5, dtype=F64, generator=torch.Generator().manual_seed(2))
     net = lambda x: x.flatten(1).double() @ proj  # noqa: E731  a float64 feature map
     fx = M.FeatureExtractor("projection", 5, net)

@@ -11,7 +11,7 @@ from flwr.app import Array, ArrayRecord
 
 from clients.client_app import app as client_app
 from hddm_flower import metrics as M
-from hddm_flower.data import Dataset, load_split, read_meta
+from hddm_flower.data import Dataset, read_meta
 from hddm_flower.evaluate import all_images
 from hddm_flower.federated import FeatureSums, frechet_distance_from_sums
 from hddm_flower.models import Router, router_config
@@ -54,7 +54,7 @@ def test_federated_router_rounds_over_single_cluster_nodes(tiny_config, dataset_
     assert record["server_lr_per_round"] == pytest.approx([lr * lr_factor(s, cfg.router.optim, 2) for s in (0, 1)])
     assert record["server_lr_per_round"][0] < record["server_lr_per_round"][1] <= lr
     assert record["images_seen"] == 2 * 4 * 2  # rounds × nodes × (batch 8 · 1 cluster / 4 clusters)
-    assert record["heldout"]["num_images"] == len(load_split(dataset_dir, None, "val"))  # each counted once
+    assert record["heldout"]["num_images"] == len(Dataset.open(dataset_dir).split(None, "val"))  # each counted once
     assert len(record["heldout"]["top1"]) == len(cfg.evaluation.times)
     assert record["bytes_sent"] > 0 and record["bytes_received"] > 0 and record["dropped_replies"] == {}
     ref = router.state_dict()

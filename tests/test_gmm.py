@@ -8,7 +8,7 @@ import torch
 
 from hddm_flower.config_io import config_from_dict
 from hddm_flower.config_rules import ConfigError
-from hddm_flower.data import load_split, read_meta
+from hddm_flower.data import Dataset, read_meta
 from hddm_flower.ensemble import Ensemble
 from hddm_flower.exact import ExactRouter, exact_expert
 from hddm_flower.gmm import GaussianMixture
@@ -95,14 +95,14 @@ def test_dataset_has_the_common_layout(gmm_dir):
     meta = read_meta(gmm_dir)
     assert meta["name"] == "gmm" and meta["num_clusters"] == 3 and meta["channels"] == 1 and not meta["latent"]
     ref = load_reference(gmm_dir)
-    train = load_split(gmm_dir, None, "train")
+    train = Dataset.open(gmm_dir).split(None, "train")
     assert train.images.shape[1:] == (1, 4, 4) and train.images.dtype == torch.float32
     assert sorted(set(train.captions)) == sorted(set(ref.captions))
     # the stored images lie in the cluster their folder says (grey 4×4 patterns overlap a little)
     comp = ref.mixture.component_of(train.images.double().flatten(1))
     assert (ref.cluster_of[comp] == train.labels).double().mean() > 0.8
     # one cluster folder stands alone
-    one = load_split(gmm_dir / "cluster-1", [1], "train")
+    one = Dataset.open(gmm_dir / "cluster-1").split([1], "train")
     assert (one.labels == 1).all() and load_reference(gmm_dir / "cluster-1").captions == ref.captions
 
 

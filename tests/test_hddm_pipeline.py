@@ -42,7 +42,7 @@ def pipe(run):
 
 
 def test_run_directory_is_a_diffusers_pipeline(run, pipe, tiny_config, dataset_dir):
-    from hddm_flower.data import load_uncond, read_meta
+    from hddm_flower.data import Dataset, read_meta
     from hddm_flower.ensemble import sample_ensemble
     from hddm_flower.models import TextCond
     from hddm_flower.stages.assemble import load_ensemble
@@ -62,7 +62,7 @@ def test_run_directory_is_a_diffusers_pipeline(run, pipe, tiny_config, dataset_d
     ensemble, _ = load_ensemble(tiny_config, run)
     cond, _ = TextEncoder(None, read_meta(dataset_dir)["max_caption_tokens"]).encode(prompts)
     cond = TextCond(cond.states.repeat_interleave(2, 0), cond.mask.repeat_interleave(2, 0))  # prompt-major
-    uncond = load_uncond(dataset_dir)
+    uncond = Dataset.open(dataset_dir).uncond
     un = TextCond(uncond.states.expand(4, -1, -1), uncond.mask.expand(4, -1))
     g_ref = torch.Generator().manual_seed(3)
     size = ensemble.router.config.sample_size

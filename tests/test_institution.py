@@ -206,12 +206,12 @@ def test_ray_simulation_with_institution_owned_data(tiny_config_path, dataset_di
 def test_hddm_prepare_makes_one_institutions_data_answer_to_any_expert_id(tiny_config_path, cache_dir):
     """`hddm prepare` with data.partition: institution: one cluster, no clustering into num_experts, marked as
     one institution's data, so the expert id the federation assigns reads it (labels = that id)."""
-    from hddm_flower.data import load_split, read_meta
+    from hddm_flower.data import Dataset, read_meta
     from hddm_flower.stages.prepare import prepare_institution
 
     cfg = load_config(tiny_config_path, parse_overrides(f"{INSTITUTION} data.limit=40"))
     d = prepare_institution(cfg, cache_dir).root
     meta = read_meta(d)
     assert meta["institution"] and meta["num_clusters"] == 1 and meta["num_images"] == 40
-    split = load_split(d, [3], "train")
+    split = Dataset.open(d).split([3], "train")
     assert set(split.labels.tolist()) == {3} and len(split) == declaration(d)["num_train"]

@@ -179,3 +179,38 @@ def test_core_has_no_import_circle():
         if module not in state:
             visit(module, [module])
     assert "hddm_flower.evaluate" in graph and "hddm_flower.stages.assemble" in graph  # the walk saw the tree
+
+
+def _code_lines(*roots: str):
+    """(path, line number, line) of the Python code under ``roots``, docstrings and comments included."""
+    for root in roots:
+        for p in sorted((ROOT / root).rglob("*.py")):
+            for i, line in enumerate(p.read_text().splitlines(), 1):
+                yield p.relative_to(ROOT).as_posix(), i, line
+
+
+APP_CODE = ("hddm_flower", "strategies", "clients", "scripts", "benchmarks")
+
+
+def test_the_dataset_directory_has_one_home():
+    """The dataset's layout is spelled in hddm_flower/data/layout.py only; meta.json is read by Dataset.open only;
+    shards are opened by one webdataset builder and written by one writer."""
+    quoted = re.compile(
+        r"""["'](meta\.json|uncond\.safetensors|shard-%06d\.tar|shard-\*\.tar)["']|f["']cluster-\{[^}]*\}["']"""
+    )
+    spelled = [
+        f"{p}:{i}"
+        for p, i, line in _code_lines(*APP_CODE)
+        if quoted.search(line)
+        and p not in ("hddm_flower/data/layout.py", "hddm_flower/rundir.py")
+        and not p.startswith("benchmarks/coordinator_scale")  # a synthetic dataset in the paper's layout, for scale
+    ]
+    assert spelled == []
+    calls = {
+        name: [f"{p}:{i}:{line}" for p, i, line in _code_lines(*APP_CODE) if re.search(rf"\b{name}\(", line)]
+        for name in ("read_meta", "WebDataset", "ShardWriter")
+    }
+    readers = [c for c in calls["read_meta"] if not c.startswith("hddm_flower/data/dataset.py") or "def " not in c]
+    assert len(readers) == 1 and readers[0].startswith("hddm_flower/data/dataset.py"), readers  # Dataset.open
+    assert [c.split(":")[0] for c in calls["WebDataset"]] == ["hddm_flower/data/shards.py"]
+    assert [c.split(":")[0] for c in calls["ShardWriter"]] == ["hddm_flower/data/writer.py"]

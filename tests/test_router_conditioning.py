@@ -129,10 +129,10 @@ def test_config_names_the_conditioning():
 def test_the_router_stream_carries_each_captions_pooled_embedding(dataset_dir):
     """``pooled=True``: each training sample once (shuffled), with its own caption's pooled embedding (the same
     as metrics.pooled_caption of its stored states), and no token states in the batch."""
-    from hddm_flower.data import load_split
+    from hddm_flower.data import Dataset
     from hddm_flower.data.streams import stream_images
 
-    split = load_split(dataset_dir, None, "train")
+    split = Dataset.open(dataset_dir).split(None, "train")
     want = {
         x.numpy().tobytes(): (int(y), p) for x, y, p in zip(split.images, split.labels, pooled_caption(*split.cond))
     }

@@ -134,7 +134,7 @@ def test_prepared_datasets_and_shard_sets_are_opened_not_trusted(tiny_config, tm
     """data.prepared and --cluster-data: a meta.json that is a FIFO or nested beyond the parser, a shard that
     links to a device — each a one-line error instead of a hang or a crash."""
     from hddm_flower.config_io import config_from_dict
-    from hddm_flower.data import cluster_shards, read_meta
+    from hddm_flower.data import Dataset, read_meta
     from hddm_flower.stages.prepare import prepare_data
 
     d = tmp_path / "prepared"
@@ -150,7 +150,7 @@ def test_prepared_datasets_and_shard_sets_are_opened_not_trusted(tiny_config, tm
     (d / "meta.json").write_text(json.dumps({"num_clusters": 1, "cluster_set": 0}))
     (d / "shard-000000.tar").symlink_to("/dev/zero")
     with pytest.raises(ValueError, match="is not a regular file"):
-        cluster_shards(d, 0)
+        Dataset.open(d).shards(0)
 
 
 def test_convert_dit_inputs_are_opened_not_trusted(tmp_path, capsys):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hddm_flower.config_sections import ExpertConfig, OptimConfig
-from hddm_flower.data import load_split, load_uncond
+from hddm_flower.data import Dataset
 from hddm_flower.experts import FlowMatchingExpert
 from hddm_flower.models import ExpertNet, expert_config
 from hddm_flower.training import fit, lr_factor, train_expert
@@ -22,7 +22,7 @@ def _expert(seed=0):
 
 @pytest.fixture(scope="module")
 def data(dataset_dir):
-    return load_split(dataset_dir, [0], "train"), load_uncond(dataset_dir)
+    return Dataset.open(dataset_dir).split([0], "train"), Dataset.open(dataset_dir).uncond
 
 
 def _train(expert, data, checkpoint=None, **kw):

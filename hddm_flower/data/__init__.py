@@ -10,12 +10,10 @@ whose shards :func:`.shards.open_shards` opens; the coordinator's image and capt
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from ..models import TextCond
 from . import layout
 from .dataset import MAX_META_BYTES, Dataset, Split, StreamingSplit, as_dataset, read_meta, split_size
 
@@ -28,15 +26,11 @@ __all__ = [
     "StreamingSplit",
     "as_dataset",
     "check_clusters",
-    "cluster_shards",
     "default_cache_dir",
     "extend_dataset",
-    "load_split",
-    "load_uncond",
     "read_meta",
     "split_size",
     "stratified_split",
-    "stream_batches",
 ]
 
 DATASET_VERSION = 4  # 4: each cluster-k folder carries meta.json and uncond.safetensors
@@ -44,26 +38,6 @@ DATASET_VERSION = 4  # 4: each cluster-k folder carries meta.json and uncond.saf
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("HDDM_CACHE", Path.home() / ".cache" / "hddm-flower"))
-
-
-def cluster_shards(dataset_dir: str | os.PathLike, cluster: int, meta: dict | None = None) -> list[str]:
-    """:meth:`Dataset.shards` of the dataset in ``dataset_dir`` (``meta``: its metadata, already read)."""
-    return Dataset(dataset_dir, meta or read_meta(dataset_dir)).shards(cluster)
-
-
-def load_split(dataset_dir: str | os.PathLike, clusters: list[int] | None = None, split: str = "train") -> Split:
-    """:meth:`Dataset.split` of the dataset in ``dataset_dir``."""
-    return Dataset.open(dataset_dir).split(clusters, split)
-
-
-def stream_batches(dataset_dir: str | os.PathLike, cluster: int, **kw) -> Iterator[tuple]:
-    """:meth:`Dataset.batches` of the dataset in ``dataset_dir``."""
-    return Dataset.open(dataset_dir).batches(cluster, **kw)
-
-
-def load_uncond(dataset_dir: str | os.PathLike) -> TextCond:
-    """:attr:`Dataset.uncond` of the dataset in ``dataset_dir``."""
-    return Dataset.open(dataset_dir).uncond
 
 
 # what two encoded datasets must share to be used together (their manifests, or their clustered metas)
