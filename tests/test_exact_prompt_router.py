@@ -103,12 +103,27 @@ def test_the_exact_router_refuses_a_caption_it_does_not_read(ref):
 
 
 @pytest.fixture(scope="module")
-def colour_ref(tmp_path_factory):
+def colour_dataset(tmp_path_factory):
     """Captions that do not fix the cluster: each names a colour only, shared by every cluster."""
     spec = GMMSpec(
         num_clusters=3, components_per_cluster=2, image_size=4, channels=1, rank=2, num_samples=90, captions="colour"
     )
-    return load_reference(prepare_gmm(tmp_path_factory.mktemp("gmm-colour"), spec, max_caption_tokens=8))
+    return prepare_gmm(tmp_path_factory.mktemp("gmm-colour"), spec, max_caption_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def colour_ref(colour_dataset):
+    return load_reference(colour_dataset)
+
+
+def test_the_truth_rows_refuse_captions_they_cannot_score(colour_dataset, tmp_path):
+    """hddm reproduce's truth rows prompt one component per caption: shared captions are refused, not misscored."""
+    from hddm_flower.config import Config
+    from hddm_flower.truth_eval import evaluate_truth
+
+    assert "captions-colour" in colour_dataset.name
+    with pytest.raises(ValueError, match="shared by several components"):
+        evaluate_truth(Config(), [tmp_path], colour_dataset, {"3FM": ["fm"] * 3}, in_worker=False, run_jobs=None)
 
 
 def test_colour_captions_are_shared_by_every_cluster_and_their_cluster_prior_is_closed_form(colour_ref):
