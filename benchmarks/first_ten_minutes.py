@@ -39,6 +39,7 @@ from hddm_flower.config_io import load_config
 from hddm_flower.evaluate import evaluate_run, feature_network
 from hddm_flower.hddm_pipeline import load_pipeline, sample_images
 from hddm_flower.metrics import FeatureClassifier
+from hddm_flower.report import save_grid
 from hddm_flower.rundir import CONFIG, REPORT_JSON
 from hddm_flower.stages.assemble import load_ensemble
 from hddm_flower.stages.prepare import prepare_data
@@ -48,28 +49,34 @@ OUT = ROOT / "benchmarks" / "results" / "first_ten_minutes"
 METRICS = ("fid", "kid", "adherence", "adherence_rows")
 
 
-def measure(run_dir: Path, feature_dir: Path, args, scale: float | None) -> dict:
+def measure(
+    run_dir: Path, feature_dir: Path, args, scale: float | None, sampling: dict | None = None, grid: Path | None = None
+) -> dict:
     """Per-seed metrics of one run at one CFG scale, with the shared feature classifier; kept in
     ``OUT_points/`` and reused by a later call with the same run and protocol (separate calls can measure runs
-    in parallel, and a last call with all of them writes the comparison)."""
+    in parallel, and a last call with all of them writes the comparison). ``sampling``: keys of the run's
+    ``sampling`` section to override (``clean_estimate``, ``handover_t``, …), in the evaluation ensemble and in
+    the sample grid alike; ``grid``: where to save the first seed's sample grid (PNG)."""
+    sampling = sampling or {}
     key = {"run_dir": str(run_dir), "cfg": scale, "seeds": args.seeds, "prompts": args.prompts}
-    key |= {"samples": args.samples, "feature_steps": args.feature_steps}
-    kept = args.out.parent / (args.out.name + "_points") / f"{run_dir.name}-cfg{scale}.json"
-    if kept.is_file() and json.loads(kept.read_text())["key"] == key:
+    key |= {"samples": args.samples, "feature_steps": args.feature_steps, "sampling": sampling}
+    tag = "".join(f"-{k}={v}" for k, v in sorted(sampling.items()))
+    kept = args.out.parent / (args.out.name + "_points") / f"{run_dir.parent.name}-{run_dir.name}-cfg{scale}{tag}.json"
+    if kept.is_file() and json.loads(kept.read_text())["key"] == key and (grid is None or grid.is_file()):
         return json.loads(kept.read_text())["point"]
-    point = _measure(run_dir, feature_dir, args, scale)
+    point = _measure(run_dir, feature_dir, args, scale, sampling, grid)
     kept.parent.mkdir(parents=True, exist_ok=True)
     kept.write_text(json.dumps({"key": key, "point": point}, indent=2))
     return point
 
 
-def _measure(run_dir: Path, feature_dir: Path, args, scale: float | None) -> dict:
+def _measure(run_dir: Path, feature_dir: Path, args, scale: float | None, sampling: dict, grid: Path | None) -> dict:
     cfg = load_config(run_dir / CONFIG)
     s, ev = cfg.sampling, cfg.evaluation
     scale = s.cfg_scale if scale is None else scale
     c = dataclasses.replace(
         cfg,
-        sampling=dataclasses.replace(s, cfg_scale=scale),
+        sampling=dataclasses.replace(s, cfg_scale=scale, **sampling),
         evaluation=dataclasses.replace(
             ev, num_prompts=args.prompts, samples_per_prompt=args.samples, feature_steps=args.feature_steps, seed=0
         ),
@@ -78,6 +85,7 @@ def _measure(run_dir: Path, feature_dir: Path, args, scale: float | None) -> dic
     _, classifier, _ = feature_network(c, dataset, feature_dir, progress=True)
     ensemble, _ = load_ensemble(c, run_dir)
     pipe = load_pipeline(run_dir)
+    pipe.register_to_config(sampling=dict(pipe.config.sampling) | sampling)  # what pipe.ensemble() reads
     clusters = prompt_clusters(dataset, s.prompts)
     per_seed = {m: [] for m in METRICS}
     rows = []
@@ -94,6 +102,9 @@ def _measure(run_dir: Path, feature_dir: Path, args, scale: float | None) -> dic
             num_inference_steps=s.num_steps,
             guidance_scale=scale,
         )
+        if grid is not None and seed == 0:
+            grid.parent.mkdir(parents=True, exist_ok=True)
+            save_grid(images, len(s.prompts), grid)
         a = prompt_adherence(classifier, images, clusters, s.samples_per_prompt)
         for m, v in (("fid", top2["fid"]), ("kid", top2["kid"]), ("adherence", top2["adherence"])):
             per_seed[m].append(v)
@@ -104,6 +115,7 @@ def _measure(run_dir: Path, feature_dir: Path, args, scale: float | None) -> dic
     return {
         "run_dir": str(run_dir),
         "cfg_scale": scale,
+        "sampling": sampling,
         "expert_steps": cfg.expert.steps,
         "per_seed": per_seed,
         "rows_per_prompt": [sum(r[i] for r in rows) / len(rows) for i in range(len(s.prompts))],
