@@ -56,7 +56,7 @@ ARMS = {  # name: (router conditioning, sampling overrides); the first is the ba
 }
 
 
-def _train(cfg, dataset: Path, out: Path, feature_dir: Path, jobs: int) -> dict[str, Path]:
+def _train(cfg, dataset: Path, out: Path, feature_dir: Path, feature_steps: int, jobs: int) -> dict[str, Path]:
     """The experts of training ``cfg`` (trained once, reused by fingerprint) and one finished run per router
     (router, evaluation, report and samples.png as at the end of ``flwr run .``, scored with the shared feature
     classifier instead of one trained per run)."""
@@ -68,7 +68,10 @@ def _train(cfg, dataset: Path, out: Path, feature_dir: Path, jobs: int) -> dict[
     runs = {}
     for conditioning in sorted({c for c, _ in ARMS.values()}):
         run_dir = out / f"router-{conditioning}"
-        c = config_from_dict(cfg.to_dict() | {"router": cfg.to_dict()["router"] | {"conditioning": conditioning}}, NAME)
+        d = cfg.to_dict()
+        d["router"]["conditioning"] = conditioning
+        d["evaluation"]["feature_steps"] = feature_steps  # the shared classifier's (it is checked on load)
+        c = config_from_dict(d, NAME)
         if not (run_dir / "report.json").is_file():
             if run_dir.exists():
                 shutil.rmtree(run_dir)
@@ -119,7 +122,9 @@ def main() -> None:
     feature_network(c, dataset, feature_dir)  # trained once, before the runs and the measuring processes share it
     for i in range(args.trainings):
         t0 = time.time()
-        runs = _train(training_config(base, i), dataset, args.out / f"training-{i}", feature_dir, args.jobs)
+        runs = _train(
+            training_config(base, i), dataset, args.out / f"training-{i}", feature_dir, args.feature_steps, args.jobs
+        )
         timings["training"] += time.time() - t0
         t0 = time.time()
         jobs = [
