@@ -56,7 +56,9 @@ ARMS = {  # name: (router conditioning, sampling overrides); the first is the ba
 }
 
 
-def _train(cfg, dataset: Path, out: Path, feature_dir: Path, feature_steps: int, jobs: int) -> dict[str, Path]:
+def _train(
+    cfg, dataset: Path, out: Path, feature_dir: Path, feature_steps: int, conditionings: set[str], jobs: int
+) -> dict[str, Path]:
     """The experts of training ``cfg`` (trained once, reused by fingerprint) and one finished run per router
     (router, evaluation, report and samples.png as at the end of ``flwr run .``, scored with the shared feature
     classifier instead of one trained per run)."""
@@ -66,7 +68,7 @@ def _train(cfg, dataset: Path, out: Path, feature_dir: Path, feature_steps: int,
     args = [(cfg.to_dict(), str(dataset), k, o, str(folders[k]), fp, jobs > 1, False) for k, o in enumerate(objectives)]
     _run_jobs(_train_job, args, jobs, False, "training")  # _train_or_reuse: a folder with this fingerprint is kept
     runs = {}
-    for conditioning in sorted({c for c, _ in ARMS.values()}):
+    for conditioning in sorted(conditionings):
         run_dir = out / f"router-{conditioning}"
         d = cfg.to_dict()
         d["router"]["conditioning"] = conditioning
@@ -120,15 +122,28 @@ def main() -> None:
     torch.set_num_threads(args.jobs)
     c = dataclasses.replace(base, evaluation=dataclasses.replace(base.evaluation, feature_steps=args.feature_steps))
     feature_network(c, dataset, feature_dir)  # trained once, before the runs and the measuring processes share it
+    conditionings = {ARMS[a][0] for a in args.arms}  # only the routers the chosen arms use
     for i in range(args.trainings):
         t0 = time.time()
         runs = _train(
-            training_config(base, i), dataset, args.out / f"training-{i}", feature_dir, args.feature_steps, args.jobs
+            training_config(base, i),
+            dataset,
+            args.out / f"training-{i}",
+            feature_dir,
+            args.feature_steps,
+            conditionings,
+            args.jobs,
         )
         timings["training"] += time.time() - t0
         t0 = time.time()
         jobs = [
-            (str(runs[ARMS[a][0]]), str(feature_dir), protocol, ARMS[a][1], grids / f"{a}.png" if i == 0 else None)
+            (
+                str(runs[ARMS[a][0]]),
+                str(feature_dir),
+                protocol,
+                ARMS[a][1],
+                grids / f"{_slug(a)}.png" if i == 0 else None,
+            )
             for a in args.arms
         ]
         for a, point in zip(args.arms, _run_jobs(_measure_job, jobs, args.jobs, False, f"training {i}")):
@@ -164,6 +179,11 @@ def main() -> None:
     write_result(RESULTS / f"{NAME}.json", record)
     (RESULTS / f"{NAME}.md").write_text(markdown(record))
     print(markdown(record))
+
+
+def _slug(arm: str) -> str:
+    """``none · shrink + handover 0.8`` → ``none-shrink-handover-0.8`` (a file name)."""
+    return "-".join(w for w in arm.replace("·", " ").replace("+", " ").split())
 
 
 def _shown(path: Path) -> str:
