@@ -34,7 +34,7 @@ import yaml
 from benchmarks import first_ten_minutes
 from benchmarks.common import RESULTS, ROOT, machine, write_result
 from hddm_flower.config_io import config_from_dict, load_config
-from hddm_flower.data import read_meta
+from hddm_flower.data import Dataset
 from hddm_flower.evaluate import feature_network
 from hddm_flower.reproduce import _fingerprint, _run_jobs, _symlink, _train_job, dataset_id
 from hddm_flower.rundir import CONFIG, EXPERTS, expert_dir, experts_dir
@@ -57,15 +57,17 @@ ARMS = {  # name: (router conditioning, sampling overrides); the first is the ba
 
 
 def _train(
-    cfg, dataset: Path, out: Path, feature_dir: Path, feature_steps: int, conditionings: set[str], jobs: int
+    cfg, dataset: Dataset, out: Path, feature_dir: Path, feature_steps: int, conditionings: set[str], jobs: int
 ) -> dict[str, Path]:
     """The experts of training ``cfg`` (trained once, reused by fingerprint) and one finished run per router
     (router, evaluation, report and samples.png as at the end of ``flwr run .``, scored with the shared feature
     classifier instead of one trained per run)."""
     objectives = assign_objectives(cfg, dataset)
-    fp = _fingerprint(cfg.expert, cfg.ddpm, dataset_id(dataset, read_meta(dataset)))
+    fp = _fingerprint(cfg.expert, cfg.ddpm, dataset_id(dataset))
     folders = {k: out / EXPERTS / f"cluster-{k}-{o}" for k, o in enumerate(objectives)}
-    args = [(cfg.to_dict(), str(dataset), k, o, str(folders[k]), fp, jobs > 1, False) for k, o in enumerate(objectives)]
+    args = [
+        (cfg.to_dict(), str(dataset.root), k, o, str(folders[k]), fp, jobs > 1, False) for k, o in enumerate(objectives)
+    ]
     _run_jobs(_train_job, args, jobs, False, "training")  # _train_or_reuse: a folder with this fingerprint is kept
     runs = {}
     for conditioning in sorted(conditionings):
