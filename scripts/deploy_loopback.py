@@ -16,8 +16,9 @@ What it does, in order (each step is a method of :class:`Deployment`, which the 
 5. with ``--drill`` the run is a fault drill instead (:func:`fault_drill`): a SuperNode with an unregistered key
    is refused; mid-training one node's ClientApp is SIGKILLed (code 8) and another node's SuperNode (code 5), and
    the run completes without their experts, saying why; a second run that targets only those experts resumes
-   both from their local checkpoints and completes the run directory with every expert; a run whose message TTL
-   is shorter than its training records the expiry (code 3);
+   both from their local checkpoints, trains the router federated with one of them hostile (its router replies
+   dropped, with the reason in the report) and completes the run directory with every expert; a run whose
+   message TTL is shorter than its training records the expiry (code 3);
 6. with ``--institution`` every node holds its own shard set and cache and the coordinator none
    (``data.partition: institution``, federated feature classifier, router and reference statistics); afterwards
    the coordinator's cache and run directory are checked for shards and latents;
@@ -399,13 +400,15 @@ def deploy(
         for key in keys:
             d.register(key)
 
-        def node(k: int) -> None:
+        def node(k: int, drill: str = "") -> None:
             config = {
                 "expert-id": k,
                 "num-threads": 1,
                 "cache-dir": str(cache_dir),
                 "work-dir": str(work / f"work-{k}"),
             }
+            if drill:  # this node misbehaves on purpose (clients/drill.py)
+                config["drill"] = drill
             if data_dir:  # the institution's own prepared data
                 config["data-dir"] = data_dir
             if institution:  # its own shard set and cache, nothing shared with the coordinator
@@ -470,8 +473,11 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
        kernel's OOM killer does; its SuperNode lives on) and node n−1's SuperNode is SIGKILLed with everything it
        started (the machine is gone): the run must complete without those two experts and say why (code 8 and
        code 5);
-    3. node n−1's SuperNode restarted with the same key and work-dir, a second run into the same run directory that
-       targets only those two experts must resume both trainings from their checkpoints and complete the ensemble;
+    3. node n−1's SuperNode restarted with the same key and work-dir, now hostile (node config
+       ``drill=hostile-router``, :mod:`clients.drill`: its router replies carry an array of another shape), a
+       second run into the same run directory that targets only those two experts and trains the router federated
+       (one round over the nodes it assigned) must resume both trainings from their checkpoints, drop the hostile
+       node's router reply with its reason, and complete the ensemble with a report that says so;
     4. meanwhile, on the node the second run leaves idle, a run whose train message lives 5 s
        (``federation.message_ttl``), less than its training takes, must record the expert as expired (code 3) and
        fail for want of experts, with the reason in its report."""
@@ -508,9 +514,10 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
         "report": json.loads((run_dir / "report.json").read_text()),
     }
     d.wait_offline(nodes - 1)  # until then the SuperLink refuses the same key (exit 305, code 2004)
-    node(lost)  # the institution restarts its SuperNode: same key, same work-dir
+    node(lost, drill=HOSTILE)  # the institution restarts its SuperNode: same key, same work-dir, and now hostile
     d.wait_nodes(nodes)
-    run_b = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill, "experts": f"{crashed},{lost}"})
+    federated = f"{drill} router.training=federated router.rounds=1"
+    run_b = d.submit(run_config | {"run-dir": str(run_dir), "overrides": federated, "experts": f"{crashed},{lost}"})
     # at the same time, on node 0 (which run_b leaves idle): a run whose train message expires before its reply
     expired_dir = work / "run-ttl"
     run_c = d.submit(
@@ -537,6 +544,7 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
     return result
 
 
+HOSTILE = "hostile-router"  # the drill's hostile node (clients/drill.py)
 CRASH_STEPS = 2000  # long enough to kill the coordinator mid-training, short enough for a drill
 
 
@@ -701,6 +709,9 @@ def check(out: dict) -> list[str]:
                 f"drill: the resumed run ended {resumed['status']}, missing "
                 f"{resumed['report']['missing']}, resumed steps {steps}"
             )
+        dropped = resumed["report"].get("router", {}).get("dropped_replies", {})
+        if sorted(dropped) != ["1"] or not all(len(d) == 1 and "expected" in d[0] for d in dropped.values()):
+            problems.append(f"drill: the hostile node's router replies were not each dropped once: {dropped}")
         expired = drill["expired_run"]
         reasons = [m["reason"] for m in expired["report"]["missing"] if m["expert_id"] == 0]
         if expired["status"] != "finished:failed" or not reasons or "(code 3)" not in reasons[0]:
@@ -845,7 +856,8 @@ def main(argv: list[str] | None = None) -> int:
             f"drill: unregistered key refused: {d['intruder_refused']}; killed ClientApp and SuperNode: "
             f"{d['killed_run']['report']['missing']}; after the restart: resumed steps "
             f"{ {k: e.get('resumed_steps') for k, e in d['resumed_run']['experts'].items()} }, missing "
-            f"{d['resumed_run']['report']['missing']}; 5 s TTL: {d['expired_run']['status']}, "
+            f"{d['resumed_run']['report']['missing']}, hostile router replies dropped "
+            f"{d['resumed_run']['report'].get('router', {}).get('dropped_replies')}; 5 s TTL: {d['expired_run']['status']}, "
             f"{d['expired_run']['report']['missing'][:1]}"
         )
     if args.crash_drill:

@@ -29,8 +29,10 @@ def test_deployment_script_with_tls_node_auth_and_its_fault_drill(tiny_config_pa
     """`scripts/deploy-loopback-tls.sh 3 --drill`: a TLS SuperLink with SuperNode authentication and 3 registered
     SuperNodes; a SuperNode with an unregistered key is refused; the run starts, node 1's ClientApp is SIGKILLed
     (code 8) and node 2's SuperNode is SIGKILLed (code 5) mid-training, both end up in `missing` while the run
-    completes; node 2 restarted (same key, same work-dir), a second run that targets experts 1 and 2 resumes both
-    from their last local checkpoints, and the run directory ends with all three experts trained end to end; a run
+    completes; node 2 restarted (same key, same work-dir) and hostile (node config drill=hostile-router), a second
+    run that targets experts 1 and 2 resumes both from their last local checkpoints, trains the router federated
+    over nodes 1 and 2 in one round and drops node 2's router reply, naming it and why, and the run
+    directory ends with all three experts trained end to end; a run
     whose message TTL (5 s) is shorter than its training records the expiry (code 3). Every process the script
     started is gone afterwards."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
@@ -80,6 +82,12 @@ def test_deployment_script_with_tls_node_auth_and_its_fault_drill(tiny_config_pa
     assert resumed["status"] == "finished:completed"
     assert [e["expert_id"] for e in resumed["report"]["experts"]] == [0, 1, 2] and resumed["report"]["missing"] == []
     assert resumed["report"]["flower"]["trained"] == [1, 2]
+    router = resumed["report"]["router"]  # node 2 sent a hostile router reply: dropped, with why
+    assert router["training"] == "federated" and router["rounds"] == 1
+    hostile = next(n for n, e in resumed["report"]["flower"]["assignment"].items() if e == [2])
+    assert sorted(router["dropped_replies"]) == ["1"], router["dropped_replies"]
+    for (why,) in router["dropped_replies"].values():
+        assert why.startswith(f"node {hostile}: array ") and ", expected float32(" in why, why
     for k, expert in resumed["experts"].items():
         assert expert["steps"] == 1000 and 10 <= expert["resumed_steps"] < 1000, (k, expert)
         in_report = resumed["report"]["experts"][int(k)]
