@@ -129,7 +129,7 @@ def test_a_node_in_the_hostile_router_drill_is_dropped_and_the_rest_averaged(tin
         cfg,
         honest,
         rc,
-        sizes=node_sizes(read_meta(dataset_dir), honest),
+        sizes=node_sizes(Dataset.open(dataset_dir), honest),
         timeout=60,
         cache_dir=str(cache_dir),
     )
