@@ -213,18 +213,18 @@ def markdown(r: dict) -> str:
             f"| {a} | {_iv(s['fid'], '.2f')} [{s['fid']['inner_half']:.2f}] | {_iv(s['kid'], '.2f')} "
             f"| {_iv(s['adherence'], '.3f')} [{s['adherence']['inner_half']:.3f}] | {_iv(s['adherence_rows'], '.3f')} |"
         )
-    lines += ["", f"Paired by training and seed, arm − {r['baseline']}:", ""]
-    lines += [
-        "| arm − baseline | FID | KID | adherence, held-out prompts | adherence, grid rows |",
-        "|---|---|---|---|---|",
-    ]
+    lines += ["", f"Paired by training and seed, arm − {r['baseline']} (± over trainings; [inner]: mean half-width of "
+              "the paired difference over sampling seeds within one training):", ""]  # fmt: skip
+    lines += ["| arm − baseline | FID [inner] | KID [inner] | adherence, held-out prompts [inner] | adherence, grid rows [inner] |",
+              "|---|---|---|---|---|"]  # fmt: skip
     for a, s in r["summary"].items():
         if "minus_baseline" not in s["fid"]:
             continue
         d = {m: s[m]["minus_baseline"] for m in METRICS}
+        cell = lambda x, f: f"{_iv(x, f)} [{x['inner_half']:{f.lstrip('+')}}]"  # noqa: E731
         lines.append(
-            f"| {a} | {_iv(d['fid'], '+.2f')} | {_iv(d['kid'], '+.2f')} | {_iv(d['adherence'], '+.3f')} "
-            f"| {_iv(d['adherence_rows'], '+.3f')} |"
+            f"| {a} | {cell(d['fid'], '+.2f')} | {cell(d['kid'], '+.2f')} | {cell(d['adherence'], '+.3f')} "
+            f"| {cell(d['adherence_rows'], '+.3f')} |"
         )
     return "\n".join(lines) + "\n"
 
