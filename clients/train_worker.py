@@ -37,20 +37,26 @@ def run(spec_path: str) -> None:
         raise
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0 checks without signalling; a process of another user exists too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
 def _end_with(pid: int, interval: float = 2.0) -> None:
     """Exit when process ``pid`` (the ClientApp waiting for this training) has ended: a daemon thread checks
     every ``interval`` seconds. (The fork server cannot do it: every child it forks holds its liveness pipe, so it
     outlives the ClientApp as long as a training runs.)"""
 
     def watch() -> None:
-        while True:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:  # alive, under another user (cannot happen for a parent; harmless)
-                pass
+        while _alive(pid):
             time.sleep(interval)
+        os._exit(1)
 
     threading.Thread(target=watch, name="hddm-end-with-clientapp", daemon=True).start()
 
