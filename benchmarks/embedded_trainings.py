@@ -45,6 +45,7 @@ from hddm_flower.training_seeds import nested_interval, paired, training_config
 
 NAME = "embedded_trainings"
 METRICS = first_ten_minutes.METRICS
+_iv = first_ten_minutes._iv  # mean ± half-width, one format for both benchmarks
 SHRINK_HANDOVER = {"clean_estimate": "shrink", "handover_t": 0.8}
 ARMS = {  # name: (router conditioning, sampling overrides); the first is the baseline
     "none · clamp": ("none", {}),
@@ -191,10 +192,6 @@ def _slug(arm: str) -> str:
 def _shown(path: Path) -> str:
     path = Path(path).resolve()
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
-def _iv(x: dict, spec: str) -> str:
-    return f"{x['mean']:{spec}} ± {x['half']:{spec.lstrip('+')}}"
 
 
 def markdown(r: dict) -> str:
