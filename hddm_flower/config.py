@@ -89,6 +89,11 @@ class Config:
                 f"equal_steps splits expert.batch_size {self.expert.batch_size} among {k} experts: it must be a "
                 f"multiple of num_experts",
             )
+        if not all(0 <= n <= k for n in self.reproduce.ddpm_counts):
+            r.fail(
+                "reproduce.ddpm_counts",
+                f"DDPM experts per configuration must be in 0..{k}, got {self.reproduce.ddpm_counts}",
+            )
         d = self.data
         if d.name == "gmm" and not 1 <= k <= 8:
             r.fail("num_experts", f"name: gmm has 8 patterns, one per cluster: needs 1..8 experts, got {k}")

@@ -294,9 +294,15 @@ class ReproduceConfig:
 
     budget: str = "equal_images"  # equal_images: monolith K × expert steps at the batch; equal_steps (DDM): every
     # side the same steps, each expert at batch / K
+    ddpm_counts: list[int] = field(default_factory=list)  # the configurations compared, by DDPM experts in each
+    # ([0, 2, 4] at K = 8: 8FM, 2DDPM:6FM, 4DDPM:4FM); empty = 0, 2 and K/2
 
     def validate(self, source: str = "<config>", prefix: str = "reproduce.") -> ReproduceConfig:
-        _Rules(self, source, prefix).choice("budget", ("equal_images", "equal_steps"), "budget")
+        r = _Rules(self, source, prefix)
+        r.choice("budget", ("equal_images", "equal_steps"), "budget")
+        c = self.ddpm_counts  # a list of integers: the loader checks the type
+        if len(set(c)) != len(c):
+            r.fail("ddpm_counts", f"lists a configuration twice: {c}")
         return self
 
 

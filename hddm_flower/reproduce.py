@@ -59,14 +59,16 @@ from .truth import interval
 log = logging.getLogger(__name__)
 
 
-def default_configs(k: int) -> dict[str, int]:
-    """Name → number of DDPM experts: ``{K}FM``, ``2DDPM:{K−2}FM`` and ``{K/2}DDPM:{K/2}FM`` (8FM, 2DDPM:6FM, 4DDPM:4FM
-    at K = 8)."""
-    out = {f"{k}FM": 0}
-    for n in (2, k // 2):
-        if 0 < n < k:
-            out[f"{n}DDPM:{k - n}FM"] = n
-    return out
+def default_configs(k: int, ddpm_counts: list[int] | None = None) -> dict[str, int]:
+    """Name → number of DDPM experts for each count of ``ddpm_counts`` (``reproduce.ddpm_counts``; by default 0, 2
+    and K/2: 8FM, 2DDPM:6FM, 4DDPM:4FM at K = 8)."""
+    counts = ddpm_counts or [0] + [n for n in dict.fromkeys((2, k // 2)) if 0 < n < k]
+    return {_mix_name(k, n): n for n in counts}
+
+
+def _mix_name(k: int, n: int) -> str:
+    """``8FM``, ``2DDPM:6FM`` or ``8DDPM`` for ``n`` DDPM experts out of ``k``."""
+    return f"{k}FM" if n == 0 else f"{k}DDPM" if n == k else f"{n}DDPM:{k - n}FM"
 
 
 # The paper's numbers (arXiv 2603.06741): HDDM table 1 (DiT-XL/2 experts, LAION-Aesthetics 11M, top-2, CFG 7.5,
@@ -415,7 +417,7 @@ def reproduce(
     ``jobs`` > 1 trains the experts and the monolith, then evaluates the configurations and the monolith, in that
     many processes (one torch thread each)."""
     start, load_start = time.perf_counter(), os.getloadavg()
-    configs = configs or default_configs(cfg.num_experts)
+    configs = configs or default_configs(cfg.num_experts, cfg.reproduce.ddpm_counts)
     out.mkdir(parents=True, exist_ok=True)
     meta = dataset.meta
     details = [c["detail"] for c in meta["clusters"]]

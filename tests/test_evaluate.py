@@ -28,6 +28,8 @@ def test_parse_mode_and_default_configurations():
         parse_mode("top")
     assert default_configs(8) == {"8FM": 0, "2DDPM:6FM": 2, "4DDPM:4FM": 4}
     assert default_configs(4) == {"4FM": 0, "2DDPM:2FM": 2}
+    assert default_configs(8, [0, 2]) == {"8FM": 0, "2DDPM:6FM": 2}  # reproduce.ddpm_counts
+    assert default_configs(8, [8, 0]) == {"8DDPM": 8, "8FM": 0}
 
 
 def test_evaluation_config_is_checked(tmp_path):
