@@ -245,20 +245,30 @@ def _seed_values(x: dict) -> dict:
     return {"fid": x["fid"], "kid": x["kid"], "diversity": x["lpips"]["mean"]}
 
 
+def training_state(folder: Path, fingerprint: str) -> Path:
+    """The training-state file of the expert or monolith trained into ``folder`` (saved every
+    ``expert.checkpoint_every`` steps, resumed from by a later ``hddm reproduce`` with the same ``--out``, removed
+    once ``folder`` is written): beside ``folder``, named by the training's fingerprint, so that a training of
+    another config never resumes from it."""
+    return folder.with_name(f".{folder.name}.{fingerprint}.train-state.pt")
+
+
 def _train_job(a: tuple) -> None:
     """Train one expert (``k``) or the monolith (``k is None``) into ``folder`` (a separate process when jobs > 1:
-    one torch thread each, no progress bars)."""
+    one torch thread each, no progress bars), resuming from its :func:`training_state` if one is there."""
     cfg_dict, dataset_root, k, obj, folder, fingerprint, in_worker, progress = a
     if in_worker:
         torch.set_num_threads(1)
     cfg, dataset = config_from_dict(cfg_dict, "reproduce"), Dataset.open(dataset_root)  # the worker opens it
     progress = progress and not in_worker
+    state = training_state(Path(folder), fingerprint)
     if k is None:
-        fn = lambda: train_monolith(cfg, dataset, progress=progress)  # noqa: E731
+        fn = lambda: train_monolith(cfg, dataset, checkpoint=state, progress=progress)  # noqa: E731
     else:
         device = resolve_device(cfg.coordinator.device)
-        fn = lambda: train_one_expert(cfg, dataset, k, obj, device=device, progress=progress)  # noqa: E731
+        fn = lambda: train_one_expert(cfg, dataset, k, obj, device=device, checkpoint=state, progress=progress)  # noqa: E731
     _train_or_reuse(Path(folder), fingerprint, fn, dtype=cfg.expert.weights_dtype)
+    state.unlink(missing_ok=True)
 
 
 def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None = None) -> dict:
@@ -292,13 +302,17 @@ def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None 
     }
 
 
-def train_monolith(cfg: Config, dataset: Dataset, *, progress: bool = False) -> tuple[dict, dict, dict]:
+def train_monolith(
+    cfg: Config, dataset: Dataset, *, checkpoint: Path | None = None, progress: bool = False
+) -> tuple[dict, dict, dict]:
     """An FM expert of the experts' size on all clusters, trained exactly as the experts are (micro-batches,
     gradient accumulation, precision, optimiser) for the steps and batch of ``reproduce.budget``
     (:mod:`hddm_flower.budget`: K × ``expert.steps`` at the experts' batch under equal_images, ``expert.steps``
     at ``expert.batch_size`` under equal_steps): as many images seen as all K experts together. With
     ``data.stream`` the training split is streamed from the shards
-    (:class:`~hddm_flower.data.streams.StreamingAllClusters`, seeded), not loaded."""
+    (:class:`~hddm_flower.data.streams.StreamingAllClusters`, seeded), not loaded. ``checkpoint``: the training-state
+    file saved every ``expert.checkpoint_every`` steps and resumed from, as an expert's
+    (:func:`~hddm_flower.stages.expert.train_one_expert`)."""
     budget = budget_of(cfg)
     e = dataclasses.replace(cfg.expert, batch_size=budget.monolith_batch)
     steps = budget.monolith_steps
@@ -312,6 +326,7 @@ def train_monolith(cfg: Config, dataset: Dataset, *, progress: bool = False) -> 
         dataset.uncond,
         dataclasses.replace(e, steps=steps),
         seed=e.seed + 1000,
+        checkpoint=checkpoint,
         name="monolith [fm]",
         device=resolve_device(cfg.coordinator.device),
         progress=progress,
@@ -321,6 +336,7 @@ def train_monolith(cfg: Config, dataset: Dataset, *, progress: bool = False) -> 
         "cluster_id": "all",
         "monolith": True,
         "steps": stats.steps,
+        "resumed_steps": stats.resumed_steps,
         "grad_accumulation": e.grad_accumulation,
         "mixed_precision": e.mixed_precision,
         "images_seen": stats.images_seen,

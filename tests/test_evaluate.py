@@ -241,6 +241,47 @@ def test_streamed_monolith_reads_the_shards_as_a_stream_and_is_reproducible(tiny
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_monolith_killed_after_its_checkpoint_resumes_from_it(
+    tiny_config, dataset_dir, tmp_path, monkeypatch, stream
+):
+    """hddm reproduce's monolith keeps a training state as an expert does (expert.checkpoint_every): killed right
+    after its first save, the next call resumes there and removes the state once the folder is written. From a
+    loaded split the resumed monolith equals the uninterrupted one to the byte; from the stream it resumes its
+    weights, optimiser and step (the stream itself restarts from its seed, as an expert's does)."""
+    import dataclasses
+
+    from hddm_flower import training
+    from hddm_flower.checkpoints import WEIGHTS, read_expert_meta
+    from hddm_flower.reproduce import _train_job, tensor_sha256, training_state
+
+    e = dataclasses.replace(tiny_config.expert, steps=2, checkpoint_every=3)  # the monolith: 4 × 2 = 8 steps
+    cfg = dataclasses.replace(tiny_config, expert=e, data=dataclasses.replace(tiny_config.data, stream=stream))
+
+    def job(folder):
+        return (cfg.to_dict(), str(dataset_dir), None, "fm", str(tmp_path / folder), "fp", False, False)
+
+    _train_job(job("straight"))
+    real = training._save_training_state
+
+    def save_then_die(path, *a):
+        real(path, *a)
+        raise KeyboardInterrupt  # the process is killed right after its first checkpoint
+
+    monkeypatch.setattr(training, "_save_training_state", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        _train_job(job("killed"))
+    state = training_state(tmp_path / "killed", "fp")
+    assert state.is_file() and not (tmp_path / "killed").exists()
+    monkeypatch.setattr(training, "_save_training_state", real)
+    _train_job(job("killed"))
+    meta = read_expert_meta(tmp_path / "killed")
+    assert meta["resumed_steps"] == 3 and meta["steps"] == 8 and not state.exists()
+    assert [s for s, _ in meta["loss_curve"]] == list(range(1, 9))
+    if not stream:  # the restarted stream gives other batches after step 3
+        assert tensor_sha256(tmp_path / "killed" / WEIGHTS) == tensor_sha256(tmp_path / "straight" / WEIGHTS)
+
+
 def test_paired_differences_cancel_what_every_row_of_a_seed_shares():
     """Each seed moves every row by the same amount (its prompts): the marginal intervals are wide, the paired
     differences exact. One seed gives no paired table."""
