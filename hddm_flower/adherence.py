@@ -22,7 +22,6 @@ from .data import Dataset, as_dataset
 from .data.streams import stream_captions
 
 log = logging.getLogger(__name__)
-SPLITS = ("train", "val")
 
 
 CACHE_DIR = "prompt-clusters"
@@ -31,7 +30,7 @@ CACHE_DIR = "prompt-clusters"
 def prompt_clusters(dataset: Dataset, prompts: list[str], *, cache: bool = True) -> list[list[int]]:
     """For each prompt, the sorted clusters of the dataset images whose caption it is (empty: not a caption).
 
-    Reads the captions of both splits (text and json members only, no image) once per (dataset, prompts): the
+    Reads the captions of both splits (text and json members only, no image) in one pass per (dataset, prompts): the
     answer is cached in ``DATASET/prompt-clusters/`` and every later report with the same prompts reads one small
     file (a read-only dataset folder: computed each time). Memory: the prompts, whatever the dataset's size."""
     dataset = as_dataset(dataset)
@@ -45,10 +44,10 @@ def prompt_clusters(dataset: Dataset, prompts: list[str], *, cache: bool = True)
         if stored.get("prompts") == list(prompts):
             return stored["clusters"]
     found: dict[str, set[int]] = {p: set() for p in prompts}
-    for split in SPLITS:
-        for caption, _, _, k in stream_captions(dataset, None, split=split, seed=0):
-            if caption in found:
-                found[caption].add(int(k))
+    # one pass over both splits; the order does not matter here, so the buffers hold one caption per cluster
+    for caption, _, _, k in stream_captions(dataset, None, split=None, seed=0, shuffle_buffer=1):
+        if caption in found:
+            found[caption].add(int(k))
     clusters = [sorted(found[p]) for p in prompts]
     if cache:
         try:

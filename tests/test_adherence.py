@@ -37,6 +37,22 @@ def test_prompt_clusters_are_read_once_per_dataset_and_prompts(dataset_dir, monk
         prompt_clusters(dataset_dir, [*prompts, "one more"])
 
 
+def test_prompt_clusters_pass_every_sample_once(dataset_dir, monkeypatch):
+    """One pass over both splits: every sample's json goes through webdataset's member filter exactly once."""
+    from hddm_flower.data import read_meta, streams
+
+    seen, real = [], streams.open_shards
+
+    def counted(urls, *, select_files, **kw):
+        return real(
+            urls, select_files=lambda name: (name.endswith(".json") and seen.append(name)) or select_files(name), **kw
+        )
+
+    monkeypatch.setattr(streams, "open_shards", counted)
+    prompt_clusters(dataset_dir, ["a prompt of the one-pass test"], cache=False)
+    assert len(seen) == len(set(seen)) == read_meta(dataset_dir)["num_images"]
+
+
 def test_adherence_is_the_fraction_of_a_prompts_samples_in_its_cluster():
     net = FeatureClassifier(in_channels=3, num_classes=4, text_dim=8, feature_dim=8, widths=(8,)).eval()
     with torch.no_grad():  # a classifier that puts every image in cluster 2 (its logits: the head's bias only)

@@ -169,12 +169,12 @@ def stream_captions(
     dataset: Dataset,
     clusters: list[int] | None = None,
     *,
-    split: str = "val",
+    split: str | None = "val",
     seed: int = 0,
     shuffle_buffer: int = 1000,
 ) -> Iterator[tuple[str, np.ndarray, np.ndarray, int]]:
-    """One seeded, shuffled pass over the captions of ``split`` in ``clusters`` (default all), interleaved at
-    random: ``(caption, padded text states (L, dim), mask (L,), cluster)``. Reads the text and json members only
+    """One seeded, shuffled pass over the captions of ``split`` (None: train and val) in ``clusters`` (default
+    all), interleaved at random: ``(caption, padded text states (L, dim), mask (L,), cluster)``. Reads the text and json members only
     (no image), so picking prompts costs what the prompts need, not the split."""
     dataset = as_dataset(dataset)
     clusters = dataset.cluster_ids if clusters is None else clusters
