@@ -72,3 +72,29 @@ def write_result(path: str | os.PathLike, record: dict, *, indent: int = 2) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=indent))
     return path
+
+
+def forked(fn, *args):
+    """``fn(*args)`` in a child forked from this process, its result (JSON-serialisable) returned here: each
+    measurement gets a process of its own (its own peak memory and I/O counters) without paying the imports
+    again. Fork before this process has started any thread pool (no torch op with several threads yet)."""
+    import tempfile
+    import traceback
+
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
+        pid = os.fork()
+        if pid == 0:  # the child: run, write the result, leave without the parent's exit handlers
+            code = 1
+            try:
+                Path(out.name).write_text(json.dumps(fn(*args)))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status):
+            raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed in its process (exit {status}); see above")
+        return json.loads(Path(out.name).read_text())

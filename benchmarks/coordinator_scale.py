@@ -1,28 +1,41 @@
 #!/usr/bin/env python3
-"""The coordinator's memory does not grow with the dataset: peak RSS and time per server stage at N and 4N samples.
+"""The coordinator's memory does not grow with the dataset: each server stage's RSS increase, bytes read and time
+at N and 4N samples.
 
 A synthetic clustered dataset in the paper's layout is generated (seeded; not downloaded): K = 8 shard sets of
-webdataset tars, each sample a 4×32×32 float16 latent (8 KiB), 77×768 float16 text states (118 KiB), a caption and
-its json (split, cluster); ``meta.json`` as ``hddm cluster`` writes it. The 4N dataset is written once; the N one
-is a view of its first quarter (symlinked shards), so both are the same data.
+webdataset tars, each sample a latent (``--latent-side``, 4 channels, float16), per-token text states of the
+offline MiniLM's width (``--tokens`` × 384, float16), a caption and its json (split, cluster; every
+``--val-every``-th sample held out); ``meta.json`` as ``hddm cluster`` writes it. Small samples keep N ≥ 20,000
+cheap to write and read; the memory argument is the same at any sample size (a stage that held a split would hold
+N samples of it). The 4N dataset is written once; the N one is a view of its first quarter (symlinked shards).
 
-Each stage runs in its own process (stages cannot mask each other's peaks); it reports its peak RSS
-(``ru_maxrss``), its RSS after imports and setup, its *increase*: the peak RSS of the stage over its own
-post-import RSS (VmHWM reset through ``/proc/self/clear_refs`` after the imports; ``ru_maxrss`` cannot see a stage
-that stays under the imports' high-water mark), the bytes it read (``/proc/self/io``), and its wall time:
+Each stage runs in its own process, forked from one that imported everything (stages cannot mask each other's
+peaks, and none pays the imports), with the coordinator's thread count set as the ServerApp sets it
+(:func:`hddm_flower.devices.coordinator_threads`). It reports its *increase*: the peak RSS of the stage over its
+own RSS after imports and setup (VmHWM reset through ``/proc/self/clear_refs``; ``ru_maxrss`` cannot see a stage
+that stays under the imports' high-water mark; what the stage imports or pages in lazily counts), the bytes it
+read (``/proc/self/io`` ``rchar``: every read(2), page cache included), the bytes it must read by construction
+(``must_read``: the samples its streams reach × the mean sample size in the shards), and its wall time:
 
-* ``router``: :func:`hddm_flower.stages.router.fit_router` for a fixed number of steps (the data it reads does not
-  grow with N: the time should not either);
-* ``reference``: the evaluation's feature classifier trained from a stream (fixed steps), then the FID/KID
-  reference statistics of every image in one streaming pass, cached beside the dataset (reads all N);
-* ``evaluation``: :func:`hddm_flower.evaluate.evaluate_run` with one routing mode (top2) of an 8-expert ensemble
-  (2 DDPM + 6 FM, the ``test`` preset), reusing the cached statistics: prompts streamed, samples, FID/KID.
+* ``router``: :func:`hddm_flower.stages.router.fit_router` for ``router.steps`` (fixed: must read steps × batch
+  + the shuffle buffer, not N);
+* ``feature``: the evaluation's feature classifier trained from a stream for ``evaluation.feature_steps``;
+* ``reference``: the FID/KID reference statistics of every image in one streaming pass, cached beside the
+  dataset (must read all N);
+* ``diagnostics``: :func:`hddm_flower.stages.diagnostics.evaluate` on the streamed, seeded held-out subsample of
+  ``evaluation.diagnostic_images`` (must read until its buffers fill and the subsample is drawn: not N);
+* ``report``: the ServerApp's own :func:`hddm_flower.stages.assemble.evaluate_and_report` (diagnostics, one
+  routing mode, the per-expert pass, grids, ``HDDMPipeline`` sampling, prompt adherence, report.json/md) on an
+  8-expert ensemble (2 DDPM + 6 FM, the ``test`` preset), the feature classifier and reference statistics of the
+  stages before reused (as a second report of a run reuses them); the prompt clusters are computed (not cached),
+  so it must read every caption once: N;
+* ``monolith``: ``hddm reproduce``'s monolith (:func:`hddm_flower.reproduce.train_monolith`, ``data.stream``)
+  for K × ``expert.steps`` steps, checkpointed every ``expert.checkpoint_every`` steps.
 
-Features are the run's own feature classifier on latents (no VAE and no Inception offline); the memory argument is
-the same for any feature network (its size does not depend on N).
+Features are the run's own feature classifier (no Inception offline); its size does not depend on N.
 
-    python -m benchmarks.coordinator_scale                 # N = 20,000 and 4N = 80,000 (≈ 10 GB of disk, deleted)
-    python -m benchmarks.coordinator_scale --n 1600 --shard-size 50 --out /tmp/quick   # a quick look
+    python -m benchmarks.coordinator_scale                 # N = 20,000 and 4N = 80,000 (≈ 0.8 GB of disk, deleted)
+    python -m benchmarks.coordinator_scale --n 4000 --shard-size 25 --out /tmp/quick   # a quick look
 """
 
 from __future__ import annotations
@@ -32,9 +45,7 @@ import io
 import json
 import os
 import platform
-import resource
 import shutil
-import subprocess
 import sys
 import tarfile
 import time
@@ -42,11 +53,13 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import ROOT, machine, module_command, write_result
+from benchmarks.common import ROOT, commit, forked, machine, write_result
 
-K, L, DIM, C, S = 8, 77, 768, 4, 32
-SHARD = 125  # samples per shard (--shard-size)
-VAL_EVERY = 100  # every 100th sample is held out (1 %)
+K, C, DIM = 8, 4, 384  # clusters, latent channels, MiniLM's width (the pipeline encodes its prompts with it)
+STAGES = ("router", "feature", "reference", "diagnostics", "report", "monolith")
+DIAGNOSTICS_BUFFER = 1024  # stages.diagnostics.SHUFFLE_BUFFER (checked in stage())
+MONOLITH_BUFFER = 1000  # data.streams.StreamingAllClusters' default shuffle buffer
+FEATURE_BATCH, FEATURE_BUFFER = 64, 4096  # evaluate.feature_network's stream
 
 
 def _npy(a: np.ndarray) -> bytes:
@@ -61,31 +74,32 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def generate(out: Path, n: int, seed: int = 0) -> Path:
+def generate(out: Path, n: int, args, seed: int = 0) -> Path:
     """K clusters of n / K samples: latents around a per-cluster mean, text states from a pool (fast to write)."""
     from safetensors.numpy import save_file
 
+    S, L, shard, every = args.latent_side, args.tokens, args.shard_size, args.val_every
     rng = np.random.default_rng(seed)
     means = rng.normal(0, 1, (K, C, S, S)).astype(np.float32)
-    pool = [_npy(rng.normal(0, 0.5, (L, DIM)).astype(np.float16)) for _ in range(32)]  # 118 KiB each
+    pool = [_npy(rng.normal(0, 0.5, (L, DIM)).astype(np.float16)) for _ in range(32)]
     per = n // K
     clusters = []
     for k in range(K):
         folder = out / f"cluster-{k}"
         folder.mkdir(parents=True)
-        for s0 in range(0, per, SHARD):
-            with tarfile.open(folder / f"shard-{s0 // SHARD:06d}.tar", "w") as tar:
-                lat = (0.7 * means[k] + 0.7 * rng.normal(0, 1, (min(SHARD, per - s0), C, S, S))).astype(np.float16)
+        for s0 in range(0, per, shard):
+            with tarfile.open(folder / f"shard-{s0 // shard:06d}.tar", "w") as tar:
+                lat = (0.7 * means[k] + 0.7 * rng.normal(0, 1, (min(shard, per - s0), C, S, S))).astype(np.float16)
                 for j, x in enumerate(lat):
                     i = s0 + j
                     key = f"{k}{i:08d}"
-                    split = "val" if i % VAL_EVERY == VAL_EVERY - 1 else "train"
+                    split = "val" if i % every == every - 1 else "train"
                     _add(tar, f"{key}.latent.npy", _npy(x))
                     _add(tar, f"{key}.emb.npy", pool[(i * 7 + k) % len(pool)])
                     _add(tar, f"{key}.txt", f"synthetic caption {k}-{i}".encode())
                     _add(tar, f"{key}.json", json.dumps({"cluster": k, "split": split}).encode())
         clusters.append(
-            {"id": k, "size": per, "val": per // VAL_EVERY, "detail": float(k), "categories": {}, "examples": []}
+            {"id": k, "size": per, "val": per // every, "detail": float(k), "categories": {}, "examples": []}
         )
     uncond = {"states": np.zeros((L, DIM), np.float32), "mask": (np.arange(L) < 2).astype(np.float32)}
     meta = {
@@ -95,10 +109,12 @@ def generate(out: Path, n: int, seed: int = 0) -> Path:
         "channels": C,
         "num_images": per * K,
         "num_clusters": K,
-        "text_encoder": "synthetic (77×768 float16 states)",
+        "text_encoder": f"synthetic ({L}×{DIM} float16 states)",
         "text_dim": DIM,
         "max_caption_tokens": L,
         "latent": None,
+        "cluster_features": "synthetic (a mean per cluster)",
+        "license": "synthetic, generated by benchmarks/coordinator_scale.py",
         "clusters": clusters,
     }
     save_file(uncond, out / "uncond.safetensors")
@@ -106,7 +122,7 @@ def generate(out: Path, n: int, seed: int = 0) -> Path:
     return out
 
 
-def view(big: Path, out: Path, fraction: int) -> Path:
+def view(big: Path, out: Path, fraction: int, args) -> Path:
     """The first 1/fraction of every cluster of ``big`` (symlinked shards, its own meta.json)."""
     meta = json.loads((big / "meta.json").read_text())
     for c in meta["clusters"]:
@@ -115,37 +131,69 @@ def view(big: Path, out: Path, fraction: int) -> Path:
         (out / f"cluster-{c['id']}").mkdir(parents=True)
         for p in keep:
             (out / f"cluster-{c['id']}" / p.name).symlink_to(p)
-        c["size"], c["val"] = len(keep) * SHARD, len(keep) * SHARD // VAL_EVERY
+        c["size"], c["val"] = len(keep) * args.shard_size, len(keep) * args.shard_size // args.val_every
     meta["num_images"] = sum(c["size"] for c in meta["clusters"])
     shutil.copy(big / "uncond.safetensors", out / "uncond.safetensors")
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return out
 
 
-def config(args, work: Path):
+def config(args):
     from hddm_flower.config_io import config_from_dict
 
     return config_from_dict(
         {
             "num_experts": K,
             "objectives": {"ddpm": 2, "fm": 6, "ddpm_clusters": [0, 1]},
-            "data": {"stream": True},
-            "expert": {"preset": "test", "steps": 1, "batch_size": 2, "warmup_steps": 1},
-            "router": {"preset": "tiny", "steps": args.router_steps, "batch_size": 64},
-            "coordinator": {"device": args.device},
-            "sampling": {"num_steps": args.sample_steps},
+            "data": {"stream": True, "max_caption_tokens": args.tokens},
+            "expert": {
+                "preset": "test",
+                "steps": args.expert_steps,
+                "batch_size": 8,
+                "warmup_steps": 1,
+                "checkpoint_every": max(1, args.expert_steps),
+            },
+            "router": {"preset": "test", "steps": args.router_steps, "batch_size": 64},
+            "coordinator": {"device": args.device, "threads": args.threads},
+            "sampling": {"num_steps": args.sample_steps, "samples_per_prompt": 2, "prompts": ["a", "b"]},
             "evaluation": {
                 "routing_modes": ["top2"],
                 "num_prompts": args.prompts,
                 "samples_per_prompt": 2,
+                "per_expert_samples": 4,
+                "grid_prompts": 2,
+                "batch_size": 64,
                 "feature_steps": args.feature_steps,
-                "kid_subset_size": 50,
+                "kid_subset_size": 10,
                 "kid_subsets": 10,
                 "reference_images": args.kid_reservoir,
+                "diagnostic_images": args.diagnostic_images,
+                "times": [0.1, 0.5, 0.9],
             },
         },
         "coordinator_scale",
     )
+
+
+def must_read_samples(name: str, cfg, meta: dict, val_every: int) -> int:
+    """The samples a stage's streams must pass by construction (a tar stream reads every member of a sample it
+    passes, and a split filter passes the other split's samples too)."""
+    n, k = meta["num_images"], meta["num_clusters"]
+    val = sum(c["val"] for c in meta["clusters"])
+    train_pass = lambda drawn, buffer: min(n, round((drawn + buffer) * n / (n - val)))  # noqa: E731
+    if name == "router":
+        return train_pass(cfg.router.steps * cfg.router.batch_size, cfg.router.shuffle_buffer)
+    if name == "feature":
+        return train_pass(cfg.evaluation.feature_steps * FEATURE_BATCH, FEATURE_BUFFER)
+    if name == "monolith":
+        e = cfg.expert
+        return train_pass(k * e.steps * e.batch_size * e.grad_accumulation, MONOLITH_BUFFER)
+    if name == "reference":
+        return n
+    diagnostics = min(n, (cfg.evaluation.diagnostic_images + DIAGNOSTICS_BUFFER) * val_every)
+    if name == "diagnostics":
+        return diagnostics
+    return diagnostics + n  # report: + every caption once (prompt clusters; prompts and per-expert prompts: few)
 
 
 def _status_kib(key: str) -> int:
@@ -165,165 +213,222 @@ def stage(args) -> dict:
     """One stage in this process; returns its measurements."""
     import torch
 
-    torch.set_num_threads(args.threads)
+    from hddm_flower import adherence, reference
     from hddm_flower.data import Dataset
-    from hddm_flower.evaluate import evaluate_run, feature_network
-    from hddm_flower.reference import reference_statistics
-    from hddm_flower.stages.assemble import load_ensemble
+    from hddm_flower.devices import coordinator_threads
+    from hddm_flower.evaluate import feature_network
+    from hddm_flower.reproduce import train_monolith
+    from hddm_flower.rundir import FEATURE_NET
+    from hddm_flower.stages import diagnostics
+    from hddm_flower.stages.assemble import evaluate_and_report, load_ensemble
     from hddm_flower.stages.router import fit_router
 
-    d, work = Path(args.dataset), Path(args.work)
-    cfg = config(args, work)
+    if diagnostics.SHUFFLE_BUFFER != DIAGNOSTICS_BUFFER:
+        raise RuntimeError("stages.diagnostics.SHUFFLE_BUFFER changed: update DIAGNOSTICS_BUFFER here")
+    cfg = config(args)
+    threads = coordinator_threads(cfg.coordinator.threads)
+    d, work = Dataset.open(args.dataset), Path(args.work)
     run = work / "run"
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    decode = d.decoder(cfg)
+    if args.stage == "report":  # computed in the stage, as on a run's first report
+        shutil.rmtree(d.root / adherence.CACHE_DIR, ignore_errors=True)
+    torch.zeros(1) + 1  # torch's lazy initialisation happens before the baseline
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS: the peak from here on is the stage's own
     baseline, io0 = _status_kib("VmRSS"), _io()
     start = time.perf_counter()
     if args.stage == "router":
-        fit_router(cfg, d, work / "router-run")
-        extra = json.loads((work / "router-run" / "router" / "hddm_router.json").read_text())
+        fit_router(cfg, d, run)
+        extra = json.loads((run / "router" / "hddm_router.json").read_text())
         extra = {k: extra[k] for k in ("steps", "images_seen", "device", "training_images")}
+    elif args.stage == "feature":
+        fx, _, _ = feature_network(cfg, d, run / FEATURE_NET, decode=decode)
+        extra = {"features": fx.name, "steps": cfg.evaluation.feature_steps}
     elif args.stage == "reference":
-        decode = Dataset.open(d).decoder(cfg)
-        fx, _, _ = feature_network(cfg, d, work / "feature-net", decode=decode)
-        stats, cached = reference_statistics(d, fx, decode=decode, reservoir=args.kid_reservoir, seed=0)
-        extra = {"images": sum(s.count for s in stats.values()), "reused": cached["reused"], "features": fx.name}
-    else:
+        fx, _, _ = feature_network(cfg, d, run / FEATURE_NET, decode=decode)
+        stats, cached = reference.reference_statistics(d, fx, decode=decode, reservoir=args.kid_reservoir, seed=0)
+        extra = {"images": sum(s.count for s in stats.values()), "reused": cached["reused"]}
+    elif args.stage == "diagnostics":
         ensemble, _ = load_ensemble(cfg, run)
-        ev = evaluate_run(cfg, ensemble, d, work / "eval", feature_dir=work / "feature-net", per_expert=False)
-        top2 = ev["modes"]["top2"]
-        extra = {"fid": top2["fid"], "kid": top2["kid"], "reference": ev["protocol"]["reference"]}
+        ev = cfg.evaluation
+        batches = diagnostics.heldout_batches(d, ev.diagnostic_images, ev.batch_size, cfg.sampling.seed)
+        m = diagnostics.evaluate(ensemble, batches, seed=cfg.sampling.seed, times=tuple(ev.times))
+        extra = {"images": m["num_images"]}
+    elif args.stage == "report":
+        r = evaluate_and_report(cfg, run, d, [])
+        top2 = r["metrics"]["evaluation"]["modes"]["top2"]
+        extra = {"fid": top2["fid"], "diagnostic_images": r["metrics"]["num_images"]}
+    else:
+        ckpt = work / "monolith-train-state.pt"
+        ckpt.unlink(missing_ok=True)
+        _, _, meta = train_monolith(cfg, d, checkpoint=ckpt)
+        extra = {"steps": meta["steps"], "images_seen": meta["images_seen"]}
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     io1 = _io()
     return {
-        "peak_rss_mib": peak / 1024,
-        "rss_after_imports_mib": rss0 / 1024,
+        "rss_after_imports_mib": baseline / 1024,
         "increase_mib": (_status_kib("VmHWM") - baseline) / 1024,  # the stage's peak over its post-import RSS
         "rchar": io1["rchar"] - io0["rchar"],
         "read_bytes": io1["read_bytes"] - io0["read_bytes"],
         "seconds": seconds,
+        "threads": threads,
         **extra,
     }
 
 
-def setup_run(args, d: Path, work: Path) -> None:
-    """Experts (one step each, the test preset) and a router for the evaluation stage; not measured."""
+def setup_run(args, d: str, work: str) -> None:
+    """Experts for the diagnostics and report stages (``expert.steps`` each, the test preset); not measured."""
     from hddm_flower.checkpoints import save_expert
+    from hddm_flower.data import Dataset
+    from hddm_flower.devices import coordinator_threads
     from hddm_flower.stages.expert import train_one_expert
     from hddm_flower.stages.prepare import assign_objectives
-    from hddm_flower.stages.router import fit_router
 
-    cfg = config(args, work)
-    run = work / "run"
-    for k, objective in enumerate(assign_objectives(cfg, d)):
-        save_expert(run / "experts" / f"expert-{k}", *train_one_expert(cfg, d, k, objective))
-    fit_router(cfg, d, run)
+    cfg, dataset = config(args), Dataset.open(d)
+    coordinator_threads(cfg.coordinator.threads)
+    for k, objective in enumerate(assign_objectives(cfg, dataset)):
+        save_expert(Path(work) / "run" / "experts" / f"expert-{k}", *train_one_expert(cfg, dataset, k, objective))
+
+
+def _preload() -> None:
+    """Everything the stages import, imported once here: each stage is forked from this process
+    (:func:`benchmarks.common.forked`) and pays no import of its own."""
+    import torch  # noqa: F401
+
+    import hddm_flower.adherence  # noqa: F401
+    import hddm_flower.hddm_pipeline  # noqa: F401
+    import hddm_flower.report  # noqa: F401
+    import hddm_flower.reproduce  # noqa: F401
+    import hddm_flower.stages.assemble  # noqa: F401
+    import hddm_flower.stages.expert  # noqa: F401
+    import hddm_flower.stages.prepare  # noqa: F401
 
 
 def run_stage(name: str, d: Path, work: Path, args) -> dict:
-    cmd = module_command("benchmarks.coordinator_scale", "--stage", name, "--dataset", str(d), "--work", str(work))
-    cmd += ["--router-steps", str(args.router_steps), "--feature-steps", str(args.feature_steps)]
-    cmd += ["--prompts", str(args.prompts), "--sample-steps", str(args.sample_steps), "--device", args.device]
-    cmd += ["--kid-reservoir", str(args.kid_reservoir), "--threads", str(args.threads)]
     load = os.getloadavg()
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
-    if out.returncode:
-        raise RuntimeError(f"stage {name} failed:\n{out.stderr[-3000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = forked(stage, argparse.Namespace(**vars(args) | {"stage": name, "dataset": str(d), "work": str(work)}))
     return result | {"load_average_at_start": [round(x, 2) for x in load]}
 
 
+def _ratio(a: float, b: float) -> float:
+    return round(b / a, 3) if a else float("inf")
+
+
+def render(results: dict) -> str:
+    a, b = results["sizes"]["N"], results["sizes"]["4N"]
+    lines = [
+        "# Coordinator scale: each stage's RSS increase, bytes read and time at N and 4N",
+        "",
+        f"`{results['command']}` on {results['machine']}, commit {results['commit']}, {results['date']}; "
+        f"{results['conditions']}",
+        "",
+        "| stage | increase N (MiB) | increase 4N (MiB) | ratio | read N (MB) | bound N (MB) | read 4N (MB) "
+        "| bound 4N (MB) | read ratio | time N (s) | time 4N (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results["ratios_4N_over_N"].items():
+        x, y = a[name], b[name]
+        lines.append(
+            f"| {name} | {x['increase_mib']:.1f} | {y['increase_mib']:.1f} | **{r['increase']:.3f}** "
+            f"| {x['rchar'] / 1e6:.1f} | {x['must_read_bytes'] / 1e6:.1f} | {y['rchar'] / 1e6:.1f} "
+            f"| {y['must_read_bytes'] / 1e6:.1f} | {r['rchar']:.2f} | {x['seconds']:.1f} | {y['seconds']:.1f} |"
+        )
+    lines += [
+        "",
+        f"N = {a['samples']:,}, 4N = {b['samples']:,} samples of {results['sample_bytes']:.0f} bytes in the shards "
+        f"(mean); goal (every stage's increase at 4N ≤ 1.15 × at N) met: {results['goal_met']}. "
+        "*increase*: the stage's peak RSS over its own RSS after imports; *read*: `rchar` of `/proc/self/io`; "
+        "*bound*: the samples its streams pass at most by construction (what they draw, full shuffle buffers, "
+        "the other split's samples a split filter passes over) × the mean sample size; the code a stage imports "
+        "lazily is read too (a few MB).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
-    global SHARD
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=20_000, help="N (the second size is 4N); a multiple of 32 × --shard-size")
-    p.add_argument("--router-steps", type=int, default=150)
-    p.add_argument("--feature-steps", type=int, default=100)
-    p.add_argument("--prompts", type=int, default=32)
-    p.add_argument("--sample-steps", type=int, default=10)
-    p.add_argument("--kid-reservoir", type=int, default=2000)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--shard-size", type=int, default=SHARD)
+    p.add_argument("--router-steps", type=int, default=100)
+    p.add_argument("--feature-steps", type=int, default=50)
+    p.add_argument("--expert-steps", type=int, default=2, help="each expert's steps (the monolith: K ×)")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--sample-steps", type=int, default=4)
+    p.add_argument("--kid-reservoir", type=int, default=500)
+    p.add_argument("--diagnostic-images", type=int, default=256)
+    p.add_argument("--threads", type=int, default=1, help="coordinator.threads (0: the CPUs of the process)")
+    p.add_argument("--latent-side", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=8, help="text tokens per caption (384-d states)")
+    p.add_argument("--shard-size", type=int, default=125)
+    p.add_argument("--val-every", type=int, default=10, help="every this many-th sample is held out")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--conditions", default="", help="what else ran on the machine (recorded with the result)")
     p.add_argument("--keep", default=None, metavar="DIR", help="write the datasets here and keep them (reused)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "coordinator_scale"))
-    p.add_argument("--stage", choices=["router", "reference", "evaluation"], help=argparse.SUPPRESS)
-    p.add_argument("--dataset", help=argparse.SUPPRESS)
-    p.add_argument("--work", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.stage:
-        print(json.dumps(stage(args)))
-        return
-    SHARD = args.shard_size
-    if args.n % (K * SHARD * 4):
-        p.error(f"--n must be a multiple of {K * SHARD * 4} (8 clusters × 4 quarters × --shard-size)")
+    if args.n % (K * args.shard_size * 4):
+        p.error(f"--n must be a multiple of {K * args.shard_size * 4} (8 clusters × 4 quarters × --shard-size)")
     import tempfile
 
     keep = args.keep is not None
     root = Path(args.keep) if keep else Path(tempfile.mkdtemp(prefix="coordinator-scale-"))
-    results = {"sizes": {}}
+    results: dict = {"sizes": {}}
+    cfg = config(args)
+    _preload()
+    started = time.perf_counter()
     try:
         t0 = time.perf_counter()
         if keep and (root / "data-N" / "meta.json").exists():  # generated by an earlier call with --keep
             big, small = root / "data-4N", root / "data-N"
         else:
-            big = generate(root / "data-4N", 4 * args.n)
-            small = view(big, root / "data-N", 4)
+            big = generate(root / "data-4N", 4 * args.n, args)
+            small = view(big, root / "data-N", 4, args)
         results["generate_seconds"] = round(time.perf_counter() - t0, 1)
         results["dataset_bytes_4N"] = sum(f.stat().st_size for f in big.rglob("*.tar"))
+        results["sample_bytes"] = results["dataset_bytes_4N"] / (4 * args.n)
         for label, d in (("N", small), ("4N", big)):
             work = root / f"work-{label}"
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(d / "reference-stats", ignore_errors=True)  # the pass is measured, not reused
             work.mkdir()
-            setup_run(args, d, work)
-            results["sizes"][label] = {"samples": json.loads((d / "meta.json").read_text())["num_images"]}
-            for name in ("router", "reference", "evaluation"):
-                results["sizes"][label][name] = run_stage(name, d, work, args)
-                print(label, name, json.dumps(results["sizes"][label][name]), flush=True)
+            forked(setup_run, args, str(d), str(work))
+            meta = json.loads((d / "meta.json").read_text())
+            results["sizes"][label] = {"samples": meta["num_images"]}
+            for name in STAGES:
+                r = run_stage(name, d, work, args)
+                must = must_read_samples(name, cfg, meta, args.val_every)
+                r |= {"must_read_samples": must, "must_read_bytes": round(must * results["sample_bytes"])}
+                results["sizes"][label][name] = r
+                print(label, name, json.dumps(r), flush=True)
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
     a, b = results["sizes"]["N"], results["sizes"]["4N"]
     results["ratios_4N_over_N"] = {
         name: {
-            "peak_rss": round(b[name]["peak_rss_mib"] / a[name]["peak_rss_mib"], 3),
-            "increase": round(b[name]["increase_mib"] / max(a[name]["increase_mib"], 1e-9), 3),
-            "rchar": round(b[name]["rchar"] / max(a[name]["rchar"], 1), 3),
-            "seconds": round(b[name]["seconds"] / a[name]["seconds"], 2),
+            "increase": _ratio(a[name]["increase_mib"], b[name]["increase_mib"]),
+            "rchar": _ratio(a[name]["rchar"], b[name]["rchar"]),
+            "must_read": _ratio(a[name]["must_read_bytes"], b[name]["must_read_bytes"]),
+            "seconds": _ratio(a[name]["seconds"], b[name]["seconds"]),
         }
-        for name in ("router", "reference", "evaluation")
+        for name in STAGES
     }
     results["goal"] = "each stage's RSS increase over its post-import baseline at 4N ≤ 1.15 × at N"
     results["goal_met"] = all(r["increase"] <= 1.15 for r in results["ratios_4N_over_N"].values())
+    load = [size[name]["load_average_at_start"][0] for size in results["sizes"].values() for name in STAGES]
     results |= {
         "command": "python -m benchmarks.coordinator_scale " + " ".join(sys.argv[1:]),
         "machine": f"{machine()}, Python {platform.python_version()}",
+        "commit": commit(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "conditions": (args.conditions + "; " if args.conditions else "")
+        + f"1-minute load average {min(load):.1f}–{max(load):.1f} at the stages' starts",
         "settings": {k: v for k, v in vars(args).items() if k not in ("stage", "dataset", "work", "keep", "out")},
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_result(out.with_suffix(".json"), results)
-    lines = [
-        "# Coordinator scale: peak RSS and time per stage at N and 4N",
-        "",
-        f"`{results['command']}` on {results['machine']}, {results['date']}.",
-        "",
-        "| stage | increase N (MiB) | increase 4N (MiB) | ratio | read N (MB) | read 4N (MB) | time N (s) "
-        "| time 4N (s) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, r in results["ratios_4N_over_N"].items():
-        lines.append(
-            f"| {name} | {a[name]['increase_mib']:.0f} | {b[name]['increase_mib']:.0f} | {r['increase']:.3f} "
-            f"| {a[name]['rchar'] / 1e6:.1f} | {b[name]['rchar'] / 1e6:.1f} "
-            f"| {a[name]['seconds']:.1f} | {b[name]['seconds']:.1f} |"
-        )
-    lines += ["", f"N = {a['samples']:,}, 4N = {b['samples']:,}; goal met: {results['goal_met']}."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    text = render(results)
+    out.with_suffix(".md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
