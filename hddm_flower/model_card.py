@@ -85,10 +85,18 @@ def run_card(report: dict) -> str:
         )
     if report.get("missing"):
         lines += ["", "Missing experts: " + "; ".join(f"{m['expert_id']} ({m['reason']})" for m in report["missing"])]
+    router = report.get("router", {})
+    dropped = sum(map(len, (router.get("dropped_replies") or {}).values()))
+    how = (
+        f", trained federatedly in {router['rounds']} rounds over {len(router['nodes'])} nodes"
+        f" ({dropped} replies dropped, named in `report.md`)"
+        if router.get("training") == "federated"
+        else ""
+    )
     lines += [
         "",
-        "Router: `router/` (a DiT-style classifier on (x_t, t) only). Feature network: `feature_net/` (the run's own "
-        "classifier, the features of its FID/KID).",
+        f"Router: `router/` (a DiT-style classifier on (x_t, t) only{how}). Feature network: `feature_net/` (the "
+        "run's own classifier, the features of its FID/KID).",
         "",
         "## Sampling",
         "",

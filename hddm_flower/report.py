@@ -88,6 +88,20 @@ def write_report(
     return report
 
 
+def federated_router_lines(x: dict) -> list[str]:
+    """The federated router's rounds in report.md: strategy, rounds, nodes, bytes, and every dropped reply with
+    its round and reason (never averaged)."""
+    dropped = x.get("dropped_replies") or {}
+    lines = [
+        f"Router: trained federatedly ({x['strategy']}, {x['rounds']} rounds over {len(x['nodes'])} nodes, "
+        f"{x['bytes_sent'] + x['bytes_received']} bytes); "
+        + (f"{sum(map(len, dropped.values()))} replies dropped, not averaged:" if dropped else "no reply dropped.")
+    ]
+    if dropped:
+        lines += [""] + [f"- round {rnd}: {why}" for rnd, whys in dropped.items() for why in whys]
+    return lines
+
+
 def _fmt(x: Any, spec: str = ".3f") -> str:
     return "–" if x is None else format(x, spec)
 
@@ -125,6 +139,8 @@ def render_report_md(r: dict) -> str:
         )
     if r["missing"]:
         lines += ["", "Missing experts:", ""] + [f"- expert {x['expert_id']}: {x['reason']}" for x in r["missing"]]
+    if r.get("router", {}).get("training") == "federated":
+        lines += ["", *federated_router_lines(r["router"])]
     if ev:
         p = ev["protocol"]
         lines += [

@@ -151,12 +151,17 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             num_rounds: int,
             optim: OptimConfig | None = None,
             weights: dict[int, float] | None = None,
+            heldout_sizes: dict[int, int] | None = None,
+            max_seconds: float = float("inf"),
             **kwargs,
         ):
             """``sizes``: each node's number of training images (what its replies must declare); ``weights``: its
             FedAvg weight (default: its size; in institution mode bounded, :func:`bounded_weights`);
             ``max_images``: the most images one node's local steps may draw in a round; ``optim`` (FedAdam): the
-            central optimiser's warm-up and schedule, which the server's step size follows round by round."""
+            central optimiser's warm-up and schedule, which the server's step size follows round by round;
+            ``heldout_sizes``: each node's number of held-out images (what its evaluation counts must add up to;
+            None: not checked); ``max_seconds``: the most local training seconds a reply may report (the round's
+            timeout: a node cannot have trained longer than the round waited for it)."""
             n = len(clusters)
             super().__init__(
                 min_train_nodes=n,
@@ -167,6 +172,7 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             )
             self.clusters, self.num_classes, self.num_times = clusters, num_classes, num_times
             self.sizes, self.max_images, self.optim = sizes, max_images, optim
+            self.heldout_sizes, self.max_seconds = heldout_sizes, max_seconds
             self.weights = dict(weights or sizes)
             self.base_eta, self.server_lr = getattr(self, "eta", None), []
             self.images_seen, self.num_rounds, self.slowest_node_seconds = 0, num_rounds, 0.0
@@ -272,6 +278,7 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             return self._aggregate(server_round, super().aggregate_evaluate, good) if good else None
 
         def _record_drop(self, server_round: int, why: str) -> None:
+            why = " ".join(why.split())  # one line, whatever a peer put into the ids or names it quotes
             log(WARNING, "router round %d: a reply is dropped: %s", server_round, why)
             self.dropped.setdefault(server_round, []).append(why)
 
@@ -285,6 +292,10 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
                 raise ReplyRefused(f"{self.weighted_by_key} = {n!r}, the node declared {want}")
             if not 0 < m["images-seen"] <= self.max_images:
                 raise ReplyRefused(f"images-seen = {m['images-seen']!r}, not in 1..{self.max_images}")
+            if not 0 <= m["seconds"] <= self.max_seconds:  # summed over rounds into the router's record
+                raise ReplyRefused(
+                    f"seconds = {m['seconds']:.6g}, not in [0, {self.max_seconds:g}] (the round's timeout)"
+                )
             if self.max_update_norm is not None:  # the node was asked to clip its update to this norm
                 norm = update_norm(content["arrays"], self._global)
                 if norm > self.max_update_norm * (1 + 1e-4):
@@ -293,7 +304,13 @@ def _make_strategy(server_optimizer: str, action: str = ACTION, evaluate: bool =
             return content
 
         def _check_counts(self, node: int, msg: Message) -> RecordDict:
-            return check_evaluate_reply(msg.content, self.num_times, self.num_classes)
+            """The evaluate reply's schema, and counts of exactly the node's held-out images (summed over nodes
+            into the report's held-out accuracy, which no node may outweigh or overflow)."""
+            content = check_evaluate_reply(msg.content, self.num_times, self.num_classes)
+            n = content["metrics"]["num-examples"]
+            if self.heldout_sizes is not None and n != self.heldout_sizes.get(node):
+                raise ReplyRefused(f"num-examples = {n}, the node has {self.heldout_sizes.get(node)} held-out images")
+            return content
 
     return RouterStrategy
 
@@ -333,10 +350,12 @@ def train_router_federated(
     timeout: float,
     cache_dir: str,
     weights: dict[int, float] | None = None,
+    heldout_sizes: dict[int, int] | None = None,
 ) -> tuple[Router, dict]:
     """Train the router by ``cfg.router.num_rounds`` rounds over the nodes in ``clusters`` (node id → its cluster
     ids; ``sizes``: node id → its number of training images, :func:`node_sizes`; ``weights``: node id → its
-    FedAvg weight, default its size, :func:`bounded_weights` for sizes the nodes declared); returns the router and its
+    FedAvg weight, default its size, :func:`bounded_weights` for sizes the nodes declared; ``heldout_sizes``: node
+    id → its number of held-out images, what its evaluation counts must add up to); returns the router and its
     record for the report: rounds, bytes per round and in total, wall time, federated held-out accuracy per round
     and time, dropped replies."""
     r = cfg.router
@@ -357,6 +376,8 @@ def train_router_federated(
         r.num_rounds,
         r.optim,
         weights,
+        heldout_sizes,
+        timeout,
         **(
             {"eta": r.optim.lr, "eta_l": r.local_lr, "tau": 1e-8, "beta_2": 0.999}
             if r.server_optimizer == "adam"
@@ -454,6 +475,8 @@ def train_feature_net_federated(
         ev.feature_steps,
         None,
         bounded_weights(node_sizes(dataset, clusters), r.max_weight_ratio),  # the sizes the nodes declared
+        None,
+        timeout,
         **(
             {"eta": FEATURE_LR, "eta_l": r.local_lr, "tau": 1e-8, "beta_2": 0.999}
             if r.server_optimizer == "adam"
@@ -574,6 +597,41 @@ def federated_reference(
     return sums, record
 
 
+def federated_router(
+    grid: Grid,
+    cfg: Config,
+    run_dir: Path,
+    dataset: Dataset,
+    clusters: dict[int, list[int]],
+    *,
+    timeout: float,
+    cache_dir: str,
+) -> tuple[Router, dict]:
+    """The federated router over ``clusters`` (:func:`train_router_federated`: each node's weight its training
+    images, bounded when the nodes declared them; its evaluation counts its held-out images), saved into
+    ``run_dir/router`` with its record (``hddm_router.json``, strict JSON); returns the router and the record."""
+    sizes = node_sizes(dataset, clusters)
+    heldout = {int(n): dataset.size([int(k) for k in c], "val") for n, c in clusters.items()}
+    declared = dataset.data_free  # institution mode: sizes the nodes declared, bounded
+    router, record = train_router_federated(
+        grid,
+        cfg,
+        clusters,
+        router_model_config(cfg, dataset.meta),
+        sizes=sizes,
+        timeout=timeout,
+        cache_dir=cache_dir,
+        weights=bounded_weights(sizes, cfg.router.max_weight_ratio) if declared else None,
+        heldout_sizes=heldout,
+    )
+    save_router(
+        run_dir / ROUTER,
+        router,
+        {"preset": cfg.router.preset, **router_record(cfg.router), "time_convention": TIME_CONVENTION} | record,
+    )
+    return router, record
+
+
 def finish_federated(
     grid: Grid,
     cfg: Config,
@@ -591,24 +649,7 @@ def finish_federated(
     ``router`` block holds the costs (rounds, bytes, wall time)."""
     extra = dict(extra)
     if cfg.router.training == "federated":
-        config = router_model_config(cfg, dataset.meta)
-        sizes = node_sizes(dataset, clusters)
-        declared = dataset.data_free  # institution mode: sizes the nodes declared, bounded
-        router, record = train_router_federated(
-            grid,
-            cfg,
-            clusters,
-            config,
-            sizes=sizes,
-            timeout=timeout,
-            cache_dir=cache_dir,
-            weights=bounded_weights(sizes, cfg.router.max_weight_ratio) if declared else None,
-        )
-        save_router(
-            run_dir / ROUTER,
-            router,
-            {"preset": cfg.router.preset, **router_record(cfg.router), "time_convention": TIME_CONVENTION} | record,
-        )
+        router, record = federated_router(grid, cfg, run_dir, dataset, clusters, timeout=timeout, cache_dir=cache_dir)
     else:
         start = time.perf_counter()
         router = fit_router(cfg, dataset, run_dir)

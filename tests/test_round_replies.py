@@ -385,3 +385,45 @@ def test_server_side_dp_clips_each_update_before_averaging(tiny_config):
     start = Router(**ROUTER_CONFIG).state_dict()
     moved = torch.cat([(router.state_dict()[k] - v).flatten() for k, v in start.items() if v.is_floating_point()])
     assert float(moved.norm()) < c + 0.05  # without clipping: ≈ 1000 · √(number of weights) / 3
+
+
+def _huge_seconds(reply):
+    reply.content["metrics"]["seconds"] = 1e308  # finite; two rounds of it sum to inf in the router's record
+    return reply
+
+
+def _consistent_inflated_counts(reply):
+    """Counts that add up, of 10 × the node's 3 held-out images (its share of the summed held-out accuracy)."""
+    k = CLUSTERS[HOSTILE][0]
+    confusion = [0] * (TIMES * 16)
+    confusion[k * 4 + k] = 30
+    reply.content["metrics"] = MetricRecord({"num-examples": 30, "confusion": confusion, "top2-hits": [30] * TIMES})
+    return reply
+
+
+def test_reported_seconds_and_held_out_counts_are_bounded_by_what_the_server_knows(tiny_config):
+    """A node may report at most the round's timeout as its local seconds (they are summed over rounds into
+    router/hddm_router.json: 2 × 1e308 is inf, which strict JSON refuses), and its evaluation must count exactly
+    its held-out images (a node counting 10× its images would outweigh the others in the reported accuracy)."""
+
+    def tamper(node, reply):
+        if node == HOSTILE:
+            return (_huge_seconds if reply.metadata.message_type.startswith("train") else _consistent_inflated_counts)(
+                reply
+            )
+        return reply
+
+    cfg = _cfg(tiny_config)
+    cfg = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, seed=0, rounds=2))
+    router, record = train_router_federated(
+        FakeGrid(honest_node, {n: {} for n in CLUSTERS}, tamper=tamper), cfg, CLUSTERS, ROUTER_CONFIG, sizes=SIZES,
+        timeout=5, cache_dir="", heldout_sizes={n: 3 for n in CLUSTERS},
+    )  # fmt: skip
+    for rnd in ("1", "2"):
+        seconds, counts = record["dropped_replies"][rnd]
+        assert seconds == f"node {HOSTILE}: seconds = 1e+308, not in [0, 5] (the round's timeout)", seconds
+        assert counts == f"node {HOSTILE}: num-examples = 30, the node has 3 held-out images", counts
+    assert record["heldout"]["num_images"] == 3 * 3 and record["slowest_node_seconds"] == 2 * 0.1
+    json.dumps(record, allow_nan=False)
+    shift = sum(SIZES[n] / 38 * 0.01 * n for n in (11, 13, 14))
+    assert _shift(router) == pytest.approx(2 * shift, abs=1e-6)
