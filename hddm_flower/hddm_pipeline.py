@@ -20,7 +20,10 @@ its name, loaded with diffusers' own machinery (``from_pretrained`` of each clas
 
 The pipeline samples with :func:`hddm_flower.ensemble.sample_ensemble` (FM Euler from t = 1 to t = 0, CFG per
 expert before mixing); it adds the text encoding, the noise, a progress bar, VAE decoding and the output formats.
-The sampling defaults are the run's (``model_index.json``'s ``sampling``, written from its ``config.yaml``).
+The sampling defaults are the run's (``model_index.json``'s ``sampling``, written from its ``config.yaml``; a key
+it lacks takes the config's default). A run's :class:`~hddm_flower.ensemble.Ensemble` is built here only
+(:func:`build_ensemble`): by the pipeline, by stage 4 (:func:`assemble_pipeline`: evaluation and the report's grid
+from the same loaded components) and by ``load_ensemble``.
 ``DiffusionPipeline.from_pretrained(run_dir, custom_pipeline="pipeline", trust_remote_code=True)`` loads the same
 class through the ``pipeline.py`` the run directory carries. Components defined here and in
 :mod:`hddm_flower.models` / :mod:`hddm_flower.metrics` resolve because this module imports those modules (diffusers
@@ -29,10 +32,12 @@ imports no module a folder names; it resolves them from the modules already impo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +49,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from . import rundir
-from .checkpoints import META, load_expert_model, make_expert, save_expert
+from .checkpoints import META, load_expert_model, load_router, make_expert, save_expert
+from .config import Config
 from .data import Dataset, as_dataset
 from .data.layout import UNCOND as DATASET_UNCOND
-from .devices import resolve_precision
+from .devices import resolve_device, resolve_precision
 from .ensemble import ROUTING_MODES, Ensemble, VelocityScaling, sample_ensemble
 from .metrics import FeatureClassifier
 from .models import ExpertNet, Router, TextCond
@@ -104,16 +110,10 @@ class HDDMExperts(ModelMixin, ConfigMixin):
     def uncond(self) -> TextCond | None:
         return None if self.uncond_states is None else TextCond(self.uncond_states, self.uncond_mask)
 
-    def adapters(
-        self,
-        conversion: str = "schedule_aware",
-        t_eps: float = 0.01,
-        x0_clamp: float = 1.0,
-        clean_estimate: str = "clamp",
-    ) -> dict:
-        """Expert id → velocity adapter (:func:`~hddm_flower.checkpoints.make_expert`) over the loaded networks."""
-        options = {"conversion": conversion, "t_eps": t_eps, "x0_clamp": x0_clamp, "clean_estimate": clean_estimate}
-        return {k: make_expert(ExpertNet(self.transformers[str(k)]), self.metas[k], **options) for k in self.ids}
+    def adapters(self, **conversion: Any) -> dict:
+        """Expert id → velocity adapter (:func:`~hddm_flower.checkpoints.make_expert`, with its ``conversion``
+        keywords) over the loaded networks."""
+        return {k: make_expert(ExpertNet(self.transformers[str(k)]), self.metas[k], **conversion) for k in self.ids}
 
     @classmethod
     def from_pretrained(
@@ -131,8 +131,27 @@ class HDDMExperts(ModelMixin, ConfigMixin):
         if not (folder / cls.config_name).is_file():
             raise FileNotFoundError(f"{folder} holds no experts (no {cls.config_name}; is it a run's experts/?)")
         num_experts = int(json.loads((folder / cls.config_name).read_text())["num_experts"])
-        transformers, metas, uncond = {}, {}, None
-        for sub in sorted(p for p in folder.glob("expert-*") if p.is_dir()):
+        experts = cls.from_folders(
+            sorted(p for p in folder.glob("expert-*") if p.is_dir()), num_experts, torch_dtype=torch_dtype
+        )
+        if not experts.ids:
+            raise FileNotFoundError(f"{folder} holds no expert folders (expert-*)")
+        return experts
+
+    @classmethod
+    def from_folders(
+        cls,
+        folders: Iterable[Path],
+        num_experts: int,
+        *,
+        uncond: TextCond | None = None,
+        torch_dtype: torch.dtype | None = None,
+    ) -> HDDMExperts:
+        """The experts of the given ``expert-k`` folders (sha256 of each checked against its metadata; each
+        folder's metadata names expert k, an id in ``0 … num_experts − 1``; an absent id is named in a warning).
+        ``uncond``: the empty caption's states, else the first folder's ``uncond.safetensors`` when there is one."""
+        transformers, metas = {}, {}
+        for sub in folders:
             transformer, meta = load_expert_model(sub, torch_dtype=torch_dtype)
             k = int(meta["expert_id"])
             if sub.name != f"{rundir.EXPERT_PREFIX}{k}":
@@ -142,12 +161,11 @@ class HDDMExperts(ModelMixin, ConfigMixin):
             transformers[k], metas[k] = transformer, meta
             if uncond is None and (sub / UNCOND).is_file():
                 uncond = read_uncond(sub / UNCOND)
-        if not transformers:
-            raise FileNotFoundError(f"{folder} holds no expert folders (expert-*)")
+            where = sub.parent
         absent = [k for k in range(num_experts) if k not in transformers]
-        if absent:
+        if transformers and absent:
             logger.warning(
-                "%s: experts %s of 0..%d are missing; sampling uses the others", folder, absent, num_experts - 1
+                "%s: experts %s of 0..%d are missing; sampling uses the others", where, absent, num_experts - 1
             )
         return cls(num_experts, transformers, metas, uncond).eval()
 
@@ -163,6 +181,40 @@ class HDDMExperts(ModelMixin, ConfigMixin):
             if self.uncond is not None:
                 _write_uncond(out / f"expert-{k}" / UNCOND, self.uncond)
         self.save_config(out)
+
+
+def build_ensemble(
+    experts: HDDMExperts,
+    router: Router,
+    sampling: Mapping[str, Any],
+    device: torch.device | str,
+    routing: str | None = None,
+    top_k: int | None = None,
+    threshold: float | None = None,
+) -> Ensemble:
+    """The one place an :class:`~hddm_flower.ensemble.Ensemble` of a run is built: the experts' velocity adapters
+    and the router on ``device``, with ``sampling`` (:func:`sampling_defaults`'s keys; a missing key takes
+    :data:`SAMPLING_DEFAULTS`) unless ``routing``/``top_k``/``threshold`` are given."""
+    s = SAMPLING_DEFAULTS | dict(sampling)
+    adapters = experts.adapters(
+        conversion=s["conversion"],
+        t_eps=float(s["t_eps"]),
+        x0_clamp=float(s["x0_clamp"]),
+        clean_estimate=s["clean_estimate"],
+    )
+    return Ensemble(
+        adapters,
+        router,
+        experts.config.num_experts,
+        routing=routing or s["routing"],
+        k=int(top_k if top_k is not None else s["top_k"]),
+        threshold=float(threshold if threshold is not None else s["threshold"]),
+        velocity_scaling=VelocityScaling(
+            s["velocity_scaling"], float(s["velocity_scaling_t"]), float(s["x0_variance"])
+        ),
+        handover_t=float(s["handover_t"]),
+        mixed_precision=resolve_precision(s["mixed_precision"], torch.device(device)),
+    ).to(device)
 
 
 def check_components(experts: Any, router: Any, feature_net: Any = None) -> None:
@@ -257,31 +309,18 @@ class HDDMPipeline(DiffusionPipeline):
             TextCond(uncond.states.to(device), uncond.mask.to(device)),
         )
 
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The sampling settings: the run's (``config.sampling``) over the defaults of the config's sampling
+        section (:data:`SAMPLING_DEFAULTS`)."""
+        return SAMPLING_DEFAULTS | dict(self.config.sampling)
+
     def ensemble(self, routing: str | None = None, top_k: int | None = None, threshold: float | None = None):
-        """The experts and the router as an :class:`~hddm_flower.ensemble.Ensemble` (the run's sampling settings
-        unless given)."""
-        s = self.config.sampling
-        adapters = self.experts.adapters(
-            s.get("conversion", "schedule_aware"),
-            float(s.get("t_eps", 0.01)),
-            float(s.get("x0_clamp", 1.0)),
-            s.get("clean_estimate", "clamp"),
+        """The experts and the router as an :class:`~hddm_flower.ensemble.Ensemble` (:func:`build_ensemble`; the
+        run's sampling settings unless given)."""
+        return build_ensemble(
+            self.experts, self.router, self.sampling, self._execution_device, routing, top_k, threshold
         )
-        return Ensemble(
-            adapters,
-            self.router,
-            self.experts.config.num_experts,
-            routing=routing or s.get("routing", "top_k"),
-            k=int(top_k if top_k is not None else s.get("top_k", 2)),
-            threshold=float(threshold if threshold is not None else s.get("threshold", 0.2)),
-            velocity_scaling=VelocityScaling(
-                s.get("velocity_scaling", "off"),
-                float(s.get("velocity_scaling_t", 0.85)),
-                float(s.get("x0_variance", 1.0)),
-            ),
-            handover_t=float(s.get("handover_t", 1.0)),
-            mixed_precision=resolve_precision(s.get("mixed_precision", "no"), self._execution_device),
-        ).to(self._execution_device)
 
     def check_inputs(self, prompt, num_inference_steps, guidance_scale, routing, top_k, n_per_prompt, output_type):
         """Every argument checked before any work; a ValueError names the argument and what it expected."""
@@ -331,12 +370,12 @@ class HDDMPipeline(DiffusionPipeline):
         ``output_type``: ``pil`` (list of PIL images), ``np`` (B, H, W, C) in [0, 1], ``pt`` (B, C, H, W) in
         [0, 1], or ``latent`` (the samples in the experts' space, before the VAE).
         """
-        s = self.config.sampling
-        steps = int(num_inference_steps if num_inference_steps is not None else s.get("num_inference_steps", 50))
-        scale = float(guidance_scale if guidance_scale is not None else s.get("guidance_scale", 1.0))
-        routing = routing or s.get("routing", "top_k")
+        s = self.sampling
+        steps = int(num_inference_steps if num_inference_steps is not None else s["num_inference_steps"])
+        scale = float(guidance_scale if guidance_scale is not None else s["guidance_scale"])
+        routing = routing or s["routing"]
         # the run's own top_k is cut to the experts that arrived (a run may lose some); an explicit one is checked
-        k = int(top_k) if top_k is not None else min(int(s.get("top_k", 2)), len(self.experts.ids))
+        k = int(top_k) if top_k is not None else min(int(s["top_k"]), len(self.experts.ids))
         prompts = self.check_inputs(prompt, steps, scale, routing, k, num_images_per_prompt, output_type)
         device = self._execution_device
 
@@ -397,6 +436,16 @@ class HDDMPipeline(DiffusionPipeline):
 def load_pipeline(run_dir: str | os.PathLike, *, progress: bool = False, **kwargs: Any) -> HDDMPipeline:
     """``HDDMPipeline.from_pretrained(run_dir)``; without ``progress`` no library progress bar is shown (neither
     diffusers' component loading nor transformers' weight loading) and sampling shows none either."""
+    with library_progress_bars(progress):
+        pipe = HDDMPipeline.from_pretrained(run_dir, **kwargs)
+    pipe.set_progress_bar_config(disable=not progress, desc="sampling", unit="step")
+    return pipe
+
+
+@contextlib.contextmanager
+def library_progress_bars(progress: bool) -> Iterator[None]:
+    """Inside: diffusers' and transformers' progress bars as they are with ``progress``, else off (and restored
+    on the way out)."""
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
@@ -406,13 +455,11 @@ def load_pipeline(run_dir: str | os.PathLike, *, progress: bool = False, **kwarg
     for m, _ in bars:
         m.disable_progress_bar()
     try:
-        pipe = HDDMPipeline.from_pretrained(run_dir, **kwargs)
+        yield
     finally:
         for m, was in bars:
             if was:
                 m.enable_progress_bar()
-    pipe.set_progress_bar_config(disable=not progress, desc="sampling", unit="step")
-    return pipe
 
 
 def load_with_diffusers(run_dir: str | os.PathLike, **kwargs: Any) -> DiffusionPipeline:
@@ -500,6 +547,34 @@ def sampling_defaults(cfg) -> dict:
     }
 
 
+def run_references(cfg, dataset: Dataset) -> tuple[dict, str | None]:
+    """What a run's pipeline refers to outside its folder: the text encoder reference (:func:`text_reference`) and
+    the VAE's folder, absolute (``data.vae``, else the one the dataset was encoded with; None for pixels)."""
+    latent = dataset.latent
+    vae_path = (cfg.data.vae or latent["path"]) if latent else None
+    return text_reference(cfg, dataset.meta), str(Path(vae_path).resolve()) if vae_path else None
+
+
+def assemble_pipeline(
+    cfg, run_dir: Path, dataset: Dataset, *, router: Router | None = None, progress: bool = False
+) -> HDDMPipeline:
+    """The run's pipeline from its components, before ``model_index.json`` exists: the experts of
+    ``run_dir/experts``, ``router`` (else ``run_dir/router``), the references and the empty caption that
+    :func:`write_run_index` writes, and the config's sampling settings; on ``coordinator.device``."""
+    folders = rundir.expert_folders(run_dir).values()
+    experts = HDDMExperts.from_folders(folders, cfg.num_experts, uncond=dataset.uncond)
+    router = router if router is not None else load_router(run_dir / rundir.ROUTER)
+    text, vae_path = run_references(cfg, dataset)
+    with library_progress_bars(progress):  # the text encoder's and the VAE's weights load here
+        pipe = HDDMPipeline(experts, router, text=text, vae_path=vae_path, sampling=sampling_defaults(cfg))
+    pipe.set_progress_bar_config(disable=not progress, desc="sampling", unit="step")
+    return pipe.to(resolve_device(cfg.coordinator.device))
+
+
+SAMPLING_DEFAULTS = sampling_defaults(Config())
+"""The pipeline's sampling settings where a run's ``model_index.json`` names none: the config's defaults."""
+
+
 def write_run_index(cfg, run_dir: Path, dataset: Dataset, *, feature_dir: str | None = FEATURE_NET) -> Path:
     """Make ``run_dir`` a diffusers pipeline folder: ``model_index.json``, ``pipeline.py``, ``experts/config.json``
     and, in the run and in every expert folder, ``text_encoder.json`` and the empty caption's ``uncond.safetensors``.
@@ -507,10 +582,7 @@ def write_run_index(cfg, run_dir: Path, dataset: Dataset, *, feature_dir: str | 
     Needs ``run_dir/experts/expert-*`` and ``run_dir/router``; ``feature_net`` is listed when its folder exists.
     """
     dataset = as_dataset(dataset)
-    meta = dataset.meta
-    latent = meta.get("latent")
-    vae_path = (cfg.data.vae or latent["path"]) if latent else None
-    text = text_reference(cfg, meta)
+    text, vae_path = run_references(cfg, dataset)
     uncond_src = dataset.root / DATASET_UNCOND
     has_features = bool(feature_dir) and (run_dir / feature_dir / "config.json").is_file()
     index = {
@@ -523,7 +595,7 @@ def write_run_index(cfg, run_dir: Path, dataset: Dataset, *, feature_dir: str | 
         "text_encoder": [None, None],
         "tokenizer": [None, None],
         "text": text,
-        "vae_path": str(Path(vae_path).resolve()) if vae_path else None,
+        "vae_path": vae_path,
         "sampling": sampling_defaults(cfg),
     }
     experts_dir = rundir.experts_dir(run_dir)

@@ -1,6 +1,7 @@
 """HDDMPipeline over a run directory, and the experts driven by diffusers' own schedulers."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,11 +17,13 @@ from hddm_flower.models import ExpertNet, TextCond
 from hddm_flower.objectives import FM_TIME_SCALE, ddpm_alpha_bar
 
 PRESENT = (0, 1, 3)  # expert 2 lost: the pipeline must cope with gaps
+WEIGHT_LOADS: list[str] = []  # the expert folders whose weights the run fixture's stage 4 read, in order
 
 
 @pytest.fixture(scope="module")
 def run(tiny_config, dataset_dir, tmp_path_factory):
-    """A finished tiny run (4 expert ids, 3 present: FM 0 and 3, DDPM 1) assembled by the real stages."""
+    """A finished tiny run (4 expert ids, 3 present: FM 0 and 3, DDPM 1) assembled by the real stages; every
+    expert transformer that stage 4 reads from disk is noted in WEIGHT_LOADS."""
     from hddm_flower.checkpoints import save_expert
     from hddm_flower.rundir import write_config
     from hddm_flower.stages.assemble import finish_run
@@ -32,8 +35,21 @@ def run(tiny_config, dataset_dir, tmp_path_factory):
     objectives = assign_objectives(tiny_config, dataset_dir)
     for k in PRESENT:
         save_expert(run / "experts" / f"expert-{k}", *train_one_expert(tiny_config, dataset_dir, k, objectives[k]))
-    finish_run(tiny_config, run, dataset_dir, [{"expert_id": 2, "reason": "lost"}])
+    load = PixArtTransformer2DModel.from_pretrained
+
+    def noted(cls, folder, *args, **kwargs):
+        WEIGHT_LOADS.append(Path(folder).name)
+        return load(folder, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PixArtTransformer2DModel, "from_pretrained", classmethod(noted))
+        finish_run(tiny_config, run, dataset_dir, [{"expert_id": 2, "reason": "lost"}])
     return run
+
+
+def test_stage_4_reads_each_expert_once(run):
+    """The report evaluates the ensemble and samples its grid from the same loaded components."""
+    assert WEIGHT_LOADS == [f"expert-{k}" for k in PRESENT]
 
 
 @pytest.fixture(scope="module")
@@ -287,6 +303,23 @@ def test_pipeline_without_stored_empty_caption_encodes_it(pipe):
         rtol=0,
     )
     assert isinstance(pipe.experts.uncond, TextCond)
+
+
+def test_sampling_settings_a_run_does_not_name_are_the_configs_defaults(pipe):
+    """A pipeline without sampling settings samples with the config's (``Config()``'s sampling section)."""
+    from hddm_flower.config import Config
+    from hddm_flower.hddm_pipeline import sampling_defaults
+
+    bare = HDDMPipeline(
+        pipe.experts, pipe.router, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer, text=pipe.config.text
+    )
+    s = Config().sampling
+    assert bare.sampling == sampling_defaults(Config()) and bare.sampling["guidance_scale"] == s.cfg_scale
+    ens = bare.ensemble()
+    assert (ens.routing, ens.k, ens.threshold, ens.handover_t) == (s.routing, s.top_k, s.threshold, s.handover_t)
+    assert ens.velocity_scaling.mode == s.velocity_scaling and ens.velocity_scaling.t_min == s.velocity_scaling_t
+    ddpm = ens.experts["1"]
+    assert (ddpm.conversion, ddpm.t_eps, ddpm.x0_clamp) == (s.conversion, s.t_eps, s.x0_clamp)
 
 
 def test_hddm_sample_uses_the_run_config_and_records_overrides(run, cache_dir, tmp_path, capsys):

@@ -214,3 +214,19 @@ def test_the_dataset_directory_has_one_home():
     assert len(readers) == 1 and readers[0].startswith("hddm_flower/data/dataset.py"), readers  # Dataset.open
     assert [c.split(":")[0] for c in calls["WebDataset"]] == ["hddm_flower/data/shards.py"]
     assert [c.split(":")[0] for c in calls["ShardWriter"]] == ["hddm_flower/data/writer.py"]
+
+
+def test_a_runs_ensemble_is_built_in_one_place():
+    """A run's Ensemble is built by hddm_pipeline.build_ensemble only (the pipeline, evaluation, samples.png and
+    ``hddm sample``), its defaults the config's: no sampling default typed again as a literal there. The other
+    constructions build something else: one routing mode over a given ensemble (evaluate.py), the monolith
+    (reproduce.py), the GMM's exact ensemble (truth_eval.py), random weights for timing (benchmarks/sampling.py)."""
+    built = {p for p, _, line in _code_lines(*APP_CODE) if re.search(r"\bEnsemble\(", line) and "class " not in line}
+    others = {"hddm_flower/evaluate.py", "hddm_flower/reproduce.py", "hddm_flower/truth_eval.py"}
+    assert built == {"hddm_flower/hddm_pipeline.py", "benchmarks/sampling.py"} | others
+    from hddm_flower.config import Config
+    from hddm_flower.hddm_pipeline import sampling_defaults
+
+    keys = "|".join(sampling_defaults(Config()))
+    pipeline = [line for p, _, line in _code_lines("hddm_flower") if p == "hddm_flower/hddm_pipeline.py"]
+    assert pipeline and not [line for line in pipeline if re.search(rf"\.get\(\s*[\"']({keys})[\"']", line)]

@@ -6,13 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..adherence import prompt_adherence, prompt_clusters
-from ..checkpoints import load_expert, load_router
+from ..checkpoints import load_router
 from ..config import Config
 from ..data import Dataset, as_dataset
-from ..devices import resolve_device, resolve_precision
-from ..ensemble import Ensemble, VelocityScaling
+from ..devices import resolve_device
+from ..ensemble import Ensemble
 from ..evaluate import evaluate_run
-from ..hddm_pipeline import load_pipeline, sample_images, write_run_index
+from ..hddm_pipeline import (
+    HDDMExperts,
+    assemble_pipeline,
+    build_ensemble,
+    sample_images,
+    sampling_defaults,
+    write_run_index,
+)
 from ..metrics import FeatureClassifier
 from ..models import Router, router_conditioning
 from ..report import save_grid, write_report
@@ -22,28 +29,12 @@ from .router import fit_router
 
 
 def load_ensemble(cfg: Config, run_dir: Path, router: Router | None = None) -> tuple[Ensemble, list[dict]]:
-    """Assemble the experts found in ``run_dir/experts`` with the router of ``run_dir/router``."""
-    s = cfg.sampling
-    experts, metas = {}, []
-    for folder in expert_folders(run_dir).values():
-        expert, meta = load_expert(folder, **s.conversion_options())
-        experts[int(meta["expert_id"])] = expert
-        metas.append(meta)
+    """Assemble the experts found in ``run_dir/experts`` with ``router`` (else the one of ``run_dir/router``) and
+    the config's sampling settings (:func:`~hddm_flower.hddm_pipeline.build_ensemble`); also their metadata."""
+    experts = HDDMExperts.from_folders(expert_folders(run_dir).values(), cfg.num_experts)
     router = router if router is not None else load_router(run_dir / ROUTER)
-    scaling = VelocityScaling(s.velocity_scaling, s.velocity_scaling_t, s.x0_variance)
-    device = resolve_device(cfg.coordinator.device)
-    ensemble = Ensemble(
-        experts,
-        router,
-        cfg.num_experts,
-        routing=s.routing,
-        k=s.top_k,
-        threshold=s.threshold,
-        velocity_scaling=scaling,
-        handover_t=s.handover_t,
-        mixed_precision=resolve_precision(cfg.coordinator.mixed_precision, device),
-    )
-    return ensemble.to(device), metas
+    ensemble = build_ensemble(experts, router, sampling_defaults(cfg), resolve_device(cfg.coordinator.device))
+    return ensemble, [experts.metas[k] for k in experts.ids]
 
 
 def finish_run(
@@ -77,9 +68,11 @@ def evaluate_and_report(
     """Evaluate the assembled run (diagnostics, every routing mode, per expert), sample the configured prompts and
     write report.json, report.md, the grids and the plots into ``run_dir``. ``reference``: federated FID
     reference statistics per cluster (see :func:`hddm_flower.evaluate.evaluate_run`)."""
-    ensemble, metas = load_ensemble(cfg, run_dir, router)
     s = cfg.sampling
     dataset = as_dataset(dataset)
+    # the run's components loaded once: the ensemble evaluated and the pipeline that samples the grid
+    pipe = assemble_pipeline(cfg, run_dir, dataset, router=router, progress=progress)
+    ensemble, metas = pipe.ensemble(), [pipe.experts.metas[k] for k in pipe.experts.ids]
     if dataset.data_free:  # institution-owned data: no held-out image on the coordinator
         metrics = skipped_diagnostics(cfg, (extra or {}).get("router", {}).get("heldout"))
     else:
@@ -97,8 +90,6 @@ def evaluate_and_report(
         progress=progress,
     )
     write_run_index(cfg, run_dir, dataset)  # the run directory is now a diffusers pipeline folder
-    pipe = load_pipeline(run_dir, progress=progress)  # the run directory as a diffusers pipeline
-    pipe.to(resolve_device(cfg.coordinator.device))
     images = sample_images(pipe, s.prompts, samples_per_prompt=s.samples_per_prompt, seed=s.seed)
     save_grid(images, len(s.prompts), run_dir / SAMPLES)
     classifier = FeatureClassifier.from_pretrained(feature_dir or run_dir / FEATURE_NET).eval()
