@@ -66,6 +66,15 @@ VARIANTS = {
         "dp_noise_multiplier": 0.1,
         "dp_clipping_norm": 1.0,
     },
+    # the same noise and norm, each node clipping its own update (Flower's client-side fixed clipping)
+    "fedavg-10steps-dpclient": {
+        "server_optimizer": "avg",
+        "local_steps": 10,
+        "local_lr": 0.05,
+        "dp_noise_multiplier": 0.1,
+        "dp_clipping_norm": 1.0,
+        "dp_clipping": "client",
+    },
 }
 
 
