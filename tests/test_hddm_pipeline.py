@@ -105,6 +105,12 @@ def test_model_cards_in_the_run_and_every_expert_folder(run):
     assert "license: cc-by-4.0" in card and "CC-BY 4.0" in card and "Twitter" in card  # data attribution
     assert "HDDMPipeline.from_pretrained" in card and "hddm sample --run-dir" in card
     assert "3 of 4 experts" in card and "device-hours" in card and "2 (lost)" in card
+    # trust_remote_code: what it executes, and the safe route that executes nothing from the folder
+    assert "`HDDMPipeline.from_pretrained` runs no code from the folder" in card
+    assert 'custom_pipeline="pipeline", trust_remote_code=True)`, *executes* the folder\'s `pipeline.py`' in card
+    assert "someone else wrote, that is their code running with your rights" in card
+    assert "`hddm_flower.hddm_pipeline.load_with_diffusers(folder)`" in card and "refuses a `pipeline.py`" in card
+    assert card.index("HDDMPipeline.from_pretrained") < card.index("trust_remote_code")  # the safe route first
     fm, ddpm = (
         (run / "experts" / "expert-0" / "README.md").read_text(),
         (run / "experts" / "expert-1" / "README.md").read_text(),
@@ -412,8 +418,14 @@ def test_diffusers_generic_route_only_with_the_packages_own_pipeline_py(run, tmp
     with pytest.raises(ValueError, match="not the pipeline.py hddm-flower writes"):
         load_with_diffusers(copy)
     (copy / "pipeline.py").unlink()
+    from diffusers import DiffusionPipeline
+
+    # without pipeline.py, diffusers' custom_pipeline route is never taken (it would look for one elsewhere)
+    taken = []
+    monkeypatch.setattr(DiffusionPipeline, "from_pretrained", lambda *a, **k: taken.append(a))
     with pytest.raises(FileNotFoundError, match="pipeline.py does not exist"):
         load_with_diffusers(copy)
+    assert taken == []
 
 
 # relative L2 error of bf16 samples vs fp32 after 3 steps at CFG 7.5 (bf16 keeps 8 bits: 2⁻⁸ ≈ 0.004 per
