@@ -112,6 +112,10 @@ class GaussianMixture:
         """``log p(x0)`` under the mixture (B,)."""
         return self.log_prob_path(x0, 1.0, 0.0)
 
+    def log_prob_components(self, x0: Tensor) -> Tensor:
+        """``log N(x0; μ_j, Σ_j)`` of every component (B, J): the component densities without their weights."""
+        return self._moments(x0, 1.0, 0.0, means=False).log_joint - torch.log(self.weights)[None]
+
     def log_responsibilities(self, x: Tensor, a: Tensor, s: Tensor, mask: Tensor | None = None) -> Tensor:
         """``log p(j | x)`` at ``x = a·x0 + s·ε`` (B, J); ``mask`` (B, J) bool restricts each row to some components
         (``log p(j | x, j ∈ mask)``: −inf outside the mask)."""

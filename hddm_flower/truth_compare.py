@@ -19,18 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 from .training_seeds import nested_interval, paired
-from .truth import interval
+from .truth import METRICS, interval
 
-PAIRED_METRICS = (
-    "delta_log_density",
-    "delta_log_density_median",
-    "log_deficit_p90",
-    "mmd2_bw0.25",
-    "mmd2",
-    "mmd2_bw4",
-    "mode_tv",
-    "cluster_adherence",
-)
+PAIRED_METRICS = tuple(m for m in METRICS if m not in ("log_density", "adherence"))
+"""The metrics whose paired differences are reported: every truth metric but ``log_density`` (its paired difference
+is that of ``delta_log_density``: both rows of a seed share their true samples) and ``adherence`` (the component
+within the cluster; ``cluster_adherence`` and ``cluster_tv`` are the routing's)."""
 TRAINED_GROUPS_EXCLUDED = ("exact", "monolith")
 
 
@@ -44,7 +38,7 @@ def row_values(results: dict[str, Any], name: str, metric: str, trainings: int) 
 
 def comparisons(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     """``(what, a, b)``: the paired differences row ``a`` − row ``b`` the tables report (module docstring)."""
-    rows = {n: r["row"] for n, r in results.items()}
+    rows = {n: r["row"] for n, r in results.items() if r["row"].get("prompts", "captions") == "captions"}
     groups = list(dict.fromkeys(r["group"] for r in rows.values() if r["group"] not in TRAINED_GROUPS_EXCLUDED))
     monolith = next((n for n, r in rows.items() if r["group"] == "monolith"), None)
 
@@ -64,7 +58,7 @@ def comparisons(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         if top2 is None:
             continue
         for n, r in rows.items():
-            if r["group"] == g and r["router"] == "trained" and n != top2:
+            if r["group"] == g and r["router"] == "trained" and r["experts"] == "trained" and n != top2:
                 out.append((f"{g}: top2 − {r['mode']}", top2, n))
         if monolith:
             out.append((f"{g}: top2 − monolith", top2, monolith))
@@ -77,12 +71,51 @@ def comparisons(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     return out
 
 
+def attribution(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The attribution factorial on the empty caption (:func:`hddm_flower.truth_eval.attribution_rows`), per routing
+    mode, as paired differences of the rows EE (exact experts, exact router), ET (exact experts, trained router), TE
+    and TT: the gap TT − EE, split two ways into the router's share and the experts' share,
+    ``TT − EE = (ET − EE) + (TT − ET) = (TE − EE) + (TT − TE)`` (router at exact experts + experts under the trained
+    router; experts under the exact router + router with trained experts: the two orders differ by the interaction),
+    and the routing's own cost with exact parts, EE(mode) − EE(full) (EE full is the truth up to Euler error)."""
+    cells: dict[tuple[str, str, str], str] = {}
+    for n, r in results.items():
+        row = r["row"]
+        if (
+            row.get("prompts") == "empty"
+            and row["experts"] in ("exact-fm", "trained")
+            and row["router"] != "exact-text"
+        ):
+            cells[
+                ("E" if row["experts"] == "exact-fm" else "T") + ("E" if row["router"] == "exact" else "T"),
+                row["mode"],
+                row["group"],
+            ] = n
+    by_mode: dict[str, dict[str, str]] = {}
+    for (cell, mode, _), n in cells.items():
+        by_mode.setdefault(mode, {})[cell] = n
+    out = []
+    for mode, c in by_mode.items():
+        if set(c) != {"EE", "ET", "TE", "TT"}:
+            continue
+        out += [
+            (f"empty caption · {mode}: gap, trained experts · trained router − exact · exact", c["TT"], c["EE"]),
+            (f"empty caption · {mode}: router share at exact experts (ET − EE)", c["ET"], c["EE"]),
+            (f"empty caption · {mode}: experts share under the trained router (TT − ET)", c["TT"], c["ET"]),
+            (f"empty caption · {mode}: experts share under the exact router (TE − EE)", c["TE"], c["EE"]),
+            (f"empty caption · {mode}: router share with trained experts (TT − TE)", c["TT"], c["TE"]),
+        ]
+        if mode != "full" and "EE" in by_mode.get("full", {}):
+            out.append((f"empty caption · exact · exact: {mode} − full", c["EE"], by_mode["full"]["EE"]))
+    return out
+
+
 def relative_to_exact(results: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Each trained row − the exact row of the same routing mode and Euler steps (exact FM experts, exact text-free
     router, the captions): what the trained parts cost beyond the sampler's own discretisation error (the exact
     rows sit at Δ log p ≈ +33 at 25 steps). The monolith, a caption-conditional sampler, against the exact oracle
     row (the exact conditional velocity)."""
-    rows = {n: r["row"] for n, r in results.items()}
+    rows = {n: r["row"] for n, r in results.items() if r["row"].get("prompts", "captions") == "captions"}
     exact = {
         r["mode"]: n
         for n, r in rows.items()
@@ -116,7 +149,7 @@ def paired_summary(a: list[list[float]], b: list[list[float]]) -> dict[str, Any]
         iv = nested_interval(d) | {"covers": "trainings"}
     else:
         iv = interval(d[0]) | {"covers": "sampling seeds of one training", "per_seed": d[0]}
-    return iv | {"resolved": not iv["lo"] <= 0 <= iv["hi"]}
+    return iv | {"resolved": iv["n"] > 1 and not iv["lo"] <= 0 <= iv["hi"]}  # one value has no interval
 
 
 def paired_truth(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -124,8 +157,9 @@ def paired_truth(results: dict[str, Any]) -> list[dict[str, Any]]:
     :func:`paired_summary`."""
     n = trainings_of(results)
     out = []
-    for what, a, b in comparisons(results):
-        entry: dict[str, Any] = {"what": what, "a": a, "b": b}
+    listed = [(c, "paired") for c in comparisons(results)] + [(c, "attribution") for c in attribution(results)]
+    for (what, a, b), table in listed:
+        entry: dict[str, Any] = {"what": what, "a": a, "b": b, "table": table}
         for m in PAIRED_METRICS:
             if m in results[a]["per_seed"][0] and m in results[b]["per_seed"][0]:
                 entry[m] = paired_summary(row_values(results, a, m, n), row_values(results, b, m, n))
@@ -133,8 +167,17 @@ def paired_truth(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def render_paired(paired_rows: list[dict[str, Any]], trainings: int, seeds: int) -> list[str]:
-    """Table 3 (markdown lines): each comparison's paired differences, with what their intervals cover."""
+TABLE_3 = "**Table 3 — paired differences (row a − row b, by training and sampling seed).**"
+TABLE_4 = (
+    "**Table 4 — attribution on the empty caption (row a − row b, by training and sampling seed).** The target is "
+    "the whole mixture, where full routing of exact experts by the exact router is the truth (up to Euler error): "
+    "the gap of trained experts with the trained router to that, and its router's and experts' shares, both orders "
+    "(E = exact, T = trained; experts first, router second)."
+)
+
+
+def render_paired(paired_rows: list[dict[str, Any]], trainings: int, seeds: int, title: str = TABLE_3) -> list[str]:
+    """A table of paired differences (markdown lines; Table 3 by default), with what their intervals cover."""
     if trainings > 1:
         covers = (
             f"mean over {trainings} trainings ± the half-width of the 95 % Student-t interval over trainings (outer; "
@@ -147,12 +190,11 @@ def render_paired(paired_rows: list[dict[str, Any]], trainings: int, seeds: int)
             "it says nothing about another training of the same config (`evaluation.training_seeds` > 1 for that)"
         )
     lines = [
-        f"**Table 3 — paired differences (row a − row b, by training and sampling seed).** Each cell: {covers}; "
-        "resolved = the interval excludes 0.",
+        f"{title} Each cell: {covers}; resolved = the interval excludes 0.",
         "",
-        "| comparison | Δ log p (mean) | Δ log p (median) | deficit p90 | MMD² ×10³ at 0.25× / 1× / 4× bandwidth "
-        "| mode TV | cluster adherence | resolved |",
-        "|---|---|---|---|---|---|---|---|",
+        "| comparison | Δ log p (mean) | Δ log p (median) | deficit p90 | Δ log p(x \\| c) "
+        "| MMD² ×10³ at 0.25× / 1× / 4× bandwidth | mode TV | cluster TV | cluster adherence | resolved |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(iv: dict | None, spec: str, scale: float = 1.0) -> str:
@@ -166,8 +208,10 @@ def render_paired(paired_rows: list[dict[str, Any]], trainings: int, seeds: int)
         lines.append(
             f"| {e['what']} | {cell(e.get('delta_log_density'), '.2f')} | "
             f"{cell(e.get('delta_log_density_median'), '.2f')} | {cell(e.get('log_deficit_p90'), '.2f')} | "
+            f"{cell(e.get('delta_log_density_cond'), '.2f')} | "
             + " / ".join(cell(e.get(m), ".2f", 1e3) for m in ("mmd2_bw0.25", "mmd2", "mmd2_bw4"))
-            + f" | {cell(e.get('mode_tv'), '.3f')} | {cell(e.get('cluster_adherence'), '.3f')} | "
+            + f" | {cell(e.get('mode_tv'), '.3f')} | {cell(e.get('cluster_tv'), '.3f')} | "
+            f"{cell(e.get('cluster_adherence'), '.3f')} | "
             f"{', '.join(res) or 'no'} |"
         )
     return lines

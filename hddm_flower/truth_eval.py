@@ -1,8 +1,10 @@
 """``hddm reproduce`` on a ``data.name: gmm`` dataset: every row scored against the true density.
 
 Aligned inference as in :mod:`hddm_flower.evaluate`: for each seed every row samples the same prompts (every
-mixture component's caption, ``evaluation.samples_per_prompt`` times) from the same noise with the same sampler,
-steps and CFG, and is compared with fresh true samples for the same prompts (:mod:`hddm_flower.truth`). Seeds
+distinct caption, ``evaluation.samples_per_prompt`` times per component with that caption) from the same noise
+with the same sampler, steps and CFG, and is compared with fresh true samples for the same prompts, each drawn from
+its caption's conditional mixture ``p(x | c)`` (:mod:`hddm_flower.truth_targets`, :mod:`hddm_flower.truth`): one
+component for a pattern caption, that colour's component in every cluster for a colour caption. Seeds
 ``evaluation.seed + i`` for ``i < evaluation.seeds`` change the noise and the true samples; intervals are
 across seeds.
 
@@ -37,23 +39,14 @@ from .ensemble import Ensemble, VelocityScaling
 from .evaluate import Prompts, sample_mode
 from .exact import ExactRouter, exact_expert
 from .gmm_data import GMMReference, load_reference
+from .models import router_conditioning
+from .router_probe import ROUTER_METRICS, RouterProbe
 from .rundir import ROUTER
-from .truth import interval, median_bandwidth, truth_metrics
-from .truth_compare import paired_truth, render_paired, trainings_of
+from .truth import METRICS, CaptionTargets, interval, log_prob_given, median_bandwidth, truth_metrics
+from .truth_compare import TABLE_4, paired_truth, render_paired, trainings_of
+from .truth_targets import Captions, caption_targets, captions_of, sample_prompts, true_draws
 
 log = logging.getLogger(__name__)
-METRICS = (
-    "delta_log_density",
-    "delta_log_density_median",
-    "log_deficit_p90",
-    "mmd2_bw0.25",
-    "mmd2",
-    "mmd2_bw4",
-    "mode_tv",
-    "adherence",
-    "cluster_adherence",
-    "log_density",
-)
 
 
 @dataclass(frozen=True)
@@ -94,16 +87,44 @@ def truth_rows(configs: list[str], modes: list[str], main: str) -> list[Row]:
         rows.append(Row(f"{name} · top2 · exact router", name, "top2", "exact"))
         rows.append(Row(f"{name} · top2 · exact prompt-aware router", name, "top2", "exact-text"))
     rows.append(Row("monolith (equal compute)", "monolith", "top1"))
+    if main in configs:
+        rows += [r for r in attribution_rows(main) if r.name not in {x.name for x in rows}]
     return rows
 
 
-def _prompts(ref: GMMReference, row: Row, samples_per_prompt: int) -> tuple[Prompts, int, torch.Tensor | None]:
-    """(prompts, samples per prompt, component of every sample or None for the empty caption)."""
-    J = ref.mixture.num_components
-    if row.prompts == "empty":
-        return Prompts([""], ref.uncond, torch.zeros(1, dtype=torch.long)), J * samples_per_prompt, None
-    comps = torch.arange(J).repeat_interleave(samples_per_prompt)
-    return Prompts(list(ref.captions), ref.cond, ref.cluster_of.clone()), samples_per_prompt, comps
+ATTRIBUTION_MODES = ("top1", "top2", "full")
+
+
+def attribution_rows(main: str) -> list[Row]:
+    """The attribution factorial on the empty caption, where full routing of exact parts is the truth:
+    {exact FM experts, ``main``'s trained experts} × {exact router, trained router} × :data:`ATTRIBUTION_MODES`.
+    A row with a trained part belongs to ``main``'s group (sampled for every training: the trained router is
+    training i's, from its root); exact experts with the exact router are in the exact group (sampled once)."""
+    out = []
+    for experts, e_name in (("exact-fm", "exact FM experts"), ("trained", f"{main} experts")):
+        for router, r_name in (("exact", "exact router"), ("trained", "trained router")):
+            group = "exact" if experts == "exact-fm" and router == "exact" else main
+            out += [
+                Row(f"{e_name} · {r_name} · {mode} · empty caption", group, mode, router, experts, "empty")
+                for mode in ATTRIBUTION_MODES
+            ]
+    return out
+
+
+def _targets(captions: Captions, row: Row, samples_per_prompt: int) -> CaptionTargets | None:
+    """What each of a row's samples is prompted for; ``None`` for the empty caption (the whole mixture)."""
+    return None if row.prompts == "empty" else caption_targets(captions, samples_per_prompt)
+
+
+def _prompts(
+    ref: GMMReference, captions: Captions, targets: CaptionTargets | None, n: int, seed: int
+) -> tuple[Prompts, int]:
+    """(prompts, samples per prompt) of one row and seed: the empty caption for all ``n`` samples, else one prompt
+    per sample (:func:`~hddm_flower.truth_targets.sample_prompts`: its cluster for oracle routing drawn from
+    ``seed``)."""
+    if targets is None:
+        return Prompts([""], ref.uncond, torch.zeros(1, dtype=torch.long)), n
+    return sample_prompts(ref, captions, targets, seed), 1
 
 
 class _OneExpert(torch.nn.Module):
@@ -144,8 +165,9 @@ def _ensemble(cfg: Config, row: Row, ref: GMMReference, out: Path, objectives: l
             k: load_expert(out / "experts" / f"cluster-{k}-{obj}", **s.conversion_options())[0]
             for k, obj in enumerate(objectives)
         }
-    if row.router == "trained":
-        router = load_router(out / ROUTER)
+    if row.router == "trained":  # probed against the exact posterior on the sampler's own trajectories
+        trained = load_router(out / ROUTER)
+        router = RouterProbe(trained, ExactRouter(ref, router_conditioning(trained)))
     else:
         router = ExactRouter(ref, "text" if row.router == "exact-text" else "none")
     scaling = VelocityScaling(s.velocity_scaling, s.velocity_scaling_t, s.x0_variance)
@@ -159,10 +181,6 @@ def _ensemble(cfg: Config, row: Row, ref: GMMReference, out: Path, objectives: l
         velocity_scaling=scaling,
         handover_t=s.handover_t,
     )
-
-
-def _true_draws(ref: GMMReference, comps: torch.Tensor | None, n: int, seed: int) -> torch.Tensor:
-    return ref.mixture.sample(n, torch.Generator().manual_seed(seed), comps)[0]
 
 
 PER_SAMPLE_DIR = "truth-per-sample"
@@ -188,23 +206,28 @@ def evaluate_group(a: tuple) -> dict[str, Any]:
     cfg, out = config_from_dict(cfg_dict, "reproduce"), Path(out)
     ev, s = cfg.evaluation, cfg.sampling
     ref = load_reference(Dataset.open(dataset_root))  # a worker process: the dataset opened here
-    bandwidth = median_bandwidth(_true_draws(ref, None, 1000, 999_999))  # fixed once per dataset
+    bandwidth = median_bandwidth(true_draws(ref, None, 1000, 999_999))  # fixed once per dataset
     steps = ev.num_steps or s.num_steps
+    captions = captions_of(ref)
+    n = ref.mixture.num_components * ev.samples_per_prompt  # every row: samples_per_prompt per component
     results, ensembles = {}, {}
     for row in rows:
-        prompts, per_prompt, comps = _prompts(ref, row, ev.samples_per_prompt)
-        n = len(prompts.captions) * per_prompt
+        targets = _targets(captions, row, ev.samples_per_prompt)
         key = (row.experts, row.router)  # rows that differ only in routing share their ensemble
         if row.experts != "true" and key not in ensembles:
             ensembles[key] = _ensemble(cfg, row, ref, out, objectives)
         ens = ensembles.get(key)
-        per_seed, seconds, per_sample = [], 0.0, {}
+        per_seed, seconds, per_sample, router_steps = [], 0.0, {}, []
+        probe = ens.router if ens is not None and isinstance(ens.router, RouterProbe) else None
         for i in range(ev.seeds):
             seed = ev.seed + i
-            reference = _true_draws(ref, comps, n, 1_000_000 + seed)  # the truth every row of this seed is scored on
+            reference = true_draws(ref, targets, n, 1_000_000 + seed)  # the truth every row of this seed is scored on
+            prompts, per_prompt = _prompts(ref, captions, targets, n, 3_000_000 + seed)
             start = time.perf_counter()
+            if probe is not None:
+                probe.reset()
             if ens is None:
-                x = _true_draws(ref, comps, n, 2_000_000 + seed)
+                x = true_draws(ref, targets, n, 2_000_000 + seed)
             else:
                 x, _ = sample_mode(
                     ens,
@@ -220,10 +243,17 @@ def evaluate_group(a: tuple) -> dict[str, Any]:
                 )
             seconds += time.perf_counter() - start
             x = x.flatten(0, 1) if ens is not None else x  # (P, S, C, H, W) → (N, C, H, W)
-            per_seed.append(truth_metrics(ref.mixture, ref.cluster_of, x.flatten(1), reference, comps, bandwidth))
-            per_sample[f"seed-{seed}.log_p"] = ref.mixture.log_prob(x.flatten(1).double()).float()
+            x = x.flatten(1).double()
+            per_seed.append(truth_metrics(ref.mixture, ref.cluster_of, x, reference, targets, bandwidth))
+            probed = None if probe is None else probe.summary()
+            if probed is not None:
+                per_seed[-1] |= probed[0]
+                router_steps.append(probed[1])
+            per_sample[f"seed-{seed}.log_p"] = ref.mixture.log_prob(x).float()
             per_sample[f"seed-{seed}.true_log_p"] = ref.mixture.log_prob(reference.double()).float()
-        summary = {k: interval([m[k] for m in per_seed]) for k in METRICS if k in per_seed[0]}
+            per_sample[f"seed-{seed}.log_p_cond"] = log_prob_given(ref.mixture, x, targets).float()
+            per_sample[f"seed-{seed}.true_log_p_cond"] = log_prob_given(ref.mixture, reference, targets).float()
+        summary = {k: interval([m[k] for m in per_seed]) for k in METRICS + ROUTER_METRICS if k in per_seed[0]}
         samples_file = save_per_sample(out, row, per_sample)
         results[row.name] = {
             "row": row.__dict__,
@@ -234,7 +264,7 @@ def evaluate_group(a: tuple) -> dict[str, Any]:
             "metrics": summary,
             "sampling_seconds": round(seconds, 1),
             "bandwidth": bandwidth,
-        }
+        } | ({"router_steps": router_steps} if router_steps else {})
         log.info(
             "%s: Δlog p %.2f, MMD² %.4f (%.0f s)",
             row.name,
@@ -276,12 +306,6 @@ def evaluate_truth(
     metric, :func:`~hddm_flower.training_seeds.nested_interval`: over trainings, outer; sampling seeds, inner)."""
     from .training_seeds import nested_interval
 
-    captions = load_reference(dataset).captions
-    if len(set(captions)) != len(captions):
-        raise ValueError(
-            "the truth rows prompt and score one component per caption; this mixture's captions are shared by "
-            "several components (data.gmm_captions: colour), which hddm reproduce does not score yet"
-        )
     o = cfg.objectives
     main = f"{o.ddpm}DDPM:{o.fm}FM" if o.ddpm and o.fm else f"{cfg.num_experts}{'DDPM' if o.ddpm else 'FM'}"
     main = main if main in objectives else next(iter(objectives))
@@ -306,7 +330,7 @@ def evaluate_truth(
             results[r.name]["per_training"] = per_training
             results[r.name]["nested"] = {
                 k: nested_interval([[m[k] for m in seeds] for seeds in per_training])
-                for k in METRICS
+                for k in METRICS + ROUTER_METRICS
                 if k in per_training[0][0]
             }
     return results
@@ -320,27 +344,71 @@ def _cell(m: dict[str, float] | None, spec: str, scale: float = 1.0) -> str:
     return f"{format(m['mean'] * scale, spec)} ± {format(m['half'] * scale, spec)}{inner}"
 
 
+def render_router(results: dict[str, Any], trainings: int) -> list[str]:
+    """Markdown lines: every trained router on its ensemble's own sampler trajectories against the exact posterior
+    (:mod:`hddm_flower.router_probe`); nothing when no row has a probed router."""
+    probed = [n for n, r in results.items() if "router_kl" in r["per_seed"][0]]
+    if not probed:
+        return []
+    covers = f"over {trainings} trainings [sampling seeds within one]" if trainings > 1 else "over sampling seeds"
+    lines = [
+        "**The trained router on the sampler's own trajectories** (every router call at the x_t the ensemble "
+        "visits, against the exact posterior there: p(k | x_t, t), or p(k | x_t, t, c) for a caption-reading "
+        f"router). KL(exact ‖ router) and agreement are means over the Euler steps and samples, ± {covers}; the "
+        "per-step KL of training 0 (mean over seeds) at t = 1, the middle step and the last step; prior TV: the "
+        "router's TV distance to the exact prior at t = 1 (the cluster weights).",
+        "",
+        "| row | KL(exact ‖ router) | KL at t = 1 / middle / last step | top-1 agreement | top-2 agreement "
+        "| prior TV at t = 1 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n in probed:
+        r = results[n]
+        m = r.get("nested", r["metrics"])
+        steps = r["router_steps"]
+        kl = [sum(s["kl"][i] for s in steps) / len(steps) for i in range(len(steps[0]["kl"]))]
+        lines.append(
+            f"| {n} | {_cell(m['router_kl'], '.3f')} | {kl[0]:.3f} / {kl[len(kl) // 2]:.3f} / {kl[-1]:.3f} | "
+            f"{_cell(m['router_top1_agreement'], '.3f')} | {_cell(m['router_top2_agreement'], '.3f')} | "
+            f"{_cell(m.get('router_prior_tv'), '.3f')} |"
+        )
+    return [*lines, ""]
+
+
+def _prompt_protocol(caption_kind: str, samples_per_prompt: int) -> str:
+    """How the rows are prompted, in words."""
+    if caption_kind == "colour":
+        return (
+            f"every colour caption (shared by every cluster: its target is p(x | c), the mixture of that colour's "
+            f"components, whose cluster is drawn from p(k | c) for oracle routing) × {samples_per_prompt} samples "
+            "per component of that colour"
+        )
+    return f"every component's caption × {samples_per_prompt} samples"
+
+
 def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
     """Markdown: the exact references, then the trained configurations, each metric as mean ± 95 % half-width."""
     cfg = manifest["config"]
     ev = cfg["evaluation"]
     anyr = next(iter(results.values()))
     head = (
-        "| row | Δ log p (vs true) | median | deficit p90 | MMD² ×10³ | at 0.25× / 4× bandwidth | mode TV | adherence "
-        "| cluster adherence |\n|---|---|---|---|---|---|---|---|---|"
+        "| row | Δ log p (vs true) | median | deficit p90 | Δ log p(x \\| c) | MMD² ×10³ | at 0.25× / 4× bandwidth "
+        "| mode TV | cluster TV vs p(k \\| c) | adherence | cluster adherence |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
 
     def line(name: str, r: dict) -> str:
         m = r.get("nested", r["metrics"])  # over trainings where there are several
         return (
             f"| {name} | {_cell(m['delta_log_density'], '.2f')} | {_cell(m.get('delta_log_density_median'), '.2f')} | "
-            f"{_cell(m.get('log_deficit_p90'), '.2f')} | {_cell(m['mmd2'], '.2f', 1e3)} | "
+            f"{_cell(m.get('log_deficit_p90'), '.2f')} | {_cell(m.get('delta_log_density_cond'), '.2f')} | "
+            f"{_cell(m['mmd2'], '.2f', 1e3)} | "
             f"{_cell(m.get('mmd2_bw0.25'), '.2f', 1e3)} / {_cell(m.get('mmd2_bw4'), '.2f', 1e3)} | "
-            f"{_cell(m['mode_tv'], '.3f')} | {_cell(m.get('adherence'), '.3f')} | "
+            f"{_cell(m['mode_tv'], '.3f')} | {_cell(m.get('cluster_tv'), '.3f')} | {_cell(m.get('adherence'), '.3f')} | "
             f"{_cell(m.get('cluster_adherence'), '.3f')} |"
         )
 
     trainings = trainings_of(results)
+    paired = paired_truth(results)
     trained_cells = (
         f"Each cell: the mean over {trainings} independent trainings (experts, router and monolith retrained, "
         "`evaluation.training_seeds`) ± the half-width of the 95 % Student-t interval over trainings of the "
@@ -363,8 +431,8 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
         f"{cfg['data']['gmm_components']} components, {cfg['data']['gmm_channels']}×{cfg['data']['image_size']}²). "
         f"Experts `{cfg['expert']['preset']}`, {describe_budget(manifest['budget'])}; router `{cfg['router']['preset']}` × "
         f"{cfg['router']['steps']} steps.",
-        f"Aligned inference: every component's caption × {ev['samples_per_prompt']} samples = "
-        f"{anyr['samples_per_seed']} samples per row and seed, {ev['seeds']} seeds "
+        f"Aligned inference: {_prompt_protocol(cfg['data'].get('gmm_captions', 'pattern'), ev['samples_per_prompt'])}"
+        f" = {anyr['samples_per_seed']} samples per row and seed, {ev['seeds']} seeds "
         f"({anyr['samples_per_seed'] * ev['seeds']} samples per row), the same noise in every row, FM Euler "
         f"{ev['num_steps'] or cfg['sampling']['num_steps']} steps, CFG {cfg['sampling']['cfg_scale']}, DDPM schedule "
         f"{cfg['ddpm']['schedule']}. Exact rows: mean over seeds ± the half-width of its 95 % Student-t interval. "
@@ -383,10 +451,17 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
         head,
         *[line(n, results[n]) for n in trained],
         "",
-        *render_paired(paired_truth(results), trainings, ev["seeds"]),
+        *render_router(results, trainings),
+        *render_paired([e for e in paired if e["table"] == "paired"], trainings, ev["seeds"]),
         "",
-        "The `empty caption` row is scored against the whole mixture (adherence does not apply). Finite samples make "
-        "mode TV positive even for true samples and spread MMD² around 0: the true-samples row is the yardstick.",
+        *(
+            render_paired([e for e in paired if e["table"] == "attribution"], trainings, ev["seeds"], TABLE_4) + [""]
+            if any(e["table"] == "attribution" for e in paired)
+            else []
+        ),
+        "The `empty caption` row is scored against the whole mixture (adherence does not apply; its cluster TV is "
+        "against the cluster weights). Finite samples make mode TV and cluster TV positive even for true samples and "
+        "spread MMD² around 0: the true-samples row is the yardstick.",
         "",
     ]
     return "\n".join(lines)

@@ -116,16 +116,6 @@ def colour_ref(colour_dataset):
     return load_reference(colour_dataset)
 
 
-def test_the_truth_rows_refuse_captions_they_cannot_score(colour_dataset, tmp_path):
-    """hddm reproduce's truth rows prompt one component per caption: shared captions are refused, not misscored."""
-    from hddm_flower.config import Config
-    from hddm_flower.truth_eval import evaluate_truth
-
-    assert "captions-colour" in colour_dataset.name
-    with pytest.raises(ValueError, match="shared by several components"):
-        evaluate_truth(Config(), [tmp_path], colour_dataset, {"3FM": ["fm"] * 3}, in_worker=False, run_jobs=None)
-
-
 def test_colour_captions_are_shared_by_every_cluster_and_their_cluster_prior_is_closed_form(colour_ref):
     """p(k | c) = Σ_{j ∈ k, c_j = c} π_j / Σ_{c_j = c} π_j: against the weights by hand, and the exact prompt-aware
     router at t = 1 (x_t carries no information: the posterior is that prior) in float64."""

@@ -8,7 +8,7 @@ from scipy import stats
 
 from hddm_flower.config_io import config_from_dict
 from hddm_flower.gmm import GaussianMixture
-from hddm_flower.truth import interval, median_bandwidth, mmd2, truth_metrics, tv_distance
+from hddm_flower.truth import CaptionTargets, interval, median_bandwidth, mmd2, truth_metrics, tv_distance
 
 F64 = torch.float64
 
@@ -57,17 +57,30 @@ def test_truth_metrics_of_true_and_of_wrong_samples():
     cluster_of = torch.tensor([0, 1])
     comps = torch.arange(2).repeat_interleave(500)
     ref = m.sample(1000, g, comps)[0]
-    true = truth_metrics(m, cluster_of, m.sample(1000, g, comps)[0], ref, comps, 1.0)
+    prompted = CaptionTargets.one_per_component(comps, 2)
+    true = truth_metrics(m, cluster_of, m.sample(1000, g, comps)[0], ref, prompted, 1.0)
     assert abs(true["delta_log_density"]) < 0.2 and abs(true["mmd2"]) < 0.01
     assert true["adherence"] == 1.0 and true["mode_tv"] == 0.0
-    swapped = truth_metrics(m, cluster_of, m.sample(1000, g, 1 - comps)[0], ref, comps, 1.0)  # every prompt wrong
+    assert true["cluster_adherence"] == 1.0 and true["cluster_tv"] == 0.0
+    swapped = truth_metrics(m, cluster_of, m.sample(1000, g, 1 - comps)[0], ref, prompted, 1.0)  # every prompt wrong
     assert swapped["adherence"] == 0.0 and swapped["mode_tv"] == 0.0  # the histogram alone cannot see it
-    collapsed = truth_metrics(m, cluster_of, m.means[comps], ref, comps, 1.0)  # only the modes' centres
+    assert swapped["cluster_tv"] == 1.0  # the caption's cluster distribution does
+    # the marginal log p cannot see it either (the swapped modes are as dense); log p(x | c) pays the distance:
+    # E_{x ~ N(μ₁, Σ)} log N(x; μ₀, Σ) − E_{y ~ N(μ₀, Σ)} log N(y; μ₀, Σ) = −½ ΔᵀΣ⁻¹Δ, Δ = μ₁ − μ₀
+    delta = m.means[1] - m.means[0]
+    want = -0.5 * float(delta @ torch.linalg.solve(m.covariance()[0], delta))
+    assert abs(swapped["delta_log_density"]) < 0.2
+    assert swapped["delta_log_density_cond"] == pytest.approx(want, rel=0.05)
+    collapsed = truth_metrics(m, cluster_of, m.means[comps], ref, prompted, 1.0)  # only the modes' centres
     assert collapsed["delta_log_density"] > 0.5 and collapsed["mmd2"] > 0.01
+    assert collapsed["delta_log_density_cond"] == pytest.approx(collapsed["delta_log_density"], abs=1e-6)
     uncond = truth_metrics(m, cluster_of, m.sample(1000, g, torch.zeros(1000, dtype=torch.long))[0], ref, None, 1.0)
     assert uncond["mode_tv"] == pytest.approx(0.5) and "adherence" not in uncond  # one mode of two
+    assert (
+        uncond["cluster_tv"] == pytest.approx(0.5) and uncond["delta_log_density_cond"] == uncond["delta_log_density"]
+    )
     with pytest.raises(ValueError, match="non-finite"):
-        truth_metrics(m, cluster_of, torch.full((4, 2), float("nan"), dtype=F64), ref[:4], comps[:4], 1.0)
+        truth_metrics(m, cluster_of, torch.full((4, 2), float("nan"), dtype=F64), ref[:4], prompted, 1.0)
 
 
 def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
@@ -151,6 +164,37 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
     ex = [s["delta_log_density"] for s in rows["exact FM experts · exact router · top2"]["per_seed"]]
     assert rel["per_training"] == pytest.approx([sum(u) / 2 - sum(ex) / 2 for u in top2], abs=1e-12)
     assert "monolith (equal compute) − exact (oracle)" in pairs
+    # the attribution factorial on the empty caption: exact·exact rows sampled once, the others per training (the
+    # trained router and experts are training i's), and the gap split exactly into router and experts shares
+    exact_tr = rows["exact FM experts · trained router · top2 · empty caption"]
+    assert "per_training" not in rows["exact FM experts · exact router · top1 · empty caption"]
+    assert exact_tr["row"]["group"] == "1DDPM:1FM" and exact_tr["per_training"][0] != exact_tr["per_training"][1]
+    assert "1DDPM:1FM experts · exact router · full · empty caption" in rows
+    att = {e["what"]: e["delta_log_density"] for e in manifest["paired"] if e["table"] == "attribution"}
+    for mode in ("top1", "top2", "full"):
+        gap = att[f"empty caption · {mode}: gap, trained experts · trained router − exact · exact"]
+        for a, b in (
+            ("router share at exact experts (ET − EE)", "experts share under the trained router (TT − ET)"),
+            ("experts share under the exact router (TE − EE)", "router share with trained experts (TT − TE)"),
+        ):
+            parts = [
+                x + y
+                for x, y in zip(
+                    att[f"empty caption · {mode}: {a}"]["per_training"],
+                    att[f"empty caption · {mode}: {b}"]["per_training"],
+                )
+            ]
+            assert gap["covers"] == "trainings" and gap["per_training"] == pytest.approx(parts, abs=1e-9)
+    assert "empty caption · exact · exact: top2 − full" in att and "Table 4" in tables
+    assert not any("empty caption" in e["what"] for e in manifest["paired"] if e["table"] == "paired")
+    # the trained router probed on its ensemble's own trajectories against the exact posterior, per step from t = 1
+    top2_row = rows["1DDPM:1FM · top2"]
+    assert len(top2_row["router_steps"]) == 2 and top2_row["router_steps"][0]["times"][0] == 1.0
+    assert len(top2_row["router_steps"][0]["kl"]) == 3  # evaluation.num_steps
+    assert 0 <= top2_row["per_seed"][0]["router_kl"] and 0 <= top2_row["per_seed"][0]["router_prior_tv"] <= 1
+    assert top2_row["nested"]["router_kl"]["trainings"] == 2
+    assert "router_kl" not in rows["1DDPM:1FM · top2 · exact router"]["per_seed"][0]
+    assert "router_kl" in exact_tr["per_seed"][0] and "sampler's own trajectories" in tables
     # the per-sample log-densities behind the mean, median and p90 are stored per row and seed
     from safetensors.torch import load_file
 
