@@ -106,6 +106,7 @@ def fit(
     log_every: int = 100,
     name: str = "train",
     progress: bool = False,
+    on_start: Callable[[int], None] | None = None,
 ) -> tuple[TrainStats, EMAModel | None]:
     """The one optimisation loop over ``loss_fn(generator)`` (one micro-batch per call).
 
@@ -113,6 +114,8 @@ def fit(
     and an EMA of the weights (returned; the caller decides what to export). With ``checkpoint`` set, the full
     training state (weights, optimiser, schedule, EMA, random generator, step) is saved every
     ``checkpoint_every`` steps, and a later call with the same path resumes exactly where it stopped.
+    ``on_start(step)`` is called once before the first step with the step training starts from (0, or the step a
+    checkpoint restored): a streamed data source starts its stream there.
     """
     if mixed_precision not in PRECISIONS:
         raise ValueError(f"unknown mixed precision {mixed_precision!r}; expected one of {PRECISIONS}")
@@ -141,6 +144,8 @@ def fit(
         stats.loss_curve = [tuple(x) for x in state["loss_curve"]]
         stats.resumed_steps = first
         log.info("%s resumed from %s at step %d", name, checkpoint, first)
+    if on_start is not None:
+        on_start(first)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16")
     start = time.perf_counter() - elapsed
     for step in tqdm(range(first, steps), desc=name, disable=not progress, mininterval=1.0, initial=first, total=steps):
@@ -222,8 +227,9 @@ def train_expert(
     ``expert`` config section says (steps, batch size, optimiser, accumulation, EMA, precision, checkpointing).
 
     ``seed`` (default ``options.seed``) seeds batches, noise and times; ``checkpoint`` is the local training-state
-    file saved every ``options.checkpoint_every`` steps and resumed from. With ``options.ema_decay`` > 0 the expert
-    ends holding the EMA weights (``stats.ema`` says so).
+    file saved every ``options.checkpoint_every`` steps and resumed from; a streamed ``data`` (with ``resume_at``,
+    e.g. :class:`~hddm_flower.data.StreamingSplit`) is told the step training starts from. With
+    ``options.ema_decay`` > 0 the expert ends holding the EMA weights (``stats.ema`` says so).
     """
     o = options
     batch_size, caption_dropout, gradient_checkpointing = o.batch_size, o.caption_dropout, o.gradient_checkpointing
@@ -256,6 +262,7 @@ def train_expert(
         log_every=o.log_every,
         name=name,
         progress=progress,
+        on_start=getattr(data, "resume_at", None),  # a stream starts where the training starts
     )
     if ema is not None:
         ema.copy_to([p for p in expert.parameters() if p.requires_grad])

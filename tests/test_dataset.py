@@ -103,3 +103,22 @@ def test_the_stream_the_empty_caption_and_the_decoder(tiny_config, tmp_path):
     assert d.uncond.states.shape == (1, L, DIM) and d.uncond.mask.tolist() == [[1.0, 1.0, 0.0]]
     assert d.uncond is d.uncond  # loaded once
     assert json.loads((d.root / META).read_text())["num_clusters"] == 2
+
+
+def test_a_resumed_stream_reads_a_stream_of_its_own(tmp_path):
+    """A training resumed at step s reads the stream of (seed, s): the same for the same s, the fresh one at step 0,
+    and not the fresh stream's first batches again (``resume_at`` is what the training loop calls)."""
+    from hddm_flower.data.streams import StreamingAllClusters
+
+    d = Dataset.open(_write(tmp_path / "d", sizes=(41, 2), latent=False))
+
+    def first_batches(make, step=None):
+        stream = make()
+        if step is not None:
+            stream.resume_at(step)
+        return torch.cat([stream.batch(torch.zeros(5, dtype=torch.long))[0] for _ in range(2)])[:, 0, 0, 0].tolist()
+
+    for make in (lambda: StreamingSplit(d, 0, seed=1, shuffle_buffer=4), lambda: StreamingAllClusters(d, seed=1)):
+        fresh = first_batches(make)
+        assert first_batches(make, 0) == fresh and first_batches(make, 3) == first_batches(make, 3) != fresh
+        assert first_batches(make, 4) != first_batches(make, 3)

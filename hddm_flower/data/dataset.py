@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -271,13 +272,21 @@ def as_dataset(dataset: Dataset | str | os.PathLike) -> Dataset:
     return dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
 
 
+def resumed_seed(seed: int, step: int) -> int:
+    """The seed of a stream that a training starts at ``step``: ``seed`` itself at step 0, else one drawn from
+    (``seed``, ``step``), so that a resumed training reads a stream of its own instead of the first batches again."""
+    return seed if step == 0 else random.Random(f"{seed}-resumed-at-{step}").getrandbits(31)
+
+
 class StreamingSplit:
     """One cluster's training data read as a stream (:meth:`Dataset.batches`), for clusters larger than RAM.
 
     It stands in for :class:`Split` in expert training: ``batch(idx)`` returns the next ``len(idx)`` samples of the
     shuffled stream (the indices themselves are not used) and ``len()`` is the cluster's training-set size from
-    ``meta.json``. Sample order comes from ``seed`` (shard shuffle per epoch + shuffle buffer), so a training resumed
-    from a checkpoint sees a freshly shuffled stream rather than the exact continuation.
+    ``meta.json``. Sample order comes from ``seed`` (shard shuffle per epoch + shuffle buffer). The training loop
+    calls :meth:`resume_at` with the step it starts from: a training resumed from a checkpoint at step s reads the
+    stream seeded by :func:`resumed_seed` (seed, s), a fresh order, not the exact continuation (the samples seen
+    before the stop may come round again before the epoch ends) and not the fresh stream's first batches again.
     """
 
     def __init__(self, dataset: Dataset, cluster: int, *, seed: int = 0, shuffle_buffer: int = 1000):
@@ -285,15 +294,23 @@ class StreamingSplit:
         self.size = info["size"] - info.get("val", 0)
         self.dataset, self.cluster, self.seed, self.shuffle_buffer = dataset, cluster, seed, shuffle_buffer
         self._stream, self._batch_size = None, None
+        self.start_step = 0
         self.labels = torch.full((self.size,), cluster)
 
     def __len__(self) -> int:
         return self.size
 
+    def resume_at(self, step: int) -> None:
+        """Start the stream for a training that starts at ``step`` (0: the stream of ``seed``)."""
+        self.start_step, self._stream = step, None
+
     def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
         if self._stream is None or self._batch_size != len(idx):
             self._batch_size = len(idx)
             self._stream = self.dataset.batches(
-                self.cluster, batch_size=len(idx), seed=self.seed, shuffle_buffer=self.shuffle_buffer
+                self.cluster,
+                batch_size=len(idx),
+                seed=resumed_seed(self.seed, self.start_step),
+                shuffle_buffer=self.shuffle_buffer,
             )
         return next(self._stream)

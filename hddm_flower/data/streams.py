@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..metrics import pooled_caption
 from ..models import TextCond
-from .dataset import Dataset, as_dataset, decode_image, decode_text
+from .dataset import Dataset, as_dataset, decode_image, decode_text, resumed_seed
 from .shards import open_shards
 
 IMAGE_MEMBERS = (".latent.npy", ".png", ".json")
@@ -209,16 +209,22 @@ class StreamingAllClusters:
     """Every cluster's training data as one seeded stream, for the monolith baseline where they do not fit in RAM:
     :func:`~hddm_flower.data.streams.stream_images` with the text states (clusters mixed as the whole split is,
     shard order and buffers from ``seed``). It stands in for :class:`Split` as :class:`StreamingSplit` does:
-    ``batch(idx)`` is the next ``len(idx)`` samples, ``len()`` the training-set size from ``meta.json``."""
+    ``batch(idx)`` is the next ``len(idx)`` samples, ``len()`` the training-set size from ``meta.json``, and a
+    training resumed at step s reads the stream of :func:`~hddm_flower.data.dataset.resumed_seed` (seed, s)."""
 
     def __init__(self, dataset: Dataset, *, seed: int = 0, shuffle_buffer: int = 1000):
         self.dataset = as_dataset(dataset)
         self.size = self.dataset.size(None, "train")
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
         self._stream, self._batch_size = None, None
+        self.start_step = 0
 
     def __len__(self) -> int:
         return self.size
+
+    def resume_at(self, step: int) -> None:
+        """Start the stream for a training that starts at ``step`` (0: the stream of ``seed``)."""
+        self.start_step, self._stream = step, None
 
     def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
         if self._stream is None or self._batch_size != len(idx):
@@ -228,7 +234,7 @@ class StreamingAllClusters:
                 None,
                 batch_size=len(idx),
                 split="train",
-                seed=self.seed,
+                seed=resumed_seed(self.seed, self.start_step),
                 shuffle_buffer=self.shuffle_buffer,
                 text=True,
             )
