@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import ROOT, machine, write_result
-from hddm_flower.config_io import load_config
-from hddm_flower.config_sections import OptimConfig
+from hddm_flower.config.io import load_config
+from hddm_flower.config.sections import OptimConfig
 from hddm_flower.convert import convert_dit, read_dit, write_converted
 from hddm_flower.dit import TinyDiT
 from hddm_flower.models import EXPERT_PRESETS

@@ -139,7 +139,7 @@ def view(big: Path, out: Path, fraction: int, args) -> Path:
 
 
 def config(args):
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
 
     return config_from_dict(
         {

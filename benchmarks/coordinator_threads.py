@@ -33,7 +33,7 @@ BUSY = "import torch; torch.set_num_threads(1); a = torch.randn(512, 512)\nwhile
 
 
 def config(args, threads: int):
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
 
     return config_from_dict(
         {

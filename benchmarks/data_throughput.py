@@ -44,7 +44,7 @@ def child(stage: str, spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     from hddm_flower.cluster import cluster_encoded, feature_model
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
     from hddm_flower.data import Dataset
     from hddm_flower.ingest import Encoders, prepare_shards, units_for
 

@@ -35,7 +35,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from hddm_flower.checkpoints import load_expert, read_expert_meta, scheduler_config
-from hddm_flower.config_io import load_config
+from hddm_flower.config.io import load_config
 from hddm_flower.data import Dataset
 from hddm_flower.ensemble import euler_sample
 from hddm_flower.exact import ExactNet, ExactRouter

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.common import ROOT, write_result
-from hddm_flower.config_io import load_config, parse_overrides
+from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.provenance import versions
 from hddm_flower.stages.prepare import prepare_data
 

@@ -16,7 +16,7 @@ import time
 import torch
 
 from benchmarks.common import ROOT, machine, write_result
-from hddm_flower.config_io import load_config
+from hddm_flower.config.io import load_config
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.truth_eval import evaluate_group, truth_rows
 

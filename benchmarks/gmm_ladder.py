@@ -32,7 +32,7 @@ import torch
 from benchmarks.common import RESULTS, machine, write_result
 from benchmarks.ddpm_profile import _cond, _draw_x0, _load
 from hddm_flower.budget import describe as describe_budget
-from hddm_flower.config_io import config_from_dict
+from hddm_flower.config.io import config_from_dict
 from hddm_flower.exact import ExactNet
 from hddm_flower.gmm_data import load_reference
 from hddm_flower.reproduce import training_root

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import RESULTS, ROOT, machine
-from hddm_flower.config_io import load_config
+from hddm_flower.config.io import load_config
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.stages.router import fit_router
 from hddm_flower.truth import interval

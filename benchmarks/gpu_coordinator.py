@@ -35,7 +35,7 @@ def _peak(device: torch.device) -> float | None:
 
 
 def bench_router(device: torch.device, preset: str, batch: int, size: int, steps: int, bf16: bool) -> dict:
-    from hddm_flower.config_sections import RouterConfig
+    from hddm_flower.config.sections import RouterConfig
     from hddm_flower.models import Router, router_config
     from hddm_flower.training import train_router
 

@@ -31,7 +31,7 @@ def main(argv=None) -> dict:
     import torch
 
     from hddm_flower.checkpoints import save_expert
-    from hddm_flower.config_io import load_config, parse_overrides
+    from hddm_flower.config.io import load_config, parse_overrides
     from hddm_flower.hddm_pipeline import load_pipeline, sample_images
     from hddm_flower.rundir import write_config
     from hddm_flower.stages.assemble import finish_run

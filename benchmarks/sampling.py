@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import ROOT, write_result
-from hddm_flower.config_io import load_config, parse_overrides
+from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from hddm_flower.experts import map_cond
 from hddm_flower.models import Router, TextCond, router_config

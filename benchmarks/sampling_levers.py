@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.common import ROOT, machine, write_result
 from hddm_flower.adherence import prompt_adherence, prompt_clusters
-from hddm_flower.config_io import load_config
+from hddm_flower.config.io import load_config
 from hddm_flower.evaluate import evaluate_run
 from hddm_flower.hddm_pipeline import load_pipeline, sample_images
 from hddm_flower.metrics import FeatureClassifier

@@ -38,7 +38,7 @@ from diffusers import DDPMScheduler
 from diffusers.optimization import get_scheduler
 
 from benchmarks.common import ROOT, write_result
-from hddm_flower.config_io import load_config
+from hddm_flower.config.io import load_config
 from hddm_flower.models import ExpertNet
 from hddm_flower.provenance import versions
 from hddm_flower.stages.expert import build_expert

@@ -48,8 +48,8 @@ from flwr.clientapp import ClientApp
 from hddm_flower import wire
 from hddm_flower.checkpoints import weights_bytes
 from hddm_flower.choices import OBJECTIVES
-from hddm_flower.config import TRAINING_SECTIONS
-from hddm_flower.config_io import config_from_dict
+from hddm_flower.config.io import config_from_dict
+from hddm_flower.config.schema import TRAINING_SECTIONS
 from hddm_flower.data import Dataset, default_cache_dir
 from hddm_flower.data.layout import META as DATASET_META
 from hddm_flower.logs import quiet_libraries

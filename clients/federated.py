@@ -32,8 +32,8 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp.mod import fixedclipping_mod
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM  # the key fixedclipping_mod reads
 
-from hddm_flower.config import Config
-from hddm_flower.config_io import config_from_dict
+from hddm_flower.config.io import config_from_dict
+from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset, Split
 from hddm_flower.federated import (
     FEATURE_BATCH,

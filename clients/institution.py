@@ -21,8 +21,8 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from hddm_flower.config import Config
-from hddm_flower.config_io import config_from_dict
+from hddm_flower.config.io import config_from_dict
+from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset
 from hddm_flower.data.layout import cluster_dir
 from hddm_flower.institution import CLAIM, DECLARATION, DECLARATION_JSON, declaration, local_cluster

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from flwr.app import Context
 
-from hddm_flower.config import Config
+from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset
 from hddm_flower.stages.prepare import prepare_data
 

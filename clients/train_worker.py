@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-PRELOAD = ("torch", "diffusers", "hddm_flower.stages.expert", "hddm_flower.checkpoints", "hddm_flower.config_io")
+PRELOAD = ("torch", "diffusers", "hddm_flower.stages.expert", "hddm_flower.checkpoints", "hddm_flower.config.io")
 ERROR = "error.txt"
 
 
@@ -70,7 +70,7 @@ def main(spec_path: str) -> None:
     log_to_stderr()  # the fork server has no logging set up: without this the progress lines are lost
 
     from hddm_flower.checkpoints import weights_bytes
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
     from hddm_flower.data import Dataset
     from hddm_flower.stages.expert import train_one_expert
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from .config import Config
-from .config_io import config_from_dict
+from .config.io import config_from_dict
+from .config.schema import Config
 
 BUDGETS = ("equal_images", "equal_steps")
 

@@ -1,6 +1,6 @@
 """The named choices of the configuration schema and the defaults the math layer shares with it.
 
-Torch-free on purpose: the schema (:mod:`hddm_flower.config`), the command line's parser and the Flower apps read
+Torch-free on purpose: the schema (:mod:`hddm_flower.config.schema`), the command line's parser and the Flower apps read
 these names without importing the tensor code that implements them. The modules that implement a choice
 (:mod:`hddm_flower.objectives`, :mod:`hddm_flower.ensemble`, :mod:`hddm_flower.training`,
 :mod:`hddm_flower.checkpoints`) import the tuple from here, so each list of names exists once.

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from . import __version__
 from .choices import OBJECTIVES
-from .config import Config, shipped_configs
-from .config_io import load_config, parse_overrides
-from .config_rules import ConfigError
+from .config.io import load_config, parse_overrides
+from .config.rules import ConfigError
+from .config.schema import Config, shipped_configs
 from .rundir import CONFIG, EXPERTS, ROUTER
 
 DEFAULT_CONFIG = shipped_configs() / "default.yaml"
@@ -41,7 +41,7 @@ def _config(args, run_dir: Path | None = None) -> Config:
     if args.config is None and run_dir is not None and (run_dir / CONFIG).is_file():
         return load_config(run_dir / CONFIG, overrides)  # the run's resolved config
     if args.config is None and not DEFAULT_CONFIG.exists():
-        from .config_io import config_from_dict
+        from .config.io import config_from_dict
 
         return config_from_dict({}, "built-in defaults")
     return load_config(args.config or DEFAULT_CONFIG, overrides)

@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 
 from . import metrics as M
 from .adherence import classify
-from .config import Config
-from .config_rules import ConfigError
+from .config.rules import ConfigError
+from .config.schema import Config
 from .counts import read_counts
 from .data import Dataset, Split, as_dataset
 from .data.streams import stream_captions, stream_images

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from . import rundir
 from .checkpoints import META, load_expert_model, load_router, make_expert, save_expert
-from .config import Config
+from .config.schema import Config
 from .data import Dataset, as_dataset
 from .data.layout import UNCOND as DATASET_UNCOND
 from .devices import resolve_device, resolve_precision

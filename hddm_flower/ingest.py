@@ -511,7 +511,7 @@ def default_device(device: str = "") -> str:
 
 
 def units_for(data, pixel_size: int, repeat: int = 1) -> tuple[list[Unit], dict]:
-    """The input units and a description of the source for a :class:`~hddm_flower.config_sections.DataConfig`."""
+    """The input units and a description of the source for a :class:`~hddm_flower.config.sections.DataConfig`."""
     if data.name == "webdataset":
         return (
             tar_units(data.shards, data.skip_bad_shards),

@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .config import Config
+from .config.schema import Config
 from .data import Dataset, as_dataset
 from .data.dataset import DATA_FREE
 from .data.writer import DatasetWriter

@@ -16,7 +16,7 @@ import torch
 from PIL import Image, ImageDraw
 from torch import Tensor
 
-from .config import Config
+from .config.schema import Config
 from .data import Dataset, as_dataset
 from .model_card import write_model_cards
 from .provenance import now, versions

@@ -38,9 +38,9 @@ from .budget import budget_of
 from .budget import describe as describe_budget
 from .budget import expert_config as budget_expert_config
 from .checkpoints import META, ROUTER_META, WEIGHTS, load_expert, read_expert_meta, save_expert, sha256_file
-from .config import Config
-from .config_io import config_from_dict
-from .config_rules import ConfigError
+from .config.io import config_from_dict
+from .config.rules import ConfigError
+from .config.schema import Config
 from .data import Dataset
 from .data.layout import META as DATASET_META
 from .data.streams import StreamingAllClusters

@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from .config import TRAINING_SECTIONS, Config
-from .config_io import load_config
-from .config_rules import ConfigError
+from .config.io import load_config
+from .config.rules import ConfigError
+from .config.schema import TRAINING_SECTIONS, Config
 
 CONFIG = "config.yaml"
 EXPERTS = "experts"
@@ -129,8 +129,8 @@ def check_rerun(run_dir: Path, cfg: Config, targets: list[int] | None) -> None:
     """The rule for training experts into ``run_dir`` (``targets``: the expert ids to train, None = all).
 
     A run of all experts needs a directory without experts. A targeted run (the ids an earlier run lost) needs
-    the earlier run's training configuration (:data:`~hddm_flower.config.TRAINING_SECTIONS`) and ids that are
-    not present yet. Raises :class:`~hddm_flower.config_rules.ConfigError` naming the conflict.
+    the earlier run's training configuration (:data:`~hddm_flower.config.schema.TRAINING_SECTIONS`) and ids that are
+    not present yet. Raises :class:`~hddm_flower.config.rules.ConfigError` naming the conflict.
     """
     present = present_experts(run_dir)
     if targets is None and present:

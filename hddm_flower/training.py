@@ -23,7 +23,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .choices import OPTIMIZERS, PRECISIONS
-from .config_sections import ExpertConfig, OptimConfig, RouterConfig
+from .config.sections import ExpertConfig, OptimConfig, RouterConfig
 from .data import Split
 from .experts import Expert, _draw
 from .models import Router, TextCond

@@ -15,9 +15,9 @@ from __future__ import annotations
 import copy
 
 from .choices import MAX_SEED
-from .config import Config
-from .config_io import config_from_dict
-from .config_rules import ConfigError
+from .config.io import config_from_dict
+from .config.rules import ConfigError
+from .config.schema import Config
 from .truth import interval
 
 TRAINING_SEED_STRIDE = 100_003

@@ -32,8 +32,8 @@ import torch
 
 from .budget import describe as describe_budget
 from .checkpoints import load_expert, load_router
-from .config import Config
-from .config_io import config_from_dict
+from .config.io import config_from_dict
+from .config.schema import Config
 from .data import Dataset, as_dataset
 from .ensemble import Ensemble, VelocityScaling
 from .evaluate import Prompts, sample_mode

@@ -451,7 +451,7 @@ def institution_data(config: str, overrides: str, work: Path) -> list[str]:
     in ``work/institutions-data`` (standing in for data the institutions hold), one ``cluster-k`` shard set per
     node; the coordinator is never given this path."""
     sys.path.insert(0, str(APP))
-    from hddm_flower.config_io import load_config, parse_overrides
+    from hddm_flower.config.io import load_config, parse_overrides
     from hddm_flower.data.layout import cluster_dir
     from hddm_flower.stages.prepare import prepare_data
 

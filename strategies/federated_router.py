@@ -49,8 +49,8 @@ from flwr.serverapp.strategy import (
 )
 
 from hddm_flower.checkpoints import TIME_CONVENTION, save_router
-from hddm_flower.config import Config
-from hddm_flower.config_sections import OptimConfig
+from hddm_flower.config.schema import Config
+from hddm_flower.config.sections import OptimConfig
 from hddm_flower.data import Dataset
 from hddm_flower.evaluate import FEATURE_NET, feature_network
 from hddm_flower.federated import FEATURE_BATCH, FeatureSums, accuracy_from_confusion

@@ -23,7 +23,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from hddm_flower.config import Config
+from hddm_flower.config.schema import Config
 from hddm_flower.institution import (
     CLAIM,
     DECLARATION,

@@ -11,9 +11,9 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from hddm_flower.accept import ExpertStore
-from hddm_flower.config import Config
-from hddm_flower.config_io import load_config, parse_overrides
-from hddm_flower.config_rules import ConfigError
+from hddm_flower.config.io import load_config, parse_overrides
+from hddm_flower.config.rules import ConfigError
+from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset
 from hddm_flower.devices import coordinator_threads
 from hddm_flower.logs import quiet_libraries

@@ -45,7 +45,7 @@ def tiny_config_path(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_config(tiny_config_path):
-    from hddm_flower.config_io import load_config
+    from hddm_flower.config.io import load_config
 
     return load_config(tiny_config_path)
 

@@ -3,7 +3,7 @@
 import dataclasses
 
 from hddm_flower.budget import budget_of, describe, expert_config
-from hddm_flower.config_io import config_from_dict
+from hddm_flower.config.io import config_from_dict
 from hddm_flower.data import Dataset
 
 
@@ -60,7 +60,7 @@ def test_the_ladder_and_capacity_configs_load_with_their_budgets():
     trainings) and the capacity-limited mixture (48 components of rank 12 in 3×12×12), whose mixture builds."""
     from pathlib import Path
 
-    from hddm_flower.config_io import load_config
+    from hddm_flower.config.io import load_config
     from hddm_flower.gmm_data import GMMSpec, make_mixture
 
     root = Path(__file__).parent.parent / "configs"

@@ -267,7 +267,7 @@ def test_ddpm_node_without_held_out_samples_ships_its_expert_without_a_table(tmp
     """A cluster with an empty validation split still yields its DDPM expert: no table, the reason in its
     metadata and log, and the expert loads with the clamp (as an older checkpoint does)."""
     from hddm_flower.checkpoints import make_expert
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
     from hddm_flower.data import read_meta
     from hddm_flower.gmm_data import GMMSpec, prepare_gmm
     from hddm_flower.models import ExpertNet

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hddm_flower.config import Config
-from hddm_flower.config_io import config_from_dict, load_config, parse_overrides
-from hddm_flower.config_rules import MAX_MESSAGE, ConfigError
-from hddm_flower.config_sections import OptimConfig
+from hddm_flower.config.io import config_from_dict, load_config, parse_overrides
+from hddm_flower.config.rules import MAX_MESSAGE, ConfigError
+from hddm_flower.config.schema import Config
+from hddm_flower.config.sections import OptimConfig
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -228,7 +228,7 @@ def test_loading_a_config_imports_no_torch():
 
     code = (
         "import sys\n"
-        "from hddm_flower.config_io import load_config\n"
+        "from hddm_flower.config.io import load_config\n"
         "load_config('configs/paper-2ddpm-6fm.yaml')\n"
         "assert 'torch' not in sys.modules, 'config imported torch'\n"
     )
@@ -238,8 +238,8 @@ def test_loading_a_config_imports_no_torch():
 
 @pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "{}\n", "---\n"])
 def test_an_experiment_file_without_settings_is_a_one_line_error_naming_it(tmp_path, text):
-    from hddm_flower.config_io import load_config
-    from hddm_flower.config_rules import ConfigError
+    from hddm_flower.config.io import load_config
+    from hddm_flower.config.rules import ConfigError
 
     path = tmp_path / "exp.yaml"
     path.write_text(text)

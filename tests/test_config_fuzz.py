@@ -13,9 +13,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hddm_flower.config import Config
-from hddm_flower.config_io import config_from_dict, load_config, parse_overrides
-from hddm_flower.config_rules import MAX_MESSAGE, ConfigError
+from hddm_flower.config.io import config_from_dict, load_config, parse_overrides
+from hddm_flower.config.rules import MAX_MESSAGE, ConfigError
+from hddm_flower.config.schema import Config
 
 FUZZ = settings(
     max_examples=int(os.environ.get("HDDM_FUZZ_EXAMPLES", "500")),

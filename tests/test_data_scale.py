@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from hddm_flower.cluster import cluster_encoded, fit_hierarchical
-from hddm_flower.config_io import config_from_dict
+from hddm_flower.config.io import config_from_dict
 from hddm_flower.data import Dataset, check_clusters, read_meta
 from hddm_flower.ingest import SKIP_REASONS, ShardError, prepare_from_config
 

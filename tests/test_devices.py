@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hddm_flower.config_sections import CoordinatorConfig
+from hddm_flower.config.sections import CoordinatorConfig
 
 from .device_emulation import DeviceMismatch, emulated_cuda, on_device
 
@@ -176,8 +176,8 @@ def test_coordinator_threads_follow_the_processes_cpus(tmp_path):
     a negative one is refused naming the key and the file."""
     import os
 
-    from hddm_flower.config_io import load_config
-    from hddm_flower.config_rules import ConfigError
+    from hddm_flower.config.io import load_config
+    from hddm_flower.config.rules import ConfigError
     from hddm_flower.devices import coordinator_threads
 
     before = torch.get_num_threads()

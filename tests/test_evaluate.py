@@ -9,8 +9,8 @@ import yaml
 from PIL import Image
 
 from hddm_flower.cli import main
-from hddm_flower.config_io import load_config
-from hddm_flower.config_rules import ConfigError
+from hddm_flower.config.io import load_config
+from hddm_flower.config.rules import ConfigError
 from hddm_flower.data import Dataset
 from hddm_flower.evaluate import choose_prompts, parse_mode
 from hddm_flower.reproduce import default_configs, paired_differences, reproduce

@@ -125,7 +125,7 @@ def test_lost_experts_each_with_its_reason_and_the_ensemble_built_from_the_rest(
     """A client that raises, a message whose TTL expired, a SuperNode that vanished, one that never replies and
     an expert no node ever claimed: all five reasons are kept and the run goes on with the one that came
     (test_strategy.py builds the ensemble from what arrived)."""
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
     from hddm_flower.rundir import missing_experts
 
     cfg = config_from_dict(
@@ -176,7 +176,7 @@ def test_only_the_targeted_experts_are_trained(tiny_config, dataset_dir, cache_d
 
 
 def test_bf16_weights_travel_and_rest_as_bf16(tiny_config, dataset_dir, cache_dir, tmp_path):
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
 
     cfg = config_from_dict(
         tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"] | {"weights_dtype": "bfloat16"}}
@@ -241,7 +241,7 @@ app(msg, Context(run_id=1, node_id=7, node_config=node, state=RecordDict(), run_
 def test_killed_client_resumes_from_its_last_checkpoint(tiny_config, dataset_dir, cache_dir, tmp_path):
     """SIGKILL a ClientApp process mid-training; the same node, given the same expert again, resumes from its last
     local checkpoint, and the checkpoint that arrives says how many steps were resumed."""
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
 
     values = tiny_config.to_dict()
     values["expert"] = values["expert"] | {"steps": 400, "checkpoint_every": 10, "log_every": 50}
@@ -586,7 +586,7 @@ def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config
     """The crash isolation simulation uses (clients/client_app._train_in_child): the same weights as training in
     process, and an exception in the child comes back as one line, with the exit code."""
     import clients.client_app as ca
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
     from hddm_flower.stages.expert import train_one_expert
 
     cfg = config_from_dict(tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"] | {"steps": 2}})
@@ -610,7 +610,7 @@ def test_fewer_simulated_nodes_than_experts_each_train_several(tiny_config, data
     the work dir) costs only its own expert. Institutions (expert-id, or a partition-id without num-partitions)
     keep one expert each."""
     import clients.client_app as ca
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
 
     values = tiny_config.to_dict()
     values["expert"] = values["expert"] | {"checkpoint_every": 1000}  # a work dir, never written at 3 steps

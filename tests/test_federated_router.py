@@ -222,8 +222,8 @@ def test_federated_reference_statistics_equal_the_central_ones(tiny_config, data
     ],
 )
 def test_federated_settings_are_checked(key, value, message):
-    from hddm_flower.config_io import config_from_dict
-    from hddm_flower.config_rules import ConfigError
+    from hddm_flower.config.io import config_from_dict
+    from hddm_flower.config.rules import ConfigError
 
     section, name = key.split(".")
     with pytest.raises(ConfigError, match=message):
@@ -231,7 +231,7 @@ def test_federated_settings_are_checked(key, value, message):
 
 
 def test_rounds_default_to_the_central_budget():
-    from hddm_flower.config_sections import RouterConfig
+    from hddm_flower.config.sections import RouterConfig
 
     assert RouterConfig(steps=400, local_steps=1).num_rounds == 400
     assert RouterConfig(steps=400, local_steps=3).num_rounds == 134

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from hddm_flower.config_io import config_from_dict
-from hddm_flower.config_rules import ConfigError
+from hddm_flower.config.io import config_from_dict
+from hddm_flower.config.rules import ConfigError
 from hddm_flower.data import Dataset, read_meta
 from hddm_flower.ensemble import Ensemble
 from hddm_flower.exact import ExactRouter, exact_expert

@@ -313,7 +313,7 @@ def test_pipeline_without_stored_empty_caption_encodes_it(pipe):
 
 def test_sampling_settings_a_run_does_not_name_are_the_configs_defaults(pipe):
     """A pipeline without sampling settings samples with the config's (``Config()``'s sampling section)."""
-    from hddm_flower.config import Config
+    from hddm_flower.config.schema import Config
     from hddm_flower.hddm_pipeline import sampling_defaults
 
     bare = HDDMPipeline(

@@ -8,8 +8,8 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from clients.client_app import app as client_app
-from hddm_flower.config_io import load_config, parse_overrides
-from hddm_flower.config_rules import ConfigError
+from hddm_flower.config.io import load_config, parse_overrides
+from hddm_flower.config.rules import ConfigError
 from hddm_flower.institution import (
     DeclarationMismatch,
     check_agreement,

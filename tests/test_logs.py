@@ -5,7 +5,7 @@ import sys
 
 SCRIPT = """
 import sys
-from hddm_flower.config_io import load_config
+from hddm_flower.config.io import load_config
 from clients.client_app import _train_in_child
 from hddm_flower.data import Dataset
 cfg = load_config(sys.argv[1], {"expert.steps": 3, "expert.log_every": 1})

@@ -16,7 +16,7 @@ from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E06
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from hddm_flower.config import shipped_configs
+from hddm_flower.config.schema import shipped_configs
 from strategies.spool import FLOWER_SERIES
 
 ROOT = Path(__file__).parent.parent

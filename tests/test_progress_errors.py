@@ -76,7 +76,7 @@ def _raise_on(n: int, value=None):
 
 
 def test_training_loop_closes_its_bar(capsys):
-    from hddm_flower.config_sections import OptimConfig
+    from hddm_flower.config.sections import OptimConfig
     from hddm_flower.training import fit
 
     model = torch.nn.Linear(3, 1)

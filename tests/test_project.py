@@ -110,7 +110,7 @@ def test_configuration_reference_documents_every_key():
     """docs/configuration.md has a row for every field of every config section, and no row for a field that is gone."""
     import dataclasses
 
-    from hddm_flower.config import Config
+    from hddm_flower.config.schema import Config
 
     text = (ROOT / "docs" / "configuration.md").read_text()
     documented: dict[str, set[str]] = {}
@@ -224,7 +224,7 @@ def test_a_runs_ensemble_is_built_in_one_place():
     built = {p for p, _, line in _code_lines(*APP_CODE) if re.search(r"\bEnsemble\(", line) and "class " not in line}
     others = {"hddm_flower/evaluate.py", "hddm_flower/reproduce.py", "hddm_flower/truth_eval.py"}
     assert built == {"hddm_flower/hddm_pipeline.py", "benchmarks/sampling.py"} | others
-    from hddm_flower.config import Config
+    from hddm_flower.config.schema import Config
     from hddm_flower.hddm_pipeline import sampling_defaults
 
     keys = "|".join(sampling_defaults(Config()))

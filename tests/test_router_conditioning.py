@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hddm_flower.checkpoints import load_router, save_router
-from hddm_flower.config_io import config_from_dict, load_config
+from hddm_flower.config.io import config_from_dict, load_config
 from hddm_flower.ensemble import Ensemble
 from hddm_flower.metrics import pooled_caption
 from hddm_flower.models import Router, TextCond, router_conditioning, router_config

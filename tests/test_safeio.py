@@ -133,7 +133,7 @@ def test_add_expert_metadata_file_must_be_regular(late, cache_dir, capsys):
 def test_prepared_datasets_and_shard_sets_are_opened_not_trusted(tiny_config, tmp_path):
     """data.prepared and --cluster-data: a meta.json that is a FIFO or nested beyond the parser, a shard that
     links to a device — each a one-line error instead of a hang or a crash."""
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
     from hddm_flower.data import Dataset, read_meta
     from hddm_flower.stages.prepare import prepare_data
 

@@ -97,7 +97,7 @@ def test_too_few_experts_raise_after_recording(tiny_config, dataset_dir, cache_d
 
 
 def test_server_run_config_resolution(tiny_config_path, tmp_path):
-    from hddm_flower.config_rules import ConfigError
+    from hddm_flower.config.rules import ConfigError
     from strategies.server_app import resolve_run
 
     cfg, path, run_dir, cache = resolve_run(
@@ -142,8 +142,8 @@ def test_server_refuses_mixing_runs_and_parses_target_ids(tiny_config_path, tmp_
     import yaml
     from flwr.app import Context, RecordDict
 
-    from hddm_flower.config_io import load_config
-    from hddm_flower.config_rules import ConfigError
+    from hddm_flower.config.io import load_config
+    from hddm_flower.config.rules import ConfigError
     from strategies.server_app import main, parse_expert_ids
 
     assert parse_expert_ids("", 4) is None and parse_expert_ids(" 3, 1,3", 4) == [1, 3]

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from hddm_flower.config_sections import ExpertConfig, OptimConfig
+from hddm_flower.config.sections import ExpertConfig, OptimConfig
 from hddm_flower.data import Dataset
 from hddm_flower.experts import FlowMatchingExpert
 from hddm_flower.models import ExpertNet, expert_config

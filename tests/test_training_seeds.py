@@ -5,8 +5,8 @@ import math
 import pytest
 from scipy import stats
 
-from hddm_flower.config import Config
-from hddm_flower.config_rules import ConfigError
+from hddm_flower.config.rules import ConfigError
+from hddm_flower.config.schema import Config
 from hddm_flower.training_seeds import TRAINING_SEED_STRIDE, nested_interval, paired, training_config
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy import stats
 
-from hddm_flower.config_io import config_from_dict
+from hddm_flower.config.io import config_from_dict
 from hddm_flower.gmm import GaussianMixture
 from hddm_flower.truth import CaptionTargets, interval, median_bandwidth, mmd2, truth_metrics, tv_distance
 

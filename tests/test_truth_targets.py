@@ -142,7 +142,7 @@ def test_the_truth_rows_score_colour_captions_end_to_end(colour_dataset, tmp_pat
     """evaluate_group on the exact rows of a colour-caption mixture (no training: seconds): every row and seed is
     scored against p(x | c); the exact experts under the exact prompt-aware router put each colour's samples in
     the clusters of p(k | c) about as the true draws do, and stay on the caption's colour."""
-    from hddm_flower.config_io import config_from_dict
+    from hddm_flower.config.io import config_from_dict
     from hddm_flower.truth_eval import evaluate_group, truth_rows
 
     cfg = config_from_dict(
@@ -189,7 +189,7 @@ def test_the_truth_rows_score_colour_captions_end_to_end(colour_dataset, tmp_pat
 def test_the_colour_config_is_the_equal_steps_ladder_with_colour_captions():
     from pathlib import Path
 
-    from hddm_flower.config_io import load_config
+    from hddm_flower.config.io import load_config
 
     root = Path(__file__).parent.parent / "configs"
     colour, base = load_config(root / "reproduce-gmm-colour.yaml"), load_config(root / "reproduce-gmm-equal-steps.yaml")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..config import Config
+from ..config.schema import Config
 from ..models import TextCond
 from ..safeio import read_text
 from .layout import META, SHARD_GLOB, UNCOND, cluster_dir

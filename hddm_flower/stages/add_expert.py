@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..accept import accept_expert, parse_expert_meta, parse_model_config
 from ..checkpoints import META, MODEL_CONFIG, WEIGHTS, CheckpointRejected
-from ..config import Config
-from ..config_io import config_from_dict, load_config
+from ..config.io import config_from_dict, load_config
+from ..config.schema import Config
 from ..data import Dataset, check_clusters, extend_dataset
 from ..provenance import now
 from ..rundir import (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..adherence import prompt_adherence, prompt_clusters
 from ..checkpoints import load_router
-from ..config import Config
+from ..config.schema import Config
 from ..data import Dataset, as_dataset
 from ..devices import resolve_device
 from ..ensemble import Ensemble

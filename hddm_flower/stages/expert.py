@@ -12,7 +12,7 @@ import torch
 from ..accept import ExpertSpec
 from ..checkpoints import TIME_CONVENTION, make_expert
 from ..clean_prior import measure_clean_prior
-from ..config import Config
+from ..config.schema import Config
 from ..convert import load_init
 from ..data import Dataset, Split, StreamingSplit, as_dataset
 from ..models import ExpertNet, expert_config

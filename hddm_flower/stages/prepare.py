@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..cluster import cluster_encoded
-from ..config import Config
+from ..config.schema import Config
 from ..data import Dataset, as_dataset, check_clusters, default_cache_dir
 from ..data.layout import is_prepared
 from ..data.writer import rewrite_meta

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from ..checkpoints import TIME_CONVENTION, save_router
-from ..config import Config
-from ..config_sections import RouterConfig
+from ..config.schema import Config
+from ..config.sections import RouterConfig
 from ..data import Dataset, as_dataset
 from ..data.streams import stream_images
 from ..devices import resolve_device, resolve_precision

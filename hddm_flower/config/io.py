@@ -1,5 +1,5 @@
 """Reading configuration: YAML files (bounded in size, nesting and alias expansion; ``base:`` files merged) and
-dotted overrides (``expert.steps=50``) into a validated :class:`~hddm_flower.config.Config`. Loading a file imports
+dotted overrides (``expert.steps=50``) into a validated :class:`~hddm_flower.config.schema.Config`. Loading a file imports
 neither torch nor any other tensor library.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from .config import Config
-from .config_rules import MAX_VALUE, ConfigError, _show
-from .config_sections import _FLAT_OPTIM_KEYS
+from .rules import MAX_VALUE, ConfigError, _show
+from .schema import Config
+from .sections import _FLAT_OPTIM_KEYS
 
 MAX_FILE_BYTES = 1 << 20  # a config file larger than this is not a config file
 MAX_NODES = 100_000  # YAML nodes after expanding aliases (an alias bomb expands to billions)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
-from .choices import MAX_SEED
+from ..choices import MAX_SEED
 
 MAX_MESSAGE = 400  # characters of a ConfigError
 MAX_VALUE = 60  # characters of a value quoted in a message

@@ -1,7 +1,7 @@
-"""The configuration schema: :class:`Config`, its sections (:mod:`hddm_flower.config_sections`) and the checks
+"""The configuration schema: :class:`Config`, its sections (:mod:`hddm_flower.config.sections`) and the checks
 that span sections (``top_k ≤ num_experts``, the objective mix, …). Every problem is a :class:`ConfigError`: one
 line, bounded in length, naming the file and the key. Reading YAML files and dotted overrides into a
-:class:`Config` is :mod:`hddm_flower.config_io`.
+:class:`Config` is :mod:`hddm_flower.config.io`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config_rules import ConfigError, _Rules, _top_k_of
-from .config_sections import (
+from ..presets import EXPERT_PRESETS, ROUTER_PRESETS
+from .rules import ConfigError, _Rules, _top_k_of
+from .sections import (
     CoordinatorConfig,
     DataConfig,
     DDPMConfig,
@@ -23,7 +24,6 @@ from .config_sections import (
     RouterConfig,
     SamplingConfig,
 )
-from .presets import EXPERT_PRESETS, ROUTER_PRESETS
 
 # the sections that decide an expert's weights (federation and sampling settings may change between runs)
 TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")
@@ -32,7 +32,7 @@ TRAINING_SECTIONS = ("num_experts", "data", "objectives", "ddpm", "expert")
 def shipped_configs() -> Path:
     """The folder of the YAML files that ship with the project: inside the installed package (a wheel carries
     them as ``hddm_flower/configs``), else the source tree's ``configs/``."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # hddm_flower/
     inside = here / "configs"
     return inside if (inside / "default.yaml").is_file() else here.parent / "configs"
 

@@ -1,12 +1,12 @@
 """The sections of the configuration schema (typed dataclasses, one per YAML section); each validates its own
-fields (types, choices and ranges). :class:`~hddm_flower.config.Config` puts them together."""
+fields (types, choices and ranges). :class:`~hddm_flower.config.schema.Config` puts them together."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from .choices import (
+from ..choices import (
     CLEAN_ESTIMATES,
     CLUSTER_FEATURES,
     CONVERSIONS,
@@ -29,8 +29,8 @@ from .choices import (
     WIRE_DTYPES,
     X0_CLAMP,
 )
-from .config_rules import _Rules, _show, _top_k_of
-from .presets import EXPERT_PRESETS, ROUTER_PRESETS
+from ..presets import EXPERT_PRESETS, ROUTER_PRESETS
+from .rules import _Rules, _show, _top_k_of
 
 
 @dataclass
