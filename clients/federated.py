@@ -42,8 +42,9 @@ from hddm_flower.federated import (
     router_confusion,
     router_local_update,
 )
-from hddm_flower.metrics import FeatureClassifier, classifier_features, inception_features, pooled_caption
+from hddm_flower.metrics import FeatureClassifier, classifier_features, inception_features
 from hddm_flower.models import Router
+from hddm_flower.text import pooled_caption
 
 from . import drill
 from .node_data import node_dataset

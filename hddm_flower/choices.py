@@ -43,7 +43,7 @@ noise, fewer at the ends)."""
 PRECISIONS = ("no", "bf16")
 ROUTER_CONDITIONINGS = ("none", "text")
 """What the router reads besides ``(x_t, t)``: nothing (the paper's router), or the caption's pooled text embedding
-(the masked mean of its token states, :func:`hddm_flower.metrics.pooled_caption`)."""
+(the masked mean of its token states, :func:`hddm_flower.text.pooled_caption`)."""
 ROUTER_TRAINING = ("central", "federated")
 """Where the router is trained: on the coordinator's copy of all clusters, or in rounds over the nodes."""
 SERVER_OPTIMIZERS = ("adam", "avg", "median", "trimmed_avg", "krum")

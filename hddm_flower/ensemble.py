@@ -22,9 +22,9 @@ from .choices import ROUTING_MODES, VELOCITY_SCALINGS
 from .counts import add_count
 from .devices import autocast
 from .experts import map_cond
-from .metrics import pooled_caption
 from .models import router_conditioning
 from .objectives import cap_velocity_rms, velocity_rms, velocity_rms_prior
+from .text import pooled_caption
 
 DISPATCHES = ("auto", "dense", "gather")  # how the experts get their rows (Ensemble._dispatch)
 

@@ -41,6 +41,7 @@ from .models import TextCond, router_conditioning
 from .reference import DEFAULT_KID_RESERVOIR, ReferenceStats, pooled, reference_statistics
 from .report import plot_router_weights, plot_usage, save_prompt_grids
 from .rundir import EXPERT_USAGE_PLOT, FEATURE_NET, GRIDS, ROUTER_WEIGHTS_PLOT
+from .text import pooled_caption
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +326,7 @@ def feature_network(cfg: Config, dataset: Dataset, folder: Path, *, decode=None,
         num_train = dataset.size(None, "train")
         pixels = decode if decode is not None else (lambda x: x)  # pixels, also for latent data
         batches = (
-            (pixels(x), y, M.pooled_caption(*cond))
+            (pixels(x), y, pooled_caption(*cond))
             for x, y, cond in stream_images(
                 dataset, None, batch_size=64, split="train", seed=ev.seed, shuffle_buffer=4096, text=True
             )

@@ -30,9 +30,9 @@ from torch import Tensor, nn
 
 from .experts import DDPMExpert, Expert, FlowMatchingExpert
 from .gmm_data import GMMReference
-from .metrics import pooled_caption
 from .models import TextCond
 from .objectives import FM_TIME_SCALE, alpha_bar_at, ddpm_alpha_bar
+from .text import pooled_caption
 
 
 class CaptionIndex(nn.Module):

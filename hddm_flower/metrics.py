@@ -137,12 +137,6 @@ class FeatureClassifier(ModelMixin, ConfigMixin):
         return self.cls_head(f), self.text_head(f)
 
 
-def pooled_caption(states: Tensor, mask: Tensor) -> Tensor:
-    """Masked mean of per-token text states, L2-normalised: the caption's sentence embedding (B, dim)."""
-    m = mask.unsqueeze(-1)
-    return F.normalize((states * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
-
-
 def feature_classifier_loss(
     net: FeatureClassifier, x: Tensor, labels: Tensor, caption_emb: Tensor, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:

@@ -114,7 +114,7 @@ class Router(ModelMixin, ConfigMixin):
 
     The conditioning vector is the time embedding; with ``"text"`` it also adds a projection (an MLP, as PixArt's
     caption projection) of the caption's pooled text embedding (``caption_dim`` numbers,
-    :func:`hddm_flower.metrics.pooled_caption`), the way DiT adds its class embedding. The empty caption is a
+    :func:`hddm_flower.text.pooled_caption`), the way DiT adds its class embedding. The empty caption is a
     caption like any other: its pooled embedding is what an unconditional sample routes on.
 
     ``forward(x_t, t, caption=None)`` takes FM time ``t ∈ [0, 1]`` and the pooled embedding (B, caption_dim)

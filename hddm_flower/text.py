@@ -9,9 +9,16 @@ import os
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .models import TextCond
+
+
+def pooled_caption(states: Tensor, mask: Tensor) -> Tensor:
+    """Masked mean of per-token text states, L2-normalised: the caption's sentence embedding (B, dim)."""
+    m = mask.unsqueeze(-1)
+    return F.normalize((states * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
 
 
 def default_text_encoder_path() -> Path:

@@ -9,8 +9,8 @@ import torch
 from hddm_flower.ensemble import Ensemble
 from hddm_flower.exact import ExactRouter, exact_expert
 from hddm_flower.gmm_data import GMMSpec, load_reference, prepare_gmm
-from hddm_flower.metrics import pooled_caption
 from hddm_flower.models import TextCond
+from hddm_flower.text import pooled_caption
 from tests.test_gmm import T_GRID, dense_moments
 
 F64 = torch.float64

@@ -11,8 +11,8 @@ import torch
 from hddm_flower.checkpoints import load_router, save_router
 from hddm_flower.config.io import config_from_dict, load_config
 from hddm_flower.ensemble import Ensemble
-from hddm_flower.metrics import pooled_caption
 from hddm_flower.models import Router, TextCond, router_conditioning, router_config
+from hddm_flower.text import pooled_caption
 from hddm_flower.training import drop_pooled_captions
 
 
@@ -128,7 +128,7 @@ def test_config_names_the_conditioning():
 
 def test_the_router_stream_carries_each_captions_pooled_embedding(dataset_dir):
     """``pooled=True``: each training sample once (shuffled), with its own caption's pooled embedding (the same
-    as metrics.pooled_caption of its stored states), and no token states in the batch."""
+    as text.pooled_caption of its stored states), and no token states in the batch."""
     from hddm_flower.data import Dataset
     from hddm_flower.data.streams import stream_images
 

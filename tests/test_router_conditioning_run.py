@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hddm_flower.hddm_pipeline import HDDMPipeline
-from hddm_flower.metrics import pooled_caption
 from hddm_flower.models import Router
+from hddm_flower.text import pooled_caption
 
 PRESENT = (0, 1, 3)
 

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..metrics import pooled_caption
 from ..models import TextCond
+from ..text import pooled_caption
 from .dataset import Dataset, as_dataset, decode_image, decode_text, resumed_seed
 from .shards import open_shards
 
@@ -32,7 +32,7 @@ def _image_and_text_member(name: str) -> bool:
 
 
 def _pooled(emb: np.ndarray) -> np.ndarray:
-    """One caption's pooled embedding (dim,) from its token states (tokens, dim): :func:`metrics.pooled_caption`."""
+    """One caption's pooled embedding (dim,) from its token states (tokens, dim): :func:`text.pooled_caption`."""
     states = torch.from_numpy(np.ascontiguousarray(emb, np.float32))[None]
     return pooled_caption(states, torch.ones(states.shape[:2]))[0].numpy()
 

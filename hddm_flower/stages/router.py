@@ -16,9 +16,9 @@ from ..config.sections import RouterConfig
 from ..data import Dataset, as_dataset
 from ..data.streams import stream_images
 from ..devices import resolve_device, resolve_precision
-from ..metrics import pooled_caption
 from ..models import Router, router_config
 from ..rundir import ROUTER
+from ..text import pooled_caption
 from ..training import train_router
 
 
