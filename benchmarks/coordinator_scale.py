@@ -213,10 +213,10 @@ def stage(args) -> dict:
     """One stage in this process; returns its measurements."""
     import torch
 
-    from hddm_flower import adherence, reference
     from hddm_flower.data import Dataset
     from hddm_flower.devices import coordinator_threads
-    from hddm_flower.evaluate import feature_network
+    from hddm_flower.evaluation import adherence, reference
+    from hddm_flower.evaluation.evaluate import feature_network
     from hddm_flower.reproduce import train_monolith
     from hddm_flower.rundir import FEATURE_NET
     from hddm_flower.stages import diagnostics
@@ -294,9 +294,9 @@ def _preload() -> None:
     (:func:`benchmarks.common.forked`) and pays no import of its own."""
     import torch  # noqa: F401
 
-    import hddm_flower.adherence  # noqa: F401
+    import hddm_flower.evaluation.adherence  # noqa: F401
+    import hddm_flower.evaluation.report  # noqa: F401
     import hddm_flower.hddm_pipeline  # noqa: F401
-    import hddm_flower.report  # noqa: F401
     import hddm_flower.reproduce  # noqa: F401
     import hddm_flower.stages.assemble  # noqa: F401
     import hddm_flower.stages.expert  # noqa: F401

@@ -38,11 +38,11 @@ from hddm_flower.checkpoints import load_expert, read_expert_meta, scheduler_con
 from hddm_flower.config.io import load_config
 from hddm_flower.data import Dataset
 from hddm_flower.ensemble import euler_sample
+from hddm_flower.evaluation.report import PALETTE, _axes
 from hddm_flower.exact import ExactNet, ExactRouter
 from hddm_flower.gmm_data import load_reference
 from hddm_flower.models import TextCond
 from hddm_flower.objectives import cap_velocity_rms, velocity_rms, velocity_rms_prior
-from hddm_flower.report import PALETTE, _axes
 from hddm_flower.reproduce import _fingerprint, _Missing, _run_jobs, _train_job, _train_or_reuse, config_for, dataset_id
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.truth import interval, median_bandwidth, mmd2

@@ -35,7 +35,7 @@ from benchmarks import first_ten_minutes
 from benchmarks.common import RESULTS, ROOT, machine, write_result
 from hddm_flower.config.io import config_from_dict, load_config
 from hddm_flower.data import Dataset
-from hddm_flower.evaluate import feature_network
+from hddm_flower.evaluation.evaluate import feature_network
 from hddm_flower.reproduce import _fingerprint, _run_jobs, _symlink, _train_job, dataset_id
 from hddm_flower.rundir import CONFIG, EXPERTS, expert_dir, experts_dir
 from hddm_flower.stages.assemble import evaluate_and_report

@@ -37,11 +37,11 @@ import torch
 
 from benchmarks.common import ROOT, machine, write_result
 from clients.client_app import app as client_app
-from hddm_flower import metrics as M
 from hddm_flower.checkpoints import load_router, save_router
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.data import Dataset
-from hddm_flower.evaluate import FEATURE_NET, all_images, choose_prompts, feature_network, sample_mode
+from hddm_flower.evaluation import metrics as M
+from hddm_flower.evaluation.evaluate import FEATURE_NET, all_images, choose_prompts, feature_network, sample_mode
 from hddm_flower.federated import accuracy_from_confusion, router_confusion
 from hddm_flower.models import router_config
 from hddm_flower.provenance import versions

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import ROOT, machine, write_result
-from hddm_flower.adherence import prompt_adherence, prompt_clusters
 from hddm_flower.config.io import load_config
-from hddm_flower.evaluate import evaluate_run
+from hddm_flower.evaluation.adherence import prompt_adherence, prompt_clusters
+from hddm_flower.evaluation.evaluate import evaluate_run
+from hddm_flower.evaluation.metrics import FeatureClassifier
 from hddm_flower.hddm_pipeline import load_pipeline, sample_images
-from hddm_flower.metrics import FeatureClassifier
 from hddm_flower.rundir import CONFIG, FEATURE_NET
 from hddm_flower.stages.assemble import load_ensemble
 from hddm_flower.stages.prepare import prepare_data

@@ -35,6 +35,7 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM  # the key fix
 from hddm_flower.config.io import config_from_dict
 from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset, Split
+from hddm_flower.evaluation.metrics import FeatureClassifier, classifier_features, inception_features
 from hddm_flower.federated import (
     FEATURE_BATCH,
     cluster_feature_sums,
@@ -42,7 +43,6 @@ from hddm_flower.federated import (
     router_confusion,
     router_local_update,
 )
-from hddm_flower.metrics import FeatureClassifier, classifier_features, inception_features
 from hddm_flower.models import Router
 from hddm_flower.text import pooled_caption
 

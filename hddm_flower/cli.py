@@ -209,7 +209,7 @@ def _missing(cfg: Config, run_dir: Path) -> list[dict]:
 
 def cmd_evaluate(args) -> None:
     from .devices import coordinator_threads
-    from .evaluate import parse_mode
+    from .evaluation.evaluate import parse_mode
     from .rundir import read_report
     from .stages.assemble import evaluate_and_report
 
@@ -314,8 +314,8 @@ def cmd_sample(args) -> None:
         raise ConfigError(f"sampling.top_k={s.top_k} but this run has {len(present)} experts ({present})")
     # every argument checked: now load the pipeline (progress bars on the terminal)
     from .devices import resolve_device
+    from .evaluation.report import save_grid
     from .hddm_pipeline import load_pipeline, sample_images, sampling_defaults
-    from .report import save_grid
 
     pipe = load_pipeline(run_dir, progress=True, sampling=sampling_defaults(cfg))
     pipe.to(resolve_device(cfg.coordinator.device))

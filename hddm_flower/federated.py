@@ -5,7 +5,7 @@ Three pieces, each a pure function of one node's data; the Flower adapters (``cl
 
 * :class:`FeatureSums`: FID reference statistics as sums, ``(n, Σf, Σffᵀ)`` in float64. Sums of disjoint sets add,
   so the server's total equals the statistics of the pooled images exactly (up to float64 rounding), and
-  :func:`frechet_distance_from_sums` gives the same FID as :func:`hddm_flower.metrics.frechet_distance` on the
+  :func:`frechet_distance_from_sums` gives the same FID as :func:`hddm_flower.evaluation.metrics.frechet_distance` on the
   pooled features (both go through torchmetrics' FID; only its reference state is set from the sums).
 * :func:`router_local_update`: a few SGD steps of the router on one node's clusters (often a single cluster: every
   label the same, the hardest non-IID case), returning the new weights for the server to average, weighted by
@@ -140,7 +140,7 @@ def frechet_distance_from_sums(reference: FeatureSums, fake: Tensor) -> float:
     reference state set from the sums (the same float64 computation as :func:`metrics.frechet_distance`)."""
     from torchmetrics.image.fid import FrechetInceptionDistance
 
-    from .metrics import _Given
+    from .evaluation.metrics import _Given
 
     if fake.ndim != 2 or fake.shape[1] != reference.dim:
         raise ValueError(f"generated features must be (N, {reference.dim}), got {tuple(fake.shape)}")
@@ -157,7 +157,7 @@ def frechet_distance_from_sums(reference: FeatureSums, fake: Tensor) -> float:
 # ----------------------------------------------------------------------------------------------------------------
 # The router on one node
 
-FEATURE_BATCH = 64  # the central feature classifier's batch (hddm_flower.evaluate.feature_network)
+FEATURE_BATCH = 64  # the central feature classifier's batch (hddm_flower.evaluation.evaluate.feature_network)
 
 
 def restricted_logits(logits: Tensor, local: Tensor, alpha: float) -> Tensor:
@@ -254,12 +254,12 @@ def router_local_update(
 def feature_net_local_update(
     net, images: Tensor, labels: Tensor, caption_emb: Tensor, *, steps: int, batch_size: int, lr: float, seed: int
 ) -> dict:
-    """``steps`` plain SGD steps of the evaluation's feature classifier (:class:`hddm_flower.metrics.FeatureClassifier`,
+    """``steps`` plain SGD steps of the evaluation's feature classifier (:class:`hddm_flower.evaluation.metrics.FeatureClassifier`,
     in place) on one node's clean images (pixels), cluster labels and caption embeddings, with the central
-    classifier's objective (:func:`hddm_flower.metrics.feature_classifier_loss`). The same machinery as
+    classifier's objective (:func:`hddm_flower.evaluation.metrics.feature_classifier_loss`). The same machinery as
     :func:`router_local_update`: with one step per round, the server's average weighted by the nodes' training-set
     sizes is one central SGD step on the pooled loss. Returns ``{"loss", "images-seen"}``."""
-    from .metrics import feature_classifier_loss
+    from .evaluation.metrics import feature_classifier_loss
 
     if len(images) == 0:
         raise ValueError("no training images on this node")

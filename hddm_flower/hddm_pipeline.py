@@ -13,7 +13,7 @@ its name, loaded with diffusers' own machinery (``from_pretrained`` of each clas
 * ``experts/``: :class:`HDDMExperts`, the K expert folders ``experts/expert-k`` (each one a
   ``PixArtTransformer2DModel`` folder with its ``hddm_expert.json`` metadata and ``scheduler_config.json``);
 * ``router/``: :class:`~hddm_flower.models.Router`, the posterior ``p(k | x_t, t)``;
-* ``feature_net/``: :class:`~hddm_flower.metrics.FeatureClassifier`, the run's own feature network (optional);
+* ``feature_net/``: :class:`~hddm_flower.evaluation.metrics.FeatureClassifier`, the run's own feature network (optional);
 * ``vae``, ``text_encoder``, ``tokenizer``: stored by reference (``model_index.json``'s ``vae_path`` and
   ``text``; ``text_encoder.json``), loaded from there unless passed in or saved into the folder by
   :meth:`HDDMPipeline.save_pretrained`.
@@ -26,7 +26,7 @@ it lacks takes the config's default). A run's :class:`~hddm_flower.ensemble.Ense
 from the same loaded components) and by ``load_ensemble``.
 ``DiffusionPipeline.from_pretrained(run_dir, custom_pipeline="pipeline", trust_remote_code=True)`` loads the same
 class through the ``pipeline.py`` the run directory carries. Components defined here and in
-:mod:`hddm_flower.models` / :mod:`hddm_flower.metrics` resolve because this module imports those modules (diffusers
+:mod:`hddm_flower.models` / :mod:`hddm_flower.evaluation.metrics` resolve because this module imports those modules (diffusers
 imports no module a folder names; it resolves them from the modules already imported).
 """
 
@@ -55,7 +55,7 @@ from .data import Dataset, as_dataset
 from .data.layout import UNCOND as DATASET_UNCOND
 from .devices import resolve_device, resolve_precision
 from .ensemble import ROUTING_MODES, Ensemble, VelocityScaling, sample_ensemble
-from .metrics import FeatureClassifier
+from .evaluation.metrics import FeatureClassifier
 from .models import ExpertNet, Router, TextCond
 from .rundir import FEATURE_NET, MODEL_INDEX, PIPELINE_FILE, TEXT_ENCODER_REF, UNCOND
 from .text import TextEncoder, default_text_encoder_path
@@ -220,7 +220,7 @@ def build_ensemble(
 def check_components(experts: Any, router: Any, feature_net: Any = None) -> None:
     """The pipeline's components are what a run holds (a folder could name any class in ``model_index.json``): an
     :class:`HDDMExperts`, a :class:`~hddm_flower.models.Router` over that many experts, a
-    :class:`~hddm_flower.metrics.FeatureClassifier` or none. Raises ``TypeError``/``ValueError`` in one line."""
+    :class:`~hddm_flower.evaluation.metrics.FeatureClassifier` or none. Raises ``TypeError``/``ValueError`` in one line."""
     for name, value, kind in (("experts", experts, HDDMExperts), ("router", router, Router)):
         if not isinstance(value, kind):
             raise TypeError(f"component {name} is a {type(value).__name__}, expected {kind.__name__}")

@@ -46,7 +46,7 @@ from .data.layout import META as DATASET_META
 from .data.streams import StreamingAllClusters
 from .devices import resolve_device, resolve_precision
 from .ensemble import Ensemble
-from .evaluate import evaluate_run, feature_network
+from .evaluation.evaluate import evaluate_run, feature_network
 from .provenance import now, versions
 from .rundir import CONFIG, FEATURE_NET, ROUTER, expert_dir, experts_dir, write_atomic
 from .stages.assemble import evaluate_and_report, load_ensemble

@@ -1,6 +1,6 @@
 """``hddm reproduce`` on a ``data.name: gmm`` dataset: every row scored against the true density.
 
-Aligned inference as in :mod:`hddm_flower.evaluate`: for each seed every row samples the same prompts (every
+Aligned inference as in :mod:`hddm_flower.evaluation.evaluate`: for each seed every row samples the same prompts (every
 distinct caption, ``evaluation.samples_per_prompt`` times per component with that caption) from the same noise
 with the same sampler, steps and CFG, and is compared with fresh true samples for the same prompts, each drawn from
 its caption's conditional mixture ``p(x | c)`` (:mod:`hddm_flower.truth_targets`, :mod:`hddm_flower.truth`): one
@@ -36,7 +36,7 @@ from .config.io import config_from_dict
 from .config.schema import Config
 from .data import Dataset, as_dataset
 from .ensemble import Ensemble, VelocityScaling
-from .evaluate import Prompts, sample_mode
+from .evaluation.evaluate import Prompts, sample_mode
 from .exact import ExactRouter, exact_expert
 from .gmm_data import GMMReference, load_reference
 from .models import router_conditioning

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .evaluate import Prompts
+from .evaluation.evaluate import Prompts
 from .gmm_data import GMMReference
 from .models import TextCond
 from .truth import CaptionTargets

@@ -52,9 +52,9 @@ from hddm_flower.checkpoints import TIME_CONVENTION, save_router
 from hddm_flower.config.schema import Config
 from hddm_flower.config.sections import OptimConfig
 from hddm_flower.data import Dataset
-from hddm_flower.evaluate import FEATURE_NET, feature_network
+from hddm_flower.evaluation.evaluate import FEATURE_NET, feature_network
+from hddm_flower.evaluation.metrics import FeatureClassifier
 from hddm_flower.federated import FEATURE_BATCH, FeatureSums, accuracy_from_confusion
-from hddm_flower.metrics import FeatureClassifier
 from hddm_flower.models import Router
 from hddm_flower.rundir import ROUTER
 from hddm_flower.stages.assemble import evaluate_and_report
@@ -462,7 +462,7 @@ def train_feature_net_federated(
     """The evaluation's feature classifier (offline FID features) when the coordinator holds no images: the
     router's machinery (Flower's FedAdam/FedAvg over the same nodes, one local SGD step per round by default,
     ClientApp action ``train.feature_net``) for ``evaluation.feature_steps`` rounds; saved into ``folder`` the way
-    :func:`hddm_flower.evaluate.feature_network` finds it. Returns its record for the report."""
+    :func:`hddm_flower.evaluation.evaluate.feature_network` finds it. Returns its record for the report."""
     ev, r = cfg.evaluation, cfg.router
     torch.manual_seed(ev.seed)
     net = FeatureClassifier(in_channels=dataset.pixel_channels, num_classes=cfg.num_experts, text_dim=dataset.text_dim)
@@ -523,7 +523,7 @@ def train_feature_net_federated(
     return record
 
 
-FEATURE_LR = 2e-3  # the central feature classifier's Adam step size (hddm_flower.metrics)
+FEATURE_LR = 2e-3  # the central feature classifier's Adam step size (hddm_flower.evaluation.metrics)
 
 
 def federated_reference(

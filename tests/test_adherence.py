@@ -4,9 +4,9 @@ feature classifier puts there."""
 import pytest
 import torch
 
-from hddm_flower.adherence import prompt_adherence, prompt_clusters
 from hddm_flower.data import Dataset
-from hddm_flower.metrics import FeatureClassifier
+from hddm_flower.evaluation.adherence import prompt_adherence, prompt_clusters
+from hddm_flower.evaluation.metrics import FeatureClassifier
 
 
 def test_prompt_clusters_come_from_the_dataset_captions(dataset_dir):
@@ -22,7 +22,7 @@ def test_prompt_clusters_come_from_the_dataset_captions(dataset_dir):
 
 def test_prompt_clusters_are_read_once_per_dataset_and_prompts(dataset_dir, monkeypatch):
     """The first call reads the captions and caches the answer beside the dataset; the next reads no caption."""
-    import hddm_flower.adherence as adherence
+    import hddm_flower.evaluation.adherence as adherence
 
     prompts = [Dataset.open(dataset_dir).split(None, "val").captions[0], "a prompt only this test asks for"]
     first = prompt_clusters(dataset_dir, prompts)

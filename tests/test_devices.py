@@ -39,7 +39,7 @@ def test_the_emulated_device_raises_where_cuda_does():
 
 def test_the_classifier_fallback_distance_takes_host_images():
     """The offline diversity fallback (no AlexNet file) with its classifier on the device and host images."""
-    from hddm_flower.metrics import FeatureClassifier, classifier_distance
+    from hddm_flower.evaluation.metrics import FeatureClassifier, classifier_distance
 
     net = FeatureClassifier(num_classes=2, text_dim=4).eval()
     a, b = torch.rand(3, 3, 8, 8) * 2 - 1, torch.rand(3, 3, 8, 8) * 2 - 1

@@ -12,7 +12,7 @@ from hddm_flower.cli import main
 from hddm_flower.config.io import load_config
 from hddm_flower.config.rules import ConfigError
 from hddm_flower.data import Dataset
-from hddm_flower.evaluate import choose_prompts, parse_mode
+from hddm_flower.evaluation.evaluate import choose_prompts, parse_mode
 from hddm_flower.reproduce import default_configs, paired_differences, reproduce
 
 from .conftest import TINY
@@ -171,7 +171,7 @@ def test_cli_evaluate_a_run_and_bad_input(reproduced, cache_dir, capsys):
 def test_a_feature_network_trained_with_other_settings_is_refused(reproduced, dataset_dir):
     import dataclasses
 
-    from hddm_flower.evaluate import feature_network
+    from hddm_flower.evaluation.evaluate import feature_network
 
     cfg, out, _ = reproduced
     fx, net, desc = feature_network(cfg, dataset_dir, out / "feature_net")  # same settings: reused
@@ -332,9 +332,9 @@ def test_paired_differences_cancel_what_every_row_of_a_seed_shares():
 def test_a_mode_streamed_batch_by_batch_gives_the_whole_sets_metrics_and_keeps_only_the_grid():
     """StreamedSamples fed batches that cut across prompts gives the features, diversity and adherence of the
     whole sample set at once (float64), and keeps the pixels of the grid's prompts only."""
-    from hddm_flower import metrics as M
-    from hddm_flower.adherence import classify
-    from hddm_flower.evaluate import Prompts, StreamedSamples
+    from hddm_flower.evaluation import metrics as M
+    from hddm_flower.evaluation.adherence import classify
+    from hddm_flower.evaluation.evaluate import Prompts, StreamedSamples
 
     torch.manual_seed(0)
     classifier = M.FeatureClassifier(in_channels=3, num_classes=4, text_dim=8).double().eval()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hddm_flower import metrics as M
+from hddm_flower.evaluation import metrics as M
 from hddm_flower.federated import (
     FeatureSums,
     accuracy_from_confusion,

@@ -10,9 +10,9 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 from clients.client_app import app as client_app
-from hddm_flower import metrics as M
 from hddm_flower.data import Dataset, read_meta
-from hddm_flower.evaluate import all_images
+from hddm_flower.evaluation import metrics as M
+from hddm_flower.evaluation.evaluate import all_images
 from hddm_flower.federated import FeatureSums, frechet_distance_from_sums
 from hddm_flower.models import Router, router_config
 from hddm_flower.training import lr_factor

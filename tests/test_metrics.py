@@ -5,7 +5,7 @@ from unittest import mock
 import pytest
 import torch
 
-from hddm_flower import metrics as M
+from hddm_flower.evaluation import metrics as M
 
 F64 = torch.float64
 

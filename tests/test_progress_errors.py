@@ -137,8 +137,8 @@ def test_clustering_loops_close_their_bars(dataset_dir, tmp_path, capsys, monkey
 
 
 def test_reference_statistics_loop_closes_its_bar(dataset_dir, capsys):
-    from hddm_flower.metrics import FeatureExtractor
-    from hddm_flower.reference import compute_reference
+    from hddm_flower.evaluation.metrics import FeatureExtractor
+    from hddm_flower.evaluation.reference import compute_reference
 
     fn = _raise_on(2, lambda x: x.flatten(1)[:, :4])
     fx = FeatureExtractor("pixels", 4, fn)

@@ -1,4 +1,4 @@
-"""The report of an assembled run (hddm_flower.report via the assemble stage) and the ServerApp's summary metrics."""
+"""The report of an assembled run (hddm_flower.evaluation.report via the assemble stage) and the ServerApp's summary metrics."""
 
 import json
 
@@ -109,8 +109,8 @@ def test_fuzzed_acceptable_experts_are_accepted_and_reach_report_cards_and_pipel
 
     from hddm_flower.accept import accept_expert
     from hddm_flower.checkpoints import META, MODEL_CONFIG, WEIGHTS
+    from hddm_flower.evaluation.report import write_report
     from hddm_flower.hddm_pipeline import HDDMExperts
-    from hddm_flower.report import write_report
     from hddm_flower.stages.expert import expert_spec
 
     run, report = report_run

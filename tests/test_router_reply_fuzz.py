@@ -300,8 +300,8 @@ def test_generated_replies_are_accepted_or_dropped_and_reach_every_consumer(
     weighted average of the accepted updates; each hostile reply is dropped with its reason, every round. What
     the rounds produce goes through every consumer: router/hddm_router.json and report.json (strict JSON),
     report.md (each drop on its line), the model card, and HDDMPipeline.from_pretrained (the same router)."""
+    from hddm_flower.evaluation.report import write_report
     from hddm_flower.hddm_pipeline import HDDMPipeline
-    from hddm_flower.report import write_report
     from hddm_flower.stages.router import router_record
     from strategies.federated_router import federated_router
 

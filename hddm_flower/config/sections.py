@@ -387,7 +387,7 @@ class SamplingConfig:
 
 @dataclass
 class EvaluationConfig:
-    """What ``hddm evaluate`` (and the end of a run) measures; see hddm_flower/evaluate.py."""
+    """What ``hddm evaluate`` (and the end of a run) measures; see hddm_flower/evaluation/evaluate.py."""
 
     routing_modes: list[str] = field(default_factory=lambda: ["top1", "top2", "full", "threshold", "oracle"])
     num_prompts: int = 32  # held-out captions sampled for FID/KID/LPIPS (aligned: same prompts and noise per mode)

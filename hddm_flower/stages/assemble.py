@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..adherence import prompt_adherence, prompt_clusters
 from ..checkpoints import load_router
 from ..config.schema import Config
 from ..data import Dataset, as_dataset
 from ..devices import resolve_device
 from ..ensemble import Ensemble
-from ..evaluate import evaluate_run
+from ..evaluation.adherence import prompt_adherence, prompt_clusters
+from ..evaluation.evaluate import evaluate_run
+from ..evaluation.metrics import FeatureClassifier
+from ..evaluation.report import save_grid, write_report
 from ..hddm_pipeline import (
     HDDMExperts,
     assemble_pipeline,
@@ -20,9 +22,7 @@ from ..hddm_pipeline import (
     sampling_defaults,
     write_run_index,
 )
-from ..metrics import FeatureClassifier
 from ..models import Router, router_conditioning
-from ..report import save_grid, write_report
 from ..rundir import FEATURE_NET, ROUTER, SAMPLES, expert_folders
 from .diagnostics import evaluate, heldout_batches, skipped_diagnostics
 from .router import fit_router
@@ -67,7 +67,7 @@ def evaluate_and_report(
 ) -> dict:
     """Evaluate the assembled run (diagnostics, every routing mode, per expert), sample the configured prompts and
     write report.json, report.md, the grids and the plots into ``run_dir``. ``reference``: federated FID
-    reference statistics per cluster (see :func:`hddm_flower.evaluate.evaluate_run`)."""
+    reference statistics per cluster (see :func:`hddm_flower.evaluation.evaluate.evaluate_run`)."""
     s = cfg.sampling
     dataset = as_dataset(dataset)
     # the run's components loaded once: the ensemble evaluated and the pipeline that samples the grid

@@ -165,8 +165,8 @@ def train_feature_classifier_stream(
     data never has to fit in memory) on ``device``: cross-entropy on the labels plus cosine distance to the caption
     embedding, with random horizontal flips. Returns (net, stats); ``train_accuracy`` is measured on the batches of
     the last tenth of the steps."""
-    from .config.sections import OptimConfig
-    from .training import fit
+    from ..config.sections import OptimConfig
+    from ..training import fit
 
     device = torch.device(device)
     torch.manual_seed(seed)

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .rundir import MODEL_CARD as README
-from .rundir import expert_dir
+from ..rundir import MODEL_CARD as README
+from ..rundir import expert_dir
 
 CODE_LICENSE = "apache-2.0"  # the code; the weights are trained on the dataset named in each card
 DATA_LICENSES = {"twemoji": "cc-by-4.0"}  # Hugging Face licence ids of the data the weights are derived from

@@ -26,9 +26,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .data import Dataset, as_dataset
-from .data.streams import stream_images
-from .federated import FeatureSums
+from ..data import Dataset, as_dataset
+from ..data.streams import stream_images
+from ..federated import FeatureSums
 from .metrics import FeatureExtractor
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Prompt adherence: does a prompt's sample land in the prompt's cluster?
 
-The run's feature classifier (:class:`hddm_flower.metrics.FeatureClassifier`, trained on the dataset's cluster
+The run's feature classifier (:class:`hddm_flower.evaluation.metrics.FeatureClassifier`, trained on the dataset's cluster
 labels) assigns every sample to a cluster; a prompt's cluster is the cluster of the image(s) whose caption the
 prompt is. Adherence of a prompt is the fraction of its samples the classifier puts in that cluster (or one of
 them, if the caption describes images of several clusters); a prompt that is no caption of the dataset has none.
@@ -18,8 +18,8 @@ import os
 import torch
 from torch import Tensor, nn
 
-from .data import Dataset, as_dataset
-from .data.streams import stream_captions
+from ..data import Dataset, as_dataset
+from ..data.streams import stream_captions
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ import torch
 from PIL import Image, ImageDraw
 from torch import Tensor
 
-from .config.schema import Config
-from .data import Dataset, as_dataset
+from ..config.schema import Config
+from ..data import Dataset, as_dataset
+from ..provenance import now, versions
+from ..rundir import REPORT_JSON, REPORT_MD, write_atomic
 from .model_card import write_model_cards
-from .provenance import now, versions
-from .rundir import REPORT_JSON, REPORT_MD, write_atomic
 
 
 def save_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 4) -> None:

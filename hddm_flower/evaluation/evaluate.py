@@ -6,7 +6,7 @@ the configured network, named in every result), intra-prompt diversity (LPIPS, o
 when a CLIP folder is configured, how often the DDPM → velocity conversion's guards fired, the router's mixing
 weights over t and each expert's usage. Per expert: the expert alone on captions of its own cluster, against that
 cluster's images. Outputs go to the run directory: PNG grids per prompt (rows: routing modes) and PNG plots, drawn by
-:mod:`hddm_flower.report`.
+:mod:`hddm_flower.evaluation.report`.
 """
 
 from __future__ import annotations
@@ -26,22 +26,22 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from ..config.rules import ConfigError
+from ..config.schema import Config
+from ..counts import read_counts
+from ..data import Dataset, Split, as_dataset
+from ..data.streams import stream_captions, stream_images
+from ..devices import autocast, resolve_device
+from ..ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
+from ..experts import DDPMExpert, map_cond
+from ..federated import FeatureSums, frechet_distance_from_sums
+from ..models import TextCond, router_conditioning
+from ..rundir import EXPERT_USAGE_PLOT, FEATURE_NET, GRIDS, ROUTER_WEIGHTS_PLOT
+from ..text import pooled_caption
 from . import metrics as M
 from .adherence import classify
-from .config.rules import ConfigError
-from .config.schema import Config
-from .counts import read_counts
-from .data import Dataset, Split, as_dataset
-from .data.streams import stream_captions, stream_images
-from .devices import autocast, resolve_device
-from .ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
-from .experts import DDPMExpert, map_cond
-from .federated import FeatureSums, frechet_distance_from_sums
-from .models import TextCond, router_conditioning
 from .reference import DEFAULT_KID_RESERVOIR, ReferenceStats, pooled, reference_statistics
 from .report import plot_router_weights, plot_usage, save_prompt_grids
-from .rundir import EXPERT_USAGE_PLOT, FEATURE_NET, GRIDS, ROUTER_WEIGHTS_PLOT
-from .text import pooled_caption
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def config_prompts(cfg: Config, dataset: Dataset) -> Prompts:
     """The evaluation's prompts when the coordinator holds no caption: the first ``evaluation.num_prompts`` of
     ``sampling.prompts``, encoded by the coordinator's text encoder (the one the nodes declared). No cluster is
     known for them (label −1: oracle routing is not available)."""
-    from .text import TextEncoder
+    from ..text import TextEncoder
 
     captions = list(dict.fromkeys(cfg.sampling.prompts))[: cfg.evaluation.num_prompts]
     cond, _ = TextEncoder(cfg.data.text_encoder or None, max_length=dataset.max_caption_tokens).encode(captions)
