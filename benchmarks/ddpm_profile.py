@@ -8,7 +8,7 @@ every conversion option and the per-expert sampler ablation with oracle routing.
 2. Profile: per cluster and t, the excess error ``E‖v̂ − v*‖²`` per dimension on the cluster's own ``x_t`` with its
    captions (on support) and on the other clusters' ``x_t`` weighted by the exact router's ``p(k | x_t, t)`` (off
    support: what full routing would add), for the FM expert, the DDPM expert under every conversion option and the
-   monolith (on support). ``v*`` is the cluster's exact velocity for the caption (:mod:`hddm_flower.exact`).
+   monolith (on support). ``v*`` is the cluster's exact velocity for the caption (:mod:`hddm_flower.gmm.exact`).
 3. Ablation: each expert alone on its cluster's captions and on the empty caption, FM Euler on the converted
    velocity (every option) or diffusers' schedulers on the ε-network (DDPM ancestral, DDIM η = 0 and 1, with and
    without clipping the predicted x0 at ``sampling.x0_clamp``), the FM sibling and the monolith; scored against the
@@ -39,13 +39,13 @@ from hddm_flower.config.io import load_config
 from hddm_flower.data import Dataset
 from hddm_flower.ensemble import euler_sample
 from hddm_flower.evaluation.report import PALETTE, _axes
-from hddm_flower.exact import ExactNet, ExactRouter
-from hddm_flower.gmm_data import load_reference
+from hddm_flower.gmm.dataset import load_reference
+from hddm_flower.gmm.exact import ExactNet, ExactRouter
+from hddm_flower.gmm.truth import interval, median_bandwidth, mmd2
 from hddm_flower.models import TextCond
 from hddm_flower.objectives import cap_velocity_rms, velocity_rms, velocity_rms_prior
 from hddm_flower.reproduce import _fingerprint, _Missing, _run_jobs, _train_job, _train_or_reuse, config_for, dataset_id
 from hddm_flower.stages.prepare import prepare_data
-from hddm_flower.truth import interval, median_bandwidth, mmd2
 
 log = logging.getLogger("ddpm_profile")
 ROOT = Path(__file__).resolve().parent.parent

@@ -39,11 +39,11 @@ from hddm_flower.evaluation.adherence import classify, prompt_adherence, prompt_
 from hddm_flower.evaluation.evaluate import evaluate_run, feature_network
 from hddm_flower.evaluation.metrics import FeatureClassifier
 from hddm_flower.evaluation.report import save_grid
+from hddm_flower.gmm.truth import interval
 from hddm_flower.hddm_pipeline import load_pipeline, sample_images
 from hddm_flower.rundir import CONFIG, REPORT_JSON
 from hddm_flower.stages.assemble import load_ensemble
 from hddm_flower.stages.prepare import prepare_data
-from hddm_flower.truth import interval
 
 OUT = ROOT / "benchmarks" / "results" / "first_ten_minutes"
 METRICS = ("fid", "kid", "adherence", "adherence_rows")

@@ -17,8 +17,8 @@ import torch
 
 from benchmarks.common import ROOT, machine, write_result
 from hddm_flower.config.io import load_config
+from hddm_flower.gmm.evaluate import evaluate_group, truth_rows
 from hddm_flower.stages.prepare import prepare_data
-from hddm_flower.truth_eval import evaluate_group, truth_rows
 
 
 def main() -> None:

@@ -33,11 +33,11 @@ from benchmarks.common import RESULTS, machine, write_result
 from benchmarks.ddpm_profile import _cond, _draw_x0, _load
 from hddm_flower.budget import describe as describe_budget
 from hddm_flower.config.io import config_from_dict
-from hddm_flower.exact import ExactNet
-from hddm_flower.gmm_data import load_reference
+from hddm_flower.gmm.dataset import load_reference
+from hddm_flower.gmm.exact import ExactNet
+from hddm_flower.gmm.truth import interval
 from hddm_flower.reproduce import training_root
 from hddm_flower.stages.prepare import prepare_data
-from hddm_flower.truth import interval
 
 NAME = "gmm_ladder"
 TIMES = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)

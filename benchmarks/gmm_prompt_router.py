@@ -6,7 +6,7 @@ p(k | x_t, t, c), and the trained router with ``router.conditioning: none`` and 
     python -m benchmarks.gmm_prompt_router [--samples-per-prompt 4] [--trainings 3]
 
 Every row samples every component's caption from the same noise (aligned inference, the config's seeds) and is
-scored against fresh true samples (:mod:`hddm_flower.truth_eval`). A trained router's row is the mean over its
+scored against fresh true samples (:mod:`hddm_flower.gmm.evaluate`). A trained router's row is the mean over its
 trainings with a Student-t 95 % interval across trainings. Writes ``benchmarks/results/gmm_prompt_router.json`` and
 ``.md`` with the command, machine, load and date.
 """
@@ -26,10 +26,10 @@ import torch
 
 from benchmarks.common import RESULTS, ROOT, machine
 from hddm_flower.config.io import load_config
+from hddm_flower.gmm.evaluate import Row, evaluate_group
+from hddm_flower.gmm.truth import interval
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.stages.router import fit_router
-from hddm_flower.truth import interval
-from hddm_flower.truth_eval import Row, evaluate_group
 
 METRICS = ("cluster_adherence", "adherence", "mode_tv", "mmd2", "delta_log_density")
 

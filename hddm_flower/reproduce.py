@@ -10,7 +10,7 @@
    under aligned inference (same prompts, noise, sampler, steps, CFG) for every routing mode; the monolith too.
    With ``evaluation.training_seeds`` = N > 1 (gmm data) all of 1–2 is repeated for trainings 1 … N−1 with seeds
    moved (:func:`~hddm_flower.training_seeds.training_config`) in ``OUT/trainings/training-i``, and every trained
-   row is sampled for each training on the same sampling seeds (:mod:`hddm_flower.truth_compare`).
+   row is sampled for each training on the same sampling seeds (:mod:`hddm_flower.gmm.compare`).
 4. ``OUT/tables.md`` puts the results beside the paper's numbers; ``OUT/manifest.json`` records configs,
    versions, seeds and sha256 of every artefact so that a second run can be compared.
 """
@@ -47,6 +47,7 @@ from .data.streams import StreamingAllClusters
 from .devices import resolve_device, resolve_precision
 from .ensemble import Ensemble
 from .evaluation.evaluate import evaluate_run, feature_network
+from .gmm.truth import interval
 from .provenance import now, versions
 from .rundir import CONFIG, FEATURE_NET, ROUTER, expert_dir, experts_dir, write_atomic
 from .stages.assemble import evaluate_and_report, load_ensemble
@@ -54,7 +55,6 @@ from .stages.expert import build_expert, train_one_expert
 from .stages.router import fit_router
 from .training import train_expert
 from .training_seeds import TRAINING_SEED_STRIDE, training_config
-from .truth import interval
 
 log = logging.getLogger(__name__)
 
@@ -470,7 +470,7 @@ def reproduce(
     #    then each configuration and the monolith
     t0 = time.perf_counter()
     if truth:
-        from .truth_eval import evaluate_truth
+        from .gmm.evaluate import evaluate_truth
 
         results = evaluate_truth(
             cfg,
@@ -553,12 +553,12 @@ def reproduce(
         "results": results if truth else {n: _summary(r) for n, r in results.items()},
     }
     if truth:
-        from .truth_compare import paired_truth
+        from .gmm.compare import paired_truth
 
         manifest["paired"] = paired_truth(results)
     write_atomic(out / "manifest.json", json.dumps(manifest, indent=2))
     if truth:
-        from .truth_eval import render_truth_tables
+        from .gmm.evaluate import render_truth_tables
 
         write_atomic(out / "tables.md", render_truth_tables(manifest, results))
     else:

@@ -18,7 +18,7 @@ from .choices import MAX_SEED
 from .config.io import config_from_dict
 from .config.rules import ConfigError
 from .config.schema import Config
-from .truth import interval
+from .gmm.truth import interval
 
 TRAINING_SEED_STRIDE = 100_003
 """Seed offset between trainings (a prime far above any expert id or per-expert offset)."""

@@ -61,7 +61,7 @@ def test_the_ladder_and_capacity_configs_load_with_their_budgets():
     from pathlib import Path
 
     from hddm_flower.config.io import load_config
-    from hddm_flower.gmm_data import GMMSpec, make_mixture
+    from hddm_flower.gmm.dataset import GMMSpec, make_mixture
 
     root = Path(__file__).parent.parent / "configs"
     steps = load_config(root / "reproduce-gmm-equal-steps.yaml")

@@ -10,7 +10,7 @@ from hddm_flower.clean_prior import CleanPrior, measure_clean_prior, parse_clean
 from hddm_flower.counts import read_counts
 from hddm_flower.ensemble import Ensemble, hand_over
 from hddm_flower.experts import DDPMExpert, FlowMatchingExpert
-from hddm_flower.gmm import GaussianMixture
+from hddm_flower.gmm.mixture import GaussianMixture
 from hddm_flower.objectives import (
     alpha_bar_at,
     ddpm_alpha_bar,
@@ -269,7 +269,7 @@ def test_ddpm_node_without_held_out_samples_ships_its_expert_without_a_table(tmp
     from hddm_flower.checkpoints import make_expert
     from hddm_flower.config.io import config_from_dict
     from hddm_flower.data import read_meta
-    from hddm_flower.gmm_data import GMMSpec, prepare_gmm
+    from hddm_flower.gmm.dataset import GMMSpec, prepare_gmm
     from hddm_flower.models import ExpertNet
     from hddm_flower.stages.expert import train_one_expert
 

@@ -54,7 +54,7 @@ def test_prompt_choice_reads_what_the_prompts_need_not_the_dataset(tmp_path, mon
     """Every sample the caption streams read passes webdataset's member filter once with its ``.json``: counted
     there. 2 prompts of a 2-cluster dataset (half held out) read a few samples, not a cluster's worth."""
     from hddm_flower.data import read_meta, streams
-    from hddm_flower.gmm_data import GMMSpec, prepare_gmm
+    from hddm_flower.gmm.dataset import GMMSpec, prepare_gmm
 
     spec = GMMSpec(num_clusters=2, components_per_cluster=4, image_size=4, channels=1, rank=1, num_samples=800)
     d = prepare_gmm(tmp_path, spec, val_fraction=0.5, max_caption_tokens=4)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hddm_flower.ensemble import Ensemble
-from hddm_flower.exact import ExactRouter, exact_expert
-from hddm_flower.gmm_data import GMMSpec, load_reference, prepare_gmm
+from hddm_flower.gmm.dataset import GMMSpec, load_reference, prepare_gmm
+from hddm_flower.gmm.exact import ExactRouter, exact_expert
 from hddm_flower.models import TextCond
 from hddm_flower.text import pooled_caption
 from tests.test_gmm import T_GRID, dense_moments
@@ -119,7 +119,7 @@ def colour_ref(colour_dataset):
 def test_colour_captions_are_shared_by_every_cluster_and_their_cluster_prior_is_closed_form(colour_ref):
     """p(k | c) = Σ_{j ∈ k, c_j = c} π_j / Σ_{c_j = c} π_j: against the weights by hand, and the exact prompt-aware
     router at t = 1 (x_t carries no information: the posterior is that prior) in float64."""
-    from hddm_flower.exact import caption_cluster_prior
+    from hddm_flower.gmm.exact import caption_cluster_prior
 
     ref = colour_ref
     assert ref.captions == ["red", "green"] * 3

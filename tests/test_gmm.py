@@ -10,9 +10,9 @@ from hddm_flower.config.io import config_from_dict
 from hddm_flower.config.rules import ConfigError
 from hddm_flower.data import Dataset, read_meta
 from hddm_flower.ensemble import Ensemble
-from hddm_flower.exact import ExactRouter, exact_expert
-from hddm_flower.gmm import GaussianMixture
-from hddm_flower.gmm_data import GMMSpec, load_reference, prepare_gmm
+from hddm_flower.gmm.dataset import GMMSpec, load_reference, prepare_gmm
+from hddm_flower.gmm.exact import ExactRouter, exact_expert
+from hddm_flower.gmm.mixture import GaussianMixture
 from hddm_flower.models import TextCond
 
 F64 = torch.float64

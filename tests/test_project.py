@@ -224,7 +224,7 @@ def test_a_runs_ensemble_is_built_in_one_place():
     constructions build something else: one routing mode over a given ensemble (evaluate.py), the monolith
     (reproduce.py), the GMM's exact ensemble (truth_eval.py), random weights for timing (benchmarks/sampling.py)."""
     built = {p for p, _, line in _code_lines(*APP_CODE) if re.search(r"\bEnsemble\(", line) and "class " not in line}
-    others = {"hddm_flower/evaluation/evaluate.py", "hddm_flower/reproduce.py", "hddm_flower/truth_eval.py"}
+    others = {"hddm_flower/evaluation/evaluate.py", "hddm_flower/reproduce.py", "hddm_flower/gmm/evaluate.py"}
     assert built == {"hddm_flower/hddm_pipeline.py", "benchmarks/sampling.py"} | others
     from hddm_flower.config.schema import Config
     from hddm_flower.hddm_pipeline import sampling_defaults

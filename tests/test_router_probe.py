@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from hddm_flower.exact import ExactRouter
-from hddm_flower.gmm import GaussianMixture
-from hddm_flower.gmm_data import GMMReference
+from hddm_flower.gmm.dataset import GMMReference
+from hddm_flower.gmm.exact import ExactRouter
+from hddm_flower.gmm.mixture import GaussianMixture
+from hddm_flower.gmm.router_probe import RouterProbe, compare
 from hddm_flower.models import TextCond
-from hddm_flower.router_probe import RouterProbe, compare
 
 F64 = torch.float64
 T_GRID = [1.0, 0.9, 0.5, 0.1, 0.0]

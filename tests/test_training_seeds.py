@@ -42,7 +42,7 @@ def test_nested_interval_closed_form():
 def test_paired_summary_says_what_its_interval_covers():
     """Several trainings: the Student-t interval over trainings of the per-training mean differences; one training:
     over its sampling seeds only (closed forms)."""
-    from hddm_flower.truth_compare import paired_summary
+    from hddm_flower.gmm.compare import paired_summary
 
     a, b = [[3.0, 5.0], [4.0, 4.0], [9.0, 7.0]], [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
     r = paired_summary(a, b)  # differences per training: [3, 2, 5]
@@ -55,7 +55,7 @@ def test_paired_summary_says_what_its_interval_covers():
 
 
 def test_paired_truth_pairs_rows_by_training_and_seed():
-    from hddm_flower.truth_compare import comparisons, paired_truth
+    from hddm_flower.gmm.compare import comparisons, paired_truth
 
     def row(group, mode, router="trained", per_training=None):
         r = {"row": {"group": group, "mode": mode, "router": router, "experts": "trained"}}

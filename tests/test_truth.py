@@ -7,8 +7,8 @@ import torch
 from scipy import stats
 
 from hddm_flower.config.io import config_from_dict
-from hddm_flower.gmm import GaussianMixture
-from hddm_flower.truth import CaptionTargets, interval, median_bandwidth, mmd2, truth_metrics, tv_distance
+from hddm_flower.gmm.mixture import GaussianMixture
+from hddm_flower.gmm.truth import CaptionTargets, interval, median_bandwidth, mmd2, truth_metrics, tv_distance
 
 F64 = torch.float64
 
@@ -221,7 +221,7 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
 
 
 def test_truth_rows_are_scheduled_longest_first():
-    from hddm_flower.truth_eval import _cost, truth_rows
+    from hddm_flower.gmm.evaluate import _cost, truth_rows
 
     rows = truth_rows(["8FM", "2DDPM:6FM"], ["top1", "top2", "full", "threshold", "oracle"], "2DDPM:6FM")
     order = sorted(rows, key=lambda r: -_cost(r, 8))
@@ -234,7 +234,7 @@ def test_truth_rows_are_scheduled_longest_first():
 def test_mmd2_at_three_bandwidths_matches_the_gaussian_closed_form():
     """mmd2_at at 0.25×, 1× and 4× a bandwidth: each the closed form for N(0, σ²I) vs N(μ, σ²I) at that bandwidth,
     and equal to mmd2 computed alone (float64)."""
-    from hddm_flower.truth import MMD_SCALES, mmd2_at
+    from hddm_flower.gmm.truth import MMD_SCALES, mmd2_at
 
     g = torch.Generator().manual_seed(1)
     d, sigma, h0, n = 2, 1.0, 2.0, 1500
@@ -254,7 +254,7 @@ def test_mmd2_at_three_bandwidths_matches_the_gaussian_closed_form():
 def test_log_density_quantiles_against_closed_forms():
     """Median difference and the 90th-percentile deficit difference of per-sample log-densities: for samples at
     known points of N(0, 1) the values are the Gaussian log-density at the order statistics (linear interpolation)."""
-    from hddm_flower.truth import log_density_quantiles
+    from hddm_flower.gmm.truth import log_density_quantiles
 
     log_n = lambda z: -0.5 * z**2 - 0.5 * math.log(2 * math.pi)  # noqa: E731
     x = torch.tensor([0.0, 0.5, 1.0, 2.0, 3.0], dtype=F64)  # log p decreasing in |x|

@@ -4,10 +4,10 @@ draws and prompts, and the metrics against it, in float64 against direct computa
 import pytest
 import torch
 
-from hddm_flower.exact import caption_cluster_prior
-from hddm_flower.gmm_data import GMMSpec, load_reference, prepare_gmm
-from hddm_flower.truth import CaptionTargets, cluster_tv, log_prob_given, truth_metrics
-from hddm_flower.truth_targets import caption_targets, captions_of, draw_components, sample_prompts, true_draws
+from hddm_flower.gmm.dataset import GMMSpec, load_reference, prepare_gmm
+from hddm_flower.gmm.exact import caption_cluster_prior
+from hddm_flower.gmm.targets import caption_targets, captions_of, draw_components, sample_prompts, true_draws
+from hddm_flower.gmm.truth import CaptionTargets, cluster_tv, log_prob_given, truth_metrics
 
 F64 = torch.float64
 SPEC = dict(num_clusters=3, components_per_cluster=2, image_size=4, channels=3, rank=2, num_samples=90)
@@ -143,7 +143,7 @@ def test_the_truth_rows_score_colour_captions_end_to_end(colour_dataset, tmp_pat
     scored against p(x | c); the exact experts under the exact prompt-aware router put each colour's samples in
     the clusters of p(k | c) about as the true draws do, and stay on the caption's colour."""
     from hddm_flower.config.io import config_from_dict
-    from hddm_flower.truth_eval import evaluate_group, truth_rows
+    from hddm_flower.gmm.evaluate import evaluate_group, truth_rows
 
     cfg = config_from_dict(
         {

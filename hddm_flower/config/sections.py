@@ -81,7 +81,7 @@ class DataConfig:
         r.choice("partition", PARTITIONS, "partition")
         if self.cluster_features == "dinov2" and not self.dinov2.strip():
             r.fail("dinov2", "cluster_features: dinov2 needs a local DINOv2 folder")
-        if self.name == "gmm":  # the limits of hddm_flower.gmm_data (8 patterns, 6 colours), checked without torch
+        if self.name == "gmm":  # the limits of hddm_flower.gmm.dataset (8 patterns, 6 colours), checked without torch
             if not 1 <= self.gmm_components <= 6:
                 r.fail("gmm_components", f"must be 1..6 (colours per pattern), got {self.gmm_components}")
             r.choice("gmm_captions", ("pattern", "colour"), "caption kind")

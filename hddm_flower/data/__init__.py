@@ -2,7 +2,7 @@
 
 They are written through :class:`.writer.DatasetWriter` by :func:`hddm_flower.embedded.prepare_embedded` (the
 embedded Twemoji dataset), :mod:`hddm_flower.cluster` (data at scale, after :mod:`hddm_flower.ingest`),
-:mod:`hddm_flower.gmm_data`, :func:`extend_dataset` and the institution descriptor; read through a
+:mod:`hddm_flower.gmm.dataset`, :func:`extend_dataset` and the institution descriptor; read through a
 :class:`.dataset.Dataset` opened once where a dataset enters a process (splits in memory, the expert's stream),
 whose shards :func:`.shards.open_shards` opens; the coordinator's image and caption streams are in :mod:`.streams`.
 """

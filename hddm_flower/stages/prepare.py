@@ -14,7 +14,7 @@ from ..data import Dataset, as_dataset, check_clusters, default_cache_dir
 from ..data.layout import is_prepared
 from ..data.writer import rewrite_meta
 from ..embedded import prepare_embedded
-from ..gmm_data import GMMSpec, prepare_gmm
+from ..gmm.dataset import GMMSpec, prepare_gmm
 from ..ingest import default_device, prepare_from_config
 
 

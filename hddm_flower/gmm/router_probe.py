@@ -1,7 +1,7 @@
 """A trained router on the ensemble's own sampler trajectories, against the exact posterior of a Gaussian mixture.
 
 While a row samples, every call of its router at ``(x_t, t)`` is compared with the exact posterior at the same
-``x_t`` (:class:`~hddm_flower.exact.ExactRouter`: ``p(k | x_t, t)``, or ``p(k | x_t, t, c)`` for a router that
+``x_t`` (:class:`~hddm_flower.gmm.exact.ExactRouter`: ``p(k | x_t, t)``, or ``p(k | x_t, t, c)`` for a router that
 reads the caption): the states the sampler visits, not the training path's. Per Euler step, over the samples:
 
 * ``kl``: ``KL(exact ‖ router) = Σ_k p_k (log p_k − log q_k)``;
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .models import router_conditioning
+from ..models import router_conditioning
 
 ROUTER_METRICS = ("router_kl", "router_top1_agreement", "router_top2_agreement", "router_prior_tv")
 """The per-seed scalars of :meth:`RouterProbe.summary` (means over the Euler steps; the prior's TV at t = 1)."""

@@ -1,7 +1,7 @@
 """Exact experts and the exact router of a Gaussian-mixture dataset: the upper bound of the whole sampling stack.
 
 An exact expert is a network ``net(x, timestep, cond)`` computed in closed form from the mixture
-(:mod:`hddm_flower.gmm`), wrapped in the same adapters as a trained expert (:mod:`hddm_flower.experts`):
+(:mod:`hddm_flower.gmm.mixture`), wrapped in the same adapters as a trained expert (:mod:`hddm_flower.experts`):
 
 * as FM it returns the exact velocity ``v*`` of its cluster at ``t = timestep / FM_TIME_SCALE``;
 * as DDPM it returns the exact ``ε*`` of its cluster on the VP path at (fractional) ``timestep`` of its discrete
@@ -28,11 +28,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .experts import DDPMExpert, Expert, FlowMatchingExpert
-from .gmm_data import GMMReference
-from .models import TextCond
-from .objectives import FM_TIME_SCALE, alpha_bar_at, ddpm_alpha_bar
-from .text import pooled_caption
+from ..experts import DDPMExpert, Expert, FlowMatchingExpert
+from ..models import TextCond
+from ..objectives import FM_TIME_SCALE, alpha_bar_at, ddpm_alpha_bar
+from ..text import pooled_caption
+from .dataset import GMMReference
 
 
 class CaptionIndex(nn.Module):

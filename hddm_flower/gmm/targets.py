@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .evaluation.evaluate import Prompts
-from .gmm_data import GMMReference
-from .models import TextCond
+from ..evaluation.evaluate import Prompts
+from ..models import TextCond
+from .dataset import GMMReference
 from .truth import CaptionTargets
 
 

@@ -1,7 +1,7 @@
 """``data.name: gmm``: a synthetic image dataset whose density is known in closed form.
 
 Small images (``channels × image_size × image_size``, 3 × 8 × 8 by default) drawn from a Gaussian mixture
-(:class:`~hddm_flower.gmm.GaussianMixture`): K clusters, one per expert, each a pattern ("horizontal stripes",
+(:class:`~hddm_flower.gmm.mixture.GaussianMixture`): K clusters, one per expert, each a pattern ("horizontal stripes",
 "checkerboard", "ring", …) in a few colours. A component is one (pattern, colour) pair with its caption
 ("red horizontal stripes"); its mean is the pattern painted in that colour on a dark background and its covariance
 is low rank (pattern contrast, per-channel brightness, one smooth random direction) plus a diagonal. Mixture
@@ -12,7 +12,7 @@ captions encoded by the configured text encoder (MiniLM by default), ``meta.json
 the whole pipeline (Flower simulation included) runs on it unchanged. Images are stored as float32 arrays
 (``latent.npy`` in pixel space: PNG would quantise the density away; ``meta["latent"]`` stays empty). The mixture
 itself, the cluster of each component and the captions' encoded states are kept in ``gmm.safetensors`` for the
-exact references (:mod:`hddm_flower.exact`) and the truth metrics (:mod:`hddm_flower.truth`).
+exact references (:mod:`hddm_flower.gmm.exact`) and the truth metrics (:mod:`hddm_flower.gmm.truth`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .data import Dataset, as_dataset
-from .data.layout import is_prepared
-from .data.writer import DatasetWriter
-from .gmm import GaussianMixture
-from .models import TextCond
+from ..data import Dataset, as_dataset
+from ..data.layout import is_prepared
+from ..data.writer import DatasetWriter
+from ..models import TextCond
+from .mixture import GaussianMixture
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +214,8 @@ def prepare_gmm(
     processes at once (a file lock; the result is renamed into place when complete)."""
     from safetensors.torch import save_file
 
-    from .embedded import detail_score
-    from .text import TextEncoder
+    from ..embedded import detail_score
+    from ..text import TextEncoder
 
     spec.check()
     if encoder_path and not Path(encoder_path).is_dir():
@@ -242,7 +242,7 @@ def prepare_gmm(
         x, comp = mixture.sample(spec.num_samples, torch.Generator().manual_seed(spec.seed + 1))
         images = x.float().reshape(-1, spec.channels, spec.image_size, spec.image_size).numpy()
         labels = torch.as_tensor(cluster_of)[comp].numpy()
-        from .data import stratified_split
+        from ..data import stratified_split
 
         split = stratified_split(labels, spec.num_clusters, val_fraction, np.random.default_rng(spec.seed + 2))
         with DatasetWriter(out) as writer:

@@ -3,13 +3,13 @@
 Aligned inference as in :mod:`hddm_flower.evaluation.evaluate`: for each seed every row samples the same prompts (every
 distinct caption, ``evaluation.samples_per_prompt`` times per component with that caption) from the same noise
 with the same sampler, steps and CFG, and is compared with fresh true samples for the same prompts, each drawn from
-its caption's conditional mixture ``p(x | c)`` (:mod:`hddm_flower.truth_targets`, :mod:`hddm_flower.truth`): one
+its caption's conditional mixture ``p(x | c)`` (:mod:`hddm_flower.gmm.targets`, :mod:`hddm_flower.gmm.truth`): one
 component for a pattern caption, that colour's component in every cluster for a colour caption. Seeds
 ``evaluation.seed + i`` for ``i < evaluation.seeds`` change the noise and the true samples; intervals are
 across seeds.
 
 Rows: true samples against true samples (what "indistinguishable" means at this sample size); exact experts
-(:mod:`hddm_flower.exact`) with the exact router under oracle routing (also with 8× the Euler steps: what remains
+(:mod:`hddm_flower.gmm.exact`) with the exact router under oracle routing (also with 8× the Euler steps: what remains
 at the evaluation's step count is the sampler's discretisation error), top-2 and full routing, and full routing on
 the empty caption (the one text-free case where a text-free router is exact); exact FM experts with the exact
 prompt-aware router ``p(k | x_t, t, c)`` under top-2 and full routing; exact DDPM experts through the
@@ -30,21 +30,21 @@ from typing import Any
 
 import torch
 
-from .budget import describe as describe_budget
-from .checkpoints import load_expert, load_router
-from .config.io import config_from_dict
-from .config.schema import Config
-from .data import Dataset, as_dataset
-from .ensemble import Ensemble, VelocityScaling
-from .evaluation.evaluate import Prompts, sample_mode
+from ..budget import describe as describe_budget
+from ..checkpoints import load_expert, load_router
+from ..config.io import config_from_dict
+from ..config.schema import Config
+from ..data import Dataset, as_dataset
+from ..ensemble import Ensemble, VelocityScaling
+from ..evaluation.evaluate import Prompts, sample_mode
+from ..models import router_conditioning
+from ..rundir import ROUTER
+from .compare import TABLE_4, paired_truth, render_paired, trainings_of
+from .dataset import GMMReference, load_reference
 from .exact import ExactRouter, exact_expert
-from .gmm_data import GMMReference, load_reference
-from .models import router_conditioning
 from .router_probe import ROUTER_METRICS, RouterProbe
-from .rundir import ROUTER
+from .targets import Captions, caption_targets, captions_of, sample_prompts, true_draws
 from .truth import METRICS, CaptionTargets, interval, log_prob_given, median_bandwidth, truth_metrics
-from .truth_compare import TABLE_4, paired_truth, render_paired, trainings_of
-from .truth_targets import Captions, caption_targets, captions_of, sample_prompts, true_draws
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def _prompts(
     ref: GMMReference, captions: Captions, targets: CaptionTargets | None, n: int, seed: int
 ) -> tuple[Prompts, int]:
     """(prompts, samples per prompt) of one row and seed: the empty caption for all ``n`` samples, else one prompt
-    per sample (:func:`~hddm_flower.truth_targets.sample_prompts`: its cluster for oracle routing drawn from
+    per sample (:func:`~hddm_flower.gmm.targets.sample_prompts`: its cluster for oracle routing drawn from
     ``seed``)."""
     if targets is None:
         return Prompts([""], ref.uncond, torch.zeros(1, dtype=torch.long)), n
@@ -304,7 +304,7 @@ def evaluate_truth(
     training on the same sampling seeds. A row's ``per_seed`` and ``metrics`` are training 0's; with several
     trainings a trained row also has ``per_training`` (``[training][seed]`` metric dicts) and ``nested`` (per
     metric, :func:`~hddm_flower.training_seeds.nested_interval`: over trainings, outer; sampling seeds, inner)."""
-    from .training_seeds import nested_interval
+    from ..training_seeds import nested_interval
 
     o = cfg.objectives
     main = f"{o.ddpm}DDPM:{o.fm}FM" if o.ddpm and o.fm else f"{cfg.num_experts}{'DDPM' if o.ddpm else 'FM'}"
@@ -346,7 +346,7 @@ def _cell(m: dict[str, float] | None, spec: str, scale: float = 1.0) -> str:
 
 def render_router(results: dict[str, Any], trainings: int) -> list[str]:
     """Markdown lines: every trained router on its ensemble's own sampler trajectories against the exact posterior
-    (:mod:`hddm_flower.router_probe`); nothing when no row has a probed router."""
+    (:mod:`hddm_flower.gmm.router_probe`); nothing when no row has a probed router."""
     probed = [n for n, r in results.items() if "router_kl" in r["per_seed"][0]]
     if not probed:
         return []

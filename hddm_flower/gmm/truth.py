@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gmm import GaussianMixture
+from .mixture import GaussianMixture
 
 
 def median_bandwidth(x: Tensor) -> float:

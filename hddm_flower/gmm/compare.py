@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .training_seeds import nested_interval, paired
+from ..training_seeds import nested_interval, paired
 from .truth import METRICS, interval
 
 PAIRED_METRICS = tuple(m for m in METRICS if m not in ("log_density", "adherence"))
@@ -72,7 +72,7 @@ def comparisons(results: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def attribution(results: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The attribution factorial on the empty caption (:func:`hddm_flower.truth_eval.attribution_rows`), per routing
+    """The attribution factorial on the empty caption (:func:`hddm_flower.gmm.evaluate.attribution_rows`), per routing
     mode, as paired differences of the rows EE (exact experts, exact router), ET (exact experts, trained router), TE
     and TT: the gap TT − EE, split two ways into the router's share and the experts' share,
     ``TT − EE = (ET − EE) + (TT − ET) = (TE − EE) + (TT − TE)`` (router at exact experts + experts under the trained
