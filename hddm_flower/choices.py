@@ -58,6 +58,10 @@ PARTITIONS = ("central", "institution")
 prepared data is its cluster (the coordinator holds none)."""
 REFERENCES = ("central", "federated")
 """FID reference statistics: the coordinator's images, or sums the nodes send."""
+PROMPT_SAMPLINGS = ("random", "stratified")
+"""How the evaluation draws its held-out prompts: uniformly over the dataset's captions (the cluster mix varies with
+the seed and the reference is every image), or the same number per cluster, with the reference weighted to that mix
+and a real-vs-real floor row (:func:`hddm_flower.evaluation.evaluate.stratified_prompts`)."""
 
 T_EPS = 0.01
 """Guard of ``1 − t`` in the DDPM → velocity conversion: ``x0_hat = (x_t − t·eps_hat) / max(1 − t, T_EPS)``."""

@@ -8,11 +8,16 @@
    same size trained on all clusters for K × the expert steps at the same batch size.
 3. Each configuration is assembled in ``OUT/runs/NAME`` (links to the shared experts and router) and evaluated
    under aligned inference (same prompts, noise, sampler, steps, CFG) for every routing mode; the monolith too.
-   With ``evaluation.training_seeds`` = N > 1 (gmm data) all of 1–2 is repeated for trainings 1 … N−1 with seeds
-   moved (:func:`~hddm_flower.training_seeds.training_config`) in ``OUT/trainings/training-i``, and every trained
-   row is sampled for each training on the same sampling seeds (:mod:`hddm_flower.gmm.compare`).
-4. ``OUT/tables.md`` puts the results beside the paper's numbers; ``OUT/manifest.json`` records configs,
-   versions, seeds and sha256 of every artefact so that a second run can be compared.
+   With ``evaluation.training_seeds`` = N > 1 all of 1–2 is repeated for trainings 1 … N−1 with seeds moved
+   (:func:`~hddm_flower.training_seeds.training_config`) in ``OUT/trainings/training-i`` (each cached by its
+   fingerprint), and every row is evaluated for each training on the same sampling seeds (gmm data:
+   :mod:`hddm_flower.gmm.compare`; otherwise ``OUT/trainings/training-i/runs/NAME``, one feature network and
+   reference for all): intervals over trainings (outer) with the one over sampling seeds within a training (inner).
+   With ``evaluation.prompt_sampling: stratified`` the prompts are the same number per cluster, the reference has
+   their mix, and a real-vs-real floor row (real images at the samples' count) is scored beside the others.
+4. ``OUT/tables.md`` puts the results beside the paper's numbers (KID first, FID, adherence and diversity per row;
+   paired differences by training and seed in Table 3); ``OUT/manifest.json`` records configs, versions, seeds,
+   the feature network's fingerprints and sha256 of every artefact so that a second run can be compared.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from .stages.assemble import evaluate_and_report, load_ensemble
 from .stages.expert import build_expert, train_one_expert
 from .stages.router import fit_router
 from .training import train_expert
-from .training_seeds import TRAINING_SEED_STRIDE, training_config
+from .training_seeds import TRAINING_SEED_STRIDE, nested_interval, training_config
 
 log = logging.getLogger(__name__)
 
@@ -198,21 +203,27 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
     result["router_top1_accuracy"] = dict(
         zip(map(str, report["metrics"]["times"]), report["metrics"]["router_top1_accuracy"])
     )
-    if cfg.evaluation.seeds > 1:
-        ens, _ = load_ensemble(cfg, run_dir)
-        result = _more_seeds(cfg, result, ens, dataset, run_dir, Path(feature_dir), progress)
-    return name, result
+    ens = load_ensemble(cfg, run_dir)[0] if cfg.evaluation.seeds > 1 else None
+    return name, _more_seeds(cfg, result, ens, dataset, run_dir, Path(feature_dir), progress)
 
 
-SEED_METRICS = ("fid", "kid", "diversity")
+SEED_METRICS = ("kid", "fid", "adherence", "diversity")
+"""The per-seed values of every row (KID first: at a few hundred samples it is unbiased, FID is not)."""
 
 
 def _more_seeds(
-    cfg: Config, result: dict, ens: Ensemble, dataset: Dataset, run_dir: Path, feature_dir: Path, progress: bool
+    cfg: Config,
+    result: dict,
+    ens: Ensemble | None,
+    dataset: Dataset,
+    run_dir: Path,
+    feature_dir: Path,
+    progress: bool,
 ) -> dict:
     """Evaluate the same modes again with seeds ``evaluation.seed + 1 …`` (other prompts and noise; the same
-    feature network and reference) into ``run_dir/seeds/``, and add ``per_seed`` values and their Student-t
-    ``intervals`` to ``result``. The seeds are the same for every configuration: inference stays aligned."""
+    feature network and reference statistics) into ``run_dir/seeds/``, and add ``per_seed`` values and their
+    Student-t ``intervals`` to ``result`` (and ``floor_per_seed`` when the evaluation has a floor). The seeds are
+    the same for every configuration: inference stays aligned. ``ens`` may be None with one seed."""
     ev = cfg.evaluation
     runs = [result]
     for i in range(1, ev.seeds):
@@ -234,15 +245,25 @@ def _more_seeds(
         mode: [{"seed": r["protocol"]["seed"]} | _seed_values(r["modes"][mode]) for r in runs]
         for mode in result["modes"]
     }
-    result["intervals"] = {
-        mode: {m: interval([v[m] for v in values]) for m in SEED_METRICS if None not in [v[m] for v in values]}
-        for mode, values in result["per_seed"].items()
-    }
+    result["intervals"] = {mode: _intervals(values) for mode, values in result["per_seed"].items()}
+    if "floor" in result:
+        result["floor_per_seed"] = [{"seed": r["protocol"]["seed"]} | _seed_values(r["floor"]) for r in runs]
     return result
 
 
 def _seed_values(x: dict) -> dict:
-    return {"fid": x["fid"], "kid": x["kid"], "diversity": x["lpips"]["mean"]}
+    """A row's per-seed values (:data:`SEED_METRICS`); the floor's images have no adherence and no diversity."""
+    return {
+        "kid": x["kid"],
+        "fid": x["fid"],
+        "adherence": x.get("adherence"),
+        "diversity": x["lpips"]["mean"] if "lpips" in x else None,
+    }
+
+
+def _intervals(values: list[dict]) -> dict:
+    """Per metric of :data:`SEED_METRICS` that every seed has, the Student-t interval over the seeds."""
+    return {m: interval([v[m] for v in values]) for m in SEED_METRICS if None not in [v.get(m) for v in values]}
 
 
 def training_state(folder: Path, fingerprint: str) -> Path:
@@ -418,6 +439,54 @@ def _train_router(cfg: Config, root: Path, dataset: Dataset, data_id: dict, prog
     return {"fingerprint": fp, "tensor_sha256": tensor_sha256(root / ROUTER / WEIGHTS)}
 
 
+def _config_eval_args(
+    c: Config, name: str, objectives: list[str], root: Path, dataset: Dataset, feature_dir: Path
+) -> tuple:
+    """Assemble configuration ``name`` of the training kept in ``root`` in ``root/runs/NAME`` (links to that
+    training's experts and router, its config written) and return the start of its evaluation job's arguments."""
+    run_dir = root / "runs" / name.replace(":", "-")
+    experts_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    for k, obj in enumerate(objectives):
+        _symlink(expert_dir(run_dir, k), root / "experts" / f"cluster-{k}-{obj}")
+    _symlink(run_dir / ROUTER, root / ROUTER)
+    (run_dir / CONFIG).write_text(f"# hddm reproduce: {name}\n" + yaml.safe_dump(c.to_dict(), sort_keys=False))
+    return c.to_dict(), name, str(run_dir), str(dataset.root), str(feature_dir), objectives
+
+
+FLOOR = "real (floor)"
+"""The results' row of the real-vs-real floor (``evaluation.prompt_sampling: stratified``)."""
+
+
+def _with_trainings(done: dict[tuple[int, str], dict], trainings: int, names: list[str]) -> dict[str, dict]:
+    """Each row's result (training 0's, as with one training) and, with several trainings, ``per_training`` (per
+    mode, ``[training][seed]`` values) and ``nested`` (per mode and metric,
+    :func:`~hddm_flower.training_seeds.nested_interval`: over trainings, outer; sampling seeds, inner). The floor,
+    when the evaluation has one, becomes its own row (it does not depend on a training: its interval is over the
+    sampling seeds)."""
+    results = {n: done[0, n] for n in names}
+    if trainings > 1:
+        for n, r in results.items():
+            r["per_training"] = {m: [done[i, n]["per_seed"][m] for i in range(trainings)] for m in r["per_seed"]}
+            r["nested"] = {
+                m: {
+                    k: nested_interval([[v[k] for v in seeds] for seeds in per])
+                    for k in SEED_METRICS
+                    if all(v[k] is not None for seeds in per for v in seeds)
+                }
+                for m, per in r["per_training"].items()
+            }
+    mono = results["monolith"]
+    if "floor_per_seed" in mono:
+        results[FLOOR] = {
+            k: mono[k] for k in ("feature_network", "feature_fingerprint", "diversity_distance", "protocol")
+        } | {
+            "modes": {"real": mono["floor"]},
+            "per_seed": {"real": mono["floor_per_seed"]},
+            "intervals": {"real": _intervals(mono["floor_per_seed"])},
+        }
+    return results
+
+
 def reproduce(
     cfg: Config,
     out: Path,
@@ -442,11 +511,6 @@ def reproduce(
     data_id = dataset_id(dataset)
     truth = meta.get("name") == "gmm"
     trainings = cfg.evaluation.training_seeds
-    if trainings > 1 and not truth:
-        raise ConfigError(
-            f"evaluation.training_seeds: {trainings} independent trainings are compared by hddm reproduce on a "
-            "data.name: gmm dataset only (the embedded tables are over sampling seeds of one training); set it to 1"
-        )
     tcfgs = [training_config(cfg, i) for i in range(trainings)]
     roots = [training_root(out, i) for i in range(trainings)]
     timings: dict[str, float] = {}
@@ -482,41 +546,26 @@ def reproduce(
         )
     else:
         feature_dir = out / FEATURE_NET
-        feature_network(cfg, dataset, feature_dir, decode=dataset.decoder(cfg), progress=progress)
-        artefacts["feature_net"] = {"tensor_sha256": tensor_sha256(feature_dir / WEIGHTS)}
-        eval_args = []
-        for name, c in plans.items():
-            run_dir = out / "runs" / name.replace(":", "-")
-            experts_dir(run_dir).mkdir(parents=True, exist_ok=True)
-            for k, obj in enumerate(objectives[name]):
-                _symlink(expert_dir(run_dir, k), out / "experts" / f"cluster-{k}-{obj}")
-            _symlink(run_dir / ROUTER, out / ROUTER)
-            (run_dir / CONFIG).write_text(f"# hddm reproduce: {name}\n" + yaml.safe_dump(c.to_dict(), sort_keys=False))
-            eval_args.append(
-                (
-                    c.to_dict(),
-                    name,
-                    str(run_dir),
-                    str(dataset.root),
-                    str(feature_dir),
-                    objectives[name],
-                    jobs > 1,
-                    progress,
+        fx, _, _ = feature_network(cfg, dataset, feature_dir, decode=dataset.decoder(cfg), progress=progress)
+        artefacts["feature_net"] = {
+            "name": fx.name,
+            "state_fingerprint": fx.fingerprint,
+            "tensor_sha256": tensor_sha256(feature_dir / WEIGHTS),
+        }
+        keys, eval_args = [], []
+        for i, (c_i, root) in enumerate(zip(tcfgs, roots)):
+            for name, n in configs.items():
+                keys.append((i, name))
+                eval_args.append(
+                    _config_eval_args(config_for(c_i, n), name, objectives[name], root, dataset, feature_dir)
                 )
+            keys.append((i, "monolith"))
+            eval_args.append(
+                (c_i.to_dict(), "monolith", str(root / "runs" / "monolith"), str(dataset.root), str(feature_dir), None)
             )
-        eval_args.append(
-            (
-                cfg.to_dict(),
-                "monolith",
-                str(out / "runs" / "monolith"),
-                str(dataset.root),
-                str(feature_dir),
-                None,
-                jobs > 1,
-                progress,
-            )
-        )
-        results = dict(_run_jobs(_eval_job, eval_args, jobs, progress, "evaluating"))
+        eval_args = [a + (jobs > 1, progress) for a in eval_args]
+        done = dict(zip(keys, (r for _, r in _run_jobs(_eval_job, eval_args, jobs, progress, "evaluating"))))
+        results = _with_trainings(done, trainings, [*configs, "monolith"])
     timings["evaluation"] = time.perf_counter() - t0
     seconds = time.perf_counter() - start
 
@@ -545,7 +594,8 @@ def reproduce(
             "trainings": trainings,
             "training_stride": f"training i moves the expert, monolith and router seeds by i × {TRAINING_SEED_STRIDE}",
         },
-        "fingerprints": {"experts": artefacts["fingerprint"], "router": artefacts["router"]["fingerprint"]},
+        "fingerprints": {"experts": artefacts["fingerprint"], "router": artefacts["router"]["fingerprint"]}
+        | ({} if truth else {"feature_net": artefacts["feature_net"]["state_fingerprint"]}),
         "dataset": data_id,
         "budget": dataclasses.asdict(budget_of(cfg)),
         "artefacts": artefacts,
@@ -556,6 +606,8 @@ def reproduce(
         from .gmm.compare import paired_truth
 
         manifest["paired"] = paired_truth(results)
+    else:
+        manifest["paired"] = paired_differences(results)
     write_atomic(out / "manifest.json", json.dumps(manifest, indent=2))
     if truth:
         from .gmm.evaluate import render_truth_tables
@@ -576,95 +628,186 @@ def _symlink(link: Path, target: Path) -> None:
 
 
 def _summary(r: dict) -> dict:
-    return {
-        mode: {k: x[k] for k in ("fid", "kid", "kid_std")}
-        | {"diversity": x["lpips"]["mean"], "diversity_std": x["lpips"]["std"]}
-        | ({"per_seed": r["per_seed"][mode], "intervals": r["intervals"][mode]} if "intervals" in r else {})
-        for mode, x in r["modes"].items()
-    }
+    """A row's entry in the manifest: per mode its values (training 0, seed 0), per-seed values and intervals, and
+    with several trainings the per-training values and the nested intervals."""
+    out = {}
+    for mode, x in r["modes"].items():
+        entry = {k: x[k] for k in ("kid", "kid_std", "fid")} | {"adherence": x.get("adherence")}
+        if "lpips" in x:
+            entry |= {"diversity": x["lpips"]["mean"], "diversity_std": x["lpips"]["std"]}
+        for key in ("per_seed", "intervals", "per_training", "nested"):
+            if key in r:
+                entry[key] = r[key][mode]
+        out[mode] = entry
+    return out
 
 
-def _cells(r: dict, mode: str) -> tuple[str, str, str]:
-    """FID, KID and diversity of one configuration's ``mode``: mean ± 95 % half-width across seeds when there are
-    several; otherwise the one seed's value (KID ± its spread over subsets, diversity ± its spread over prompts)."""
-    if "intervals" in r:
-        iv = r["intervals"][mode]
-        cell = lambda m, spec: "–" if m not in iv else f"{iv[m]['mean']:{spec}} ± {iv[m]['half']:{spec}}"  # noqa: E731
-        return cell("fid", ".2f"), cell("kid", ".4f"), cell("diversity", ".3f")
+SHOWN = (("kid", ".4f"), ("fid", ".2f"), ("adherence", ".3f"), ("diversity", ".3f"))
+"""The tables' metrics in their order (KID first) and formats."""
+
+
+def _cells(r: dict, mode: str) -> list[str]:
+    """KID, FID, adherence and diversity of one row's ``mode``: over trainings (``mean ± half [inner half]``) when
+    there are several, else the mean over seeds ± its 95 % half-width when there are several seeds, else the one
+    seed's value (KID ± its spread over subsets, diversity ± its spread over prompts). "–" where a row has none."""
+    if "nested" in r or ("intervals" in r and r["intervals"][mode].get("kid", {}).get("n", 1) > 1):
+        iv = r["nested"][mode] if "nested" in r else r["intervals"][mode]
+
+        def cell(m: str, spec: str) -> str:
+            if m not in iv:
+                return "–"
+            inner = f" [{iv[m]['inner_half']:{spec}}]" if "inner_half" in iv[m] else ""
+            return f"{iv[m]['mean']:{spec}} ± {iv[m]['half']:{spec}}{inner}"
+
+        return [cell(m, spec) for m, spec in SHOWN]
     x = r["modes"][mode]
     kid = "–" if x["kid"] is None else f"{x['kid']:.4f} ± {x['kid_std']:.4f}"
-    return f"{x['fid']:.2f}", kid, f"{x['lpips']['mean']:.3f} ± {x['lpips']['std']:.3f}"
+    div = f"{x['lpips']['mean']:.3f} ± {x['lpips']['std']:.3f}" if "lpips" in x else "–"
+    return [kid, f"{x['fid']:.2f}", _f(x.get("adherence"), ".3f"), div]
 
 
 def _f(x: float | None, spec: str = ".2f") -> str:
     return "–" if x is None else format(x, spec)
 
 
+PAIRED_METRICS = ("kid", "fid", "adherence")
+
+
+def _layout(r: dict, mode: str, metric: str, trainings: int) -> list[list[float]]:
+    """``values[i][j]`` of a row's metric for training i and sampling seed j; a row that does not depend on a
+    training (the floor) has the same values in every training."""
+    per = r["per_training"][mode] if "per_training" in r else [r["per_seed"][mode]] * trainings
+    return [[v[metric] for v in seeds] for seeds in per]
+
+
 def paired_differences(results: dict) -> list[dict]:
-    """The paper's comparisons as differences paired by seed (every row of a seed shares its prompts and noise, so
-    the prompt set's effect, which moves all rows together, cancels): per configuration, top-2 − each other mode
-    and top-2 − the monolith; across configurations, each pair at top-2. Each entry: ``what``, and per metric the
-    Student-t interval of the per-seed differences with ``resolved`` = the interval excludes 0. Empty with one
-    seed."""
-    if any("per_seed" not in r or any(len(v) < 2 for v in r["per_seed"].values()) for r in results.values()):
+    """The paper's comparisons as differences paired by training and seed (every row of a seed shares its prompts,
+    noise and reference, and every row of training i that training's experts, router and monolith, so what moves
+    every row of a seed together cancels): per configuration, top-2 − each other mode and top-2 − the monolith;
+    across configurations, each pair at top-2; with a floor row, top-2 and the monolith − the floor. Each entry:
+    ``what``, ``a``, ``b`` and per metric of :data:`PAIRED_METRICS` that both rows have
+    :func:`~hddm_flower.gmm.compare.paired_summary` (over trainings with the inner half-width when there are
+    several, else over the sampling seeds of the one training; ``covers`` says which; ``resolved`` = the interval
+    excludes 0). Empty with one training and one seed."""
+    from .gmm.compare import paired_summary
+
+    trainings = max(
+        (len(next(iter(r["per_training"].values()))) for r in results.values() if "per_training" in r), default=1
+    )
+    if any("per_seed" not in r for r in results.values()):
         return []
-    names = [n for n in results if n != "monolith" and "top2" in results[n]["per_seed"]]
-    seeds = lambda n, mode: results[n]["per_seed"][mode]  # noqa: E731
-    pairs = [
-        (f"{n}: top2 − {m}", seeds(n, "top2"), seeds(n, m))
-        for n in names
-        for m in results[n]["per_seed"]
-        if m != "top2"
-    ]
-    pairs += [(f"{n}: top2 − monolith", seeds(n, "top2"), seeds("monolith", "top1")) for n in names]
-    pairs += [
-        (f"top2: {b} − {a}", seeds(b, "top2"), seeds(a, "top2")) for i, a in enumerate(names) for b in names[i + 1 :]
-    ]
+    seeds = min(len(v) for r in results.values() for v in r["per_seed"].values())
+    if trainings == 1 and seeds < 2:
+        return []
+    names = [n for n in results if n not in ("monolith", FLOOR) and "top2" in results[n]["per_seed"]]
+    pairs = [((n, "top2"), (n, m)) for n in names for m in results[n]["per_seed"] if m != "top2"]
+    pairs += [((n, "top2"), ("monolith", "top1")) for n in names if "monolith" in results]
+    pairs += [((b, "top2"), (a, "top2")) for i, a in enumerate(names) for b in names[i + 1 :]]
+    if FLOOR in results:
+        pairs += [((n, "top2"), (FLOOR, "real")) for n in names]
+        pairs += [(("monolith", "top1"), (FLOOR, "real"))] if "monolith" in results else []
     out = []
-    for what, x, y in pairs:
-        entry = {"what": what}
-        for m in ("fid", "kid"):
-            d = [u[m] - v[m] for u, v in zip(x, y) if u[m] is not None and v[m] is not None]
-            if len(d) == len(x) > 1:
-                iv = interval(d)
-                entry[m] = iv | {"per_seed": d, "resolved": not iv["lo"] <= 0 <= iv["hi"]}
+    for (na, ma), (nb, mb) in pairs:
+        if na == nb:
+            what = f"{na}: {ma} − {mb}"
+        elif nb == FLOOR:
+            what = f"{na if na == 'monolith' else na + ': ' + ma} − {FLOOR}"
+        elif nb == "monolith":
+            what = f"{na}: {ma} − monolith"
+        else:
+            what = f"{ma}: {na} − {nb}"
+        entry: dict[str, Any] = {"what": what, "a": [na, ma], "b": [nb, mb]}
+        ra, rb = results[na], results[nb]
+        for m in PAIRED_METRICS:
+            if all(v.get(m) is not None for r, mode in ((ra, ma), (rb, mb)) for v in r["per_seed"][mode]):
+                entry[m] = paired_summary(_layout(ra, ma, m, trainings), _layout(rb, mb, m, trainings))
         out.append(entry)
     return out
 
 
+def _covers(trainings: int, seeds: int) -> str:
+    """What a cell's ± covers."""
+    if trainings > 1:
+        return (
+            f"Trainings: {trainings} (`evaluation.training_seeds`: experts, router and monolith retrained with moved "
+            f"seeds) × Seeds: {seeds} (`evaluation.seed` + 0 … {seeds - 1}: other prompts and noise, the same feature "
+            "network and reference statistics); each cell is the mean over trainings ± the half-width of the 95 % "
+            "Student-t interval over trainings of the per-training means over seeds [the mean half-width over seeds "
+            "within one training]. The floor does not depend on a training: its ± is over the seeds."
+        )
+    if seeds > 1:
+        return (
+            f"Seeds: {seeds} (`evaluation.seed` + 0 … {seeds - 1}: other prompts and noise, the same feature network "
+            "and reference statistics); each cell is the mean over seeds ± the half-width of its 95 % Student-t "
+            "interval, over sampling seeds of **one** training: it says nothing about another training of the same "
+            "config (`evaluation.training_seeds` > 1 for that)."
+        )
+    return (
+        "One seed: KID ± its standard deviation over subsets, diversity ± its standard deviation over prompts; "
+        "nothing here is an interval across seeds or trainings."
+    )
+
+
+def _feature_line(manifest: dict, r: dict) -> str:
+    """The feature network of every FID/KID, KID and adherence value, with its fingerprints."""
+    fn = manifest["artefacts"]["feature_net"]
+    return (
+        f"FID/KID features and adherence classifier: **{r['feature_network']}**, weights state fingerprint "
+        f"`{fn['state_fingerprint']}`, tensor sha256 `{fn['tensor_sha256']}`; reference statistics cache key "
+        f"`{r.get('reference_key', '–')}`. Diversity: {r['diversity_distance']}."
+    )
+
+
+def _floor_line(results: dict) -> list[str]:
+    if FLOOR not in results:
+        return [
+            "No real-vs-real floor (`evaluation.prompt_sampling: random`): the prompts' cluster mix changes with the "
+            "seed and the reference is every image."
+        ]
+    f = results[FLOOR]["modes"]["real"]
+    return [
+        f"Prompts: `evaluation.prompt_sampling: stratified`, {results[FLOOR]['protocol']['prompt_source']}; every "
+        "row of a seed is scored against one reference of the same cluster mix. "
+        f"**{FLOOR}**: {f['num_samples']} real images ({f['per_cluster']} per cluster, the samples' count), drawn "
+        "per seed out of that reference and scored against it with the same features: what a sampler that drew "
+        "real images would score at this count (the yardstick of the KID/FID values above it)."
+    ]
+
+
 def render_tables(manifest: dict, results: dict) -> str:
-    """The two tables (markdown), each beside the paper's numbers, with how they were produced."""
+    """The two tables (markdown), each beside the paper's numbers, and the paired differences (Table 3), with how
+    they were produced: KID first (unbiased at these sample counts; FID is biased upwards by ~1/N), FID beside it,
+    adherence (the feature classifier puts a sample in its prompt's cluster) and diversity per row, the real-vs-real
+    floor when the prompts are stratified."""
     cfg = manifest["config"]
-    anyr = next(iter(results.values()))
+    anyr = results["monolith"]
     p = anyr["protocol"]
-    names = [n for n in results if n != "monolith"]
+    names = [n for n in results if n not in ("monolith", FLOOR)]
     seeds = len(next(iter(anyr["per_seed"].values()))) if "per_seed" in anyr else 1
+    trainings = manifest["seeds"]["trainings"]
+    floor = FLOOR in results
     lines = [
         f"Produced by `{manifest['command'] or 'hddm reproduce'}` on {manifest['created_at']} in "
         f"{manifest['seconds'] / 60:.1f} min wall, {manifest['cpu_seconds'] / 60:.1f} min CPU ({manifest['device']}, "
         f"{manifest['torch_threads']} torch threads, load average {manifest['load_average']['start'][0]} at the "
-        f"start; training {manifest['timings_s']['training']:.0f} s in {manifest['training_processes']} "
-        f"process(es), router {manifest['timings_s']['router']:.0f} s, evaluation "
-        f"{manifest['timings_s']['evaluation']:.0f} s).",
+        f"start, {manifest['load_average']['end'][0]} at the end; training {manifest['timings_s']['training']:.0f} "
+        f"s in {manifest['training_processes']} process(es), router {manifest['timings_s']['router']:.0f} s, "
+        f"evaluation {manifest['timings_s']['evaluation']:.0f} s).",
         f"Scale: {cfg['num_experts']} experts `{cfg['expert']['preset']}` on {manifest['dataset']['dataset']}; "
         f"monolith: the same network on all clusters; {describe_budget(manifest['budget'])}. Router "
         f"`{cfg['router']['preset']}` × {cfg['router']['steps']} steps.",
         f"Aligned inference: {p['prompts']} prompts × {p['samples_per_prompt']} samples, the same noise for every "
         f"row, {p['sampler']}, {p['num_steps']} steps, CFG {p['cfg_scale']}, threshold {p['threshold']}; "
         f"reference: {p['reference']}.",
-        f"FID/KID features: **{anyr['feature_network']}**. Diversity: {anyr['diversity_distance']}.",
-        (
-            f"Seeds: {seeds} (`evaluation.seed` + 0 … {seeds - 1}: other prompts and noise, the same feature network "
-            "and reference); each cell is the mean over seeds ± the half-width of its 95 % Student-t interval."
-            if seeds > 1
-            else "One seed: KID ± its standard deviation over subsets, diversity ± its standard deviation over "
-            "prompts; nothing here is an interval across seeds."
-        ),
+        *_floor_line(results),
+        _feature_line(manifest, anyr),
+        _covers(trainings, seeds),
         "",
-        "**Table 1 — heterogeneous vs homogeneous (top-2 routing).**",
+        "**Table 1 — heterogeneous vs homogeneous (top-2 routing).** KID is the primary metric at these counts.",
         "",
-        "| configuration | FID ↓ | KID ↓ | intra-prompt diversity ↑ | paper FID-50K | paper intra-prompt LPIPS |",
-        "|---|---|---|---|---|---|",
+        "| configuration | KID ↓ | FID ↓ | adherence ↑ | intra-prompt diversity ↑ | paper FID-50K "
+        "| paper intra-prompt LPIPS |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n in names:
         if "top2" not in results[n]["modes"]:
@@ -672,39 +815,57 @@ def render_tables(manifest: dict, results: dict) -> str:
         paper = PAPER_HETERO.get(n, (None, "–"))
         lines.append(f"| {n} | " + " | ".join(_cells(results[n], "top2")) + f" | {_f(paper[0])} | {paper[1]} |")
     lines.append("| monolith (equal compute) | " + " | ".join(_cells(results["monolith"], "top1")) + " | – | – |")
+    if floor:
+        lines.append(f"| {FLOOR} | " + " | ".join(_cells(results[FLOOR], "real")) + " | – | – |")
     lines += [
         "",
-        "**Table 2 — routing vs a monolith of equal compute (FID ↓; KID in brackets).**",
+        "**Table 2 — routing vs a monolith of equal compute (KID ↓; FID in brackets; adherence ↑ after the slash).**",
         "",
         "| inference | " + " | ".join(names) + " | paper HDDM (DiT-B/2, FID-50K) | paper DDM (ImageNet, FID) |",
         "|---" * (len(names) + 3) + "|",
     ]
+
+    def kfa(r: dict, mode: str) -> str:
+        if mode not in r["modes"]:
+            return "–"
+        kid, fid, adh, _ = _cells(r, mode)
+        return f"{kid} ({fid}) / {adh}"
+
     paper = PAPER_ROUTING["monolith"]
-    fid_kid = lambda r, mode: "{} ({})".format(*_cells(r, mode)[:2]) if mode in r["modes"] else "–"  # noqa: E731
-    mono_cell = fid_kid(results["monolith"], "top1")
+    mono_cell = kfa(results["monolith"], "top1")
     lines.append("| monolith | " + " | ".join(mono_cell for _ in names) + f" | {_f(paper[0])} | {_f(paper[1])} |")
-    modes = list(anyr["modes"])
-    for mode in modes:
+    for mode in results[names[0]]["modes"]:
         paper = PAPER_ROUTING.get(mode, (None, None))
-        cells = [fid_kid(results[n], mode) for n in names]
+        cells = [kfa(results[n], mode) for n in names]
         lines.append(f"| {mode} | " + " | ".join(cells) + f" | {_f(paper[0])} | {_f(paper[1])} |")
+    if floor:
+        floor_cell = kfa(results[FLOOR], "real")
+        lines.append(f"| {FLOOR} | " + " | ".join(floor_cell for _ in names) + " | – | – |")
     paired = paired_differences(results)
     if paired:
+        covers = next(iter(e[m]["covers"] for e in paired for m in PAIRED_METRICS if m in e))
         lines += [
             "",
-            "**Table 3 — paired differences across the seeds (every row of a seed shares its prompts and noise).** "
-            "Mean ± 95 % half-width of the per-seed differences; resolved = the interval excludes 0.",
+            f"**Table 3 — paired differences (row a − row b by training and seed; every row of a seed shares its "
+            f"prompts, noise and reference).** Each cell: mean ± 95 % half-width over {covers}"
+            + (" [the mean half-width over seeds within one training]" if trainings > 1 else "")
+            + "; resolved = the interval excludes 0. KID first.",
             "",
-            "| comparison | FID difference | per seed | KID difference | resolved |",
+            "| comparison | KID difference | FID difference | adherence difference | resolved |",
             "|---|---|---|---|---|",
         ]
+
+        def cell(iv: dict | None, spec: str) -> str:
+            if iv is None:
+                return "–"
+            inner = f" [{iv['inner_half']:{spec}}]" if "inner_half" in iv else ""
+            return f"{iv['mean']:+{spec}} ± {iv['half']:{spec}}{inner}"
+
         for e in paired:
-            fid, kid = e.get("fid"), e.get("kid")
-            cell = lambda iv, spec: "–" if iv is None else f"{iv['mean']:+{spec}} ± {iv['half']:{spec}}"  # noqa: E731
-            per = "–" if fid is None else ", ".join(f"{v:+.1f}" for v in fid["per_seed"])
-            res = [m.upper() for m in ("fid", "kid") if e.get(m) and e[m]["resolved"]]
+            res = [m.upper() if m != "adherence" else m for m in PAIRED_METRICS if e.get(m) and e[m]["resolved"]]
             lines.append(
-                f"| {e['what']} | {cell(fid, '.2f')} | {per} | {cell(kid, '.4f')} | {', '.join(res) or 'no'} |"
+                f"| {e['what']} | {cell(e.get('kid'), '.4f')} | {cell(e.get('fid'), '.2f')} | "
+                f"{cell(e.get('adherence'), '.3f')} | {', '.join(res) or 'no'} |"
             )
     acc = results[names[0]]["router_top1_accuracy"]
     lines += [
@@ -715,7 +876,10 @@ def render_tables(manifest: dict, results: dict) -> str:
         "not values.",
         "",
         "Router top-1 accuracy against the cluster labels by t (held-out images; the router is shared by "
-        "all configurations): " + ", ".join(f"t={t}: {a:.2f}" for t, a in acc.items()),
+        "all configurations"
+        + ("; training 0's" if trainings > 1 else "")
+        + "): "
+        + ", ".join(f"t={t}: {a:.2f}" for t, a in acc.items()),
         "",
     ]
     return "\n".join(lines)

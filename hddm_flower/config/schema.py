@@ -117,6 +117,20 @@ class Config:
                 r.fail("evaluation.reference", "must be federated with data.partition: institution (no central images)")
             if d.name == "gmm":
                 r.fail("data.partition", "institution needs real per-node data; name: gmm is one synthetic mixture")
+        ev = self.evaluation
+        if ev.prompt_sampling == "stratified":
+            if ev.num_prompts % k:
+                r.fail(
+                    "evaluation.num_prompts",
+                    f"prompt_sampling: stratified draws the same number per cluster: {ev.num_prompts} is not a "
+                    f"multiple of num_experts {k}",
+                )
+            if ev.reference != "central":
+                r.fail(
+                    "evaluation.prompt_sampling",
+                    "stratified needs evaluation.reference: central (its reference and floor need features of the "
+                    "coordinator's images, not federated sums)",
+                )
         if self.federation.min_experts > k:
             r.fail("federation.min_experts", f"must be in 1..{k}")
         ro = self.router

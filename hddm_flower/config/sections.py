@@ -18,6 +18,7 @@ from ..choices import (
     OPTIMIZERS,
     PARTITIONS,
     PRECISIONS,
+    PROMPT_SAMPLINGS,
     REFERENCES,
     ROUTER_CONDITIONINGS,
     ROUTER_TRAINING,
@@ -391,6 +392,9 @@ class EvaluationConfig:
 
     routing_modes: list[str] = field(default_factory=lambda: ["top1", "top2", "full", "threshold", "oracle"])
     num_prompts: int = 32  # held-out captions sampled for FID/KID/LPIPS (aligned: same prompts and noise per mode)
+    # "random": prompts drawn over all captions, reference = every image; "stratified": num_prompts / K per cluster,
+    # the reference weighted to that mix and a real-vs-real floor at the same count (hddm_flower/stratified.py)
+    prompt_sampling: str = "random"
     samples_per_prompt: int = 4  # ≥ 2: intra-prompt diversity is the mean pairwise distance between them
     num_steps: int = 0  # Euler steps; 0 = sampling.num_steps
     per_expert_samples: int = 32  # each expert alone on captions of its own cluster
@@ -441,6 +445,7 @@ class EvaluationConfig:
         )
         r.at_least(0, "num_steps", "grid_prompts", "reference_images")
         r.choice("reference", REFERENCES, "value")
+        r.choice("prompt_sampling", PROMPT_SAMPLINGS, "value")
         if not all(0 < t < 1 for t in self.times):
             r.fail("times", "every time must be in (0, 1)")
         r.seed()

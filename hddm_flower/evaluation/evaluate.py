@@ -2,7 +2,9 @@
 
 Aligned inference (the paper's comparisons): every routing mode samples the same held-out prompts from the same
 noise with the same sampler, steps and CFG. For each mode: FID and KID against the dataset's images (features of
-the configured network, named in every result), intra-prompt diversity (LPIPS, or the named fallback), CLIP score
+the configured network, named and fingerprinted in every result; with ``evaluation.prompt_sampling: stratified`` the
+prompts are the same number per cluster, the reference has their cluster mix and a real-vs-real floor is scored
+beside the modes), intra-prompt diversity (LPIPS, or the named fallback), CLIP score
 when a CLIP folder is configured, how often the DDPM → velocity conversion's guards fired, the router's mixing
 weights over t and each expert's usage. Per expert: the expert alone on captions of its own cluster, against that
 cluster's images. Outputs go to the run directory: PNG grids per prompt (rows: routing modes) and PNG plots, drawn by
@@ -40,7 +42,7 @@ from ..rundir import EXPERT_USAGE_PLOT, FEATURE_NET, GRIDS, ROUTER_WEIGHTS_PLOT
 from ..text import pooled_caption
 from . import metrics as M
 from .adherence import classify
-from .reference import DEFAULT_KID_RESERVOIR, ReferenceStats, pooled, reference_statistics
+from .reference import DEFAULT_KID_RESERVOIR, ReferenceStats, leave_out, matched_reference, pooled, reference_statistics
 from .report import plot_router_weights, plot_usage, save_prompt_grids
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,33 @@ def choose_prompts(dataset: Dataset, n: int, seed: int, clusters: list[int] | No
             torch.from_numpy(np.stack([r[0] for r in rows])), torch.from_numpy(np.stack([r[1] for r in rows])).float()
         ),
         torch.tensor([r[2] for r in rows]),
+    )
+
+
+def stratified_prompts(dataset: Dataset, n: int, seed: int) -> Prompts:
+    """``n / K`` captions of each of the dataset's K clusters, cluster by cluster (each as :func:`choose_prompts`:
+    distinct, held-out first, from the cluster's seeded caption stream): ``evaluation.prompt_sampling: stratified``.
+
+    Why: prompts drawn over all captions give each seed its own cluster mix, and a row's FID against a fixed
+    reference moves with that mix, for every row of the seed alike; the paired differences cancel it, the rows' own
+    values do not.
+    With the same number per cluster every seed has one mix, and every cluster, i.e. every expert, counts equally. The
+    reference is weighted to that mix (:func:`~hddm_flower.evaluation.reference.matched_reference`). A prompt-matched reference
+    (the prompts' own images) was not chosen: a caption of these datasets has one or a few images, so 32 prompts
+    would give about 32 reference images, fewer than the features' dimensions (FID's covariance is singular); the
+    prompts' clusters keep the reference's mix equal to the samples' with each cluster's hundreds of images."""
+    dataset = as_dataset(dataset)
+    k = dataset.num_clusters
+    if n % k:
+        raise ValueError(f"evaluation.num_prompts: {n} prompts cannot be split equally among {k} clusters")
+    parts = [choose_prompts(dataset, n // k, seed, clusters=[c]) for c in range(k)]
+    short = {c: len(p.captions) for c, p in enumerate(parts) if len(p.captions) < n // k}
+    if short:
+        raise ValueError(f"stratified prompts: {n // k} captions per cluster asked, clusters {short} have fewer")
+    return Prompts(
+        [c for p in parts for c in p.captions],
+        TextCond(torch.cat([p.cond.states for p in parts]), torch.cat([p.cond.mask for p in parts])),
+        torch.cat([p.labels for p in parts]),
     )
 
 
@@ -402,6 +431,26 @@ def _quality_of_features(ref_feats: Tensor | FeatureSums | ReferenceStats, feats
     }
 
 
+def _floor_and_reference(
+    stats: dict[int, ReferenceStats], prompts: Prompts, ev, seed: int
+) -> tuple[ReferenceStats, dict]:
+    """The stratified evaluation's reference and its real-vs-real floor for sampling seed ``seed``: as many real
+    images of each cluster as the generated rows have samples of it, drawn out of the reference
+    (:func:`~hddm_flower.evaluation.reference.leave_out`), and the reference without them weighted to the prompts' cluster mix
+    (:func:`~hddm_flower.evaluation.reference.matched_reference`). The floor's FID/KID against that reference — the one every
+    row of the seed is scored against — is what a sampler that drew real images would score at this sample count."""
+    counts = {int(k): int(n) * ev.samples_per_prompt for k, n in zip(*prompts.labels.unique(return_counts=True))}
+    rest, drawn = leave_out(stats, counts, seed)
+    ref = matched_reference(rest, counts, ev.seed)
+    floor = _quality_of_features(ref, torch.cat([drawn[k] for k in sorted(drawn)]), ev) | {
+        "per_cluster": {str(k): n for k, n in counts.items()},
+        "source": "real images of the dataset (train + val), the samples' count per cluster, drawn per sampling "
+        "seed out of the reference",
+        "adherence": None,  # real images: the classifier's accuracy on images it mostly trained on, not adherence
+    }
+    return ref, floor
+
+
 def evaluate_run(
     cfg: Config,
     ensemble: Ensemble,
@@ -422,7 +471,12 @@ def evaluate_run(
     classifier, the KID reference reservoir and KID's subsets: those stay fixed across seeds).
 
     ``reference``: federated FID reference statistics per cluster (:mod:`hddm_flower.federated`, summed from the
-    nodes' replies) instead of the coordinator's images: FID from the sums, no KID."""
+    nodes' replies) instead of the coordinator's images: FID from the sums, no KID.
+
+    ``evaluation.prompt_sampling: stratified``: the prompts are the same number per cluster
+    (:func:`stratified_prompts`), the reference is weighted to their cluster mix and the result has a ``floor``: real
+    images at the samples' count per cluster, scored against the same reference (drawn out of it), the yardstick of
+    FID/KID at this sample count (:func:`_floor_and_reference`)."""
     ev, s = cfg.evaluation, cfg.sampling
     modes = modes or ev.routing_modes
     steps = ev.num_steps or s.num_steps
@@ -433,6 +487,13 @@ def evaluate_run(
         cfg, dataset, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress
     )
     distance = M.lpips_distance(ev.alexnet_weights or None, fallback=classifier, fallback_description=desc)
+    stratified = ev.prompt_sampling == "stratified"
+    if stratified and (reference is not None or dataset.data_free):
+        raise ValueError(
+            "evaluation.prompt_sampling: stratified needs the coordinator's captions and images (its reference and "
+            "floor are features of them); this evaluation has "
+            + ("federated reference sums" if reference is not None else "no caption (institution-owned data)")
+        )
     if reference is not None:
         ref_feats = sum(reference.values(), FeatureSums.zeros(fx.num_features))
         reference_text = (
@@ -448,14 +509,17 @@ def evaluate_run(
             seed=ev.seed,
             progress=progress,
         )
-        ref_feats = pooled(stats, ev.seed)
-        reference_text = (
-            f"{ref_feats.count} images of the dataset (train + val): exact FID statistics of every image, KID on a "
-            f"seeded uniform sample of {len(ref_feats.kid_features)}; "
-            + ("reused from" if cached["reused"] else "computed in one streaming pass, cached in")
-            + f" {cached['file'] or 'nowhere (the dataset folder is read-only)'}"
+        where = ("reused from" if cached["reused"] else "computed in one streaming pass, cached in") + (
+            f" {cached['file'] or 'nowhere (the dataset folder is read-only)'}"
         )
+        if not stratified:
+            ref_feats = pooled(stats, ev.seed)
+            reference_text = (
+                f"{ref_feats.count} images of the dataset (train + val): exact FID statistics of every image, KID on "
+                f"a seeded uniform sample of {len(ref_feats.kid_features)}; {where}"
+            )
     data_free = dataset.data_free
+    floor = None
     if data_free:  # no caption on the coordinator: the config's prompts; oracle routing needs captions' clusters
         prompts = config_prompts(cfg, dataset)
         skipped = {m: "oracle routing needs the cluster of each prompt's image" for m in modes if "oracle" in m}
@@ -463,12 +527,24 @@ def evaluate_run(
         prompt_source = (
             "sampling.prompts: the coordinator holds no caption (institution-owned data), and captions are data"
         )
+    elif stratified:
+        prompts, skipped = stratified_prompts(dataset, ev.num_prompts, seed), {}
+        prompt_source = (
+            f"{ev.num_prompts // dataset.num_clusters} captions per cluster (stratified), held-out first (val split)"
+        )
+        ref_feats, floor = _floor_and_reference(stats, prompts, ev, seed)
+        reference_text = (
+            f"the dataset's images (train + val) weighted to the prompts' cluster mix (equal per cluster), without "
+            f"the floor's {floor['num_samples']} images of this seed: FID statistics of {ref_feats.count} images, "
+            f"KID on {len(ref_feats.kid_features)} of them; statistics {where}"
+        )
     else:
         prompts, skipped = choose_prompts(dataset, ev.num_prompts, seed), {}
         prompt_source = "held-out captions first (val split), then training captions"
     uncond = dataset.uncond
     result: dict[str, Any] = {
         "feature_network": fx.name,
+        "feature_fingerprint": fx.fingerprint,  # the weights' state fingerprint (Inception: file name and size)
         "adherence_classifier": M.classifier_features(classifier, desc).name,  # the cluster of every sample
         "diversity_distance": distance.name,
         "protocol": {
@@ -482,10 +558,15 @@ def evaluate_run(
             "conversion": s.conversion,
             "reference": reference_text,
             "prompt_source": prompt_source,
+            "prompt_sampling": ev.prompt_sampling,
         },
         "prompts": prompts.captions,
         "modes": {},
     }
+    if reference is None:
+        result["reference_key"] = cached["key"]  # the cached statistics' key: dataset, feature weights, reservoir, seed
+    if floor is not None:
+        result["floor"] = floor
     if skipped:
         result["skipped_modes"] = skipped
     samples = {}

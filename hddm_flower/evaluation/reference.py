@@ -11,6 +11,10 @@ never held in memory: :func:`reference_statistics` streams them once (image or l
 Memory is ``K × (d² + R·d)`` whatever the dataset size. The result is cached in ``DATASET/reference-stats/`` under
 a key of (dataset fingerprint, feature network name and weights fingerprint, reservoir size, seed) and reused by
 every later evaluation with the same key.
+
+From the per-cluster statistics an evaluation builds the reference it scores against: :func:`pooled` (the dataset's
+own cluster mix), or, for cluster-stratified prompts, :func:`matched_reference` (the prompts' cluster mix) after
+:func:`leave_out` has drawn the real-vs-real floor's images out of it.
 """
 
 from __future__ import annotations
@@ -64,6 +68,69 @@ def pooled(stats: dict[int, ReferenceStats], seed: int = 0) -> ReferenceStats:
         take = round(size * s.count / total) if total else 0
         parts.append(s.kid_features[torch.randperm(len(s.kid_features), generator=g)[:take]])
     return ReferenceStats(sums, torch.cat(parts))
+
+
+def matched_reference(stats: dict[int, ReferenceStats], weights: dict[int, float], seed: int = 0) -> ReferenceStats:
+    """The reference of the cluster mixture ``Σ_k w_k p_k`` (``weights``: cluster id → weight ≥ 0, normalised
+    here), not of the dataset's own mix: each cluster's FID sums are rescaled to carry the share ``w_k`` of the
+    images (mean ``Σ_k w_k μ_k``, second moment ``Σ_k w_k E_k[ffᵀ]``; ``count`` stays the number of images, so the
+    covariance keeps its n − 1), and the KID sample takes ``w_k · R`` rows of cluster k's reservoir, R the largest
+    size every weighted cluster can fill. With weights ∝ the clusters' image counts this is :func:`pooled`'s
+    mixture. Used with the prompts' cluster counts as weights (``evaluation.prompt_sampling: stratified``): the
+    reference then has the cluster mix of the samples it is compared with, whatever clusters dominate the data."""
+    total_w = sum(weights.values())
+    w = {k: v / total_w for k, v in sorted(weights.items()) if v > 0}
+    short = [k for k in w if k not in stats or stats[k].count < 2 or not len(stats[k].kid_features)]
+    if short:
+        raise ValueError(
+            f"a reference weighted to clusters {sorted(w)} needs ≥ 2 images of each; clusters {short} lack them"
+        )
+    n = sum(stats[k].count for k in w)
+    scale = {k: w[k] * n / stats[k].count for k in w}
+    dim = stats[next(iter(w))].sums.dim
+    sums = FeatureSums(
+        n,
+        sum((stats[k].sums.total * scale[k] for k in w), torch.zeros(dim, dtype=torch.float64)),
+        sum((stats[k].sums.outer * scale[k] for k in w), torch.zeros(dim, dim, dtype=torch.float64)),
+    )
+    size = min(int(len(stats[k].kid_features) / w[k]) for k in w)
+    g = torch.Generator().manual_seed(seed)
+    parts = [
+        stats[k].kid_features[torch.randperm(len(stats[k].kid_features), generator=g)[: round(size * w[k])]] for k in w
+    ]
+    return ReferenceStats(sums, torch.cat(parts))
+
+
+def leave_out(
+    stats: dict[int, ReferenceStats], counts: dict[int, int], seed: int
+) -> tuple[dict[int, ReferenceStats], dict[int, Tensor]]:
+    """Draw ``counts[k]`` real images of cluster k out of the reference: ``counts[k]`` rows of its reservoir
+    (seeded; the reservoir is a uniform sample of the cluster's images, all of them when the cluster is smaller than
+    the reservoir), removed from its KID sample and subtracted from its FID sums (exact: the reservoir rows are the
+    very features summed). Returns (the statistics without them, their features per cluster): the real-vs-real
+    floor's images and a reference disjoint from them, which every row it is compared with is scored against."""
+    g = torch.Generator().manual_seed(seed)
+    rest, drawn = dict(stats), {}
+    for k in sorted(counts):
+        n = counts[k]
+        if n <= 0:
+            continue
+        s = stats.get(k)
+        have = 0 if s is None else len(s.kid_features)
+        if have < n + 2:
+            raise ValueError(
+                f"the real-vs-real floor draws {n} images of cluster {k} out of its reference, which holds {have} "
+                "(it needs 2 more to stay a reference)"
+            )
+        perm = torch.randperm(have, generator=g)
+        f = s.kid_features[perm[:n]]
+        part = FeatureSums.of(f)
+        rest[k] = ReferenceStats(
+            FeatureSums(s.count - n, s.sums.total - part.total, s.sums.outer - part.outer),
+            s.kid_features[perm[n:].sort().values],
+        )
+        drawn[k] = f
+    return rest, drawn
 
 
 def reference_key(dataset: Dataset, fx: FeatureExtractor, reservoir: int, seed: int) -> str:

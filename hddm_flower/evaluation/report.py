@@ -148,7 +148,8 @@ def render_report_md(r: dict) -> str:
             f"## Routing modes (aligned inference: {p['prompts']} prompts × {p['samples_per_prompt']} "
             f"samples, same noise, {p['num_steps']} steps, CFG {p['cfg_scale']}, seed {p['seed']})",
             "",
-            f"- FID/KID features: **{ev['feature_network']}**; reference: {p['reference']}",
+            f"- FID/KID features: **{ev['feature_network']}** (weights fingerprint "
+            f"`{ev.get('feature_fingerprint') or '–'}`); reference: {p['reference']}",
             f"- adherence: the fraction of samples that {ev.get('adherence_classifier', 'the feature classifier')} "
             "puts in the cluster of their prompt's image",
             f"- diversity: {ev['diversity_distance']}",
@@ -166,6 +167,12 @@ def render_report_md(r: dict) -> str:
                 f"| {mode} | {x['fid']:.2f} | {_kid(x)} | {_fmt(x.get('adherence'), '.3f')} | {x['lpips']['mean']:.3f}"
                 f" ± {x['lpips']['std']:.3f} | {clip} | {sum(x['usage']):.2f} | {clamps} | {eps_rows} "
                 f"| {x['seconds']:.0f} |"
+            )
+        if "floor" in ev:  # stratified prompts: real images at the samples' count, against the same reference
+            f = ev["floor"]
+            lines.append(
+                f"| real images (floor: {f['num_samples']}, the samples' count per cluster) | {f['fid']:.2f} "
+                f"| {_kid(f)} | – | – | – | – | – | – | – |"
             )
         lines += [
             "",
