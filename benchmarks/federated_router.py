@@ -42,14 +42,14 @@ from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.data import Dataset
 from hddm_flower.evaluation import metrics as M
 from hddm_flower.evaluation.evaluate import FEATURE_NET, all_images, choose_prompts, feature_network, sample_mode
-from hddm_flower.federated import accuracy_from_confusion, router_confusion
+from hddm_flower.federation.local import accuracy_from_confusion, router_confusion
 from hddm_flower.models import router_config
 from hddm_flower.provenance import versions
 from hddm_flower.stages.assemble import load_ensemble
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.stages.router import fit_router
-from strategies.federated_router import node_sizes, train_router_federated
 from strategies.inprocess_grid import FakeGrid
+from strategies.router_rounds import node_sizes, train_router_federated
 
 VARIANTS = {
     "fedadam-1step": {},  # the default: FedAdam, one SGD step per node and round, rounds = router.steps

@@ -6,8 +6,8 @@ Messages it answers:
   the server can assign experts to nodes.
 * ``train.router``, ``evaluate.router``, ``query.feature_stats``, ``train.feature_net``: the federated router's
   rounds, the federated FID reference statistics and feature classifier, on this node's clusters
-  (:mod:`clients.federated`).
-* ``query.declare`` (``data.partition: institution``): what this node's own data is (:mod:`clients.institution`).
+  (:mod:`clients.round_handlers`).
+* ``query.declare`` (``data.partition: institution``): what this node's own data is (:mod:`clients.declare`).
 * ``train``: trains expert ``expert-id`` on its cluster with the objective the server assigned, or the one the
   SuperNode's ``--node-config objective=...`` forces (the metadata records both), and replies with the weights
   (``expert``), the checkpoint metadata and the model config (``meta``), and compute metrics (``metrics``). A
@@ -55,7 +55,7 @@ from hddm_flower.data.layout import META as DATASET_META
 from hddm_flower.logs import quiet_libraries
 from hddm_flower.stages.expert import train_one_expert
 
-from . import federated, institution
+from . import declare, round_handlers
 from .node_data import node_dataset
 
 app = ClientApp()
@@ -69,13 +69,13 @@ if not _core_log.handlers:
         _core_log.addHandler(handler)
 
 
-# the federated router's rounds and the federated reference statistics (clients/federated.py)
-app.train("router", mods=[federated.clip_when_asked])(federated.train_router)
-app.evaluate("router")(federated.evaluate_router)
-app.query("feature_stats")(federated.feature_stats)
-app.train("feature_net")(federated.train_feature_net)
-# institution-owned data: the node's declaration (clients/institution.py)
-app.query("declare")(institution.declare)
+# the federated router's rounds and the federated reference statistics (clients/round_handlers.py)
+app.train("router", mods=[round_handlers.clip_when_asked])(round_handlers.train_router)
+app.evaluate("router")(round_handlers.evaluate_router)
+app.query("feature_stats")(round_handlers.feature_stats)
+app.train("feature_net")(round_handlers.train_feature_net)
+# institution-owned data: the node's declaration (clients/declare.py)
+app.query("declare")(declare.declare)
 
 
 @app.query()

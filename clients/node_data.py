@@ -1,5 +1,5 @@
 """Where this node's prepared data is, the one rule every node-side handler follows: institution-owned data
-(``data.partition: institution``, :mod:`clients.institution`), else the node config's ``shard-set`` (one
+(``data.partition: institution``, :mod:`clients.declare`), else the node config's ``shard-set`` (one
 cluster's folder) or ``data-dir`` (a prepared dataset), else the dataset of the run's config built in the cache.
 The dataset is opened here, once per message, and passed down."""
 
@@ -9,11 +9,10 @@ from pathlib import Path
 
 from flwr.app import Context
 
+from clients.declare import institution_data
 from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset
 from hddm_flower.stages.prepare import prepare_data
-
-from .institution import institution_data
 
 
 def node_dataset(context: Context, cfg: Config, cache_dir: str | None, clusters: list[int]) -> Dataset:

@@ -29,9 +29,9 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 ARRAYS = "arrays"  # Flower's default ArrayRecord key (FedAvg's ``arrayrecord_key``)
 METRICS = "metrics"
 LIST_OF_INT = "list[int]"
-# the metric keys of a train reply (clients/federated.py ``_metrics``) and their types
+# the metric keys of a train reply (clients/round_handlers.py ``_metrics``) and their types
 TRAIN_METRICS = {"num-examples": int, "images-seen": int, "train-loss": float, "seconds": float}
-# the metric keys of an evaluate reply (clients/federated.py ``evaluate_router``)
+# the metric keys of an evaluate reply (clients/round_handlers.py ``evaluate_router``)
 EVALUATE_METRICS = {"num-examples": int, "confusion": LIST_OF_INT, "top2-hits": LIST_OF_INT}
 
 

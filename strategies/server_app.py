@@ -28,9 +28,9 @@ from hddm_flower.rundir import (
 )
 from hddm_flower.stages.expert import expert_spec
 from hddm_flower.stages.prepare import assign_objectives, prepare_data
+from strategies.gather_declarations import gather_declarations
+from strategies.router_rounds import finish_federated
 
-from .federated_router import finish_federated
-from .institution import gather_declarations
 from .one_shot import OneShotExperts
 
 APP_DIR = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hddm_flower.evaluation import metrics as M
-from hddm_flower.federated import (
+from hddm_flower.federation.local import (
     FeatureSums,
     accuracy_from_confusion,
     cluster_feature_sums,

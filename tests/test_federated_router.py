@@ -13,11 +13,11 @@ from clients.client_app import app as client_app
 from hddm_flower.data import Dataset, read_meta
 from hddm_flower.evaluation import metrics as M
 from hddm_flower.evaluation.evaluate import all_images
-from hddm_flower.federated import FeatureSums, frechet_distance_from_sums
+from hddm_flower.federation.local import FeatureSums, frechet_distance_from_sums
 from hddm_flower.models import Router, router_config
 from hddm_flower.training import lr_factor
-from strategies.federated_router import federated_reference, node_sizes, train_router_federated
 from strategies.inprocess_grid import FakeGrid
+from strategies.router_rounds import federated_reference, node_sizes, train_router_federated
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}  # node id → its one cluster
 

@@ -10,7 +10,7 @@ from flwr.app import Context, RecordDict
 from clients.client_app import app as client_app
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.config.rules import ConfigError
-from hddm_flower.institution import (
+from hddm_flower.federation.declarations import (
     DeclarationMismatch,
     check_agreement,
     cluster_details,

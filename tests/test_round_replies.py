@@ -19,8 +19,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp.exception import InconsistentMessageReplies
 
 from hddm_flower.models import Router, router_config
-from strategies.federated_router import train_router_federated
 from strategies.inprocess_grid import FakeGrid
+from strategies.router_rounds import train_router_federated
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}
 SIZES = {n: n for n in CLUSTERS}  # each node's number of training images (its FedAvg weight)
@@ -258,7 +258,7 @@ def test_an_error_reply_is_recorded(tiny_config):
 def test_an_aggregation_that_flower_refuses_skips_the_round_not_the_run(tiny_config):
     """Flower's ``InconsistentMessageReplies`` (an ``AppExitException``) from the aggregation of a round is
     recorded and that round's update skipped; the rounds before it stand."""
-    from strategies import federated_router as fr
+    from strategies import router_rounds as fr
 
     strategy = fr._make_strategy("avg")(CLUSTERS, SIZES, 8, 4, 1, 2)
 
@@ -291,7 +291,7 @@ def _shift(router) -> float:
 
 def test_declared_sizes_are_bounded():
     """No node weighs more than ``ratio`` × the median declared size; 0 leaves the sizes."""
-    from strategies.federated_router import bounded_weights
+    from strategies.router_rounds import bounded_weights
 
     assert bounded_weights({1: 10, 2: 20, 3: 10**6}, 4.0) == {1: 10.0, 2: 20.0, 3: 80.0}
     assert bounded_weights({1: 10, 2: 20, 3: 10**6}, 0) == {1: 10.0, 2: 20.0, 3: 1e6}
@@ -300,7 +300,7 @@ def test_declared_sizes_are_bounded():
 def test_the_fedavg_weight_is_the_bounded_one_not_the_declared_one(tiny_config):
     """Node 12 declared a million images (and its replies say so, consistently): its weight is capped at
     4 × the median declared size, and the average is the one with the capped weight."""
-    from strategies.federated_router import bounded_weights
+    from strategies.router_rounds import bounded_weights
 
     sizes = SIZES | {HOSTILE: 10**6}
 

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from hddm_flower.data import Dataset
 from hddm_flower.models import Router
 from hddm_flower.stages.router import router_model_config
-from strategies.federated_router import finish_federated, node_sizes
 from strategies.inprocess_grid import FakeGrid
+from strategies.router_rounds import finish_federated, node_sizes
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}
 TIMEOUT = 30.0  # the rounds' timeout: the most local seconds a reply may report
@@ -303,7 +303,7 @@ def test_generated_replies_are_accepted_or_dropped_and_reach_every_consumer(
     from hddm_flower.evaluation.report import write_report
     from hddm_flower.hddm_pipeline import HDDMPipeline
     from hddm_flower.stages.router import router_record
-    from strategies.federated_router import federated_router
+    from strategies.router_rounds import federated_router
 
     template, report, cfg0, dataset, _ = federated_run
     cfg = _cfg(cfg0, rounds=2)

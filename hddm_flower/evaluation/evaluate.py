@@ -36,7 +36,7 @@ from ..data.streams import stream_captions, stream_images
 from ..devices import autocast, resolve_device
 from ..ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from ..experts import DDPMExpert, map_cond
-from ..federated import FeatureSums, frechet_distance_from_sums
+from ..federation.local import FeatureSums, frechet_distance_from_sums
 from ..models import TextCond, router_conditioning
 from ..rundir import EXPERT_USAGE_PLOT, FEATURE_NET, GRIDS, ROUTER_WEIGHTS_PLOT
 from ..text import pooled_caption
@@ -340,7 +340,7 @@ def feature_network(cfg: Config, dataset: Dataset, folder: Path, *, decode=None,
     if dataset.data_free and not (folder / "config.json").exists():
         raise ValueError(
             f"{folder} holds no feature classifier and the coordinator holds no images to train one: train it "
-            "federatedly first (strategies/federated_router.py) or set evaluation.inception_weights"
+            "federatedly first (strategies/router_rounds.py) or set evaluation.inception_weights"
         )
     if (folder / "config.json").exists():
         info = json.loads((folder / "hddm_feature_net.json").read_text())
@@ -470,7 +470,7 @@ def evaluate_run(
     ``seed``: the seed of the prompts and the noise (default ``evaluation.seed``, which also seeds the feature
     classifier, the KID reference reservoir and KID's subsets: those stay fixed across seeds).
 
-    ``reference``: federated FID reference statistics per cluster (:mod:`hddm_flower.federated`, summed from the
+    ``reference``: federated FID reference statistics per cluster (:mod:`hddm_flower.federation.local`, summed from the
     nodes' replies) instead of the coordinator's images: FID from the sums, no KID.
 
     ``evaluation.prompt_sampling: stratified``: the prompts are the same number per cluster

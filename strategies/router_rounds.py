@@ -54,14 +54,13 @@ from hddm_flower.config.sections import OptimConfig
 from hddm_flower.data import Dataset
 from hddm_flower.evaluation.evaluate import FEATURE_NET, feature_network
 from hddm_flower.evaluation.metrics import FeatureClassifier
-from hddm_flower.federated import FEATURE_BATCH, FeatureSums, accuracy_from_confusion
+from hddm_flower.federation.local import FEATURE_BATCH, FeatureSums, accuracy_from_confusion
 from hddm_flower.models import Router
 from hddm_flower.rundir import ROUTER
 from hddm_flower.stages.assemble import evaluate_and_report
 from hddm_flower.stages.router import fit_router, router_model_config, router_record
 from hddm_flower.training import lr_factor
-
-from .round_replies import ReplyRefused, check_evaluate_reply, check_train_reply, one_per_node
+from strategies.round_replies import ReplyRefused, check_evaluate_reply, check_train_reply, one_per_node
 
 ACTION = "router"
 
@@ -115,7 +114,7 @@ class CheckedServerSideDP(DifferentialPrivacyServerSideFixedClipping):
 
 class CheckedClientSideDP(DifferentialPrivacyClientSideFixedClipping):
     """Flower's client-side DP wrapper around a :class:`RouterStrategy`: each train message carries the clipping
-    norm C, each node clips its own update to it (the ClientApp's ``fixedclipping_mod``, clients/federated.py), and
+    norm C, each node clips its own update to it (the ClientApp's ``fixedclipping_mod``, clients/round_handlers.py), and
     the wrapper adds Gaussian noise to the average. The reply checks run first, and they also hold each node to
     it: a reply whose update is longer than C (a node that did not clip) is dropped with its reason, so that the
     noise's guarantee does not rest on every node's word."""

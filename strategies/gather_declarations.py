@@ -2,7 +2,7 @@
 and the data-free descriptor the ServerApp works from instead of a dataset.
 
 Before any expert is trained, every connected node gets a ``query.declare`` message (the ClientApp's
-:func:`clients.institution.declare`) and answers with the expert id it claims and what its own data is. A reply
+:func:`clients.declare.declare`) and answers with the expert id it claims and what its own data is. A reply
 that is an error, malformed or out of bounds, or claims an expert another node already claimed, costs only that
 node (logged, listed in the report); the accepted declarations must agree on the experts' shapes, latent space
 and text encoder, or the run stops with a one-line message naming the node and the field. The objectives come
@@ -24,7 +24,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from hddm_flower.config.schema import Config
-from hddm_flower.institution import (
+from hddm_flower.federation.declarations import (
     CLAIM,
     DECLARATION,
     DECLARATION_JSON,

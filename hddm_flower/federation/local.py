@@ -1,7 +1,7 @@
 """What a node computes on its own data so that the router and the evaluation need no pooled data (framework-free).
 
-Three pieces, each a pure function of one node's data; the Flower adapters (``clients/federated.py``,
-``strategies/federated_router.py``) move only their results:
+Three pieces, each a pure function of one node's data; the Flower adapters (``clients/round_handlers.py``,
+``strategies/router_rounds.py``) move only their results:
 
 * :class:`FeatureSums`: FID reference statistics as sums, ``(n, Σf, Σffᵀ)`` in float64. Sums of disjoint sets add,
   so the server's total equals the statistics of the pooled images exactly (up to float64 rounding), and
@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .models import Router
-from .objectives import fm_interpolate
-from .training import drop_pooled_captions
+from ..models import Router
+from ..objectives import fm_interpolate
+from ..training import drop_pooled_captions
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reference statistics as sums
@@ -127,7 +127,7 @@ def cluster_feature_sums(fx, dataset, cluster: int, *, decode=None, batch_size: 
     streamed from its shards (:func:`~hddm_flower.data.streams.stream_images`: images or latents only) one batch
     at a time, each decoded to pixels by ``decode`` (None: the identity) and featurised; the cluster is never held
     in memory."""
-    from .data.streams import stream_images
+    from ..data.streams import stream_images
 
     out = FeatureSums.zeros(fx.num_features)
     for x, _ in stream_images(dataset, [cluster], batch_size=batch_size, split=None, shuffle=False, loop=False):
@@ -140,7 +140,7 @@ def frechet_distance_from_sums(reference: FeatureSums, fake: Tensor) -> float:
     reference state set from the sums (the same float64 computation as :func:`metrics.frechet_distance`)."""
     from torchmetrics.image.fid import FrechetInceptionDistance
 
-    from .evaluation.metrics import _Given
+    from ..evaluation.metrics import _Given
 
     if fake.ndim != 2 or fake.shape[1] != reference.dim:
         raise ValueError(f"generated features must be (N, {reference.dim}), got {tuple(fake.shape)}")
@@ -259,7 +259,7 @@ def feature_net_local_update(
     classifier's objective (:func:`hddm_flower.evaluation.metrics.feature_classifier_loss`). The same machinery as
     :func:`router_local_update`: with one step per round, the server's average weighted by the nodes' training-set
     sizes is one central SGD step on the pooled loss. Returns ``{"loss", "images-seen"}``."""
-    from .evaluation.metrics import feature_classifier_loss
+    from ..evaluation.metrics import feature_classifier_loss
 
     if len(images) == 0:
         raise ValueError("no training images on this node")

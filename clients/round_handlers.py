@@ -2,14 +2,14 @@
 
 Each computes on this node's own clusters and replies with a model update, counts or sums, never samples:
 
-* ``train.router`` (a round of :class:`strategies.federated_router.RouterStrategy`): a few SGD steps of the
-  global router on this node's clusters (:func:`hddm_flower.federated.router_local_update`; a router that reads
+* ``train.router`` (a round of :class:`strategies.router_rounds.RouterStrategy`): a few SGD steps of the
+  global router on this node's clusters (:func:`hddm_flower.federation.local.router_local_update`; a router that reads
   the caption trains on the pooled embeddings of the node's own captions); replies with the new weights (their
   update clipped here when the server asks for client-side DP clipping: :func:`clip_when_asked`),
   ``num-examples`` = the node's number of training images (FedAvg's weight n_k, which the server checks against
   the size the node declared) and ``images-seen`` = the images its steps drew.
 * ``evaluate.router``: the router's confusion counts and top-2 hits on this node's held-out split at
-  ``evaluation.times`` (:func:`hddm_flower.federated.router_confusion`).
+  ``evaluation.times`` (:func:`hddm_flower.federation.local.router_confusion`).
 * ``train.feature_net``: a round of the evaluation's feature classifier when the coordinator holds no images
   (``data.partition: institution``): as ``train.router``, with the classifier's objective on clean images.
 * ``query.feature_stats``: per cluster, the sums ``(n, Σf, Σffᵀ)`` of the features of this node's images (train
@@ -32,11 +32,13 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp.mod import fixedclipping_mod
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM  # the key fixedclipping_mod reads
 
+from clients import drill
+from clients.node_data import node_dataset
 from hddm_flower.config.io import config_from_dict
 from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset, Split
 from hddm_flower.evaluation.metrics import FeatureClassifier, classifier_features, inception_features
-from hddm_flower.federated import (
+from hddm_flower.federation.local import (
     FEATURE_BATCH,
     cluster_feature_sums,
     feature_net_local_update,
@@ -45,9 +47,6 @@ from hddm_flower.federated import (
 )
 from hddm_flower.models import Router
 from hddm_flower.text import pooled_caption
-
-from . import drill
-from .node_data import node_dataset
 
 log = logging.getLogger("hddm_flower.client")
 _SPLITS: dict[tuple, Split] = {}  # (dataset dir, clusters, split) → the split, kept across rounds of one run

@@ -1,6 +1,6 @@
 """Institution-owned data (``data.partition: institution``): what a node declares about its data, how the
 coordinator checks the declarations, and the data-free description of the run's data the coordinator works from
-(framework-free; the Flower adapters are ``clients/institution.py`` and ``strategies/institution.py``).
+(framework-free; the Flower adapters are ``clients/declare.py`` and ``strategies/gather_declarations.py``).
 
 Each node's own prepared data is its cluster. A node declares the properties every expert and the router must share
 (image shape, channels, latent space, text encoder and its token count) and two statistics of its own data (the
@@ -19,11 +19,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .config.schema import Config
-from .data import Dataset, as_dataset
-from .data.dataset import DATA_FREE
-from .data.writer import DatasetWriter
-from .wire import WireError, as_float, as_int, as_str, loads
+from ..config.schema import Config
+from ..data import Dataset, as_dataset
+from ..data.dataset import DATA_FREE
+from ..data.writer import DatasetWriter
+from ..wire import WireError, as_float, as_int, as_str, loads
 
 DECLARATION_VERSION = 1
 MAX_DECLARATION_BYTES = 8192
@@ -148,7 +148,7 @@ def descriptor_meta(cfg: Config, declarations: dict[int, dict]) -> dict[str, Any
             raise ValueError(
                 f"the nodes declare latents ({first['latent']}): set data.vae to the coordinator's copy of that VAE"
             )
-        from .encoders import LatentCodec
+        from ..encoders import LatentCodec
 
         codec = LatentCodec(cfg.data.vae)
         c = codec.vae.config
@@ -189,7 +189,7 @@ def descriptor_meta(cfg: Config, declarations: dict[int, dict]) -> dict[str, Any
 def write_descriptor(out: Path, cfg: Config, declarations: dict[int, dict]) -> Path:
     """Write the descriptor into ``out`` (``meta.json`` and the empty caption's ``uncond.safetensors``, encoded by
     the coordinator's text encoder ``data.text_encoder``, whose name must be the one the nodes declared)."""
-    from .text import TextEncoder
+    from ..text import TextEncoder
 
     meta = descriptor_meta(cfg, declarations)
     encoder = TextEncoder(cfg.data.text_encoder or None, max_length=meta["max_caption_tokens"])

@@ -9,7 +9,7 @@ A node's own prepared data is its cluster:
   node's own cache (node config ``cache-dir``, else ``$HDDM_CACHE``), never in the coordinator's cache directory
   — the stand-in for K institutions each holding one kind of image.
 
-The declaration (:func:`hddm_flower.institution.declaration`) carries the properties every expert must share and
+The declaration (:func:`hddm_flower.federation.declarations.declaration`) carries the properties every expert must share and
 two statistics (number of images, mean detail score); no image, latent or caption leaves the node here.
 """
 
@@ -25,7 +25,7 @@ from hddm_flower.config.io import config_from_dict
 from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset
 from hddm_flower.data.layout import cluster_dir
-from hddm_flower.institution import CLAIM, DECLARATION, DECLARATION_JSON, declaration, local_cluster
+from hddm_flower.federation.declarations import CLAIM, DECLARATION, DECLARATION_JSON, declaration, local_cluster
 from hddm_flower.stages.prepare import prepare_data
 
 
