@@ -1,7 +1,7 @@
 """Benchmark: the federated router against the central one, trained with the same budget on the same data.
 
 Central: ``fit_router`` on the coordinator's copy of all clusters (``router.steps`` AdamW steps of
-``router.batch_size`` images). Federated: ``train_router_federated`` — Flower's FedAdam/FedAvg strategy and the
+``router.batch_size`` images). Federated: ``run_router_rounds`` — Flower's FedAdam/FedAvg strategy and the
 ClientApp's real ``train.router`` / ``evaluate.router`` handlers — over one node per cluster (each holds a single
 class), delivered in-process (``strategies.inprocess_grid.FakeGrid``: no Ray, no network; the bytes are counted from the
 records that would travel). The default variant spends the central budget (rounds × nodes × local batch =
@@ -49,7 +49,7 @@ from hddm_flower.stages.assemble import load_ensemble
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.stages.router import fit_router
 from strategies.inprocess_grid import FakeGrid
-from strategies.router_rounds import node_sizes, train_router_federated
+from strategies.router_rounds import node_sizes, run_router_rounds
 
 VARIANTS = {
     "fedadam-1step": {},  # the default: FedAdam, one SGD step per node and round, rounds = router.steps
@@ -215,7 +215,7 @@ def train_all(args, cfg, dataset, rc, val, times, seed, run_dir_with, feature_di
         fcfg = _federated(cfg, name)
         grid = FakeGrid(client_app, {n: {"cache-dir": args.cache_dir or ""} for n in clusters})
         t0 = time.perf_counter()
-        router, record = train_router_federated(
+        router, record = run_router_rounds(
             grid, fcfg, clusters, rc, sizes=node_sizes(dataset, clusters), timeout=3600, cache_dir=args.cache_dir or ""
         )
         wall = time.perf_counter() - t0

@@ -70,10 +70,10 @@ if not _core_log.handlers:
 
 
 # the federated router's rounds and the federated reference statistics (clients/round_handlers.py)
-app.train("router", mods=[round_handlers.clip_when_asked])(round_handlers.train_router)
+app.train("router", mods=[round_handlers.clip_when_asked])(round_handlers.router_update)
 app.evaluate("router")(round_handlers.evaluate_router)
 app.query("feature_stats")(round_handlers.feature_stats)
-app.train("feature_net")(round_handlers.train_feature_net)
+app.train("feature_net")(round_handlers.feature_net_update)
 # institution-owned data: the node's declaration (clients/declare.py)
 app.query("declare")(declare.declare)
 

@@ -122,7 +122,7 @@ def clip_when_asked(msg: Message, context: Context, call_next) -> Message:
     return call_next(msg, context)
 
 
-def train_router(msg: Message, context: Context) -> Message:
+def router_update(msg: Message, context: Context) -> Message:
     """One round: local SGD steps of the received router on this node's training images (and own captions)."""
     cfg, clusters, dataset, conf = _task(msg, context)
     r = cfg.router
@@ -166,7 +166,7 @@ def _feature_net_of(config: str) -> FeatureClassifier:
     return FeatureClassifier.from_config(json.loads(config))
 
 
-def train_feature_net(msg: Message, context: Context) -> Message:
+def feature_net_update(msg: Message, context: Context) -> Message:
     """One round of the evaluation's feature classifier (``data.partition: institution``, no local Inception): local
     SGD steps of the received classifier on this node's clean training images (decoded to pixels), labels and
     caption embeddings; replies with the new weights and the number of images they saw."""

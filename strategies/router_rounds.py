@@ -339,7 +339,7 @@ def node_sizes(dataset: Dataset, clusters: dict[int, list[int]]) -> dict[int, in
     return {int(n): dataset.size([int(k) for k in c], "train") for n, c in clusters.items()}
 
 
-def train_router_federated(
+def run_router_rounds(
     grid: Grid,
     cfg: Config,
     clusters: dict[int, list[int]],
@@ -455,7 +455,7 @@ def train_router_federated(
     return router, record
 
 
-def train_feature_net_federated(
+def run_feature_net_rounds(
     grid: Grid, cfg: Config, clusters: dict[int, list[int]], dataset: Dataset, folder: Path, *, timeout: float
 ) -> dict:
     """The evaluation's feature classifier (offline FID features) when the coordinator holds no images: the
@@ -606,13 +606,13 @@ def federated_router(
     timeout: float,
     cache_dir: str,
 ) -> tuple[Router, dict]:
-    """The federated router over ``clusters`` (:func:`train_router_federated`: each node's weight its training
+    """The federated router over ``clusters`` (:func:`run_router_rounds`: each node's weight its training
     images, bounded when the nodes declared them; its evaluation counts its held-out images), saved into
     ``run_dir/router`` with its record (``hddm_router.json``, strict JSON); returns the router and the record."""
     sizes = node_sizes(dataset, clusters)
     heldout = {int(n): dataset.size([int(k) for k in c], "val") for n, c in clusters.items()}
     declared = dataset.data_free  # institution mode: sizes the nodes declared, bounded
-    router, record = train_router_federated(
+    router, record = run_router_rounds(
         grid,
         cfg,
         clusters,
@@ -702,4 +702,4 @@ def _federated_feature_net(
                 "reused": True
             }
         shutil.rmtree(folder)
-    return train_feature_net_federated(grid, cfg, clusters, dataset, folder, timeout=timeout)
+    return run_feature_net_rounds(grid, cfg, clusters, dataset, folder, timeout=timeout)

@@ -17,7 +17,7 @@ from hddm_flower.federation.local import FeatureSums, frechet_distance_from_sums
 from hddm_flower.models import Router, router_config
 from hddm_flower.training import lr_factor
 from strategies.inprocess_grid import FakeGrid
-from strategies.router_rounds import federated_reference, node_sizes, train_router_federated
+from strategies.router_rounds import federated_reference, node_sizes, run_router_rounds
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}  # node id → its one cluster
 
@@ -40,7 +40,7 @@ def _sizes(dataset_dir):
 
 def _train(grid, cfg, dataset_dir, cache_dir):
     rc, sizes = _router_config(cfg, dataset_dir), _sizes(dataset_dir)
-    return train_router_federated(grid, cfg, CLUSTERS, rc, sizes=sizes, timeout=60, cache_dir=str(cache_dir))
+    return run_router_rounds(grid, cfg, CLUSTERS, rc, sizes=sizes, timeout=60, cache_dir=str(cache_dir))
 
 
 def test_federated_router_rounds_over_single_cluster_nodes(tiny_config, dataset_dir, cache_dir):
@@ -72,7 +72,7 @@ def test_a_prompt_aware_router_trains_federatedly_on_each_nodes_own_captions(tin
     grid = FakeGrid(client_app, {n: {} for n in CLUSTERS})
     torch.manual_seed(cfg.router.seed)
     start = {k: v.clone() for k, v in Router(**rc).state_dict().items()}
-    router, record = train_router_federated(
+    router, record = run_router_rounds(
         grid, cfg, CLUSTERS, rc, sizes=_sizes(dataset_dir), timeout=60, cache_dir=str(cache_dir)
     )
     assert router.conditioning == "text" and record["dropped_replies"] == {} and record["rounds"] == 2
@@ -117,14 +117,14 @@ def test_a_node_in_the_hostile_router_drill_is_dropped_and_the_rest_averaged(tin
     rc = _router_config(cfg, dataset_dir)
     honest = {n: c for n, c in CLUSTERS.items() if n != 14}
     nodes = {n: {} for n in honest} | {14: {"drill": "hostile-router"}}
-    router, record = train_router_federated(
+    router, record = run_router_rounds(
         FakeGrid(client_app, nodes), cfg, CLUSTERS, rc, sizes=_sizes(dataset_dir), timeout=60, cache_dir=str(cache_dir)
     )
     assert sorted(record["dropped_replies"]) == ["1", "2"]
     for dropped in record["dropped_replies"].values():
         (why,) = dropped
         assert why.startswith("node 14: array ") and "float32(1, " in why and ", expected float32(" in why, why
-    alone, _ = train_router_federated(
+    alone, _ = run_router_rounds(
         FakeGrid(client_app, {n: {} for n in honest}),
         cfg,
         honest,

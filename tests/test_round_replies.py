@@ -20,7 +20,7 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 
 from hddm_flower.models import Router, router_config
 from strategies.inprocess_grid import FakeGrid
-from strategies.router_rounds import train_router_federated
+from strategies.router_rounds import run_router_rounds
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}
 SIZES = {n: n for n in CLUSTERS}  # each node's number of training images (its FedAvg weight)
@@ -70,7 +70,7 @@ def _expected(honest: list[int]) -> dict[str, torch.Tensor]:
 def _run(tiny_config, grid):
     cfg = _cfg(tiny_config)
     cfg = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, seed=0))
-    return train_router_federated(grid, cfg, CLUSTERS, ROUTER_CONFIG, sizes=SIZES, timeout=5, cache_dir="")
+    return run_router_rounds(grid, cfg, CLUSTERS, ROUTER_CONFIG, sizes=SIZES, timeout=5, cache_dir="")
 
 
 def _npy(x: np.ndarray) -> bytes:
@@ -274,9 +274,7 @@ def test_an_aggregation_that_flower_refuses_skips_the_round_not_the_run(tiny_con
 def _run_with(tiny_config, grid, weights=None, **router):
     cfg = _cfg(tiny_config)
     cfg = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, seed=0, **router))
-    return train_router_federated(
-        grid, cfg, CLUSTERS, ROUTER_CONFIG, sizes=SIZES, timeout=5, cache_dir="", weights=weights
-    )
+    return run_router_rounds(grid, cfg, CLUSTERS, ROUTER_CONFIG, sizes=SIZES, timeout=5, cache_dir="", weights=weights)
 
 
 def _shift(router) -> float:
@@ -313,7 +311,7 @@ def test_the_fedavg_weight_is_the_bounded_one_not_the_declared_one(tiny_config):
     weights = bounded_weights(sizes, 4.0)
     cfg = _cfg(tiny_config)
     cfg = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, seed=0))
-    router, record = train_router_federated(
+    router, record = run_router_rounds(
         FakeGrid(node, {n: {} for n in CLUSTERS}), cfg, CLUSTERS, ROUTER_CONFIG, sizes=sizes, timeout=5,
         cache_dir="", weights=weights,
     )  # fmt: skip
@@ -415,7 +413,7 @@ def test_reported_seconds_and_held_out_counts_are_bounded_by_what_the_server_kno
 
     cfg = _cfg(tiny_config)
     cfg = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, seed=0, rounds=2))
-    router, record = train_router_federated(
+    router, record = run_router_rounds(
         FakeGrid(honest_node, {n: {} for n in CLUSTERS}, tamper=tamper), cfg, CLUSTERS, ROUTER_CONFIG, sizes=SIZES,
         timeout=5, cache_dir="", heldout_sizes={n: 3 for n in CLUSTERS},
     )  # fmt: skip
