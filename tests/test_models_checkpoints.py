@@ -17,6 +17,7 @@ from hddm_flower.checkpoints import (
 )
 from hddm_flower.experts import DDPMExpert, FlowMatchingExpert
 from hddm_flower.models import ExpertNet, Router, TextCond, expert_config, router_config
+from hddm_flower.presets import EXPERT_PRESETS
 
 CFG = expert_config("test", sample_size=8, in_channels=3, caption_channels=24)
 
@@ -113,6 +114,40 @@ def test_router_round_trip(tmp_path):
 def test_unknown_preset_is_named():
     with pytest.raises(ValueError, match="unknown expert preset 'huge'"):
         expert_config("huge", sample_size=8, in_channels=3, caption_channels=8)
+
+
+def _expert_parameters(preset: str, sample_size: int, in_channels: int, caption_channels: int) -> int:
+    """The parameter count of a PixArt AdaLN-Single expert in closed form (width w, L blocks, patch p)."""
+    a = EXPERT_PRESETS[preset]
+    w, L, p, C, c = (
+        a["num_attention_heads"] * a["attention_head_dim"],
+        a["num_layers"],
+        a["patch_size"],
+        in_channels,
+        caption_channels,
+    )
+    n = C * p * p * w + w  # patch embedding (the sin-cos positions are a buffer)
+    n += 256 * w + w + w * w + w  # timestep MLP
+    n += 6 * w * w + 6 * w  # AdaLN-Single: one modulation for every block
+    n += c * w + w + w * w + w  # caption projection
+    n += L * (2 * (4 * w * w + 4 * w) + 8 * w * w + 5 * w + 6 * w)  # self- and cross-attention, MLP ×4, block table
+    return n + 2 * w + w * p * p * C + p * p * C  # output table and projection
+
+
+@pytest.mark.parametrize("preset", ["test", "nano", "mini", "tiny"])
+@pytest.mark.parametrize("shape", [(8, 3, 384), (12, 3, 384), (16, 1, 24)])
+def test_small_presets_have_their_closed_form_parameter_counts(preset, shape):
+    """Nothing about the image size enters the count (positions are fixed sin-cos); the width does, squared."""
+    with torch.device("meta"):
+        net = PixArtTransformer2DModel.from_config(
+            expert_config(preset, sample_size=shape[0], in_channels=shape[1], caption_channels=shape[2])
+        )
+    assert sum(p.numel() for p in net.parameters()) == _expert_parameters(preset, *shape)
+
+
+def test_nano_and_mini_sizes_at_the_gmm_shapes():
+    """nano (2 blocks, width 32) against mini (2 blocks, width 64) on 3×12×12 pixels with MiniLM captions."""
+    assert (_expert_parameters("nano", 12, 3, 384), _expert_parameters("mini", 12, 3, 384)) == (63_852, 209_612)
 
 
 def test_paper_scale_presets_match_the_paper_without_allocating():
