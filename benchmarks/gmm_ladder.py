@@ -97,6 +97,9 @@ def rung(label: str, out: Path, samples: int, cache_dir: str | None) -> dict:
         interval([m[i] - x[i] for m, x in zip(curves["monolith"], curves["expert"])]) for i in range(len(TIMES))
     ]
     whole = {who: [sum(c) / len(c) for c in curves[who]] for who in curves}  # mean over the t grid, per training
+    by_cluster = {  # per FM cluster, mean over the t grid: monolith − expert, paired by training
+        k: interval([(sum(e[k]["monolith"]) - sum(e[k]["expert"])) / len(TIMES) for e in excess]) for k in excess[0]
+    }
     return {
         "label": label,
         "out": str(out),
@@ -109,6 +112,7 @@ def rung(label: str, out: Path, samples: int, cache_dir: str | None) -> dict:
         "excess": {"per_training": excess, "by_t": by_t, "monolith_minus_expert_by_t": gap},
         "excess_mean_over_t": {who: interval(v) for who, v in whole.items()}
         | {"monolith_minus_expert": interval([m - x for m, x in zip(whole["monolith"], whole["expert"])])},
+        "monolith_minus_expert_by_cluster": by_cluster,
         "seconds": manifest["seconds"],
         "cpu_seconds": manifest["cpu_seconds"],
         "load_average": manifest["load_average"],
@@ -178,7 +182,27 @@ def markdown(r: dict) -> str:
             f"| {g['label']} | mean over t | {_iv(m['expert'], '.4f')} | {_iv(m['monolith'], '.4f')} | "
             f"{_iv(m['monolith_minus_expert'], '+.4f')} |"
         )
+    lines += [
+        "",
+        "## Monolith − expert by cluster (excess loss per dimension, mean over the t grid; ± over trainings)",
+        "",
+        "| rung | " + " | ".join(f"cluster {k}" for k in _clusters(r)) + " | clusters where the monolith is worse |",
+        "|---|" + "---|" * (len(_clusters(r)) + 1),
+    ]
+    for g in r["rungs"]:
+        per = g["excess"].get("monolith_minus_expert_by_cluster")
+        if per is None:
+            continue
+        worse = sum(x["lo"] > 0 for x in per.values())
+        cells = [_iv(per[k], "+.4f") if k in per else "—" for k in _clusters(r)]
+        lines.append(f"| {g['label']} | " + " | ".join(cells) + f" | {worse} of {len(per)} (interval above 0) |")
     return "\n".join(lines) + "\n"
+
+
+def _clusters(r: dict) -> list[str]:
+    """The FM clusters any rung has, in order."""
+    ks = {k for g in r["rungs"] for k in g["excess"].get("monolith_minus_expert_by_cluster", {})}
+    return sorted(ks, key=int)
 
 
 def main() -> None:

@@ -82,3 +82,26 @@ def test_the_ladder_and_capacity_configs_load_with_their_budgets():
     mixture, captions, _ = make_mixture(spec)
     assert (mixture.num_components, mixture.dim, mixture.factors.shape[-1]) == (48, 432, 12)
     assert len(set(captions)) == 48
+
+
+def test_the_nano_config_gives_every_network_the_same_small_architecture_and_the_same_steps():
+    """reproduce-gmm-nano.yaml: the ladder's mixture, nano experts and a nano monolith (one preset for both),
+    1,600 steps each under equal_steps (experts at 32, the monolith at 256), cosine to zero, three trainings."""
+    from pathlib import Path
+
+    from hddm_flower.config.io import load_config
+
+    root = Path(__file__).parent.parent / "configs"
+    nano, ladder = load_config(root / "reproduce-gmm-nano.yaml"), load_config(root / "reproduce-gmm-equal-steps.yaml")
+    assert nano.data == ladder.data  # the same mixture as the ladder's rungs: only the network and its schedule differ
+    b = budget_of(nano)
+    assert (b.protocol, b.expert_steps, b.expert_batch, b.monolith_steps, b.monolith_batch) == (
+        "equal_steps",
+        1600,
+        32,
+        1600,
+        256,
+    )
+    assert (nano.expert.preset, nano.expert.optim.lr, nano.expert.optim.schedule) == ("nano", 2e-3, "cosine")
+    assert (nano.expert.optim.warmup_steps, nano.expert.optim.min_lr_ratio) == (20, 0.0)
+    assert nano.evaluation.training_seeds == 3
