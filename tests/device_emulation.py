@@ -30,7 +30,7 @@ _TAGGED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id → t
 _CPU = torch.device("cpu")
 _HOST_READS = {
     "item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "argwhere", "unique",
-    "unique_consecutive", "masked_select", "_local_scalar_dense", "equal", "allclose",
+    "unique_consecutive", "masked_select", "_local_scalar_dense", "equal", "allclose", "bincount",
 }  # fmt: skip
 _NO_COMPUTE = {"_has_compatible_shallow_copy_type", "is_same_size", "_is_zerotensor"}  # metadata, any devices
 
@@ -123,6 +123,8 @@ class EmulatedCuda(TorchFunctionMode):
         """Whether the op waits for the device: a value read by the host, or an output whose shape depends on
         device data (``nonzero``, boolean-mask indexing)."""
         if name in _HOST_READS:
+            return True
+        if name == "where" and len(args) == 1:  # torch.where(condition) is nonzero
             return True
         if name == "repeat_interleave":  # device repeats: the output's length is device data
             return any(on_device(t) for t in tensors[1:]) or (len(tensors) == 1 and tensors[0].dtype == torch.long)

@@ -15,7 +15,7 @@ PRESENT = (0, 1, 3)  # expert 2 lost, as in the pipeline tests
 
 
 def test_the_emulated_device_raises_where_cuda_does():
-    with emulated_cuda():
+    with emulated_cuda() as mode:
         host = torch.ones(4, 3)
         dev = host.to("cuda")
         assert dev.device == torch.device("cuda", 0) and host.device.type == "cpu" and on_device(dev)
@@ -35,6 +35,23 @@ def test_the_emulated_device_raises_where_cuda_does():
         with pytest.raises(DeviceMismatch):
             net(host)
         assert not on_device(dev.cpu()) and on_device(torch.zeros(2, device=dev.device))
+        reads = {  # every way of making the host wait for the device is recorded, under its name
+            "item": lambda: dev.sum().item(), "__int__": lambda: int(dev.sum()), "__float__": lambda: float(dev.sum()),
+            "__bool__": lambda: bool(dev.sum() > 0), "__index__": lambda: ([0] * 13)[(dev > 0).sum()],
+            "tolist": dev.tolist, "nonzero": lambda: (dev > 0).nonzero(), "where": lambda: torch.where(dev > 0),
+            "argwhere": lambda: torch.argwhere(dev > 0), "__getitem__": lambda: dev[dev > 0],
+            "masked_select": lambda: dev.masked_select(dev > 0), "bincount": lambda: (dev > 0).long().flatten().bincount(),
+            "repeat_interleave": lambda: dev.repeat_interleave((dev[:, 0] > 0).long(), 0), "cpu": dev.cpu,
+            "to": lambda: dev.to("cpu"), "unique": dev.unique,
+        }  # fmt: skip
+        for name, read in reads.items():
+            mode.host_reads.clear()
+            read()
+            assert mode.host_reads == [name], (name, mode.host_reads)
+        mode.host_reads.clear()
+        (dev * 2).sum(0).topk(2).indices.sort().values.cumsum(0)  # device work reads nothing back
+        torch.where(dev > 0, dev, 0)
+        assert mode.host_reads == []
 
 
 def test_the_classifier_fallback_distance_takes_host_images():
@@ -113,13 +130,20 @@ def test_hddm_sample_on_the_device(device_run, tmp_path):
 
 @pytest.mark.parametrize(
     "routing, dispatch, per_step",
-    [("top_k", "dense", 0), ("full", "auto", 0), ("sample", "dense", 0), ("top_k", "auto", 1)],
+    [
+        ("top_k", "dense", 0),
+        ("full", "auto", 0),
+        ("sample", "dense", 0),
+        ("top_k", "auto", 1),
+        ("threshold", "auto", 1),
+    ],
 )
 def test_the_sampling_step_loop_reads_nothing_back(device_run, routing, dispatch, per_step):
-    """No host read in the step loop (no .item(), nonzero(), int(tensor), bool mask, copy to the host) with the
-    counts on (clamps, shrink, velocity scaling, hand-over): dense dispatch reads nothing; gathering each expert's
-    rows reads the row counts once per step (a network's batch size must be known to launch it), never once per
-    expert. The counts are read once, after the batch."""
+    """No host read in the step loop (no .item(), nonzero(), int(tensor), bool mask, copy to the host: every read
+    the emulated device records, see the first test) with the counts on (clamps, shrink, velocity scaling,
+    hand-over): dense dispatch reads nothing; gathering each expert's rows reads the row counts once per step (a
+    network's batch size must be known to launch it: docs/paper-scale.md says why), never once per expert. The
+    counts are read once, after the batch."""
     from hddm_flower.counts import read_counts
     from hddm_flower.ensemble import VelocityScaling, sample_ensemble
     from hddm_flower.hddm_pipeline import HDDMPipeline
