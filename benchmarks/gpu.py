@@ -4,7 +4,8 @@
    gradient checkpointing, batch 32: samples/s, MFU and peak memory of XL/2 and B/2 (``gpu_xl_step.py``).
 2. Ensemble sampling at 256² (32² latents) with the paper's config (8 XL/2 experts, 2 DDPM through the conversion,
    a B/2 router, CFG 7.5, top-2, bf16 autocast, random weights): images/s at 50 steps, grouped top-2 against one
-   expert; and grouped against the per-sample routing loop at 5 steps (``sampling.py``).
+   expert; grouped against the per-sample routing loop at 5 steps; grouped (one host read per step) against dense
+   dispatch (none, every expert on every row) at 10 steps (``sampling.py``).
 3. The coordinator's kernels (``gpu_coordinator.py``): B/2 router training steps (bf16, batch 256), SD-VAE decode
    of 32² latents to 256² images, Inception-v3 feature throughput.
 4. Stage 4 through the run's own code on the device (``gpu_stages.py``, ``--stages-config``): experts trained
@@ -14,7 +15,7 @@
    4N samples in the paper's latent layout (``coordinator_scale.py --device cuda``; not in ``--dry-run``).
 
     python -m benchmarks.gpu                       # on the GPU machine (its time not measured yet)
-    python -m benchmarks.gpu --dry-run             # CPU, test presets: checks the script end to end
+    python -m benchmarks.gpu --dry-run             # CPU, test presets (stage 4: --stages-config's, loops cut to 2)
 
 Writes ``benchmarks/results/gpu.json`` (and the parts' own JSON next to it).
 """
@@ -31,6 +32,10 @@ from benchmarks import gpu_coordinator, gpu_stages, gpu_xl_step, sampling
 from benchmarks.common import ROOT, module_command, write_result
 
 PAPER = str(ROOT / "configs" / "paper-2ddpm-6fm.yaml")
+DRY_STAGES = (  # --dry-run: stage 4 of --stages-config with every loop cut to 2 (the code path, not its cost)
+    "expert.steps=2", "router.steps=2", "evaluation.feature_steps=2", "evaluation.num_prompts=2",
+    "evaluation.num_steps=2", "evaluation.per_expert_samples=2", "sampling.num_steps=2",
+)  # fmt: skip
 
 
 def main(argv=None) -> dict:
@@ -117,6 +122,22 @@ def main(argv=None) -> dict:
             str(out / "gpu_sampling_loop.json"),
         ]
     )
+    # the one host read per step of grouped dispatch against dense dispatch's K / k times the experts' arithmetic
+    result["sampling"]["grouped_vs_dense"] = sampling.main(
+        [
+            *shapes,
+            "--batch-size",
+            "4" if dry else "64",
+            "--steps",
+            "1" if dry else "10",
+            "--reps",
+            "1" if dry else "3",
+            "--samplers",
+            "grouped,dense",
+            "--out",
+            str(out / "gpu_sampling_dense.json"),
+        ]
+    )
     kernels = ["--dry-run", "--out", str(out / "gpu_coordinator-dry-run.json")] if dry else ["--device", "cuda"]
     result["coordinator_kernels"] = gpu_coordinator.main(
         kernels + ([] if dry else ["--out", str(out / "gpu_coordinator.json")])
@@ -124,6 +145,7 @@ def main(argv=None) -> dict:
     # stage 4 through the run's own code: finish_run (router, evaluate_and_report) and HDDMPipeline
     stages = ["--config", args.stages_config, *dev, "--out", str(out / f"gpu_stages{'-dry-run' if dry else ''}.json")]
     stages += ["--cache-dir", args.cache_dir] if args.cache_dir else []
+    stages += [x for o in DRY_STAGES for x in ("--set", o)] if dry else []
     result["coordinator_pipeline"] = gpu_stages.main(stages)
     if dry:
         result["coordinator_stages"] = "coordinator_scale skipped in --dry-run (its N is the GPU run's)"

@@ -7,7 +7,11 @@ Three samplers integrate the same FM Euler steps from the same noise, batch, pro
 * **per-sample loop**: the router still runs batched, but every sample calls its k experts on its own (batch 1),
   the way a routing loop is first written;
 * **one expert**: a single expert on the whole batch (the floor: the ensemble's top-2 cannot cost less than two
-  expert calls per row).
+  expert calls per row);
+* **dense** (``Ensemble(dispatch="dense")``): every expert on every row, the mixing weights zeroing what was not
+  routed; the step loop reads nothing back from the device, where grouped reads the experts' row counts once per
+  step. On a GPU, grouped against dense is what that one read per step costs against K / k times the experts'
+  arithmetic.
 
 The ensemble is the config's: K experts with the config's objective mix (DDPM experts go through the conversion)
 and router preset, random weights (speed does not depend on them) or a trained run (``--run-dir``). Each
@@ -24,7 +28,9 @@ Writes ``benchmarks/results/sampling.json``.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
 import platform
 import statistics
 import sys
@@ -33,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import ROOT, write_result
+from benchmarks.common import ROOT, commit, machine, write_result
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from hddm_flower.experts import map_cond
@@ -125,6 +131,8 @@ def main(argv=None) -> dict:
     )
     noise = torch.randn(B, C, size, size, generator=g).to(dev)
     single = next(iter(ens.experts.values()))
+    dense = copy.copy(ens)  # the same modules, every expert on every row
+    dense.dispatch = "dense"
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.bf16)
 
     def timed(fn):
@@ -145,15 +153,18 @@ def main(argv=None) -> dict:
         "one_expert": lambda: euler_sample(
             lambda x, t: single.velocity(x, t, cond, uncond, s.cfg_scale), noise, args.steps
         ),
+        "dense": lambda: sample_ensemble(dense, noise, cond, uncond, num_steps=args.steps, cfg_scale=s.cfg_scale),
     }
     names = args.samplers.split(",")
     unknown = set(names) - set(samplers)
     if unknown:
         raise SystemExit(f"--samplers: unknown {sorted(unknown)}; expected some of {list(samplers)}")
+    load = [round(x, 2) for x in os.getloadavg()]
     warm = {name: timed(samplers[name])[0] for name in names}  # warm-up (kernels, allocator)
     check = (
         (warm["grouped"] - warm["per_sample"]).abs().max().item() if {"grouped", "per_sample"} <= set(names) else None
     )
+    dense_check = (warm["grouped"] - warm["dense"]).abs().max().item() if {"grouped", "dense"} <= set(names) else None
     times: dict[str, list[float]] = {k: [] for k in names}
     for rep in range(args.reps):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
@@ -163,8 +174,12 @@ def main(argv=None) -> dict:
         return statistics.median(x / y for x, y in zip(times[a], times[b])) if a in times and b in times else None
 
     result = {
-        "what": f"ensemble sampling cost: grouped {s.routing} (k={s.top_k}) vs per-sample loop vs one expert",
+        "what": f"ensemble sampling cost: grouped {s.routing} (k={s.top_k}) vs {', '.join(n for n in names if n != 'grouped')}",
         "command": " ".join(["python -m benchmarks.sampling", *(sys.argv[1:] if argv is None else argv)]),
+        "machine": machine(),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_at_start": load,
         "ensemble": args.run_dir
         or f"random weights, {cfg.num_experts} experts ({cfg.expert.preset}), router {cfg.router.preset}",
         "batch_size": B,
@@ -180,7 +195,9 @@ def main(argv=None) -> dict:
         "images_per_s": {k: B / statistics.median(v) for k, v in times.items()},
         "grouped_speedup_over_per_sample": ratio("per_sample", "grouped"),
         "grouped_cost_over_one_expert": ratio("grouped", "one_expert"),
+        "dense_cost_over_grouped": ratio("dense", "grouped"),
         "max_abs_diff_grouped_vs_per_sample": check,
+        "max_abs_diff_grouped_vs_dense": dense_check,
         "goals": {
             "grouped_speedup_over_per_sample": ">= 3 at batch 64",
             "grouped_cost_over_one_expert": "<= 2.2 for top-2",

@@ -95,6 +95,7 @@ def test_gpu_benchmark_dry_run(tmp_path, tiny_config_path, dataset_dir, cache_di
     assert stage4["router"]["device"] == "cpu" and stage4["modes"] and stage4["samples"][0] > 0
     assert r["training"]["test"]["model_flops_per_step"] > 0
     assert r["sampling"]["grouped_vs_per_sample"]["max_abs_diff_grouped_vs_per_sample"] < 1e-3
+    assert r["sampling"]["grouped_vs_dense"]["max_abs_diff_grouped_vs_dense"] < 1e-5
     assert (tmp_path / "gpu-dry-run.json").exists()
     k = r["coordinator_kernels"]  # router steps, VAE decode and Inception features run (tiny shapes on the CPU)
     assert k["router"]["steps_per_s"] > 0 and k["inception"]["features"] == 2048 and k["vae_decode"]["images_per_s"] > 0
