@@ -344,7 +344,7 @@ def render(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=20_000, help="N (the second size is 4N); a multiple of 32 × --shard-size")
     p.add_argument("--router-steps", type=int, default=100)
@@ -363,7 +363,7 @@ def main() -> None:
     p.add_argument("--conditions", default="", help="what else ran on the machine (recorded with the result)")
     p.add_argument("--keep", default=None, metavar="DIR", help="write the datasets here and keep them (reused)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "coordinator_scale"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.n % (K * args.shard_size * 4):
         p.error(f"--n must be a multiple of {K * args.shard_size * 4} (8 clusters × 4 quarters × --shard-size)")
     import tempfile
@@ -415,7 +415,7 @@ def main() -> None:
     results["goal_met"] = all(r["increase"] <= 1.15 for r in results["ratios_4N_over_N"].values())
     load = [size[name]["load_average_at_start"][0] for size in results["sizes"].values() for name in STAGES]
     results |= {
-        "command": "python -m benchmarks.coordinator_scale " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.coordinator_scale " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": f"{machine()}, Python {platform.python_version()}",
         "commit": commit(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -1,0 +1,62 @@
+"""The coordinator's benchmarks run end to end at tiny sizes, each in its own interpreter as ``python -m`` runs it
+(they fork a process per measurement, which must not inherit the test process's thread pools), and what they
+record is measured: per stage an RSS increase over its own post-import RSS, bytes read that follow what the stage
+reads, times; per thread count wall and CPU time."""
+
+import json
+import os
+import subprocess
+import sys
+
+from benchmarks.common import ROOT
+
+STAGES = ("router", "feature", "reference", "diagnostics", "report", "monolith")
+
+
+def _run(module: str, *args: str) -> None:
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, check=True, capture_output=True)
+
+
+def test_coordinator_scale_records_each_stages_increase_and_reads(tmp_path):
+    out = tmp_path / "scale"
+    _run(
+        "benchmarks.coordinator_scale",
+        *("--n", "160", "--shard-size", "5", "--router-steps", "2", "--feature-steps", "2", "--expert-steps", "1"),
+        *("--prompts", "2", "--sample-steps", "1", "--kid-reservoir", "20", "--diagnostic-images", "16"),
+        *("--out", str(out)),
+    )
+    r = json.loads(out.with_suffix(".json").read_text())
+    n, big = r["sizes"]["N"], r["sizes"]["4N"]
+    assert (n["samples"], big["samples"]) == (160, 640) and r["dataset_bytes_4N"] > 640 * 1000
+    for size in (n, big):
+        for name in STAGES:
+            s = size[name]
+            # the increase is over the stage's own post-import RSS (≈ 0.5–1.5 GiB of libraries), not its peak
+            assert 0 <= s["increase_mib"] < s["rss_after_imports_mib"] and s["rss_after_imports_mib"] > 200, name
+            assert s["rchar"] > 0 and s["must_read_bytes"] > 0 and s["seconds"] > 0 and s["threads"] == 1, name
+    # the reference pass reads every sample: its bytes follow the dataset, 4× at 4N
+    assert big["reference"]["rchar"] >= big["reference"]["must_read_bytes"] > 3 * n["reference"]["must_read_bytes"]
+    assert big["reference"]["rchar"] > 2 * n["reference"]["rchar"]
+    assert big["reference"]["images"] == 640 and big["monolith"]["steps"] == 8  # K × expert.steps
+    assert set(r["ratios_4N_over_N"]) == set(STAGES) and isinstance(r["goal_met"], bool)
+    assert r["command"].startswith("python -m benchmarks.coordinator_scale --n 160")
+    assert "| reference |" in out.with_suffix(".md").read_text()
+
+
+def test_coordinator_threads_records_wall_and_cpu_per_thread_count(tmp_path):
+    out = tmp_path / "threads"
+    _run(
+        "benchmarks.coordinator_threads",
+        *("--steps", "2", "--batch-size", "8", "--n", "160", "--latent-side", "8", "--busy-warmup", "0.5"),
+        *("--out", str(out)),
+    )
+    r = json.loads(out.with_suffix(".json").read_text())
+    cpus = len(os.sched_getaffinity(0))
+    assert r["available_cpus"] == cpus
+    runs = {(x["threads"], x["busy_process"]): x for x in r["runs"]}
+    assert set(runs) == {(t, b) for t in {1, cpus} for b in (False, True)}
+    for x in runs.values():
+        assert 0 < x["cpu_seconds"] and 0 < x["seconds"] and x["load_average_at_start"] >= 0
+    assert set(r["busy_slowdown"]) == {str(t) for t in {1, cpus}}
+    assert "| 1 | yes |" in out.with_suffix(".md").read_text()
