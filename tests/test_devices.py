@@ -129,16 +129,16 @@ def test_hddm_sample_on_the_device(device_run, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "routing, dispatch, per_step",
+    "routing, dispatch, clean, per_step",
     [
-        ("top_k", "dense", 0),
-        ("full", "auto", 0),
-        ("sample", "dense", 0),
-        ("top_k", "auto", 1),
-        ("threshold", "auto", 1),
+        ("top_k", "dense", "shrink", 0),
+        ("full", "auto", "clamp", 0),
+        ("sample", "dense", "clamp", 0),
+        ("top_k", "auto", "shrink", 1),
+        ("threshold", "auto", "clamp", 1),
     ],
 )
-def test_the_sampling_step_loop_reads_nothing_back(device_run, routing, dispatch, per_step):
+def test_the_sampling_step_loop_reads_nothing_back(device_run, routing, dispatch, clean, per_step):
     """No host read in the step loop (no .item(), nonzero(), int(tensor), bool mask, copy to the host: every read
     the emulated device records, see the first test) with the counts on (clamps, shrink, velocity scaling,
     hand-over): dense dispatch reads nothing; gathering each expert's rows reads the row counts once per step (a
@@ -150,6 +150,7 @@ def test_the_sampling_step_loop_reads_nothing_back(device_run, routing, dispatch
     from hddm_flower.models import TextCond
 
     pipe = HDDMPipeline.from_pretrained(device_run[0])
+    pipe = HDDMPipeline.from_pretrained(device_run[0], sampling=dict(pipe.config.sampling, clean_estimate=clean))
     steps = 4
     with emulated_cuda() as mode:
         pipe.to("cuda")
@@ -157,9 +158,10 @@ def test_the_sampling_step_loop_reads_nothing_back(device_run, routing, dispatch
         ens = pipe.ensemble(routing, 2)
         ens.dispatch, ens.velocity_scaling, ens.handover_t = dispatch, VelocityScaling("fm_rms", 0.5), 0.8
         ens._has_fm, ens.handover_counts, counts = True, {}, {}
-        for e in ens.experts.values():
-            if e.converted:
-                e.clamp_counts = counts
+        converted = [e for e in ens.experts.values() if e.converted]
+        assert converted and all(e.shrinks == (clean == "shrink") for e in converted)
+        for e in converted:
+            e.clamp_counts = counts
         uncond = TextCond(uncond.states.expand(3, -1, -1), uncond.mask.expand(3, -1))
         noise = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
         reads = []
@@ -173,6 +175,7 @@ def test_the_sampling_step_loop_reads_nothing_back(device_run, routing, dispatch
         assert mode.host_reads == ["tolist", "tolist"]  # one read per dict of counts
     assert [len(r) for r in during] == [per_step * (i + 1) for i in range(steps - 1)], during
     assert clamps["rows"] > 0 and handover["rows"] == 3 * steps and handover["late_rows"] == 3
+    assert ("shrink_rows" in clamps) == (clean == "shrink") and clamps["velocity_scaling_rows"] > 0
 
 
 def test_diagnostics_stream_a_bounded_seeded_subsample(device_run, dataset_dir):
