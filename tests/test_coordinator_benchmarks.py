@@ -70,3 +70,37 @@ def test_coordinator_threads_records_wall_and_cpu_per_thread_count(tmp_path):
         assert 0 < x["cpu_seconds"] and 0 < x["seconds"] and x["load_average_at_start"] >= 0
     assert set(r["busy_slowdown"]) == {str(t) for t in {1, cpus}}
     assert "| 1 | yes |" in out.with_suffix(".md").read_text()
+
+
+def _table(doc: str, header: str) -> list[list[str]]:
+    """The rows (cells) of the markdown table of ``doc`` whose header line starts with ``header``."""
+    lines = (ROOT / doc).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip().strip("*") for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_committed_results_meet_the_goal_and_the_docs_quote_them():
+    """benchmarks/results/coordinator_scale.json: N ≥ 20,000, every stage's increase at 4N ≤ 1.15× at N; the tables
+    of docs/performance.md are these results and coordinator_threads.json's, to their last digit."""
+    scale = json.loads((ROOT / "benchmarks" / "results" / "coordinator_scale.json").read_text())
+    n, big = scale["sizes"]["N"], scale["sizes"]["4N"]
+    assert n["samples"] >= 20_000 and big["samples"] == 4 * n["samples"] and scale["goal_met"] is True
+    names = {"feature classifier": "feature", "reference statistics": "reference", "evaluate_and_report": "report"}
+    rows = _table("docs/performance.md", "| stage | increase N (MiB)")
+    assert {names.get(r[0], r[0]) for r in rows} == set(STAGES)
+    for label, inc_n, inc_4n, ratio, read_n, read_4n, bound_4n in rows:
+        a, b = n[names.get(label, label)], big[names.get(label, label)]
+        assert b["increase_mib"] <= 1.15 * a["increase_mib"] and f"{b['increase_mib'] / a['increase_mib']:.3f}" == ratio
+        assert (inc_n, inc_4n) == (f"{a['increase_mib']:.1f}", f"{b['increase_mib']:.1f}"), label
+        assert (read_n, read_4n) == (f"{a['rchar'] / 1e6:.1f}", f"{b['rchar'] / 1e6:.1f}"), label
+        assert bound_4n == f"{b['must_read_bytes'] / 1e6:.1f}", label
+    threads = json.loads((ROOT / "benchmarks" / "results" / "coordinator_threads.json").read_text())
+    quoted = [(int(t), busy == "yes", wall, cpu) for t, busy, wall, cpu in _table("docs/performance.md", "| threads |")]
+    assert quoted == [
+        (r["threads"], r["busy_process"], f"{r['seconds']:.1f}", f"{r['cpu_seconds']:.1f}") for r in threads["runs"]
+    ]
