@@ -47,9 +47,10 @@ from hddm_flower.models import router_config
 from hddm_flower.provenance import versions
 from hddm_flower.stages.assemble import load_ensemble
 from hddm_flower.stages.prepare import prepare_data
+from hddm_flower.stages.rounds import node_sizes
 from hddm_flower.stages.router import fit_router
 from strategies.inprocess_grid import FakeGrid
-from strategies.router_rounds import node_sizes, run_router_rounds
+from strategies.router_rounds import run_router_rounds
 
 VARIANTS = {
     "fedadam-1step": {},  # the default: FedAdam, one SGD step per node and round, rounds = router.steps

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from flwr.app import Context
 
-from clients.declare import institution_data
 from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset
 from hddm_flower.stages.prepare import prepare_data
+
+from .declare import institution_data
 
 
 def node_dataset(context: Context, cfg: Config, cache_dir: str | None, clusters: list[int]) -> Dataset:

@@ -2,7 +2,7 @@
 
 Each computes on this node's own clusters and replies with a model update, counts or sums, never samples:
 
-* ``train.router`` (a round of :class:`strategies.router_rounds.RouterStrategy`): a few SGD steps of the
+* ``train.router`` (a round of :class:`strategies.round_strategy.CheckedRounds`): a few SGD steps of the
   global router on this node's clusters (:func:`hddm_flower.federation.local.router_local_update`; a router that reads
   the caption trains on the pooled embeddings of the node's own captions); replies with the new weights (their
   update clipped here when the server asks for client-side DP clipping: :func:`clip_when_asked`),
@@ -33,7 +33,6 @@ from flwr.clientapp.mod import fixedclipping_mod
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM  # the key fixedclipping_mod reads
 
 from clients import drill
-from clients.node_data import node_dataset
 from hddm_flower.config.io import config_from_dict
 from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset, Split
@@ -47,6 +46,8 @@ from hddm_flower.federation.local import (
 )
 from hddm_flower.models import Router
 from hddm_flower.text import pooled_caption
+
+from .node_data import node_dataset
 
 log = logging.getLogger("hddm_flower.client")
 _SPLITS: dict[tuple, Split] = {}  # (dataset dir, clusters, split) → the split, kept across rounds of one run

@@ -28,10 +28,11 @@ from hddm_flower.rundir import (
 )
 from hddm_flower.stages.expert import expert_spec
 from hddm_flower.stages.prepare import assign_objectives, prepare_data
-from strategies.gather_declarations import gather_declarations
-from strategies.router_rounds import finish_federated
+from hddm_flower.stages.rounds import finish_federated
 
+from .gather_declarations import gather_declarations
 from .one_shot import OneShotExperts
+from .router_rounds import FlowerRounds
 
 APP_DIR = Path(__file__).resolve().parent.parent
 app = ServerApp()
@@ -124,7 +125,7 @@ def main(grid: Grid, context: Context) -> None:
         if institutions is not None:  # every node that declared and whose expert is here, late joiners included
             clusters = institutions.clusters(present_experts(run_dir))
         report = finish_federated(
-            grid,
+            FlowerRounds(grid, timeout=f.train_timeout, cache_dir=cache_dir),
             cfg,
             run_dir,
             dataset,
@@ -138,8 +139,6 @@ def main(grid: Grid, context: Context) -> None:
                 }
             }
             | ({"institutions": institutions.record()} if institutions is not None else {}),
-            timeout=f.train_timeout,
-            cache_dir=cache_dir,
         )
         log(INFO, "hddm-flower: report written to %s", run_dir / REPORT_JSON)
         return summary_metrics(report)

@@ -15,9 +15,10 @@ from hddm_flower.evaluation import metrics as M
 from hddm_flower.evaluation.evaluate import all_images
 from hddm_flower.federation.local import FeatureSums, frechet_distance_from_sums
 from hddm_flower.models import Router, router_config
+from hddm_flower.stages.rounds import node_sizes
 from hddm_flower.training import lr_factor
 from strategies.inprocess_grid import FakeGrid
-from strategies.router_rounds import federated_reference, node_sizes, run_router_rounds
+from strategies.router_rounds import federated_reference, run_router_rounds
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}  # node id → its one cluster
 

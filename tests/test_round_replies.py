@@ -258,9 +258,9 @@ def test_an_error_reply_is_recorded(tiny_config):
 def test_an_aggregation_that_flower_refuses_skips_the_round_not_the_run(tiny_config):
     """Flower's ``InconsistentMessageReplies`` (an ``AppExitException``) from the aggregation of a round is
     recorded and that round's update skipped; the rounds before it stand."""
-    from strategies import router_rounds as fr
+    from strategies.round_strategy import CheckedRounds, base_strategy
 
-    strategy = fr._make_strategy("avg")(CLUSTERS, SIZES, 8, 4, 1, 2)
+    strategy = CheckedRounds(base_strategy("avg", len(CLUSTERS)), CLUSTERS, SIZES, 8, 4, 1, 2)
 
     def refuse(server_round, replies):
         raise InconsistentMessageReplies(reason="All MetricRecords must have the same keys")
@@ -289,7 +289,7 @@ def _shift(router) -> float:
 
 def test_declared_sizes_are_bounded():
     """No node weighs more than ``ratio`` × the median declared size; 0 leaves the sizes."""
-    from strategies.router_rounds import bounded_weights
+    from hddm_flower.stages.rounds import bounded_weights
 
     assert bounded_weights({1: 10, 2: 20, 3: 10**6}, 4.0) == {1: 10.0, 2: 20.0, 3: 80.0}
     assert bounded_weights({1: 10, 2: 20, 3: 10**6}, 0) == {1: 10.0, 2: 20.0, 3: 1e6}
@@ -298,7 +298,7 @@ def test_declared_sizes_are_bounded():
 def test_the_fedavg_weight_is_the_bounded_one_not_the_declared_one(tiny_config):
     """Node 12 declared a million images (and its replies say so, consistently): its weight is capped at
     4 × the median declared size, and the average is the one with the capped weight."""
-    from strategies.router_rounds import bounded_weights
+    from hddm_flower.stages.rounds import bounded_weights
 
     sizes = SIZES | {HOSTILE: 10**6}
 

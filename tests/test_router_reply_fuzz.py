@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 
 from hddm_flower.data import Dataset
 from hddm_flower.models import Router
+from hddm_flower.stages.rounds import finish_federated, node_sizes
 from hddm_flower.stages.router import router_model_config
 from strategies.inprocess_grid import FakeGrid
-from strategies.router_rounds import finish_federated, node_sizes
+from strategies.router_rounds import FlowerRounds
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}
 TIMEOUT = 30.0  # the rounds' timeout: the most local seconds a reply may report
@@ -146,7 +147,9 @@ def federated_run(tiny_config, dataset_dir, tmp_path_factory):
     deltas = _deltas(cfg, dataset, {n: 0.01 * n for n in CLUSTERS})
     nodes = StandIns(dataset, len(cfg.evaluation.times), deltas, hostile=_non_finite)
     grid = FakeGrid(nodes, {n: {} for n in CLUSTERS})
-    report = finish_federated(grid, cfg, run, dataset, CLUSTERS, [], extra={}, timeout=TIMEOUT, cache_dir="")
+    report = finish_federated(
+        FlowerRounds(grid, timeout=TIMEOUT, cache_dir=""), cfg, run, dataset, CLUSTERS, [], extra={}
+    )
     return run, report, cfg, dataset, deltas
 
 
@@ -302,8 +305,8 @@ def test_generated_replies_are_accepted_or_dropped_and_reach_every_consumer(
     report.md (each drop on its line), the model card, and HDDMPipeline.from_pretrained (the same router)."""
     from hddm_flower.evaluation.report import write_report
     from hddm_flower.hddm_pipeline import HDDMPipeline
+    from hddm_flower.stages.rounds import federated_router
     from hddm_flower.stages.router import router_record
-    from strategies.router_rounds import federated_router
 
     template, report, cfg0, dataset, _ = federated_run
     cfg = _cfg(cfg0, rounds=2)
@@ -319,9 +322,9 @@ def test_generated_replies_are_accepted_or_dropped_and_reach_every_consumer(
     accepted = [n for n in CLUSTERS if train[n] == HONEST]
     if not accepted:
         with pytest.raises(RuntimeError, match="no valid update in 2 rounds"):
-            federated_router(grid, cfg, run, dataset, CLUSTERS, timeout=TIMEOUT, cache_dir="")
+            federated_router(FlowerRounds(grid, timeout=TIMEOUT, cache_dir=""), cfg, run, dataset, CLUSTERS)
         return
-    router, record = federated_router(grid, cfg, run, dataset, CLUSTERS, timeout=TIMEOUT, cache_dir="")
+    router, record = federated_router(FlowerRounds(grid, timeout=TIMEOUT, cache_dir=""), cfg, run, dataset, CLUSTERS)
 
     sizes = node_sizes(dataset, CLUSTERS)
     expected = _expected(cfg, dataset, deltas, {n: float(s) for n, s in sizes.items()}, accepted)
