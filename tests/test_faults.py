@@ -583,15 +583,15 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(
 
 
 def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config, dataset_dir, tmp_path):
-    """The crash isolation simulation uses (clients/client_app._train_in_child): the same weights as training in
+    """The crash isolation simulation uses (clients/expert_pool.train_in_child): the same weights as training in
     process, and an exception in the child comes back as one line, with the exit code."""
-    import clients.client_app as ca
+    import clients.expert_pool as pool
     from hddm_flower.config.io import config_from_dict
     from hddm_flower.stages.expert import train_one_expert
 
     cfg = config_from_dict(tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"] | {"steps": 2}})
     torch.set_num_threads(1)
-    blob, model_config, meta = ca._train_in_child(cfg, Dataset.open(dataset_dir), 0, "fm", "cpu", None)
+    blob, model_config, meta = pool.train_in_child(cfg, Dataset.open(dataset_dir), 0, "fm", "cpu", None)
     state, model_config_here, _ = train_one_expert(cfg, dataset_dir, 0, "fm")
     from safetensors.torch import load
 
@@ -599,7 +599,7 @@ def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config
     assert model_config == model_config_here and meta["expert_id"] == 0 and meta["steps"] == 2
     assert all(torch.equal(got[k], v) for k, v in state.items())  # same seed, same data, same weights
     with pytest.raises(RuntimeError, match=r"training process of expert 1 failed with exit code 1: .*edm"):
-        ca._train_in_child(cfg, Dataset.open(dataset_dir), 1, "edm", "cpu", None)
+        pool.train_in_child(cfg, Dataset.open(dataset_dir), 1, "edm", "cpu", None)
 
 
 def test_fewer_simulated_nodes_than_experts_each_train_several(tiny_config, dataset_dir, cache_dir, tmp_path):
@@ -609,7 +609,7 @@ def test_fewer_simulated_nodes_than_experts_each_train_several(tiny_config, data
     thread each), node 11 one after another in its own process. A failing training (a corrupt training state in
     the work dir) costs only its own expert. Institutions (expert-id, or a partition-id without num-partitions)
     keep one expert each."""
-    import clients.client_app as ca
+    import clients.kept_experts as kept
     from hddm_flower.config.io import config_from_dict
 
     values = tiny_config.to_dict()
@@ -621,7 +621,7 @@ def test_fewer_simulated_nodes_than_experts_each_train_several(tiny_config, data
         11: {"partition-id": 1, "num-partitions": 2, "isolate-training": False, "work-dir": work},
     }
     for k, node in ((2, nodes[10]), (3, nodes[11])):  # one training of each node fails on resuming its state
-        state = ca._work_dir(cfg, node, k, cfg.objective_of()[k], Dataset.open(dataset_dir)).with_suffix(".pt")
+        state = kept.work_dir(cfg, node, k, cfg.objective_of()[k], Dataset.open(dataset_dir)).with_suffix(".pt")
         state.parent.mkdir(parents=True, exist_ok=True)
         state.write_bytes(b"not a training state")
     # were the server to wait for min_nodes, this test would outlast its timeout (300 s)
@@ -722,7 +722,7 @@ def test_each_failure_of_a_several_expert_node_is_its_own_experts(tiny_config, d
     (the last one left to train must not raise for all of them)."""
     import shutil
 
-    import clients.client_app as ca
+    import clients.kept_experts as kept
 
     data = tmp_path / "node-data"
     shutil.copytree(dataset_dir, data)
@@ -731,7 +731,7 @@ def test_each_failure_of_a_several_expert_node_is_its_own_experts(tiny_config, d
             shard.unlink()
     node = {"partition-id": 0, "num-partitions": 1, "data-dir": str(data), "work-dir": str(tmp_path / "work")}
     node["isolate-training"] = False
-    state = ca._work_dir(tiny_config, node, 3, tiny_config.objective_of()[3], Dataset.open(data)).with_suffix(".pt")
+    state = kept.work_dir(tiny_config, node, 3, tiny_config.objective_of()[3], Dataset.open(data)).with_suffix(".pt")
     state.parent.mkdir(parents=True, exist_ok=True)
     state.write_bytes(b"not a training state")
     strategy = _strategy(tiny_config, tmp_path / "run", cache_dir, dataset_dir)

@@ -6,10 +6,10 @@ import sys
 SCRIPT = """
 import sys
 from hddm_flower.config.io import load_config
-from clients.client_app import _train_in_child
+from clients.expert_pool import train_in_child
 from hddm_flower.data import Dataset
 cfg = load_config(sys.argv[1], {"expert.steps": 3, "expert.log_every": 1})
-_train_in_child(cfg, Dataset.open(sys.argv[2]), 0, "fm", "cpu", None)
+train_in_child(cfg, Dataset.open(sys.argv[2]), 0, "fm", "cpu", None)
 """
 
 

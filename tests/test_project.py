@@ -74,7 +74,7 @@ def test_documents_link_only_to_what_exists():
         for path in REPO_PATH.findall(text):
             if any(c in path for c in "{*<"):  # a pattern, not a path
                 continue
-            module = path.split(".", 1)[0] + ".py"  # `clients/client_app._workers`: a name in a module
+            module = path.split(".", 1)[0] + ".py"  # `clients/expert_pool.workers`: a name in a module
             if not (ROOT / path).exists() and not (ROOT / module).exists():
                 bad.append(f"{doc.name}: `{path}`")
     assert bad == []
