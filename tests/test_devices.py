@@ -178,6 +178,38 @@ def test_the_sampling_step_loop_reads_nothing_back(device_run, routing, dispatch
     assert ("shrink_rows" in clamps) == (clean == "shrink") and clamps["velocity_scaling_rows"] > 0
 
 
+def test_the_evaluations_sampling_reads_once_per_step(device_run, dataset_dir, monkeypatch):
+    """The evaluation's own sampler (its ensemble with the traced router, the conversion's counts on): one host
+    read per step and batch for top-2 (the gathered row counts), none for full routing; the trace and the counts
+    are read after the mode's last batch."""
+    from hddm_flower.data import Dataset
+    from hddm_flower.evaluation import evaluate
+    from hddm_flower.hddm_pipeline import HDDMPipeline
+
+    real, per_step = evaluate.sample_ensemble, []
+
+    def watched(*a, **k):  # the real sampler, its reads noted after every step
+        seen = []
+        out = real(*a, **k, on_step=lambda i, x: seen.append(len(mode.host_reads)))
+        per_step.append([b - a for a, b in zip(seen, seen[1:])])
+        return out
+
+    monkeypatch.setattr(evaluate, "sample_ensemble", watched)
+    pipe = HDDMPipeline.from_pretrained(device_run[0])
+    prompts = evaluate.choose_prompts(Dataset.open(dataset_dir), 3, seed=0)
+    with emulated_cuda() as mode:
+        pipe.to("cuda")
+        _, uncond = pipe.encode_prompt([""])
+        for name, reads in (("top2", 1), ("full", 0)):
+            per_step.clear()
+            _, trace = evaluate.sample_mode(
+                pipe.ensemble(), name, prompts, uncond, samples_per_prompt=2, num_steps=4, cfg_scale=2.0,
+                threshold=0.2, seed=0, batch_size=4,
+            )  # fmt: skip
+            assert per_step == [[reads] * 3] * 2, (name, per_step)  # 6 samples in batches of 4 and 2
+            assert trace["clamps"]["rows"] > 0
+
+
 def test_diagnostics_stream_a_bounded_seeded_subsample(device_run, dataset_dir):
     """The velocity diagnostics read at most ``evaluation.diagnostic_images`` held-out samples, in batches, seeded:
     the same numbers from the same seed whatever the batch size's effect on memory."""
