@@ -8,7 +8,7 @@ device"), with the same exceptions CUDA makes: 0-dim CPU tensors are scalars, CP
 tensor, ``copy_`` copies across devices. Converting a tagged tensor to NumPy fails as it does on CUDA, and a CPU
 generator cannot drive a random op on the device. ``.cpu()`` / ``.to("cpu")`` copy and untag. Every operation
 that makes the host wait for the device (a value read back, ``nonzero``, a boolean-mask index of a device tensor,
-a copy to the host) is recorded in ``host_reads``.
+a copy to the host, ``torch.cuda.synchronize``) is recorded in ``host_reads``.
 
 It catches a wrong device the way a GPU run would, without a GPU: a module on the device fed host tensors, host
 statistics fed device features, a CPU generator drawing device noise. It does not emulate asynchrony, memory or
@@ -199,13 +199,16 @@ class EmulatedCuda(TorchFunctionMode):
 
 
 class _Stream:
-    """The emulated device's one stream: never capturing a graph, always synchronised."""
+    """The emulated device's one stream: never capturing a graph; synchronising it is a host wait, recorded."""
+
+    def __init__(self, mode: EmulatedCuda):
+        self.mode = mode
 
     def is_capturing(self) -> bool:
         return False
 
     def synchronize(self) -> None:
-        pass
+        self.mode.host_reads.append("synchronize")
 
 
 @contextlib.contextmanager
@@ -223,10 +226,10 @@ def emulated_cuda(*, autocast_on_cpu: bool = True):
             ("torch.cuda.is_available", lambda: True),
             ("torch.cuda.device_count", lambda: 1),
             ("torch.cuda.is_current_stream_capturing", lambda: False),
-            ("torch.cuda.synchronize", lambda *a, **k: None),
+            ("torch.cuda.synchronize", lambda *a, **k: mode.host_reads.append("synchronize")),
             ("torch.cuda.reset_peak_memory_stats", lambda *a, **k: None),
             ("torch.cuda.max_memory_allocated", lambda *a, **k: 0),
-            ("torch.accelerator.current_stream", lambda *a, **k: _Stream()),
+            ("torch.accelerator.current_stream", lambda *a, **k: _Stream(mode)),
             ("torch.autocast", autocast),
         ):
             stack.enter_context(mock.patch(target, value))

@@ -42,7 +42,7 @@ def test_the_emulated_device_raises_where_cuda_does():
             "argwhere": lambda: torch.argwhere(dev > 0), "__getitem__": lambda: dev[dev > 0],
             "masked_select": lambda: dev.masked_select(dev > 0), "bincount": lambda: (dev > 0).long().flatten().bincount(),
             "repeat_interleave": lambda: dev.repeat_interleave((dev[:, 0] > 0).long(), 0), "cpu": dev.cpu,
-            "to": lambda: dev.to("cpu"), "unique": dev.unique,
+            "to": lambda: dev.to("cpu"), "unique": dev.unique, "synchronize": torch.cuda.synchronize,
         }  # fmt: skip
         for name, read in reads.items():
             mode.host_reads.clear()
