@@ -214,8 +214,9 @@ def stage(args) -> dict:
     import torch
 
     from hddm_flower.data import Dataset
+    from hddm_flower.data.layout import PROMPT_CLUSTERS
     from hddm_flower.devices import coordinator_threads
-    from hddm_flower.evaluation import adherence, reference
+    from hddm_flower.evaluation import reference
     from hddm_flower.evaluation.evaluate import feature_network
     from hddm_flower.reproduce import train_monolith
     from hddm_flower.rundir import FEATURE_NET
@@ -231,7 +232,7 @@ def stage(args) -> dict:
     run = work / "run"
     decode = d.decoder(cfg)
     if args.stage == "report":  # computed in the stage, as on a run's first report
-        shutil.rmtree(d.root / adherence.CACHE_DIR, ignore_errors=True)
+        shutil.rmtree(d.root / PROMPT_CLUSTERS, ignore_errors=True)
     torch.zeros(1) + 1  # torch's lazy initialisation happens before the baseline
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS: the peak from here on is the stage's own
     baseline, io0 = _status_kib("VmRSS"), _io()

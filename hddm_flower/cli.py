@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .choices import OBJECTIVES
@@ -27,6 +28,9 @@ from .config.io import load_config, parse_overrides
 from .config.rules import ConfigError
 from .config.schema import Config, shipped_configs
 from .rundir import CONFIG, EXPERTS, ROUTER
+
+if TYPE_CHECKING:  # the command line imports the data package when a command needs it
+    from .data import Dataset
 
 DEFAULT_CONFIG = shipped_configs() / "default.yaml"
 
@@ -53,7 +57,7 @@ def _dataset(args, cfg: Config):
     return prepare_data(cfg, args.cache_dir)
 
 
-def _print_clusters(dataset) -> None:
+def _print_clusters(dataset: Dataset) -> None:
     """What a prepared dataset holds, cluster by cluster (``dataset``: a :class:`~hddm_flower.data.Dataset`)."""
     d, meta = dataset.root, dataset.meta
     print(f"dataset: {d}  ({meta['num_images']} images, {meta['num_clusters']} clusters, {meta['text_encoder']})")

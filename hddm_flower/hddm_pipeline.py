@@ -51,8 +51,7 @@ from torch import Tensor, nn
 from . import rundir
 from .checkpoints import META, load_expert_model, load_router, make_expert, save_expert
 from .config.schema import Config
-from .data import Dataset, as_dataset
-from .data.layout import UNCOND as DATASET_UNCOND
+from .data import Dataset
 from .devices import resolve_device, resolve_precision
 from .ensemble import ROUTING_MODES, Ensemble, VelocityScaling, sample_ensemble
 from .evaluation.metrics import FeatureClassifier
@@ -581,9 +580,8 @@ def write_run_index(cfg, run_dir: Path, dataset: Dataset, *, feature_dir: str | 
 
     Needs ``run_dir/experts/expert-*`` and ``run_dir/router``; ``feature_net`` is listed when its folder exists.
     """
-    dataset = as_dataset(dataset)
     text, vae_path = run_references(cfg, dataset)
-    uncond_src = dataset.root / DATASET_UNCOND
+    uncond_src = dataset.uncond_file
     has_features = bool(feature_dir) and (run_dir / feature_dir / "config.json").is_file()
     index = {
         "_class_name": HDDMPipeline.__name__,

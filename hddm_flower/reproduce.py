@@ -46,9 +46,8 @@ from .checkpoints import META, ROUTER_META, WEIGHTS, load_expert, read_expert_me
 from .config.io import config_from_dict
 from .config.rules import ConfigError
 from .config.schema import Config
-from .data import Dataset
+from .data import Dataset, StreamingAllClusters
 from .data.layout import META as DATASET_META
-from .data.streams import StreamingAllClusters
 from .devices import resolve_device, resolve_precision
 from .ensemble import Ensemble
 from .evaluation.evaluate import evaluate_run, feature_network

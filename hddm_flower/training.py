@@ -306,7 +306,7 @@ def train_router(
     mixed_precision: str = "no",
     progress: bool = False,
 ) -> TrainStats:
-    """Train the router on ``(x0, cluster label)`` batches (:func:`hddm_flower.data.streams.stream_images`: all
+    """Train the router on ``(x0, cluster label)`` batches (:meth:`hddm_flower.data.Dataset.images`: all
     clusters, images or latents only; for a router that reads the caption, ``(x0, label, pooled caption)`` batches
     and ``uncond_caption``, the empty caption's pooled embedding (1, dim), which replaces a caption with probability
     ``options.caption_dropout``) as the ``router`` config section says, for ``steps`` (default

@@ -342,7 +342,7 @@ class FlowerRounds:
             heldout_sizes=heldout_sizes,
         )
 
-    def feature_net(self, cfg, clusters, dataset, folder) -> dict:
+    def feature_net(self, cfg, clusters, dataset: Dataset, folder) -> dict:
         return run_feature_net_rounds(self.grid, cfg, clusters, dataset, folder, timeout=self.timeout)
 
     def reference(self, cfg, clusters, feature_net, description, *, counts) -> tuple[dict[int, FeatureSums], dict]:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from hddm_flower.data import Dataset
+from hddm_flower.data.layout import PROMPT_CLUSTERS
 from hddm_flower.evaluation.adherence import prompt_adherence, prompt_clusters
 from hddm_flower.evaluation.metrics import FeatureClassifier
 
@@ -16,40 +17,39 @@ def test_prompt_clusters_come_from_the_dataset_captions(dataset_dir):
         for caption, k in zip(split.captions, split.labels.tolist()):
             truth.setdefault(caption, set()).add(k)
     picked = [both[0].captions[0], both[1].captions[-1], both[0].captions[len(both[0].captions) // 2]]
-    got = prompt_clusters(dataset_dir, [*picked, "no emoji is called this"], cache=False)
+    got = prompt_clusters(Dataset.open(dataset_dir), [*picked, "no emoji is called this"], cache=False)
     assert got == [sorted(truth[c]) for c in picked] + [[]]
 
 
 def test_prompt_clusters_are_read_once_per_dataset_and_prompts(dataset_dir, monkeypatch):
     """The first call reads the captions and caches the answer beside the dataset; the next reads no caption."""
-    import hddm_flower.evaluation.adherence as adherence
 
     prompts = [Dataset.open(dataset_dir).split(None, "val").captions[0], "a prompt only this test asks for"]
-    first = prompt_clusters(dataset_dir, prompts)
-    assert list((dataset_dir / adherence.CACHE_DIR).glob("*.json"))
+    first = prompt_clusters(Dataset.open(dataset_dir), prompts)
+    assert list((dataset_dir / PROMPT_CLUSTERS).glob("*.json"))
 
     def no_reading(*a, **k):
         raise AssertionError("the captions were read again")
 
-    monkeypatch.setattr(adherence, "stream_captions", no_reading)
-    assert prompt_clusters(dataset_dir, prompts) == first and first[0] and first[1] == []
+    monkeypatch.setattr(Dataset, "captions", no_reading)
+    assert prompt_clusters(Dataset.open(dataset_dir), prompts) == first and first[0] and first[1] == []
     with pytest.raises(AssertionError, match="read again"):  # other prompts: another answer, read once
-        prompt_clusters(dataset_dir, [*prompts, "one more"])
+        prompt_clusters(Dataset.open(dataset_dir), [*prompts, "one more"])
 
 
 def test_prompt_clusters_pass_every_sample_once(dataset_dir, monkeypatch):
     """One pass over both splits: every sample's json goes through webdataset's member filter exactly once."""
-    from hddm_flower.data import read_meta, streams
+    from hddm_flower.data import read_meta, shards
 
-    seen, real = [], streams.open_shards
+    seen, real = [], shards.open_shards
 
     def counted(urls, *, select_files, **kw):
         return real(
             urls, select_files=lambda name: (name.endswith(".json") and seen.append(name)) or select_files(name), **kw
         )
 
-    monkeypatch.setattr(streams, "open_shards", counted)
-    prompt_clusters(dataset_dir, ["a prompt of the one-pass test"], cache=False)
+    monkeypatch.setattr(shards, "open_shards", counted)
+    prompt_clusters(Dataset.open(dataset_dir), ["a prompt of the one-pass test"], cache=False)
     assert len(seen) == len(set(seen)) == read_meta(dataset_dir)["num_images"]
 
 

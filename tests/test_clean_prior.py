@@ -8,6 +8,7 @@ from hddm_flower.accept import parse_expert_meta
 from hddm_flower.checkpoints import CheckpointRejected
 from hddm_flower.clean_prior import CleanPrior, measure_clean_prior, parse_clean_prior
 from hddm_flower.counts import read_counts
+from hddm_flower.data import Dataset
 from hddm_flower.ensemble import Ensemble, hand_over
 from hddm_flower.experts import DDPMExpert, FlowMatchingExpert
 from hddm_flower.gmm.mixture import GaussianMixture
@@ -285,7 +286,7 @@ def test_ddpm_node_without_held_out_samples_ships_its_expert_without_a_table(tmp
         }
     )
     with caplog.at_level("WARNING", logger="hddm_flower"):
-        state, model_config, meta = train_one_expert(cfg, d, 0, "ddpm")
+        state, model_config, meta = train_one_expert(cfg, Dataset.open(d), 0, "ddpm")
     assert meta["clean_prior"] is None and "0 held-out" in meta["clean_prior_note"]
     assert any("clean prior not measured" in r.getMessage() for r in caplog.records)
     parse_expert_meta(meta | {"sha256": "0" * 64})  # a peer accepts it

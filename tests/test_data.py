@@ -131,7 +131,6 @@ def test_router_data_path_reads_no_text_member(tiny_config, dataset_dir, tmp_pat
     import dataclasses
 
     from hddm_flower.data import Dataset, read_meta, split_size
-    from hddm_flower.data.streams import stream_images
     from hddm_flower.stages.router import fit_router
 
     poisoned = tmp_path / "poisoned"
@@ -143,7 +142,7 @@ def test_router_data_path_reads_no_text_member(tiny_config, dataset_dir, tmp_pat
     ref = Dataset.open(dataset_dir).split(None, "train")
     n = split_size(read_meta(poisoned), None, "train")
     assert n == len(ref)
-    batches = list(stream_images(poisoned, None, batch_size=7, split="train", seed=3, loop=False))
+    batches = list(Dataset.open(poisoned).images(None, batch_size=7, split="train", seed=3, loop=False))
     x = torch.cat([b[0] for b in batches])
     y = torch.cat([b[1] for b in batches])
     assert len(x) == n and all(len(b[0]) == 7 for b in batches[:-1])
@@ -152,7 +151,7 @@ def test_router_data_path_reads_no_text_member(tiny_config, dataset_dir, tmp_pat
     assert len(set(y[:32].tolist())) > 1  # batches mix the clusters
     r = dataclasses.replace(tiny_config.router, epochs=0.5, batch_size=8)
     cfg = dataclasses.replace(tiny_config, router=r)
-    fit_router(cfg, poisoned, tmp_path / "run", device="cpu")
+    fit_router(cfg, Dataset.open(poisoned), tmp_path / "run", device="cpu")
     info = json.loads((tmp_path / "run" / "router" / "hddm_router.json").read_text())
     assert info["steps"] == -(-n // 16) and info["device"] == "cpu" and info["training_images"] == n
 
@@ -161,13 +160,12 @@ def test_a_looping_stream_fills_batches_larger_than_its_split(dataset_dir):
     """A split smaller than one batch (a small cluster, a tiny dataset) still yields full batches when looping:
     a batch spans epochs, every sample appears once per epoch, labels stay with their samples."""
     from hddm_flower.data import read_meta, split_size
-    from hddm_flower.data.streams import stream_images
 
     n = split_size(read_meta(dataset_dir), [0], "val")
     assert 0 < n < 64
-    stream = stream_images(dataset_dir, [0], batch_size=2 * n + 1, split="val", seed=1)
+    stream = Dataset.open(dataset_dir).images([0], batch_size=2 * n + 1, split="val", seed=1)
     x, y = next(stream)
     assert len(x) == 2 * n + 1 and set(y.tolist()) == {0}
-    one_pass = torch.cat([b[0] for b in stream_images(dataset_dir, [0], batch_size=n, split="val", loop=False)])
+    one_pass = torch.cat([b[0] for b in Dataset.open(dataset_dir).images([0], batch_size=n, split="val", loop=False)])
     key = lambda imgs: sorted(imgs.flatten(1).sum(1).tolist())  # noqa: E731
     assert key(x[:n]) == key(one_pass) and key(x[n : 2 * n]) == key(one_pass)

@@ -241,14 +241,14 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     assert split.images.shape[1:] == (4, 8, 8) and split.cond.states.shape[1:] == (77, 32)
     assert Dataset.open(d).uncond.mask.sum() == 2  # CLIP: <|startoftext|> <|endoftext|>
     assert prepare_data(cfg, tmp_path / "cache").root == d  # cached
-    state, model_config, emeta = train_one_expert(cfg, d, 0, "fm")
+    state, model_config, emeta = train_one_expert(cfg, Dataset.open(d), 0, "fm")
     assert model_config["in_channels"] == 4 and model_config["sample_size"] == 8 and emeta["steps"] == 2
     x = torch.randn(2, 4, 8, 8)
     img = Dataset.open(d).decoder(cfg)(x)
     assert img.shape == (2, 3, 16, 16) and img.abs().max() <= 1
     torch.testing.assert_close(img, LatentCodec(models["vae"]).decode(x))
     # an institution's folder alone is enough to train
-    state2, _, _ = train_one_expert(cfg, d / "cluster-0", 0, "fm")
+    state2, _, _ = train_one_expert(cfg, Dataset.open(d / "cluster-0"), 0, "fm")
     for k in state:
         torch.testing.assert_close(state[k], state2[k])
     # the whole run on latents: experts, router, evaluation, samples decoded by the VAE into a pixel grid
@@ -257,11 +257,11 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     from hddm_flower.stages.prepare import assign_objectives
 
     run = tmp_path / "run"
-    for k, objective in enumerate(assign_objectives(cfg, d)):
-        save_expert(run / "experts" / f"expert-{k}", *train_one_expert(cfg, d, k, objective))
+    for k, objective in enumerate(assign_objectives(cfg, Dataset.open(d))):
+        save_expert(run / "experts" / f"expert-{k}", *train_one_expert(cfg, Dataset.open(d), k, objective))
     cfg.router.preset, cfg.router.steps, cfg.router.batch_size = "test", 2, 4
     cfg.sampling.num_steps, cfg.sampling.samples_per_prompt, cfg.sampling.prompts = 2, 2, ["a red square"]
-    report = finish_run(cfg, run, d, [])
+    report = finish_run(cfg, run, Dataset.open(d), [])
     assert len(report["experts"]) == 2 and report["dataset"]["text_encoder"].startswith("clip_text_model")
     with Image.open(run / "samples.png") as grid:
         assert grid.size == (4 * (2 + 2 * (16 + 2)), 4 * (2 + 16 + 2))  # 16×16 pixels per sample, not 8×8 latents
@@ -490,7 +490,7 @@ def test_nodes_train_from_their_own_shard_set_only(tiny_config, dataset_dir, tmp
     nodes = {200 + k: {"partition-id": k, "num-partitions": 4, "shard-set": str(sites[k])} for k in range(3)}
     nodes[203] = {"partition-id": 3, "num-partitions": 4, "shard-set": str(sites[1])}  # the wrong folder
     strategy = OneShotExperts(
-        ExpertStore(tmp_path / "run", expert_spec(cfg, dataset_dir)),
+        ExpertStore(tmp_path / "run", expert_spec(cfg, Dataset.open(dataset_dir))),
         cfg.to_dict(),
         cfg.objective_of(),
         min_nodes=4,
@@ -526,7 +526,7 @@ def test_streamed_training_reads_the_shards_as_a_stream(tiny_config, dataset_dir
     assert set(seen) <= ref and len(set(seen)) == len(ref)
     cfg = copy.deepcopy(tiny_config)
     cfg.data.stream = True
-    _, _, meta = train_one_expert(cfg, dataset_dir, 1, "fm")
+    _, _, meta = train_one_expert(cfg, Dataset.open(dataset_dir), 1, "fm")
     assert meta["cluster_size"] == len(in_ram) and meta["steps"] == cfg.expert.steps
 
 

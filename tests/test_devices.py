@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hddm_flower.config.sections import CoordinatorConfig
+from hddm_flower.data import Dataset
 
 from .device_emulation import DeviceMismatch, emulated_cuda, on_device
 
@@ -98,11 +99,13 @@ def device_run(tiny_config, dataset_dir, tmp_path_factory):
     cfg = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, routing_modes=["top2", "oracle"]))
     run = tmp_path_factory.mktemp("device-run")
     write_config(run / "config.yaml", cfg, "the tiny test config on an emulated CUDA coordinator")
-    objectives = assign_objectives(cfg, dataset_dir)
+    objectives = assign_objectives(cfg, Dataset.open(dataset_dir))
     for k in PRESENT:
-        save_expert(run / "experts" / f"expert-{k}", *train_one_expert(cfg, dataset_dir, k, objectives[k]))
+        save_expert(
+            run / "experts" / f"expert-{k}", *train_one_expert(cfg, Dataset.open(dataset_dir), k, objectives[k])
+        )
     with emulated_cuda() as mode:
-        report = finish_run(cfg, run, dataset_dir, [{"expert_id": 2, "reason": "lost"}])
+        report = finish_run(cfg, run, Dataset.open(dataset_dir), [{"expert_id": 2, "reason": "lost"}])
     return run, report, mode.ops
 
 
@@ -218,15 +221,15 @@ def test_diagnostics_stream_a_bounded_seeded_subsample(device_run, dataset_dir):
     from hddm_flower.stages.diagnostics import evaluate, heldout_batches
 
     ens = HDDMPipeline.from_pretrained(device_run[0]).ensemble()
-    sizes = [len(x) for x, _, _ in heldout_batches(dataset_dir, 7, 3, seed=0)]
+    sizes = [len(x) for x, _, _ in heldout_batches(Dataset.open(dataset_dir), 7, 3, seed=0)]
     assert sizes == [3, 3, 1]
     val = split_size(read_meta(dataset_dir), None, "val")
-    assert sum(len(x) for x, _, _ in heldout_batches(dataset_dir, 10**6, 64, seed=0)) == val
-    a = evaluate(ens, heldout_batches(dataset_dir, 7, 3, seed=0), seed=0, times=(0.0, 0.5, 1.0))
-    b = evaluate(ens, heldout_batches(dataset_dir, 7, 3, seed=0), seed=0, times=(0.0, 0.5, 1.0))
+    assert sum(len(x) for x, _, _ in heldout_batches(Dataset.open(dataset_dir), 10**6, 64, seed=0)) == val
+    a = evaluate(ens, heldout_batches(Dataset.open(dataset_dir), 7, 3, seed=0), seed=0, times=(0.0, 0.5, 1.0))
+    b = evaluate(ens, heldout_batches(Dataset.open(dataset_dir), 7, 3, seed=0), seed=0, times=(0.0, 0.5, 1.0))
     assert a == b and a["num_images"] == 7 and len(a["router_top1_accuracy"]) == 3
-    first = [y for _, y, _ in heldout_batches(dataset_dir, 7, 3, seed=0)]
-    other = [y for _, y, _ in heldout_batches(dataset_dir, 7, 3, seed=1)]
+    first = [y for _, y, _ in heldout_batches(Dataset.open(dataset_dir), 7, 3, seed=0)]
+    other = [y for _, y, _ in heldout_batches(Dataset.open(dataset_dir), 7, 3, seed=1)]
     assert not all(torch.equal(p, q) for p, q in zip(first, other))  # the seed picks the subsample
 
 

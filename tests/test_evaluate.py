@@ -43,17 +43,17 @@ def test_evaluation_config_is_checked(tmp_path):
 
 
 def test_prompts_are_distinct_held_out_first_and_seeded(tiny_config, dataset_dir):
-    a = choose_prompts(dataset_dir, 5, seed=0)
+    a = choose_prompts(Dataset.open(dataset_dir), 5, seed=0)
     assert len(set(a.captions)) == 5 and a.cond.states.shape[0] == 5 and a.labels.shape == (5,)
-    assert a.captions == choose_prompts(dataset_dir, 5, seed=0).captions
-    mine = choose_prompts(dataset_dir, 4, seed=1, clusters=[2])
+    assert a.captions == choose_prompts(Dataset.open(dataset_dir), 5, seed=0).captions
+    mine = choose_prompts(Dataset.open(dataset_dir), 4, seed=1, clusters=[2])
     assert torch.all(mine.labels == 2)
 
 
 def test_prompt_choice_reads_what_the_prompts_need_not_the_dataset(tmp_path, monkeypatch):
     """Every sample the caption streams read passes webdataset's member filter once with its ``.json``: counted
     there. 2 prompts of a 2-cluster dataset (half held out) read a few samples, not a cluster's worth."""
-    from hddm_flower.data import read_meta, streams
+    from hddm_flower.data import read_meta, shards
     from hddm_flower.gmm.dataset import GMMSpec, prepare_gmm
 
     spec = GMMSpec(num_clusters=2, components_per_cluster=4, image_size=4, channels=1, rank=1, num_samples=800)
@@ -61,7 +61,7 @@ def test_prompt_choice_reads_what_the_prompts_need_not_the_dataset(tmp_path, mon
     meta = read_meta(d)
     val_fraction = sum(c["val"] for c in meta["clusters"]) / meta["num_images"]
     read = []
-    real = streams.open_shards
+    real = shards.open_shards
 
     def counted(urls, *, select_files, **kw):
         def keep(name):
@@ -71,9 +71,9 @@ def test_prompt_choice_reads_what_the_prompts_need_not_the_dataset(tmp_path, mon
 
         return real(urls, select_files=keep, **kw)
 
-    monkeypatch.setattr(streams, "open_shards", counted)
+    monkeypatch.setattr(shards, "open_shards", counted)
     n, k = 2, meta["num_clusters"]
-    assert len(choose_prompts(d, n, seed=0).captions) == n
+    assert len(choose_prompts(Dataset.open(d), n, seed=0).captions) == n
     # each cluster's buffer (n / K held-out captions) fills, then one held-out caption per prompt: ≈ (n + K)/vf
     assert 0 < len(read) <= 4 * (n + k) / val_fraction < meta["num_images"] / 20
 
@@ -174,11 +174,11 @@ def test_a_feature_network_trained_with_other_settings_is_refused(reproduced, da
     from hddm_flower.evaluation.evaluate import feature_network
 
     cfg, out, _ = reproduced
-    fx, net, desc = feature_network(cfg, dataset_dir, out / "feature_net")  # same settings: reused
+    fx, net, desc = feature_network(cfg, Dataset.open(dataset_dir), out / "feature_net")  # same settings: reused
     assert fx.name.startswith("hddm feature classifier") and net is not None
     other = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, feature_steps=7))
     with pytest.raises(ConfigError, match="trained with other settings"):
-        feature_network(other, dataset_dir, out / "feature_net")
+        feature_network(other, Dataset.open(dataset_dir), out / "feature_net")
 
 
 def test_monolith_sees_what_the_experts_saw(tiny_config, dataset_dir):

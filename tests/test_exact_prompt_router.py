@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 
+from hddm_flower.data import Dataset
 from hddm_flower.ensemble import Ensemble
 from hddm_flower.gmm.dataset import GMMSpec, load_reference, prepare_gmm
 from hddm_flower.gmm.exact import ExactRouter, exact_expert
@@ -19,7 +20,7 @@ F64 = torch.float64
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory):
     spec = GMMSpec(num_clusters=3, components_per_cluster=2, image_size=4, channels=1, rank=2, num_samples=90)
-    return load_reference(prepare_gmm(tmp_path_factory.mktemp("gmm-cache"), spec, max_caption_tokens=8))
+    return load_reference(Dataset.open(prepare_gmm(tmp_path_factory.mktemp("gmm-cache"), spec, max_caption_tokens=8)))
 
 
 def _pooled(cond: TextCond, j: int, n: int) -> torch.Tensor:
@@ -113,7 +114,7 @@ def colour_dataset(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def colour_ref(colour_dataset):
-    return load_reference(colour_dataset)
+    return load_reference(Dataset.open(colour_dataset))
 
 
 def test_colour_captions_are_shared_by_every_cluster_and_their_cluster_prior_is_closed_form(colour_ref):

@@ -31,7 +31,7 @@ GRIDS = {"memory": lambda fake: fake, "wire": fake_over_wire}
 
 def _strategy(cfg, run_dir, cache_dir, dataset_dir, **kw):
     args = dict(min_nodes=1, min_experts=1, node_wait_timeout=0.5, cache_dir=str(cache_dir), poll_interval=0.05)
-    store = ExpertStore(run_dir, expert_spec(cfg, dataset_dir))
+    store = ExpertStore(run_dir, expert_spec(cfg, Dataset.open(dataset_dir)))
     return OneShotExperts(store, cfg.to_dict(), cfg.objective_of(), **(args | kw))
 
 
@@ -592,7 +592,7 @@ def test_training_in_a_forked_child_returns_the_weights_or_the_error(tiny_config
     cfg = config_from_dict(tiny_config.to_dict() | {"expert": tiny_config.to_dict()["expert"] | {"steps": 2}})
     torch.set_num_threads(1)
     blob, model_config, meta = pool.train_in_child(cfg, Dataset.open(dataset_dir), 0, "fm", "cpu", None)
-    state, model_config_here, _ = train_one_expert(cfg, dataset_dir, 0, "fm")
+    state, model_config_here, _ = train_one_expert(cfg, Dataset.open(dataset_dir), 0, "fm")
     from safetensors.torch import load
 
     got = load(blob)

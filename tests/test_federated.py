@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from hddm_flower.data import Dataset
 from hddm_flower.evaluation import metrics as M
 from hddm_flower.federation.local import (
     FeatureSums,
@@ -58,7 +59,6 @@ def test_fid_from_sums_equals_the_pooled_fid_and_the_closed_form():
 def test_node_feature_sums_stream_bounded_batches_and_equal_the_whole_cluster(dataset_dir):
     """A node's sums of one cluster, streamed from its shards, equal (float64) the sums of the whole cluster
     (train + val) featurised at once, and no call decodes or featurises more than one batch."""
-    from hddm_flower.data import Dataset
 
     whole = torch.cat([Dataset.open(dataset_dir).split([2], split).images for split in ("train", "val")])
     proj = torch.randn(whole[0].numel(), 5, dtype=F64, generator=torch.Generator().manual_seed(2))
@@ -70,7 +70,7 @@ def test_node_feature_sums_stream_bounded_batches_and_equal_the_whole_cluster(da
         seen.append(len(x))
         return x
 
-    got = cluster_feature_sums(fx, dataset_dir, 2, decode=decode, batch_size=16)
+    got = cluster_feature_sums(fx, Dataset.open(dataset_dir), 2, decode=decode, batch_size=16)
     want = FeatureSums.of(fx(whole))
     assert got.count == want.count == len(whole) == sum(seen) and max(seen) == 16
     assert len(seen) == -(-len(whole) // 16)

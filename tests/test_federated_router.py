@@ -194,7 +194,7 @@ def test_federated_reference_statistics_equal_the_central_ones(tiny_config, data
         grid, cfg, CLUSTERS, net, "random test net", timeout=60, cache_dir=str(cache_dir)
     )
     assert sorted(sums) == [0, 1, 2, 3] and record["failed"] == {}
-    ref = all_images(dataset_dir)
+    ref = all_images(Dataset.open(dataset_dir))
     central = fx(ref.images)
     total = sums[0] + sums[1] + sums[2] + sums[3]
     assert total.count == len(ref) == record["num_images"]

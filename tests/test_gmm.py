@@ -94,7 +94,7 @@ def gmm_dir(tmp_path_factory):
 def test_dataset_has_the_common_layout(gmm_dir):
     meta = read_meta(gmm_dir)
     assert meta["name"] == "gmm" and meta["num_clusters"] == 3 and meta["channels"] == 1 and not meta["latent"]
-    ref = load_reference(gmm_dir)
+    ref = load_reference(Dataset.open(gmm_dir))
     train = Dataset.open(gmm_dir).split(None, "train")
     assert train.images.shape[1:] == (1, 4, 4) and train.images.dtype == torch.float32
     assert sorted(set(train.captions)) == sorted(set(ref.captions))
@@ -103,7 +103,7 @@ def test_dataset_has_the_common_layout(gmm_dir):
     assert (ref.cluster_of[comp] == train.labels).double().mean() > 0.8
     # one cluster folder stands alone
     one = Dataset.open(gmm_dir / "cluster-1").split([1], "train")
-    assert (one.labels == 1).all() and load_reference(gmm_dir / "cluster-1").captions == ref.captions
+    assert (one.labels == 1).all() and load_reference(Dataset.open(gmm_dir / "cluster-1")).captions == ref.captions
 
 
 def _snis(mixture: GaussianMixture, x_t, t, n, seed):
@@ -120,7 +120,7 @@ def _snis(mixture: GaussianMixture, x_t, t, n, seed):
 
 @pytest.mark.parametrize("t", [0.2, 0.5, 0.8])
 def test_exact_fm_expert_and_router_match_monte_carlo(gmm_dir, t):
-    ref = load_reference(gmm_dir)
+    ref = load_reference(Dataset.open(gmm_dir))
     k = 1
     cluster = ref.mixture.subset((ref.cluster_of == k).nonzero().squeeze(1))
     g = torch.Generator().manual_seed(4)
@@ -147,7 +147,7 @@ def test_exact_fm_expert_and_router_match_monte_carlo(gmm_dir, t):
 
 def test_exact_router_is_calibrated_over_the_t_grid(gmm_dir):
     """Tower property and orthogonality of the posterior, by Monte Carlo over (x0, k, ε), t at the endpoints too."""
-    ref = load_reference(gmm_dir)
+    ref = load_reference(Dataset.open(gmm_dir))
     router = ExactRouter(ref)
     g = torch.Generator().manual_seed(7)
     n = 6000
@@ -165,7 +165,7 @@ def test_exact_router_is_calibrated_over_the_t_grid(gmm_dir):
 
 
 def test_exact_ddpm_expert_agrees_with_fm_through_the_schedule_aware_conversion(gmm_dir):
-    ref = load_reference(gmm_dir)
+    ref = load_reference(Dataset.open(gmm_dir))
     g = torch.Generator().manual_seed(8)
     x0, _ = ref.mixture.sample(16, g)
     uncond = TextCond(ref.uncond.states.expand(16, -1, -1), ref.uncond.mask.expand(16, -1))
@@ -184,7 +184,7 @@ def test_exact_ddpm_expert_agrees_with_fm_through_the_schedule_aware_conversion(
 
 
 def test_caption_selects_the_component(gmm_dir):
-    ref = load_reference(gmm_dir)
+    ref = load_reference(Dataset.open(gmm_dir))
     g = torch.Generator().manual_seed(9)
     x = torch.randn(6, 1, 4, 4, generator=g, dtype=F64)
     t = torch.full((6,), 0.4, dtype=F64)
@@ -207,7 +207,7 @@ def test_caption_selects_the_component(gmm_dir):
 
 def test_full_routing_of_exact_experts_is_the_exact_marginal_velocity(gmm_dir):
     """Σ_k p(k | x_t) v*_k(x_t) = v*(x_t): exact experts + exact router + full routing are exact (unconditional)."""
-    ref = load_reference(gmm_dir)
+    ref = load_reference(Dataset.open(gmm_dir))
     ens = Ensemble({k: exact_expert(ref, k, "fm") for k in range(3)}, ExactRouter(ref), 3, routing="full")
     x = torch.randn(8, 1, 4, 4, generator=torch.Generator().manual_seed(10), dtype=F64)
     uncond = TextCond(ref.uncond.states.expand(8, -1, -1), ref.uncond.mask.expand(8, -1))

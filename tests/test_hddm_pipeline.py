@@ -10,6 +10,7 @@ from diffusers import DDPMScheduler, FlowMatchEulerDiscreteScheduler, PixArtTran
 from PIL import Image
 
 from hddm_flower.checkpoints import SCHEDULER, scheduler_config, time_convention
+from hddm_flower.data import Dataset
 from hddm_flower.ensemble import euler_sample
 from hddm_flower.experts import FlowMatchingExpert
 from hddm_flower.hddm_pipeline import HDDMPipeline, read_uncond
@@ -32,9 +33,11 @@ def run(tiny_config, dataset_dir, tmp_path_factory):
 
     run = tmp_path_factory.mktemp("run")
     write_config(run / "config.yaml", tiny_config, "the tiny test config")
-    objectives = assign_objectives(tiny_config, dataset_dir)
+    objectives = assign_objectives(tiny_config, Dataset.open(dataset_dir))
     for k in PRESENT:
-        save_expert(run / "experts" / f"expert-{k}", *train_one_expert(tiny_config, dataset_dir, k, objectives[k]))
+        save_expert(
+            run / "experts" / f"expert-{k}", *train_one_expert(tiny_config, Dataset.open(dataset_dir), k, objectives[k])
+        )
     load = PixArtTransformer2DModel.from_pretrained
 
     def noted(cls, folder, *args, **kwargs):
@@ -43,7 +46,7 @@ def run(tiny_config, dataset_dir, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(PixArtTransformer2DModel, "from_pretrained", classmethod(noted))
-        finish_run(tiny_config, run, dataset_dir, [{"expert_id": 2, "reason": "lost"}])
+        finish_run(tiny_config, run, Dataset.open(dataset_dir), [{"expert_id": 2, "reason": "lost"}])
     return run
 
 

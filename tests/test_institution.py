@@ -10,6 +10,7 @@ from flwr.app import Context, RecordDict
 from clients.client_app import app as client_app
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.config.rules import ConfigError
+from hddm_flower.data import Dataset
 from hddm_flower.federation.declarations import (
     DeclarationMismatch,
     check_agreement,
@@ -31,7 +32,7 @@ def sample_files(root):
 
 
 def test_a_declaration_is_statistics_of_the_nodes_own_cluster(dataset_dir):
-    d = declaration(dataset_dir / "cluster-2")
+    d = declaration(Dataset.open(dataset_dir / "cluster-2"))
     meta = json.loads((dataset_dir / "meta.json").read_text())
     c = meta["clusters"][2]
     assert d["num_train"] + d["num_val"] == c["size"] and d["num_val"] == c["val"] and d["detail"] == c["detail"]
@@ -50,13 +51,13 @@ def test_a_declaration_is_statistics_of_the_nodes_own_cluster(dataset_dir):
     ],
 )
 def test_a_malformed_declaration_is_refused_naming_the_node_and_field(dataset_dir, change, message):
-    d = declaration(dataset_dir / "cluster-0") | change
+    d = declaration(Dataset.open(dataset_dir / "cluster-0")) | change
     with pytest.raises(WireError, match=f"node 5 declaration.*{message}"):
         parse_declaration(json.dumps(d), 5)
 
 
 def test_declarations_that_disagree_name_the_node_and_the_field(dataset_dir):
-    d = parse_declaration(json.dumps(declaration(dataset_dir / "cluster-0")), 1)
+    d = parse_declaration(json.dumps(declaration(Dataset.open(dataset_dir / "cluster-0"))), 1)
     check_agreement({1: d, 2: d | {"detail": 0.9}, 3: d})  # statistics may differ
     with pytest.raises(DeclarationMismatch, match=r"^node 3 declares text_encoder 'clip:other'.*'bert:"):
         check_agreement({1: d, 2: d, 3: d | {"text_encoder": "clip:other"}})
@@ -214,4 +215,4 @@ def test_hddm_prepare_makes_one_institutions_data_answer_to_any_expert_id(tiny_c
     meta = read_meta(d)
     assert meta["institution"] and meta["num_clusters"] == 1 and meta["num_images"] == 40
     split = Dataset.open(d).split([3], "train")
-    assert set(split.labels.tolist()) == {3} and len(split) == declaration(d)["num_train"]
+    assert set(split.labels.tolist()) == {3} and len(split) == declaration(Dataset.open(d))["num_train"]

@@ -7,6 +7,7 @@ import pytest
 import torch
 import yaml
 
+from hddm_flower.data import Dataset
 from hddm_flower.data.writer import DatasetWriter
 
 from .test_data_scale import _image, _write_shard
@@ -144,6 +145,6 @@ def test_reference_statistics_loop_closes_its_bar(dataset_dir, capsys):
     fx = FeatureExtractor("pixels", 4, fn)
     _closed_before_the_error(
         capsys,
-        lambda: compute_reference(dataset_dir, fx, batch_size=4, progress=True),
+        lambda: compute_reference(Dataset.open(dataset_dir), fx, batch_size=4, progress=True),
         "reference statistics",
     )

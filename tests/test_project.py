@@ -198,7 +198,8 @@ def test_the_dataset_directory_has_one_home():
     """The dataset's layout is spelled in hddm_flower/data/layout.py only; meta.json is read by Dataset.open only;
     shards are opened by one webdataset builder and written by one writer."""
     quoted = re.compile(
-        r"""["'](meta\.json|uncond\.safetensors|shard-%06d\.tar|shard-\*\.tar)["']|f["']cluster-\{[^}]*\}["']"""
+        r"""["'](meta\.json|uncond\.safetensors|shard-%06d\.tar|shard-\*\.tar|gmm\.safetensors|reference-stats|prompt-clusters)["']"""
+        r"""|f["']cluster-\{[^}]*\}["']"""
     )
     spelled = [
         f"{p}:{i}"
@@ -216,6 +217,50 @@ def test_the_dataset_directory_has_one_home():
     assert len(readers) == 1 and readers[0].startswith("hddm_flower/data/dataset.py"), readers  # Dataset.open
     assert [c.split(":")[0] for c in calls["WebDataset"]] == ["hddm_flower/data/shards.py"]
     assert [c.split(":")[0] for c in calls["ShardWriter"]] == ["hddm_flower/data/writer.py"]
+
+
+# where a dataset may be opened from its folder: the entry points of a process (the command line, the ServerApp,
+# a node's handler, a worker process), a stage that makes a new dataset (prepare, a late cluster's extension), and
+# the data package itself (Dataset.open; extend_dataset reads its two sources)
+DATASET_OPENERS = {
+    "clients/declare.py",
+    "clients/node_data.py",
+    "clients/train_worker.py",
+    "hddm_flower/cli.py",
+    "hddm_flower/data/__init__.py",
+    "hddm_flower/data/dataset.py",
+    "hddm_flower/gmm/evaluate.py",
+    "hddm_flower/reproduce.py",
+    "hddm_flower/stages/add_expert.py",
+    "hddm_flower/stages/prepare.py",
+    "strategies/server_app.py",
+}
+
+
+def test_a_dataset_is_opened_at_the_entry_points_and_passed_down():
+    """Below the entry points a dataset travels as a ``Dataset``: every parameter named ``dataset`` of the library
+    and the Flower apps is annotated ``Dataset``, none is named ``dataset_dir``, no adapter turns a path into one,
+    and ``Dataset.open`` is called only in :data:`DATASET_OPENERS`."""
+    import ast
+
+    untyped, adapters = [], []
+    for root in ("hddm_flower", "strategies", "clients"):
+        for path in sorted((ROOT / root).rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    if node.name == "as_dataset":
+                        adapters.append(f"{name}:{node.lineno}")
+                    for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+                        annotation = ast.unparse(a.annotation) if a.annotation else None
+                        if a.arg == "dataset_dir" or (a.arg == "dataset" and annotation != "Dataset"):
+                            untyped.append(f"{name}:{node.lineno} {node.name}({a.arg}: {annotation})")
+                elif isinstance(node, ast.Name) and node.id == "as_dataset":
+                    adapters.append(f"{name}:{node.lineno}")
+    assert untyped == [] and adapters == []
+    openers = {p for p, _, line in _code_lines("hddm_flower", "strategies", "clients") if "Dataset.open(" in line}
+    assert openers <= DATASET_OPENERS, sorted(openers - DATASET_OPENERS)
+    assert "hddm_flower/cli.py" in openers  # the scan saw the code
 
 
 def test_a_runs_ensemble_is_built_in_one_place():

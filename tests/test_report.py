@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hddm_flower.checkpoints import save_expert
-from hddm_flower.data import read_meta
+from hddm_flower.data import Dataset, read_meta
 from hddm_flower.stages.assemble import finish_run
 from hddm_flower.stages.expert import build_expert
 from hddm_flower.stages.prepare import assign_objectives
@@ -17,14 +17,14 @@ def report_run(tiny_config, dataset_dir, tmp_path_factory):
     import torch
 
     run = tmp_path_factory.mktemp("run")
-    objectives = assign_objectives(tiny_config, dataset_dir)
+    objectives = assign_objectives(tiny_config, Dataset.open(dataset_dir))
     for k in (0, 1):
         torch.manual_seed(k)
         expert, model_config, meta = build_expert(tiny_config, read_meta(dataset_dir), objectives[k], expert_id=k)
         meta |= {"expert_id": k, "cluster_id": k, "steps": 3, "images_seen": 12, "device_seconds": 0.5}
         save_expert(run / "experts" / f"expert-{k}", expert.net.transformer.state_dict(), model_config, meta)
     missing = [{"expert_id": 2, "reason": "error reply (code 2)"}, {"expert_id": 3, "reason": "no reply within 2 s"}]
-    return run, finish_run(tiny_config, run, dataset_dir, missing)
+    return run, finish_run(tiny_config, run, Dataset.open(dataset_dir), missing)
 
 
 def test_report_json_names_experts_missing_metrics_and_versions(report_run):
@@ -114,7 +114,7 @@ def test_fuzzed_acceptable_experts_are_accepted_and_reach_report_cards_and_pipel
     from hddm_flower.stages.expert import expert_spec
 
     run, report = report_run
-    spec = expert_spec(tiny_config, dataset_dir)
+    spec = expert_spec(tiny_config, Dataset.open(dataset_dir))
     source = run / "experts" / "expert-1"
     base = json.loads((source / META).read_text())
     blob = (source / WEIGHTS).read_bytes()
@@ -135,7 +135,9 @@ def test_fuzzed_acceptable_experts_are_accepted_and_reach_report_cards_and_pipel
             objective_assigned="ddpm",
         )  # fmt: skip
         assert installed["expert_id"] == 1 and (target / "experts" / "expert-1" / WEIGHTS).is_file()
-        out = write_report(tiny_config, target, dataset_dir, [meta0, installed], [], report["metrics"], {})
+        out = write_report(
+            tiny_config, target, Dataset.open(dataset_dir), [meta0, installed], [], report["metrics"], {}
+        )
         json.loads(json.dumps(out, allow_nan=False))
         md = (target / "report.md").read_text()
         assert f"| 1 | 1 | ddpm ({fields['schedule']}) |" in md and f"| {fields['steps']} |" in md

@@ -10,6 +10,7 @@ import torch
 
 from hddm_flower.checkpoints import load_router, save_router
 from hddm_flower.config.io import config_from_dict, load_config
+from hddm_flower.data import Dataset
 from hddm_flower.ensemble import Ensemble
 from hddm_flower.models import Router, TextCond, router_conditioning, router_config
 from hddm_flower.text import pooled_caption
@@ -129,15 +130,15 @@ def test_config_names_the_conditioning():
 def test_the_router_stream_carries_each_captions_pooled_embedding(dataset_dir):
     """``pooled=True``: each training sample once (shuffled), with its own caption's pooled embedding (the same
     as text.pooled_caption of its stored states), and no token states in the batch."""
-    from hddm_flower.data import Dataset
-    from hddm_flower.data.streams import stream_images
 
     split = Dataset.open(dataset_dir).split(None, "train")
     want = {
         x.numpy().tobytes(): (int(y), p) for x, y, p in zip(split.images, split.labels, pooled_caption(*split.cond))
     }
     seen = 0
-    for x, y, caption in stream_images(dataset_dir, batch_size=16, split="train", seed=3, loop=False, pooled=True):
+    for x, y, caption in Dataset.open(dataset_dir).images(
+        batch_size=16, split="train", seed=3, loop=False, pooled=True
+    ):
         assert caption.shape == (len(x), split.cond.states.shape[-1])
         for xi, yi, ci in zip(x, y, caption):
             label, pooled = want.pop(xi.numpy().tobytes())

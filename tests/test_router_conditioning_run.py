@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from hddm_flower.data import Dataset
 from hddm_flower.hddm_pipeline import HDDMPipeline
 from hddm_flower.models import Router
 from hddm_flower.text import pooled_caption
@@ -32,10 +33,12 @@ def run(text_cfg, dataset_dir, tmp_path_factory):
 
     run = tmp_path_factory.mktemp("text-run")
     write_config(run / "config.yaml", text_cfg, "the tiny test config, prompt-aware router")
-    objectives = assign_objectives(text_cfg, dataset_dir)
+    objectives = assign_objectives(text_cfg, Dataset.open(dataset_dir))
     for k in PRESENT:
-        save_expert(run / "experts" / f"expert-{k}", *train_one_expert(text_cfg, dataset_dir, k, objectives[k]))
-    finish_run(text_cfg, run, dataset_dir, [{"expert_id": 2, "reason": "lost"}])
+        save_expert(
+            run / "experts" / f"expert-{k}", *train_one_expert(text_cfg, Dataset.open(dataset_dir), k, objectives[k])
+        )
+    finish_run(text_cfg, run, Dataset.open(dataset_dir), [{"expert_id": 2, "reason": "lost"}])
     return run
 
 

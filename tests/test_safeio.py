@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hddm_flower.data import Dataset
 from hddm_flower.safeio import UnsafeFile, copy_file, read_text
 
 
@@ -57,7 +58,7 @@ def late(tiny_config, dataset_dir, tmp_path):
     run = tmp_path / "run"
     (run / "experts").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump(tiny_config.to_dict()))
-    config = expected_model_config(tiny_config, dataset_dir)
+    config = expected_model_config(tiny_config, Dataset.open(dataset_dir))
     torch.manual_seed(0)
     blob = weights_bytes(ExpertNet.from_config(config).transformer.state_dict())
     ckpt = tmp_path / "late"

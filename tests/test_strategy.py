@@ -7,6 +7,7 @@ from flwr.app import ConfigRecord
 from clients.client_app import app as client_app
 from hddm_flower.accept import ExpertStore
 from hddm_flower.checkpoints import load_expert
+from hddm_flower.data import Dataset
 from hddm_flower.stages.expert import expert_spec
 from strategies.inprocess_grid import FakeGrid, rewrite_weights
 from strategies.one_shot import OneShotExperts
@@ -21,7 +22,9 @@ def _strategy(cfg, run_dir, cache_dir, dataset_dir, **kw):
         cache_dir=str(cache_dir),
         poll_interval=0.05,
     )
-    return OneShotExperts(ExpertStore(run_dir, expert_spec(cfg, dataset_dir)), cfg.to_dict(), objectives, **(args | kw))
+    return OneShotExperts(
+        ExpertStore(run_dir, expert_spec(cfg, Dataset.open(dataset_dir))), cfg.to_dict(), objectives, **(args | kw)
+    )
 
 
 def test_one_shot_collects_experts_and_records_failures(tiny_config, dataset_dir, cache_dir, tmp_path):

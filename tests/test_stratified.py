@@ -22,16 +22,16 @@ from .conftest import TINY
 
 def test_stratified_prompts_are_equal_per_cluster_seeded_and_deterministic(dataset_dir):
     k = Dataset.open(dataset_dir).num_clusters
-    a = stratified_prompts(dataset_dir, 2 * k, seed=0)
+    a = stratified_prompts(Dataset.open(dataset_dir), 2 * k, seed=0)
     assert a.labels.tolist() == [c for c in range(k) for _ in range(2)]  # cluster by cluster, 2 each
     assert a.cond.states.shape[0] == a.cond.mask.shape[0] == 2 * k
-    again = stratified_prompts(dataset_dir, 2 * k, seed=0)
+    again = stratified_prompts(Dataset.open(dataset_dir), 2 * k, seed=0)
     assert again.captions == a.captions and torch.equal(again.cond.states, a.cond.states)
-    others = [stratified_prompts(dataset_dir, 2 * k, seed=s) for s in range(1, 5)]
+    others = [stratified_prompts(Dataset.open(dataset_dir), 2 * k, seed=s) for s in range(1, 5)]
     assert all(o.labels.tolist() == a.labels.tolist() for o in others)  # one cluster mix for every seed …
     assert any(o.captions != a.captions for o in others)  # … and other captions
     with pytest.raises(ValueError, match="evaluation.num_prompts: 7 prompts cannot be split equally among"):
-        stratified_prompts(dataset_dir, 7, seed=0)
+        stratified_prompts(Dataset.open(dataset_dir), 7, seed=0)
 
 
 def test_stratified_prompts_are_checked_with_the_config(tmp_path):

@@ -4,6 +4,7 @@ draws and prompts, and the metrics against it, in float64 against direct computa
 import pytest
 import torch
 
+from hddm_flower.data import Dataset
 from hddm_flower.gmm.dataset import GMMSpec, load_reference, prepare_gmm
 from hddm_flower.gmm.exact import caption_cluster_prior
 from hddm_flower.gmm.targets import caption_targets, captions_of, draw_components, sample_prompts, true_draws
@@ -20,12 +21,14 @@ def colour_dataset(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def colour_ref(colour_dataset):
-    return load_reference(colour_dataset)
+    return load_reference(Dataset.open(colour_dataset))
 
 
 @pytest.fixture(scope="module")
 def pattern_ref(tmp_path_factory):
-    return load_reference(prepare_gmm(tmp_path_factory.mktemp("gmm-pattern"), GMMSpec(**SPEC), max_caption_tokens=8))
+    return load_reference(
+        Dataset.open(prepare_gmm(tmp_path_factory.mktemp("gmm-pattern"), GMMSpec(**SPEC), max_caption_tokens=8))
+    )
 
 
 def _binomial_bound(p: torch.Tensor, n: int, z: float = 4.5) -> torch.Tensor:

@@ -4,7 +4,8 @@ They are written through :class:`.writer.DatasetWriter` by :func:`hddm_flower.em
 embedded Twemoji dataset), :mod:`hddm_flower.cluster` (data at scale, after :mod:`hddm_flower.ingest`),
 :mod:`hddm_flower.gmm.dataset`, :func:`extend_dataset` and the institution descriptor; read through a
 :class:`.dataset.Dataset` opened once where a dataset enters a process (splits in memory, the expert's stream),
-whose shards :func:`.shards.open_shards` opens; the coordinator's image and caption streams are in :mod:`.streams`.
+with its image and caption streams (:meth:`.dataset.Dataset.images`, :meth:`.dataset.Dataset.captions`), whose
+shards :mod:`.shards` opens and decodes; :mod:`.streams` holds the streamed stand-ins for a split in memory.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from . import layout
-from .dataset import MAX_META_BYTES, Dataset, Split, StreamingSplit, as_dataset, read_meta, split_size
+from .dataset import MAX_META_BYTES, Dataset, Split, read_meta, split_size
+from .streams import StreamingAllClusters, StreamingSplit
 
 __all__ = [
     "DATASET_VERSION",
@@ -23,8 +25,8 @@ __all__ = [
     "SAME_ENCODING",
     "Dataset",
     "Split",
+    "StreamingAllClusters",
     "StreamingSplit",
-    "as_dataset",
     "check_clusters",
     "default_cache_dir",
     "extend_dataset",

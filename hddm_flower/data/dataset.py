@@ -1,6 +1,6 @@
 """A prepared dataset, opened once: :class:`Dataset` reads ``meta.json`` once and answers everything the stages ask
 of the dataset (its clusters, latent space, text, sizes, shards, the splits in memory, the training stream, the
-empty caption, the decoder to pixels). It is opened where a dataset enters a process (the command line, the
+empty caption, the streams of images and captions, the decoder to pixels). It is opened where a dataset enters a process (the command line, the
 ServerApp, a node's handler or worker process) or where a stage makes a new one (a dataset extended by a late
 cluster), and passed down from there.
 """
@@ -24,19 +24,19 @@ from ..config.schema import Config
 from ..models import TextCond
 from ..safeio import read_text
 from .layout import META, SHARD_GLOB, UNCOND, cluster_dir
-from .shards import open_shards
+from .shards import cluster_captions, cluster_samples, decode_image, decode_text, open_shards
 
 MAX_META_BYTES = 256 * 2**20  # a dataset's meta.json (a prepared dataset may come from elsewhere: data.prepared)
 DATA_FREE = "data_free"
 """``meta.json`` key that marks a descriptor: the dataset's shape without any sample (institution-owned data)."""
 
 
-def read_meta(dataset_dir: str | os.PathLike) -> dict:
+def read_meta(root: str | os.PathLike) -> dict:
     """A prepared dataset's ``meta.json``, opened as a file from outside (:mod:`~hddm_flower.safeio`: a regular
     file of bounded size, JSON whose nesting the parser can hold, an object). :meth:`Dataset.open` reads it."""
-    path = Path(dataset_dir) / META
+    path = Path(root) / META
     if not path.exists():
-        raise FileNotFoundError(f"{dataset_dir} is not a prepared dataset (no meta.json)")
+        raise FileNotFoundError(f"{root} is not a prepared dataset (no meta.json)")
     text = read_text(path, "dataset metadata", MAX_META_BYTES)
     try:
         meta = json.loads(text)
@@ -70,21 +70,6 @@ def split_size(meta: dict, clusters: list[int] | None = None, split: str | None 
     infos = [c for c in meta["clusters"] if every or c["id"] in clusters]
     val = sum(c.get("val", 0) for c in infos)
     return {"train": sum(c["size"] for c in infos) - val, "val": val, None: sum(c["size"] for c in infos)}[split]
-
-
-def decode_text(s: dict, L: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """(padded text states (L, dim) float32, mask (L,)) of one decoded sample's ``emb.npy``."""
-    emb = np.asarray(s["emb.npy"], np.float32)[:L]
-    pad = np.zeros((L, dim), np.float32)
-    pad[: len(emb)] = emb
-    return pad, np.arange(L) < len(emb)
-
-
-def decode_image(s: dict) -> np.ndarray:
-    """The image in [−1, 1] or the (already scaled) latent, (C, H, W) float32, of one decoded sample."""
-    if "latent.npy" in s:
-        return np.asarray(s["latent.npy"], np.float32)  # already scaled by the VAE's scaling factor
-    return np.asarray(s["png"], np.float32).transpose(2, 0, 1) / 127.5 - 1
 
 
 class Dataset:
@@ -238,12 +223,128 @@ class Dataset:
             if n == 0:
                 raise ValueError(f"no {split!r} samples in cluster {cluster} of {self.root}")
 
+    def images(
+        self,
+        clusters: list[int] | None = None,
+        *,
+        batch_size: int,
+        split: str | None = "train",
+        seed: int = 0,
+        shuffle: bool = True,
+        shuffle_buffer: int = 1000,
+        loop: bool = True,
+        text: bool = False,
+        pooled: bool = False,
+    ) -> Iterator[tuple]:
+        """Batches ``(x0 (B, C, H, W) float32, cluster labels (B,) int64)`` streamed from the shard sets of
+        ``clusters`` (default all), reading only each sample's image or latent and json (:data:`.shards.IMAGE_MEMBERS`).
+
+        Memory does not grow with the dataset: one batch plus the shuffle buffers. With ``shuffle`` every cluster
+        is its own seeded stream (shard order reshuffled each epoch, a buffer of ``shuffle_buffer / K`` samples)
+        and each sample is drawn from cluster k with probability ∝ the samples k has left in the epoch, so every
+        batch mixes the clusters as the whole split does and an epoch visits every sample once. Without
+        ``shuffle``: the clusters in order, shards in order. ``loop``: endless epochs; else one pass, the last batch
+        partial. ``split`` None reads train and val. ``text`` (the evaluation's feature classifier; never the
+        router): batches also carry the caption states, ``(x0, labels, TextCond)``. ``pooled`` (a router that
+        reads the caption): batches carry each caption's pooled embedding instead, ``(x0, labels, captions (B,
+        dim))``; the shards store token states, so those are read, but each is reduced to its ``dim`` numbers as
+        it is read.
+        """
+        if text and pooled:
+            raise ValueError("Dataset.images: text and pooled are exclusive (states or their pooled embedding)")
+        clusters = self.cluster_ids if clusters is None else clusters
+        sizes = {k: self.size([k], split) for k in clusters}
+        if not sum(sizes.values()):
+            raise ValueError(f"no {split or 'train/val'!r} samples in clusters {clusters} of {self.root}")
+        urls = {k: self.shards(k) for k in clusters if sizes[k]}
+        buffer = max(1, shuffle_buffer // len(clusters))
+        text_shape = (self.max_caption_tokens, self.text_dim)
+        epoch = 0
+        items = []  # a batch may span epochs: a split smaller than a batch still yields batches when looping
+        while True:
+            rng = random.Random(f"{seed}-{epoch}")
+            streams = {
+                k: cluster_samples(
+                    urls[k],
+                    k,
+                    split,
+                    text_shape=text_shape,
+                    shuffle=shuffle,
+                    seed=seed + 7919 * epoch + k,
+                    buffer=buffer,
+                    text=text,
+                    pooled=pooled,
+                )
+                for k in clusters
+                if sizes[k]
+            }
+            left = {k: sizes[k] for k in streams}
+
+            def samples():
+                while streams:
+                    k = rng.choices(list(left), weights=list(left.values()))[0] if shuffle else next(iter(streams))
+                    item = next(streams[k], None)
+                    if item is None or left[k] <= 1:  # cluster exhausted (meta sizes are exact; stop on either)
+                        if item is not None:
+                            yield item
+                        del streams[k], left[k]
+                        continue
+                    left[k] -= 1
+                    yield item
+
+            def collate(items):
+                x, y = torch.from_numpy(np.stack([i[0] for i in items])), torch.tensor([i[1] for i in items])
+                if pooled:
+                    return x, y, torch.from_numpy(np.stack([i[2] for i in items]))
+                if not text:
+                    return x, y
+                states, mask = (torch.from_numpy(np.stack([i[j] for i in items])) for j in (2, 3))
+                return x, y, TextCond(states, mask.float())
+
+            for item in samples():
+                items.append(item)
+                if len(items) == batch_size:
+                    yield collate(items)
+                    items = []
+            if items and not loop:
+                yield collate(items)
+            if not loop:
+                return
+            epoch += 1
+
+    def captions(
+        self, clusters: list[int] | None = None, *, split: str | None = "val", seed: int = 0, shuffle_buffer: int = 1000
+    ) -> Iterator[tuple[str, np.ndarray, np.ndarray, int]]:
+        """One seeded, shuffled pass over the captions of ``split`` (None: train and val) in ``clusters`` (default
+        all), interleaved at random: ``(caption, padded text states (L, dim), mask (L,), cluster)``. Reads the text
+        and json members only (no image), so picking prompts costs what the prompts need, not the split."""
+        clusters = self.cluster_ids if clusters is None else clusters
+        text_shape, buffer = (self.max_caption_tokens, self.text_dim), max(1, shuffle_buffer // len(clusters))
+        rng = random.Random(seed)
+
+        def one(k: int):  # a cluster's shards are listed when its stream is first drawn from
+            yield from cluster_captions(self.shards(k), k, split, text_shape=text_shape, seed=seed + k, buffer=buffer)
+
+        streams = {k: one(k) for k in clusters}
+        while streams:
+            k = rng.choice(sorted(streams))
+            item = next(streams[k], None)
+            if item is None:
+                del streams[k]
+                continue
+            yield item
+
+    @property
+    def uncond_file(self) -> Path:
+        """The file of the empty caption's states (a run directory keeps a copy beside its experts)."""
+        return self.root / UNCOND
+
     @cached_property
     def uncond(self) -> TextCond:
         """The empty caption's states (1, L, dim): the unconditional input for caption dropout and CFG."""
         from safetensors.torch import load_file
 
-        t = load_file(self.root / UNCOND)
+        t = load_file(self.uncond_file)
         return TextCond(t["states"][None].float(), t["mask"][None].float())
 
     def decoder(self, cfg: Config):
@@ -265,52 +366,3 @@ class Dataset:
             return torch.cat([codec.decode(x[i : i + 64].to(device)).to(x.device) for i in range(0, len(x), 64)])
 
         return decode
-
-
-def as_dataset(dataset: Dataset | str | os.PathLike) -> Dataset:
-    """``dataset`` itself, or the dataset in the folder ``dataset`` opened (for callers that still hold a path)."""
-    return dataset if isinstance(dataset, Dataset) else Dataset.open(dataset)
-
-
-def resumed_seed(seed: int, step: int) -> int:
-    """The seed of a stream that a training starts at ``step``: ``seed`` itself at step 0, else one drawn from
-    (``seed``, ``step``), so that a resumed training reads a stream of its own instead of the first batches again."""
-    return seed if step == 0 else random.Random(f"{seed}-resumed-at-{step}").getrandbits(31)
-
-
-class StreamingSplit:
-    """One cluster's training data read as a stream (:meth:`Dataset.batches`), for clusters larger than RAM.
-
-    It stands in for :class:`Split` in expert training: ``batch(idx)`` returns the next ``len(idx)`` samples of the
-    shuffled stream (the indices themselves are not used) and ``len()`` is the cluster's training-set size from
-    ``meta.json``. Sample order comes from ``seed`` (shard shuffle per epoch + shuffle buffer). The training loop
-    calls :meth:`resume_at` with the step it starts from: a training resumed from a checkpoint at step s reads the
-    stream seeded by :func:`resumed_seed` (seed, s), a fresh order, not the exact continuation (the samples seen
-    before the stop may come round again before the epoch ends) and not the fresh stream's first batches again.
-    """
-
-    def __init__(self, dataset: Dataset, cluster: int, *, seed: int = 0, shuffle_buffer: int = 1000):
-        info = next(c for c in dataset.meta["clusters"] if c["id"] == cluster)
-        self.size = info["size"] - info.get("val", 0)
-        self.dataset, self.cluster, self.seed, self.shuffle_buffer = dataset, cluster, seed, shuffle_buffer
-        self._stream, self._batch_size = None, None
-        self.start_step = 0
-        self.labels = torch.full((self.size,), cluster)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def resume_at(self, step: int) -> None:
-        """Start the stream for a training that starts at ``step`` (0: the stream of ``seed``)."""
-        self.start_step, self._stream = step, None
-
-    def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
-        if self._stream is None or self._batch_size != len(idx):
-            self._batch_size = len(idx)
-            self._stream = self.dataset.batches(
-                self.cluster,
-                batch_size=len(idx),
-                seed=resumed_seed(self.seed, self.start_step),
-                shuffle_buffer=self.shuffle_buffer,
-            )
-        return next(self._stream)

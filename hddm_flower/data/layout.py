@@ -10,6 +10,10 @@
         meta.json               the dataset's metadata with ``cluster_set: k``
         uncond.safetensors      a copy of the empty caption's states
 
+      gmm.safetensors         a Gaussian-mixture dataset only: the mixture itself (also in every cluster-k)
+      reference-stats/        caches written beside the dataset by the evaluation: FID/KID reference statistics
+      prompt-clusters/        ... and each set of prompts' clusters
+
 A descriptor (institution-owned data) has ``meta.json`` and ``uncond.safetensors`` only.
 """
 
@@ -22,6 +26,9 @@ META = "meta.json"
 UNCOND = "uncond.safetensors"
 SHARD_PATTERN = "shard-%06d.tar"  # webdataset's ShardWriter pattern
 SHARD_GLOB = "shard-*.tar"
+GMM_FILE = "gmm.safetensors"
+REFERENCE_STATS = "reference-stats"
+PROMPT_CLUSTERS = "prompt-clusters"
 
 
 def cluster_name(k: int) -> str:

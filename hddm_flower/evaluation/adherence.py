@@ -18,13 +18,10 @@ import os
 import torch
 from torch import Tensor, nn
 
-from ..data import Dataset, as_dataset
-from ..data.streams import stream_captions
+from ..data import Dataset
+from ..data.layout import PROMPT_CLUSTERS
 
 log = logging.getLogger(__name__)
-
-
-CACHE_DIR = "prompt-clusters"
 
 
 def prompt_clusters(dataset: Dataset, prompts: list[str], *, cache: bool = True) -> list[list[int]]:
@@ -33,19 +30,18 @@ def prompt_clusters(dataset: Dataset, prompts: list[str], *, cache: bool = True)
     Reads the captions of both splits (text and json members only, no image) in one pass per (dataset, prompts): the
     answer is cached in ``DATASET/prompt-clusters/`` and every later report with the same prompts reads one small
     file (a read-only dataset folder: computed each time). Memory: the prompts, whatever the dataset's size."""
-    dataset = as_dataset(dataset)
     meta = dataset.meta
     identity = {k: meta.get(k) for k in ("name", "version", "num_images", "num_clusters")}
     identity["clusters"] = [(c["id"], c["size"], c.get("val", 0)) for c in meta["clusters"]]
     key = hashlib.sha256(json.dumps([identity, list(prompts)], sort_keys=True, default=str).encode()).hexdigest()[:20]
-    path = dataset.root / CACHE_DIR / f"{key}.json"
+    path = dataset.root / PROMPT_CLUSTERS / f"{key}.json"
     if cache and path.is_file():
         stored = json.loads(path.read_text())
         if stored.get("prompts") == list(prompts):
             return stored["clusters"]
     found: dict[str, set[int]] = {p: set() for p in prompts}
     # one pass over both splits; the order does not matter here, so the buffers hold one caption per cluster
-    for caption, _, _, k in stream_captions(dataset, None, split=None, seed=0, shuffle_buffer=1):
+    for caption, _, _, k in dataset.captions(None, split=None, seed=0, shuffle_buffer=1):
         if caption in found:
             found[caption].add(int(k))
     clusters = [sorted(found[p]) for p in prompts]

@@ -31,8 +31,7 @@ from tqdm.auto import tqdm
 from ..config.rules import ConfigError
 from ..config.schema import Config
 from ..counts import read_counts
-from ..data import Dataset, Split, as_dataset
-from ..data.streams import stream_captions, stream_images
+from ..data import Dataset, Split
 from ..devices import autocast, resolve_device
 from ..ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from ..experts import DDPMExpert, map_cond
@@ -82,7 +81,6 @@ class Prompts:
 
 def all_images(dataset: Dataset) -> Split:
     """Train and validation splits together: the reference distribution of FID/KID (the experts' data)."""
-    dataset = as_dataset(dataset)
     a, b = dataset.split(None, "train"), dataset.split(None, "val")
     return Split(
         torch.cat([a.images, b.images]),
@@ -94,13 +92,12 @@ def all_images(dataset: Dataset) -> Split:
 
 def choose_prompts(dataset: Dataset, n: int, seed: int, clusters: list[int] | None = None) -> Prompts:
     """``n`` distinct captions, held-out ones first (then training ones if the validation split is short), from
-    seeded caption streams (:func:`~hddm_flower.data.streams.stream_captions`): only as many samples are read as it takes
+    seeded caption streams (:meth:`~hddm_flower.data.Dataset.captions`): only as many samples are read as it takes
     to find them, and no image. The streams' shuffle buffers hold ``n`` captions in all: the split is selected before
     the buffer, so a buffer that must fill with held-out captions would read the whole dataset."""
-    dataset = as_dataset(dataset)
     picked: dict[str, tuple] = {}
     for split in ("val", "train"):
-        for caption, states, mask, k in stream_captions(dataset, clusters, split=split, seed=seed, shuffle_buffer=n):
+        for caption, states, mask, k in dataset.captions(clusters, split=split, seed=seed, shuffle_buffer=n):
             if len(picked) >= n:
                 break
             picked.setdefault(caption, (states, mask, k))
@@ -128,7 +125,6 @@ def stratified_prompts(dataset: Dataset, n: int, seed: int) -> Prompts:
     (the prompts' own images) was not chosen: a caption of these datasets has one or a few images, so 32 prompts
     would give about 32 reference images, fewer than the features' dimensions (FID's covariance is singular); the
     prompts' clusters keep the reference's mix equal to the samples' with each cluster's hundreds of images."""
-    dataset = as_dataset(dataset)
     k = dataset.num_clusters
     if n % k:
         raise ValueError(f"evaluation.num_prompts: {n} prompts cannot be split equally among {k} clusters")
@@ -334,7 +330,6 @@ def feature_network(cfg: Config, dataset: Dataset, folder: Path, *, decode=None,
     """(FeatureExtractor, classifier or None, description): Inception from ``evaluation.inception_weights`` if
     set, else the classifier in ``folder`` (trained on the dataset and saved there on first use)."""
     ev = cfg.evaluation
-    dataset = as_dataset(dataset)
     device = resolve_device(cfg.coordinator.device)
     desc = dataset.description()
     if dataset.data_free and not (folder / "config.json").exists():
@@ -356,8 +351,8 @@ def feature_network(cfg: Config, dataset: Dataset, folder: Path, *, decode=None,
         pixels = decode if decode is not None else (lambda x: x)  # pixels, also for latent data
         batches = (
             (pixels(x), y, pooled_caption(*cond))
-            for x, y, cond in stream_images(
-                dataset, None, batch_size=64, split="train", seed=ev.seed, shuffle_buffer=4096, text=True
+            for x, y, cond in dataset.images(
+                None, batch_size=64, split="train", seed=ev.seed, shuffle_buffer=4096, text=True
             )
         )
         net, stats = M.train_feature_classifier_stream(
@@ -481,7 +476,6 @@ def evaluate_run(
     modes = modes or ev.routing_modes
     steps = ev.num_steps or s.num_steps
     seed = ev.seed if seed is None else seed
-    dataset = as_dataset(dataset)
     decode = dataset.decoder(cfg)  # every metric, plot and grid works on pixels (latents decoded)
     fx, classifier, desc = feature_network(
         cfg, dataset, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress

@@ -43,15 +43,15 @@ def _objective(e: dict) -> str:
     return "Flow Matching (velocity ε − x0)" if e["objective"] == "fm" else f"DDPM ε-prediction ({e.get('schedule')})"
 
 
-def _data_section(dataset: dict) -> list[str]:
+def _data_section(record: dict) -> list[str]:
     return [
         "## Training data and licence",
         "",
-        f"- Data: {dataset['name']} (version {dataset.get('version')}), {dataset.get('num_images')} images at "
-        f"{dataset.get('image_size')}² ({dataset.get('cluster_features')}).",
-        f"- Data licence and attribution: {dataset.get('license', 'not recorded')}. The weights are derived from "
+        f"- Data: {record['name']} (version {record.get('version')}), {record.get('num_images')} images at "
+        f"{record.get('image_size')}² ({record.get('cluster_features')}).",
+        f"- Data licence and attribution: {record.get('license', 'not recorded')}. The weights are derived from "
         "these images; keep this attribution when you share them or their samples.",
-        f"- Captions encoded by {dataset.get('text_encoder')} (see `text_encoder.json`).",
+        f"- Captions encoded by {record.get('text_encoder')} (see `text_encoder.json`).",
         "- Code: hddm-flower, Apache-2.0.",
         "",
     ]

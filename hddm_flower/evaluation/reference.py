@@ -2,7 +2,7 @@
 
 The reference of every evaluation (and of ``hddm reproduce``) is the dataset's images, train and val. They are
 never held in memory: :func:`reference_statistics` streams them once (image or latent and cluster label only,
-:func:`hddm_flower.data.streams.stream_images`), decodes and featurises them batch by batch, and keeps per cluster
+:meth:`hddm_flower.data.Dataset.images`), decodes and featurises them batch by batch, and keeps per cluster
 
 * the FID sufficient statistics ``(n, Σf, Σffᵀ)`` in float64 (:class:`~hddm_flower.federation.local.FeatureSums`), exact
   for every image, and
@@ -30,14 +30,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..data import Dataset, as_dataset
-from ..data.streams import stream_images
+from ..data import Dataset
+from ..data.layout import REFERENCE_STATS
 from ..federation.local import FeatureSums
 from .metrics import FeatureExtractor
 
 log = logging.getLogger(__name__)
 
-CACHE_DIR = "reference-stats"
 DEFAULT_KID_RESERVOIR = 10_000
 
 
@@ -135,7 +134,7 @@ def leave_out(
 
 def reference_key(dataset: Dataset, fx: FeatureExtractor, reservoir: int, seed: int) -> str:
     """Cache key of (dataset, feature network, reservoir size, seed)."""
-    meta = as_dataset(dataset).meta
+    meta = dataset.meta
     dataset = {k: meta.get(k) for k in ("name", "version", "num_images", "image_size", "channels", "latent")}
     dataset["clusters"] = [(c["id"], c["size"], c.get("val", 0)) for c in meta["clusters"]]
     text = json.dumps([dataset, fx.name, fx.fingerprint, reservoir, seed], sort_keys=True, default=str)
@@ -154,14 +153,13 @@ def compute_reference(
     progress: bool = False,
 ) -> dict[int, ReferenceStats]:
     """Per-cluster reference statistics of every image (train + val) in one streaming pass."""
-    dataset = as_dataset(dataset)
     total = dataset.size(None, None)
     d = fx.num_features
     sums: dict[int, FeatureSums] = {}
     kept: dict[int, list[Tensor]] = {}
     seen: dict[int, int] = {}
     rng = random.Random(seed)
-    batches = stream_images(dataset, None, batch_size=batch_size, split=None, shuffle=False, loop=False)
+    batches = dataset.images(None, batch_size=batch_size, split=None, shuffle=False, loop=False)
     with tqdm(total=total, desc="reference statistics", disable=not progress, unit="img") as bar:
         for x, labels in batches:
             feats = fx(decode(x) if decode is not None else x)  # (B, d) float64 on the CPU
@@ -199,9 +197,8 @@ def reference_statistics(
     streaming pass. Returns (statistics, provenance: cache file, whether it was reused, key)."""
     from safetensors.torch import load_file, save_file
 
-    dataset = as_dataset(dataset)
     key = reference_key(dataset, fx, reservoir, seed)
-    folder = dataset.root / CACHE_DIR
+    folder = dataset.root / REFERENCE_STATS
     path, info_path = folder / f"{key}.safetensors", folder / f"{key}.json"
     if cache and path.is_file() and info_path.is_file():
         arrays = load_file(path)

@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 from torch import Tensor
 
 from ..config.schema import Config
-from ..data import Dataset, as_dataset
+from ..data import Dataset
 from ..provenance import now, versions
 from ..rundir import REPORT_JSON, REPORT_MD, write_atomic
 from .model_card import write_model_cards
@@ -41,7 +41,7 @@ def write_report(
     cfg: Config, run_dir: Path, dataset: Dataset, metas: list[dict], missing: list[dict], metrics: dict, extra: dict
 ) -> dict:
     """Write ``report.json`` (machine-readable) and ``report.md`` into ``run_dir``; returns the report."""
-    dataset_meta = as_dataset(dataset).meta
+    dataset_meta = dataset.meta
     keep = (
         "expert_id",
         "cluster_id",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.schema import Config
-from ..data import Dataset, as_dataset
+from ..data import Dataset
 from ..data.dataset import DATA_FREE
 from ..data.writer import DatasetWriter
 from ..wire import WireError, as_float, as_int, as_str, loads
@@ -57,7 +57,6 @@ def declaration(dataset: Dataset) -> dict[str, Any]:
     """What a node declares about its prepared data (``dataset``: an institution's one-cluster dataset or a
     ``cluster-k`` shard set): the shared properties of :data:`AGREED_FIELDS`, its number of images (train + val)
     and its cluster's mean detail score. Statistics only, read from its ``meta.json``."""
-    dataset = as_dataset(dataset)
     meta = dataset.meta
     k = local_cluster(meta)
     cluster = next(c for c in meta["clusters"] if int(c["id"]) == k)

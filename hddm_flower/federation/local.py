@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..data import Dataset
 from ..models import Router
 from ..objectives import fm_interpolate
 from ..training import drop_pooled_captions
@@ -122,15 +123,14 @@ def check_moments(n: int, total: np.ndarray, outer: np.ndarray, source: str = "f
         raise ValueError(f"{source}: the covariance has rank {rank}, more than count − 1 = {n - 1} vectors allow")
 
 
-def cluster_feature_sums(fx, dataset, cluster: int, *, decode=None, batch_size: int = 256) -> FeatureSums:
+def cluster_feature_sums(fx, dataset: Dataset, cluster: int, *, decode=None, batch_size: int = 256) -> FeatureSums:
     """Sums of ``fx``'s features over every image of one cluster (train and val, as the central reference),
-    streamed from its shards (:func:`~hddm_flower.data.streams.stream_images`: images or latents only) one batch
+    streamed from its shards (:meth:`~hddm_flower.data.Dataset.images`: images or latents only) one batch
     at a time, each decoded to pixels by ``decode`` (None: the identity) and featurised; the cluster is never held
     in memory."""
-    from ..data.streams import stream_images
 
     out = FeatureSums.zeros(fx.num_features)
-    for x, _ in stream_images(dataset, [cluster], batch_size=batch_size, split=None, shuffle=False, loop=False):
+    for x, _ in dataset.images([cluster], batch_size=batch_size, split=None, shuffle=False, loop=False):
         out = out + FeatureSums.of(fx(decode(x) if decode is not None else x))
     return out
 

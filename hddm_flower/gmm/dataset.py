@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data import Dataset, as_dataset
-from ..data.layout import is_prepared
+from ..data import Dataset
+from ..data.layout import GMM_FILE, is_prepared
 from ..data.writer import DatasetWriter
 from ..models import TextCond
 from .mixture import GaussianMixture
@@ -36,7 +36,6 @@ from .mixture import GaussianMixture
 log = logging.getLogger(__name__)
 
 GMM_VERSION = 1
-GMM_FILE = "gmm.safetensors"
 PATTERNS = (
     "horizontal stripes",
     "vertical stripes",
@@ -182,7 +181,6 @@ def load_reference(dataset: Dataset) -> GMMReference:
     """The :class:`GMMReference` of a dataset prepared with ``data.name: gmm`` (or one of its cluster folders)."""
     from safetensors.torch import load_file
 
-    dataset = as_dataset(dataset)
     meta = dataset.meta
     if meta.get("name") != "gmm":
         raise ValueError(f"{dataset.root} is not a gmm dataset (its name is {meta.get('name')!r})")

@@ -34,7 +34,7 @@ from ..budget import describe as describe_budget
 from ..checkpoints import load_expert, load_router
 from ..config.io import config_from_dict
 from ..config.schema import Config
-from ..data import Dataset, as_dataset
+from ..data import Dataset
 from ..ensemble import Ensemble, VelocityScaling
 from ..evaluation.evaluate import Prompts, sample_mode
 from ..models import router_conditioning
@@ -315,10 +315,7 @@ def evaluate_truth(
     K = cfg.num_experts
     jobs = [(r, i) for r in rows for i in range(1 if r.group == "exact" else len(roots))]
     jobs.sort(key=lambda job: -_cost(job[0], K))
-    args = [
-        (cfg.to_dict(), str(roots[i]), str(as_dataset(dataset).root), [r], objectives.get(r.group), in_worker)
-        for r, i in jobs
-    ]
+    args = [(cfg.to_dict(), str(roots[i]), str(dataset.root), [r], objectives.get(r.group), in_worker) for r, i in jobs]
     done: dict[tuple[str, int], Any] = {}
     for (r, i), part in zip(jobs, run_jobs(evaluate_group, args)):
         done[r.name, i] = part[r.name]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..checkpoints import load_router
 from ..config.schema import Config
-from ..data import Dataset, as_dataset
+from ..data import Dataset
 from ..devices import resolve_device
 from ..ensemble import Ensemble
 from ..evaluation.adherence import prompt_adherence, prompt_clusters
@@ -47,7 +47,6 @@ def finish_run(
     progress: bool = False,
 ) -> dict:
     """After the experts arrived in ``run_dir/experts``: router, then :func:`evaluate_and_report`."""
-    dataset = as_dataset(dataset)
     router = fit_router(cfg, dataset, run_dir, progress=progress)
     return evaluate_and_report(cfg, run_dir, dataset, missing, router=router, extra=extra, progress=progress)
 
@@ -69,7 +68,6 @@ def evaluate_and_report(
     write report.json, report.md, the grids and the plots into ``run_dir``. ``reference``: federated FID
     reference statistics per cluster (see :func:`hddm_flower.evaluation.evaluate.evaluate_run`)."""
     s = cfg.sampling
-    dataset = as_dataset(dataset)
     # the run's components loaded once: the ensemble evaluated and the pipeline that samples the grid
     pipe = assemble_pipeline(cfg, run_dir, dataset, router=router, progress=progress)
     ensemble, metas = pipe.ensemble(), [pipe.experts.metas[k] for k in pipe.experts.ids]

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from ..data import Dataset
-from ..data.streams import stream_images
 from ..ensemble import Ensemble
 from ..experts import map_cond
 from ..objectives import fm_interpolate
@@ -24,8 +23,7 @@ def heldout_batches(dataset: Dataset, num_images: int, batch_size: int, seed: in
 
     def limited():
         left = num_images
-        for x, y, cond in stream_images(
-            dataset, None, batch_size=batch_size, split="val", seed=seed, shuffle_buffer=SHUFFLE_BUFFER,
+        for x, y, cond in dataset.images(None, batch_size=batch_size, split="val", seed=seed, shuffle_buffer=SHUFFLE_BUFFER,
             loop=False, text=True,
         ):  # fmt: skip
             if left <= 0:

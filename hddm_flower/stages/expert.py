@@ -14,7 +14,7 @@ from ..checkpoints import TIME_CONVENTION, make_expert
 from ..clean_prior import measure_clean_prior
 from ..config.schema import Config
 from ..convert import load_init
-from ..data import Dataset, Split, StreamingSplit, as_dataset
+from ..data import Dataset, Split, StreamingSplit
 from ..models import ExpertNet, expert_config
 from ..provenance import now, package_version
 from ..training import train_expert
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def expected_model_config(cfg: Config, dataset: Dataset) -> dict:
     """The expert model config every checkpoint of this run must have: the preset at the dataset's shapes."""
-    m = as_dataset(dataset).meta
+    m = dataset.meta
     return expert_config(
         cfg.expert.preset, sample_size=m["image_size"], in_channels=m["channels"], caption_channels=m["text_dim"]
     )
@@ -128,7 +128,6 @@ def train_one_expert(
     ``checkpoint``: where the training state is saved every ``expert.checkpoint_every`` steps and resumed from.
     Returns the transformer's state dict, its diffusers config and the checkpoint metadata (docs/design.md).
     """
-    dataset = as_dataset(dataset)
     dataset_meta = dataset.meta
     source = {} if cluster is None else {"data_cluster": cluster, "data_dir": str(dataset.root)}
     cluster = expert_id if cluster is None else cluster

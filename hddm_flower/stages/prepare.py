@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..cluster import cluster_encoded
 from ..config.schema import Config
-from ..data import Dataset, as_dataset, check_clusters, default_cache_dir
+from ..data import Dataset, check_clusters, default_cache_dir
 from ..data.layout import is_prepared
 from ..data.writer import rewrite_meta
 from ..embedded import prepare_embedded
@@ -153,4 +153,4 @@ def scaled_data_dirs(cfg: Config, cache: Path) -> tuple[Path, Path]:
 
 def assign_objectives(cfg: Config, dataset: Dataset) -> list[str]:
     """Objective per expert id; ``auto`` uses the clusters' detail scores from the dataset metadata."""
-    return cfg.objective_of([c["detail"] for c in as_dataset(dataset).meta["clusters"]])
+    return cfg.objective_of([c["detail"] for c in dataset.meta["clusters"]])

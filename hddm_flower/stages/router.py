@@ -13,8 +13,7 @@ import torch
 from ..checkpoints import TIME_CONVENTION, save_router
 from ..config.schema import Config
 from ..config.sections import RouterConfig
-from ..data import Dataset, as_dataset
-from ..data.streams import stream_images
+from ..data import Dataset
 from ..devices import resolve_device, resolve_precision
 from ..models import Router, router_config
 from ..rundir import ROUTER
@@ -54,7 +53,7 @@ def router_record(r: RouterConfig) -> dict:
 
 def uncond_pooled(dataset: Dataset) -> torch.Tensor:
     """The empty caption's pooled text embedding (1, dim), the router's input when a caption is dropped."""
-    return pooled_caption(*as_dataset(dataset).uncond)
+    return pooled_caption(*dataset.uncond)
 
 
 def fit_router(
@@ -62,7 +61,6 @@ def fit_router(
 ) -> Router:
     """Train the router on a seeded stream of all clusters' training split on ``device`` (default
     ``coordinator.device``) and save it to ``run_dir/router`` with its budget and where it ran."""
-    dataset = as_dataset(dataset)
     dataset_meta = dataset.meta
     torch.manual_seed(cfg.router.seed)
     router = Router(**router_model_config(cfg, dataset_meta))
@@ -72,8 +70,7 @@ def fit_router(
     precision = resolve_precision(cfg.coordinator.mixed_precision, dev)
     num_images = dataset.size(None, "train")
     steps = router_steps(r, num_images)
-    batches = stream_images(
-        dataset,
+    batches = dataset.images(
         None,
         batch_size=r.batch_size,
         split="train",
