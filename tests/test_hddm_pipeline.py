@@ -455,6 +455,39 @@ def test_bf16_autocast_sampling_matches_fp32(run, pipe):
     assert x16.dtype == torch.float32 and 0 < _relative_error(x16, x32) < BF16_BOUND
 
 
+@pytest.mark.parametrize("precision, autocast_dtype", [("bf16", torch.bfloat16), ("no", None)])
+def test_hddm_sample_honours_the_runs_mixed_precision(run, tiny_config, tmp_path, precision, autocast_dtype):
+    """``hddm sample`` of a run whose config.yaml says ``coordinator.mixed_precision: bf16`` runs every expert
+    transformer and the router under CPU bf16 autocast; with ``no`` none of them (the run's model_index.json says
+    ``auto``, none on the CPU: only the config can turn it on)."""
+    import dataclasses
+
+    from torch.nn.modules.module import register_module_forward_hook
+
+    from hddm_flower.cli import main
+    from hddm_flower.models import Router
+    from hddm_flower.rundir import write_config
+
+    copy = _copy_run(run, tmp_path)
+    assert json.loads((copy / "model_index.json").read_text())["sampling"]["mixed_precision"] == "auto"
+    coordinator = dataclasses.replace(tiny_config.coordinator, mixed_precision=precision)
+    write_config(copy / "config.yaml", dataclasses.replace(tiny_config, coordinator=coordinator), "the tiny run")
+    seen = []  # (module class, the CPU autocast dtype its forward ran under, or None)
+
+    def note(module, args, output):
+        if isinstance(module, (PixArtTransformer2DModel, Router)):
+            on = torch.is_autocast_enabled("cpu")
+            seen.append((type(module).__name__, torch.get_autocast_dtype("cpu") if on else None))
+
+    hook = register_module_forward_hook(note)
+    try:
+        assert main(["sample", "--run-dir", str(copy), "--prompt", "red apple", "--out", str(tmp_path / "g.png")]) == 0
+    finally:
+        hook.remove()
+    assert {name for name, _ in seen} == {"PixArtTransformer2DModel", "Router"}
+    assert {dtype for _, dtype in seen} == {autocast_dtype}
+
+
 def test_a_bf16_pipeline_samples_float32_latents(run, pipe):
     """``from_pretrained(run, torch_dtype=torch.bfloat16)``: bf16 weights, float32 latents in and out."""
     bf16 = HDDMPipeline.from_pretrained(run, torch_dtype=torch.bfloat16)
