@@ -252,3 +252,71 @@ def test_coordinator_threads_follow_the_processes_cpus(tmp_path):
     bad.write_text("coordinator:\n  threads: -1\n")
     with pytest.raises(ConfigError, match=r"coordinator\.threads.*bad\.yaml|bad\.yaml.*coordinator\.threads"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("threads", [1, 0])
+def test_the_server_apps_stage_4_runs_on_the_coordinators_threads(
+    tiny_config_path, dataset_dir, cache_dir, tmp_path, monkeypatch, threads
+):
+    """The ServerApp reaches stage 4 (``finish_federated``, once the experts arrived) with torch's CPU threads set
+    from ``coordinator.threads`` (0: the CPUs of the process's affinity mask), whatever torch had before. The
+    federation is cut short: ``OneShotExperts.start`` hands over at once, and stage 4 notes the thread count."""
+    import os
+
+    from flwr.app import Context, RecordDict
+
+    import strategies.server_app as server_app
+    from strategies.one_shot import OneShotExperts
+
+    expected = threads or len(os.sched_getaffinity(0))
+    seen = []
+
+    def arrived(self, grid, *, timeout, ensemble_fn):  # every expert already here: stage 4 starts
+        return ensemble_fn({}, {})
+
+    def stage_4(rounds, cfg, run_dir, dataset, clusters, missing, *, extra):
+        seen.append((cfg.coordinator.threads, torch.get_num_threads()))
+        return {"metrics": {"times": []}}
+
+    monkeypatch.setattr(OneShotExperts, "start", arrived)
+    monkeypatch.setattr(server_app, "finish_federated", stage_4)
+    run_config = {
+        "config": str(tiny_config_path),
+        "run-dir": str(tmp_path / "run"),
+        "cache-dir": str(cache_dir),
+        "overrides": f"coordinator.threads={threads}",
+    }
+    before = torch.get_num_threads()
+    torch.set_num_threads(expected + 1)  # not what the config asks for
+    try:
+        server_app.main(None, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [(threads, expected)]
+
+
+def test_hddm_assemble_runs_stage_4_on_the_coordinators_threads(
+    tiny_config_path, dataset_dir, cache_dir, tmp_path, monkeypatch
+):
+    """``hddm assemble`` (stage 4 outside a federation: ``finish_run``) runs with torch's CPU threads set from
+    ``coordinator.threads``, whatever torch had before."""
+    from hddm_flower.cli import main
+    from hddm_flower.stages import assemble
+
+    seen = []
+
+    def stage_4(cfg, run_dir, dataset, missing, *, progress):
+        seen.append((cfg.coordinator.threads, torch.get_num_threads()))
+        return {"experts": []}
+
+    monkeypatch.setattr(assemble, "finish_run", stage_4)
+    run = tmp_path / "run"
+    (run / "experts" / "expert-0").mkdir(parents=True)
+    argv = ["assemble", "--config", str(tiny_config_path), "--cache-dir", str(cache_dir), "--run-dir", str(run)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # not what the config asks for
+    try:
+        assert main([*argv, "--set", "coordinator.threads=1"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [(1, 1)]
