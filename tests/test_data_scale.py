@@ -15,7 +15,8 @@ from PIL import Image
 from hddm_flower.cluster import cluster_encoded, fit_hierarchical
 from hddm_flower.config.io import config_from_dict
 from hddm_flower.data import Dataset, check_clusters, read_meta
-from hddm_flower.ingest import SKIP_REASONS, ShardError, prepare_from_config
+from hddm_flower.ingest import prepare_from_config
+from hddm_flower.sources import SKIP_REASONS, ShardError
 
 from .tiny_models import save_tiny_clip_text, save_tiny_dinov2, save_tiny_vae
 
@@ -572,7 +573,7 @@ def test_outputs_of_several_machines_cluster_together(shards, tmp_path):
     ],
 )
 def test_truncated_tar_members_are_counted_once(tmp_path, where, expected):
-    from hddm_flower.ingest import read_tar_shard
+    from hddm_flower.sources import read_tar_shard
 
     path = tmp_path / "t.tar"
     _write_shard(path, [{"key": k, "jpg": b"x" * 3000, "txt": b"a caption"} for k in "ab"])
