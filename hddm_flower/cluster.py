@@ -17,6 +17,8 @@ Four streaming passes over the encoded shards of `hddm prepare` (memory plan in 
    split), into ``cluster-k/shard-NNNNNN.tar``; each ``cluster-k`` folder also holds ``meta.json`` and
    ``uncond.safetensors``, so an institution needs only its own folder. ``assignments.csv`` maps every sample key
    to its cluster; ``clusters.png`` shows samples per cluster and ``report.md`` the sizes and detail scores.
+
+Its length is the four passes above, which share one clustering's manifest, feature model and labels.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ from the same loaded components) and by ``load_ensemble``.
 class through the ``pipeline.py`` the run directory carries. Components defined here and in
 :mod:`hddm_flower.models` / :mod:`hddm_flower.evaluation.metrics` resolve because this module imports those modules (diffusers
 imports no module a folder names; it resolves them from the modules already imported).
+
+Its length is diffusers' pipeline contract on one class: loading every component of a run folder with the checks that
+nothing in it runs as code, saving, the run's one ensemble (:func:`build_ensemble`) and sampling.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""A one-shot, no-aggregation Flower strategy for heterogeneous diffusion experts."""
+"""A one-shot, no-aggregation Flower strategy for heterogeneous diffusion experts.
+
+Its length is one Strategy class: the query round, the assignment, the train round with replies streamed to disk and
+the failures kept share the run's state, as Flower's own FedAvg keeps its rounds in one class.
+"""
 
 from __future__ import annotations
 

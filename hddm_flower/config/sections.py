@@ -1,5 +1,8 @@
 """The sections of the configuration schema (typed dataclasses, one per YAML section); each validates its own
-fields (types, choices and ranges). :class:`~hddm_flower.config.schema.Config` puts them together."""
+fields (types, choices and ranges). :class:`~hddm_flower.config.schema.Config` puts them together.
+
+Its length is one dataclass per YAML section, each with its fields' defaults, comments and checks.
+"""
 
 from __future__ import annotations
 

@@ -9,6 +9,10 @@ when a CLIP folder is configured, how often the DDPM → velocity conversion's g
 weights over t and each expert's usage. Per expert: the expert alone on captions of its own cluster, against that
 cluster's images. Outputs go to the run directory: PNG grids per prompt (rows: routing modes) and PNG plots, drawn by
 :mod:`hddm_flower.evaluation.report`.
+
+Its length is one protocol: the prompts, every routing mode's sampling, the feature network, the (stratified)
+reference with its floor and the per-expert quality share the same prompts, noise and reference, so they are read in
+one place.
 """
 
 from __future__ import annotations

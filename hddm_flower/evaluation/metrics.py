@@ -13,6 +13,9 @@ and KID on precomputed features, float64). Diversity: :func:`intra_prompt_divers
 (:func:`lpips_distance`: the ``lpips`` package with AlexNet when its torchvision weights are present locally;
 otherwise a named fallback on the classifier's features, never a random backbone). :func:`clip_score` when a
 local CLIP folder is configured.
+
+Its length is the feature networks and the statistics computed on their features, kept side by side so that each
+result and the network it names are read together.
 """
 
 from __future__ import annotations
