@@ -29,13 +29,15 @@ read (``/proc/self/io`` ``rchar``: every read(2), page cache included), the byte
   8-expert ensemble (2 DDPM + 6 FM, the ``test`` preset), the feature classifier and reference statistics of the
   stages before reused (as a second report of a run reuses them); the prompt clusters are computed (not cached),
   so it must read every caption once: N;
-* ``monolith``: ``hddm reproduce``'s monolith (:func:`hddm_flower.reproduce.train_monolith`, ``data.stream``)
+* ``monolith``: ``hddm reproduce``'s monolith (:func:`hddm_flower.reproduce.training.train_monolith`, ``data.stream``)
   for K × ``expert.steps`` steps, checkpointed every ``expert.checkpoint_every`` steps.
 
 Features are the run's own feature classifier (no Inception offline); its size does not depend on N.
 
     python -m benchmarks.coordinator_scale                 # N = 20,000 and 4N = 80,000 (≈ 0.8 GB of disk, deleted)
     python -m benchmarks.coordinator_scale --n 4000 --shard-size 25 --out /tmp/quick   # a quick look
+
+Its length is one experiment with its runs, measurements and write-up.
 """
 
 from __future__ import annotations
@@ -218,7 +220,7 @@ def stage(args) -> dict:
     from hddm_flower.devices import coordinator_threads
     from hddm_flower.evaluation import reference
     from hddm_flower.evaluation.evaluate import feature_network
-    from hddm_flower.reproduce import train_monolith
+    from hddm_flower.reproduce.training import train_monolith
     from hddm_flower.rundir import FEATURE_NET
     from hddm_flower.stages import diagnostics
     from hddm_flower.stages.assemble import evaluate_and_report, load_ensemble
@@ -298,7 +300,7 @@ def _preload() -> None:
     import hddm_flower.evaluation.adherence  # noqa: F401
     import hddm_flower.evaluation.report  # noqa: F401
     import hddm_flower.hddm_pipeline  # noqa: F401
-    import hddm_flower.reproduce  # noqa: F401
+    import hddm_flower.reproduce.run  # noqa: F401
     import hddm_flower.stages.assemble  # noqa: F401
     import hddm_flower.stages.expert  # noqa: F401
     import hddm_flower.stages.prepare  # noqa: F401

@@ -17,6 +17,8 @@ every conversion option and the per-expert sampler ablation with oracle routing.
    (they cover sampling seeds of one training, not trainings).
 
 Writes ``benchmarks/results/ddpm_profile.{json,md,png}`` with the command, machine, load and date.
+
+Its length is one experiment with its runs, measurements and write-up.
 """
 
 from __future__ import annotations
@@ -44,7 +46,15 @@ from hddm_flower.gmm.exact import ExactNet, ExactRouter
 from hddm_flower.gmm.truth import interval, median_bandwidth, mmd2
 from hddm_flower.models import TextCond
 from hddm_flower.objectives import cap_velocity_rms, velocity_rms, velocity_rms_prior
-from hddm_flower.reproduce import _fingerprint, _Missing, _run_jobs, _train_job, _train_or_reuse, config_for, dataset_id
+from hddm_flower.reproduce.training import (
+    _fingerprint,
+    _Missing,
+    _run_jobs,
+    _train_job,
+    _train_or_reuse,
+    config_for,
+    dataset_id,
+)
 from hddm_flower.stages.prepare import prepare_data
 
 log = logging.getLogger("ddpm_profile")

@@ -36,7 +36,8 @@ from benchmarks.common import RESULTS, ROOT, machine, write_result
 from hddm_flower.config.io import config_from_dict, load_config
 from hddm_flower.data import Dataset
 from hddm_flower.evaluation.evaluate import feature_network
-from hddm_flower.reproduce import _fingerprint, _run_jobs, _symlink, _train_job, dataset_id
+from hddm_flower.reproduce.run import _symlink
+from hddm_flower.reproduce.training import _fingerprint, _run_jobs, _train_job, dataset_id
 from hddm_flower.rundir import CONFIG, EXPERTS, expert_dir, experts_dir
 from hddm_flower.stages.assemble import evaluate_and_report
 from hddm_flower.stages.prepare import assign_objectives, prepare_data

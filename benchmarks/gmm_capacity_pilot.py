@@ -6,7 +6,7 @@ under the config's budget, at several budgets, and the excess loss over Bayes of
 
 For every budget S of ``--steps`` the config is loaded with ``expert.steps=S`` and ``--set``; FM experts for
 ``--clusters`` (the expert's own steps and batch under ``reproduce.budget``, :func:`hddm_flower.budget.expert_config`)
-and the monolith (:func:`hddm_flower.reproduce.train_monolith`) are trained exactly as ``hddm reproduce`` trains them
+and the monolith (:func:`hddm_flower.reproduce.training.train_monolith`) are trained exactly as ``hddm reproduce`` trains them
 (one training: seeds of training 0) and scored by :func:`benchmarks.gmm_ladder.excess_loss`. One training, so no
 interval: a pilot says where to look, ``hddm reproduce`` with ``evaluation.training_seeds`` says what holds. Appends
 one JSON record per budget to ``WORK/pilot.jsonl`` and prints it.
@@ -31,7 +31,7 @@ from hddm_flower.budget import expert_config as budget_expert_config
 from hddm_flower.checkpoints import META, save_expert
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.gmm.dataset import load_reference
-from hddm_flower.reproduce import train_monolith
+from hddm_flower.reproduce.training import train_monolith
 from hddm_flower.stages.expert import train_one_expert
 from hddm_flower.stages.prepare import prepare_data
 

@@ -36,7 +36,7 @@ from hddm_flower.config.io import config_from_dict
 from hddm_flower.gmm.dataset import load_reference
 from hddm_flower.gmm.exact import ExactNet
 from hddm_flower.gmm.truth import interval
-from hddm_flower.reproduce import training_root
+from hddm_flower.reproduce.training import training_root
 from hddm_flower.stages.prepare import prepare_data
 
 NAME = "gmm_ladder"

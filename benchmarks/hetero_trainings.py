@@ -33,7 +33,15 @@ from hddm_flower.checkpoints import ROUTER_META
 from hddm_flower.config.io import config_from_dict, load_config
 from hddm_flower.data import Dataset
 from hddm_flower.gmm.evaluate import Row, evaluate_group
-from hddm_flower.reproduce import _fingerprint, _Missing, _run_jobs, _train_job, _train_or_reuse, config_for, dataset_id
+from hddm_flower.reproduce.training import (
+    _fingerprint,
+    _Missing,
+    _run_jobs,
+    _train_job,
+    _train_or_reuse,
+    config_for,
+    dataset_id,
+)
 from hddm_flower.rundir import ROUTER
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.stages.router import fit_router

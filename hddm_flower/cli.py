@@ -10,6 +10,9 @@ hddm reproduce --out DIR                       8FM, 2DDPM:6FM, 4:4 and a monolit
 hddm sample --run-dir RUN --prompt "dog face"  sample a grid from an assembled run
 hddm add-expert RUN EXPERT_DIR                 add a late (or replacement) expert to an assembled run
 hddm convert-dit DiT-XL-2-256x256.pt --out DIR convert an ImageNet DiT into an expert initialisation
+
+Its length is the parser: one subcommand per stage with its options and help text, each command a few lines over its
+stage.
 """
 
 from __future__ import annotations
@@ -241,7 +244,7 @@ def cmd_evaluate(args) -> None:
 
 
 def cmd_reproduce(args) -> None:
-    from .reproduce import reproduce
+    from .reproduce.run import reproduce
 
     cfg = _config(args)
     out = Path(args.out)
@@ -362,7 +365,8 @@ def cmd_convert_dit(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hddm", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    usage = __doc__.rsplit("\n\n", 1)[0]  # the docstring's last paragraph is for readers of the code
+    p = argparse.ArgumentParser(prog="hddm", description=usage, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--version", action="version", version=_versions())
     sub = p.add_subparsers(dest="command", required=True)
 

@@ -36,7 +36,7 @@ def test_equal_steps_splits_the_batch_among_the_experts():
 def test_the_monolith_and_the_experts_train_on_their_budget(tiny_config, dataset_dir, tmp_path):
     """Under equal_steps the trained monolith takes expert.steps steps of expert.batch_size and an expert the same
     steps of batch / K, as their metadata records; the cache key differs from equal_images'."""
-    from hddm_flower.reproduce import _train_experts, dataset_id, expert_fingerprint, train_monolith
+    from hddm_flower.reproduce.training import _train_experts, dataset_id, expert_fingerprint, train_monolith
 
     k = tiny_config.num_experts
     cfg = dataclasses.replace(

@@ -13,7 +13,8 @@ from hddm_flower.config.io import load_config
 from hddm_flower.config.rules import ConfigError
 from hddm_flower.data import Dataset
 from hddm_flower.evaluation.evaluate import choose_prompts, parse_mode
-from hddm_flower.reproduce import default_configs, paired_differences, reproduce
+from hddm_flower.reproduce.run import default_configs, reproduce
+from hddm_flower.reproduce.tables import paired_differences
 
 from .conftest import TINY
 
@@ -142,7 +143,7 @@ def test_reproduce_writes_tables_manifest_and_runs(reproduced):
 @pytest.mark.slow
 def test_reproduce_reuses_experts_and_refuses_a_changed_config(reproduced, dataset_dir):
     cfg, out, manifest = reproduced
-    from hddm_flower.reproduce import _train_or_reuse
+    from hddm_flower.reproduce.training import _train_or_reuse
 
     again = _train_or_reuse(
         out / "experts" / "cluster-0-fm", manifest["fingerprints"]["experts"], lambda: pytest.fail("retrained")
@@ -186,7 +187,7 @@ def test_monolith_sees_what_the_experts_saw(tiny_config, dataset_dir):
     images, like the experts, not K × steps micro-batches."""
     import dataclasses
 
-    from hddm_flower.reproduce import train_monolith
+    from hddm_flower.reproduce.training import train_monolith
 
     e = dataclasses.replace(tiny_config.expert, steps=1, grad_accumulation=3)
     cfg = dataclasses.replace(tiny_config, expert=e)
@@ -203,7 +204,7 @@ def test_the_monolith_is_reproducible_from_its_seed_across_processes_and_threads
     from concurrent.futures import ProcessPoolExecutor
 
     from hddm_flower.checkpoints import WEIGHTS, read_expert_meta
-    from hddm_flower.reproduce import _train_job, tensor_sha256
+    from hddm_flower.reproduce.training import _train_job, tensor_sha256
     from hddm_flower.training_seeds import training_config
 
     cfg = dataclasses.replace(tiny_config, expert=dataclasses.replace(tiny_config.expert, steps=4))
@@ -225,7 +226,7 @@ def test_streamed_monolith_reads_the_shards_as_a_stream_and_is_reproducible(tiny
     """data.stream: the monolith trains from every cluster's seeded stream (no split loaded), twice the same."""
     import dataclasses
 
-    from hddm_flower import reproduce
+    from hddm_flower.reproduce import training as reproduce
 
     def no_loading(*a, **k):
         raise AssertionError("the streamed monolith loaded a split")
@@ -254,7 +255,7 @@ def test_a_monolith_killed_after_its_checkpoint_resumes_from_it(
 
     from hddm_flower import training
     from hddm_flower.checkpoints import WEIGHTS, read_expert_meta
-    from hddm_flower.reproduce import _train_job, tensor_sha256, training_state
+    from hddm_flower.reproduce.training import _train_job, tensor_sha256, training_state
 
     e = dataclasses.replace(tiny_config.expert, steps=2, checkpoint_every=3)  # the monolith: 4 × 2 = 8 steps
     cfg = dataclasses.replace(tiny_config, expert=e, data=dataclasses.replace(tiny_config.data, stream=stream))

@@ -230,7 +230,8 @@ DATASET_OPENERS = {
     "hddm_flower/data/__init__.py",
     "hddm_flower/data/dataset.py",
     "hddm_flower/gmm/evaluate.py",
-    "hddm_flower/reproduce.py",
+    "hddm_flower/reproduce/run.py",
+    "hddm_flower/reproduce/training.py",
     "hddm_flower/stages/add_expert.py",
     "hddm_flower/stages/prepare.py",
     "strategies/server_app.py",
@@ -266,10 +267,10 @@ def test_a_dataset_is_opened_at_the_entry_points_and_passed_down():
 def test_a_runs_ensemble_is_built_in_one_place():
     """A run's Ensemble is built by hddm_pipeline.build_ensemble only (the pipeline, evaluation, samples.png and
     ``hddm sample``), its defaults the config's: no sampling default typed again as a literal there. The other
-    constructions build something else: one routing mode over a given ensemble (evaluate.py), the monolith
-    (reproduce.py), the GMM's exact ensemble (truth_eval.py), random weights for timing (benchmarks/sampling.py)."""
+    constructions build something else: one routing mode over a given ensemble (evaluation/evaluate.py), the
+    monolith (reproduce/run.py), the GMM's exact ensemble (gmm/evaluate.py), random weights for timing (benchmarks/sampling.py)."""
     built = {p for p, _, line in _code_lines(*APP_CODE) if re.search(r"\bEnsemble\(", line) and "class " not in line}
-    others = {"hddm_flower/evaluation/evaluate.py", "hddm_flower/reproduce.py", "hddm_flower/gmm/evaluate.py"}
+    others = {"hddm_flower/evaluation/evaluate.py", "hddm_flower/reproduce/run.py", "hddm_flower/gmm/evaluate.py"}
     assert built == {"hddm_flower/hddm_pipeline.py", "benchmarks/sampling.py"} | others
     from hddm_flower.config.schema import Config
     from hddm_flower.hddm_pipeline import sampling_defaults

@@ -109,7 +109,7 @@ def test_the_floor_draws_real_reference_images_out_of_the_reference():
 @pytest.fixture(scope="module")
 def stratified_run(tmp_path_factory, dataset_dir):
     """A tiny ``hddm reproduce`` on the embedded test data with stratified prompts and two trainings."""
-    from hddm_flower.reproduce import reproduce
+    from hddm_flower.reproduce.run import reproduce
 
     d = copy.deepcopy(TINY)
     d["evaluation"] |= {
@@ -180,7 +180,7 @@ def test_the_floor_is_real_images_at_the_samples_count_the_same_for_every_row(st
 def test_the_feature_network_is_fingerprinted_in_the_manifest_tables_and_reports(stratified_run):
     from hddm_flower.checkpoints import WEIGHTS
     from hddm_flower.evaluation.metrics import FeatureClassifier, state_fingerprint
-    from hddm_flower.reproduce import tensor_sha256
+    from hddm_flower.reproduce.training import tensor_sha256
 
     cfg, out, manifest = stratified_run
     fn = manifest["artefacts"]["feature_net"]
@@ -199,7 +199,7 @@ def test_training_seeds_retrain_and_nest_the_embedded_intervals(stratified_run):
     """evaluation.training_seeds: 2 on the embedded data: training 1's experts, router and monolith (other seeds,
     cached by their fingerprint) in trainings/training-1, each row evaluated per training on the same seeds, cells
     and paired differences over trainings."""
-    from hddm_flower.reproduce import _train_or_reuse
+    from hddm_flower.reproduce.training import _train_or_reuse
 
     cfg, out, manifest = stratified_run
     t0, t1 = manifest["artefacts"]["trainings"]

@@ -86,7 +86,8 @@ def test_truth_metrics_of_true_and_of_wrong_samples():
 def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
     """Two independent trainings (evaluation.training_seeds: 2): experts, monolith and router retrained per
     training, the trained rows sampled for both on the same seeds, nested intervals and the paired Table 3."""
-    from hddm_flower.reproduce import _train_experts, dataset_id, reproduce, training_root
+    from hddm_flower.reproduce.run import reproduce
+    from hddm_flower.reproduce.training import _train_experts, dataset_id, training_root
     from hddm_flower.stages.prepare import prepare_data
     from hddm_flower.training_seeds import training_config
 

@@ -17,6 +17,9 @@ prompt-aware router ``p(k | x_t, t, c)`` under top-2 and full routing; exact DDP
 ``evaluation.routing_modes`` with its trained router (prompt-aware when ``router.conditioning: text``), the other
 mixes under top-2; every mix under top-2 with the exact router and with the exact prompt-aware router instead of
 the trained one; and the monolith.
+
+Its length is the rows of one protocol (every configuration and mode, the monolith, the exact and oracle rows) scored
+on the same prompts, noise and true draws, and their tables.
 """
 
 from __future__ import annotations
@@ -299,7 +302,7 @@ def evaluate_truth(
     """Every row of :func:`truth_rows`, one job per row through ``run_jobs(fn, args)`` (the caller's process pool;
     ``args[i][-1]`` says whether job i runs in a worker); returns the rows in table order.
 
-    ``roots[i]`` holds training i's experts, monolith and router (:func:`hddm_flower.reproduce.training_root`).
+    ``roots[i]`` holds training i's experts, monolith and router (:func:`hddm_flower.reproduce.training.training_root`).
     The exact rows do not depend on a training and are sampled once; each trained row is sampled for every
     training on the same sampling seeds. A row's ``per_seed`` and ``metrics`` are training 0's; with several
     trainings a trained row also has ``per_training`` (``[training][seed]`` metric dicts) and ``nested`` (per
