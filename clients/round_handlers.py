@@ -36,14 +36,9 @@ from clients import drill
 from hddm_flower.config.io import config_from_dict
 from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset, Split
+from hddm_flower.evaluation.feature_sums import cluster_feature_sums
 from hddm_flower.evaluation.metrics import FeatureClassifier, classifier_features, inception_features
-from hddm_flower.federation.local import (
-    FEATURE_BATCH,
-    cluster_feature_sums,
-    feature_net_local_update,
-    router_confusion,
-    router_local_update,
-)
+from hddm_flower.federation.local import FEATURE_BATCH, feature_net_local_update, router_confusion, router_local_update
 from hddm_flower.models import Router
 from hddm_flower.text import pooled_caption
 

@@ -33,8 +33,9 @@ from flwr.serverapp import Grid
 
 from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset
+from hddm_flower.evaluation.feature_sums import FeatureSums
 from hddm_flower.evaluation.metrics import FeatureClassifier
-from hddm_flower.federation.local import FEATURE_BATCH, FeatureSums, accuracy_from_confusion
+from hddm_flower.federation.local import FEATURE_BATCH, accuracy_from_confusion
 from hddm_flower.models import Router
 from hddm_flower.stages.rounds import bounded_weights, node_sizes
 

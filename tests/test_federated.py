@@ -7,11 +7,9 @@ import torch
 
 from hddm_flower.data import Dataset
 from hddm_flower.evaluation import metrics as M
+from hddm_flower.evaluation.feature_sums import FeatureSums, cluster_feature_sums, frechet_distance_from_sums
 from hddm_flower.federation.local import (
-    FeatureSums,
     accuracy_from_confusion,
-    cluster_feature_sums,
-    frechet_distance_from_sums,
     restricted_logits,
     router_confusion,
     router_local_update,

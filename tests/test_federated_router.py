@@ -13,7 +13,7 @@ from clients.client_app import app as client_app
 from hddm_flower.data import Dataset, read_meta
 from hddm_flower.evaluation import metrics as M
 from hddm_flower.evaluation.evaluate import all_images
-from hddm_flower.federation.local import FeatureSums, frechet_distance_from_sums
+from hddm_flower.evaluation.feature_sums import FeatureSums, frechet_distance_from_sums
 from hddm_flower.models import Router, router_config
 from hddm_flower.stages.rounds import node_sizes
 from hddm_flower.training import lr_factor

@@ -14,8 +14,8 @@ from hddm_flower.config.io import load_config
 from hddm_flower.config.rules import ConfigError
 from hddm_flower.data import Dataset
 from hddm_flower.evaluation.evaluate import stratified_prompts
+from hddm_flower.evaluation.feature_sums import FeatureSums
 from hddm_flower.evaluation.reference import ReferenceStats, leave_out, matched_reference
-from hddm_flower.federation.local import FeatureSums
 
 from .conftest import TINY
 

@@ -39,12 +39,12 @@ from ..data import Dataset, Split
 from ..devices import autocast, resolve_device
 from ..ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from ..experts import DDPMExpert, map_cond
-from ..federation.local import FeatureSums, frechet_distance_from_sums
 from ..models import TextCond, router_conditioning
 from ..rundir import EXPERT_USAGE_PLOT, FEATURE_NET, GRIDS, ROUTER_WEIGHTS_PLOT
 from ..text import pooled_caption
 from . import metrics as M
 from .adherence import classify
+from .feature_sums import FeatureSums, frechet_distance_from_sums
 from .reference import DEFAULT_KID_RESERVOIR, ReferenceStats, leave_out, matched_reference, pooled, reference_statistics
 from .report import plot_router_weights, plot_usage, save_prompt_grids
 

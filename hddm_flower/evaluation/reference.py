@@ -4,7 +4,7 @@ The reference of every evaluation (and of ``hddm reproduce``) is the dataset's i
 never held in memory: :func:`reference_statistics` streams them once (image or latent and cluster label only,
 :meth:`hddm_flower.data.Dataset.images`), decodes and featurises them batch by batch, and keeps per cluster
 
-* the FID sufficient statistics ``(n, Σf, Σffᵀ)`` in float64 (:class:`~hddm_flower.federation.local.FeatureSums`), exact
+* the FID sufficient statistics ``(n, Σf, Σffᵀ)`` in float64 (:class:`~hddm_flower.evaluation.feature_sums.FeatureSums`), exact
   for every image, and
 * a seeded uniform reservoir sample of features for KID (whose cubic kernel has no finite sufficient statistics).
 
@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ..data import Dataset
 from ..data.layout import REFERENCE_STATS
-from ..federation.local import FeatureSums
+from .feature_sums import FeatureSums
 from .metrics import FeatureExtractor
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from ..checkpoints import TIME_CONVENTION, save_router
 from ..config.schema import Config
 from ..data import Dataset
 from ..evaluation.evaluate import FEATURE_NET, feature_network
-from ..federation.local import FeatureSums
+from ..evaluation.feature_sums import FeatureSums
 from ..models import Router
 from ..rundir import ROUTER
 from .assemble import evaluate_and_report
