@@ -86,7 +86,7 @@ def test_the_ladder_and_capacity_configs_load_with_their_budgets():
 
 def test_the_nano_config_gives_every_network_the_same_small_architecture_and_the_same_steps():
     """reproduce-gmm-nano.yaml: the ladder's mixture, nano experts and a nano monolith (one preset for both),
-    1,600 steps each under equal_steps (experts at 32, the monolith at 256), cosine to zero, three trainings."""
+    800 steps each under equal_steps (experts at 32, the monolith at 256), cosine to zero, three trainings, 8FM."""
     from pathlib import Path
 
     from hddm_flower.config.io import load_config
@@ -97,11 +97,12 @@ def test_the_nano_config_gives_every_network_the_same_small_architecture_and_the
     b = budget_of(nano)
     assert (b.protocol, b.expert_steps, b.expert_batch, b.monolith_steps, b.monolith_batch) == (
         "equal_steps",
-        1600,
+        800,
         32,
-        1600,
+        800,
         256,
     )
+    assert (nano.objectives.ddpm, nano.objectives.fm, nano.reproduce.ddpm_counts) == (0, 8, [0])  # 8FM only
     assert (nano.expert.preset, nano.expert.optim.lr, nano.expert.optim.schedule) == ("nano", 2e-3, "cosine")
     assert (nano.expert.optim.warmup_steps, nano.expert.optim.min_lr_ratio) == (20, 0.0)
-    assert nano.evaluation.training_seeds == 3
+    assert (nano.evaluation.training_seeds, nano.evaluation.seeds) == (3, 2)
