@@ -190,7 +190,7 @@ def markdown(r: dict) -> str:
         "|---|" + "---|" * (len(_clusters(r)) + 1),
     ]
     for g in r["rungs"]:
-        per = g["excess"].get("monolith_minus_expert_by_cluster")
+        per = g.get("monolith_minus_expert_by_cluster")
         if per is None:
             continue
         worse = sum(x["lo"] > 0 for x in per.values())
@@ -201,7 +201,7 @@ def markdown(r: dict) -> str:
 
 def _clusters(r: dict) -> list[str]:
     """The FM clusters any rung has, in order."""
-    ks = {k for g in r["rungs"] for k in g["excess"].get("monolith_minus_expert_by_cluster", {})}
+    ks = {k for g in r["rungs"] for k in g.get("monolith_minus_expert_by_cluster", {})}
     return sorted(ks, key=int)
 
 

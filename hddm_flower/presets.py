@@ -5,7 +5,7 @@ so the configuration names them without importing the models (:mod:`hddm_flower.
 # shapes (4×32×32 latents, CLIP ViT-L/14 text states of width 768) XL/2 has 607M parameters (paper: 605M).
 EXPERT_PRESETS: dict[str, dict] = {
     "test": dict(num_layers=1, num_attention_heads=2, attention_head_dim=16, patch_size=2),
-    "nano": dict(num_layers=2, num_attention_heads=2, attention_head_dim=16, patch_size=2),  # capacity-limited toy
+    "nano": dict(num_layers=2, num_attention_heads=2, attention_head_dim=16, patch_size=2),  # the GMM capacity rung
     "mini": dict(num_layers=2, num_attention_heads=2, attention_head_dim=32, patch_size=2),  # 8×8 toy data
     "tiny": dict(num_layers=4, num_attention_heads=4, attention_head_dim=32, patch_size=2),
     "S/2": dict(num_layers=12, num_attention_heads=6, attention_head_dim=64, patch_size=2),
