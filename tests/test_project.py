@@ -278,3 +278,21 @@ def test_a_runs_ensemble_is_built_in_one_place():
     keys = "|".join(sampling_defaults(Config()))
     pipeline = [line for p, _, line in _code_lines("hddm_flower") if p == "hddm_flower/hddm_pipeline.py"]
     assert pipeline and not [line for line in pipeline if re.search(rf"\.get\(\s*[\"']({keys})[\"']", line)]
+
+
+def test_no_class_is_defined_inside_a_function():
+    """Classes of the library and the Flower apps are module-level (a class made per call, like a strategy whose
+    base is chosen at run time, is a wrapper around an instance instead: strategies/round_strategy.py)."""
+    import ast
+
+    nested = []
+    for root in ("hddm_flower", "strategies", "clients"):
+        for path in sorted((ROOT / root).rglob("*.py")):
+            for fn in ast.walk(ast.parse(path.read_text())):
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    nested += [
+                        f"{path.relative_to(ROOT)}:{c.lineno} {fn.name}.{c.name}"
+                        for c in ast.walk(fn)
+                        if isinstance(c, ast.ClassDef)
+                    ]
+    assert nested == []

@@ -425,3 +425,20 @@ def test_reported_seconds_and_held_out_counts_are_bounded_by_what_the_server_kno
     json.dumps(record, allow_nan=False)
     shift = sum(SIZES[n] / 38 * 0.01 * n for n in (11, 13, 14))
     assert _shift(router) == pytest.approx(2 * shift, abs=1e-6)
+
+
+@pytest.mark.parametrize("server_optimizer", ["adam", "avg", "median", "trimmed_avg", "krum"])
+def test_the_round_strategy_wraps_flowers_own(server_optimizer):
+    """The rounds' strategy is a wrapper around an instance of Flower's strategy (as Flower's DP strategies wrap
+    one), not a subclass made per call: every aggregation is Flower's, and the wrapped one is what the record names."""
+    from flwr.serverapp.strategy import FedAvg, Strategy
+
+    from strategies.round_strategy import BASES, CheckedRounds, base_strategy
+
+    base = base_strategy(
+        server_optimizer, len(CLUSTERS), **({"beta": 0.2} if server_optimizer == "trimmed_avg" else {})
+    )
+    strategy = CheckedRounds(base, CLUSTERS, SIZES, 8, 4, 1, 2)
+    assert type(base) is BASES[server_optimizer] and isinstance(base, FedAvg)
+    assert isinstance(strategy, Strategy) and not isinstance(strategy, FedAvg) and strategy.strategy is base
+    assert base.min_train_nodes == base.min_available_nodes == len(CLUSTERS)
