@@ -20,7 +20,32 @@ def resumed_seed(seed: int, step: int) -> int:
     return seed if step == 0 else random.Random(f"{seed}-resumed-at-{step}").getrandbits(31)
 
 
-class StreamingSplit:
+class _ResumableStream:
+    """What both streams share: ``len()`` is the training-set size, :meth:`resume_at` reseeds the stream for a
+    training that starts at ``step``, and ``batch(idx)`` is the next ``len(idx)`` samples of :meth:`_open`'s stream
+    (reopened when the batch size changes)."""
+
+    size: int
+    seed: int
+    _stream = None
+    _batch_size = None
+    start_step = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def resume_at(self, step: int) -> None:
+        """Start the stream for a training that starts at ``step`` (0: the stream of ``seed``)."""
+        self.start_step, self._stream = step, None
+
+    def _next(self, batch_size: int):
+        if self._stream is None or self._batch_size != batch_size:
+            self._batch_size = batch_size
+            self._stream = self._open(batch_size, resumed_seed(self.seed, self.start_step))
+        return next(self._stream)
+
+
+class StreamingSplit(_ResumableStream):
     """One cluster's training data read as a stream (:meth:`Dataset.batches`), for clusters larger than RAM.
 
     It stands in for :class:`~.dataset.Split` in expert training: ``batch(idx)`` returns the next ``len(idx)`` samples of the
@@ -35,30 +60,16 @@ class StreamingSplit:
         info = next(c for c in dataset.meta["clusters"] if c["id"] == cluster)
         self.size = info["size"] - info.get("val", 0)
         self.dataset, self.cluster, self.seed, self.shuffle_buffer = dataset, cluster, seed, shuffle_buffer
-        self._stream, self._batch_size = None, None
-        self.start_step = 0
         self.labels = torch.full((self.size,), cluster)
 
-    def __len__(self) -> int:
-        return self.size
-
-    def resume_at(self, step: int) -> None:
-        """Start the stream for a training that starts at ``step`` (0: the stream of ``seed``)."""
-        self.start_step, self._stream = step, None
+    def _open(self, batch_size: int, seed: int):
+        return self.dataset.batches(self.cluster, batch_size=batch_size, seed=seed, shuffle_buffer=self.shuffle_buffer)
 
     def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
-        if self._stream is None or self._batch_size != len(idx):
-            self._batch_size = len(idx)
-            self._stream = self.dataset.batches(
-                self.cluster,
-                batch_size=len(idx),
-                seed=resumed_seed(self.seed, self.start_step),
-                shuffle_buffer=self.shuffle_buffer,
-            )
-        return next(self._stream)
+        return self._next(len(idx))
 
 
-class StreamingAllClusters:
+class StreamingAllClusters(_ResumableStream):
     """Every cluster's training data as one seeded stream, for the monolith baseline where they do not fit in RAM:
     :meth:`~.dataset.Dataset.images` with the text states (clusters mixed as the whole split is, shard order and
     buffers from ``seed``). It stands in for :class:`~.dataset.Split` as :class:`StreamingSplit` does:
@@ -69,26 +80,12 @@ class StreamingAllClusters:
         self.dataset = dataset
         self.size = self.dataset.size(None, "train")
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
-        self._stream, self._batch_size = None, None
-        self.start_step = 0
 
-    def __len__(self) -> int:
-        return self.size
-
-    def resume_at(self, step: int) -> None:
-        """Start the stream for a training that starts at ``step`` (0: the stream of ``seed``)."""
-        self.start_step, self._stream = step, None
+    def _open(self, batch_size: int, seed: int):
+        return self.dataset.images(
+            None, batch_size=batch_size, split="train", seed=seed, shuffle_buffer=self.shuffle_buffer, text=True
+        )
 
     def batch(self, idx: Tensor) -> tuple[Tensor, TextCond]:
-        if self._stream is None or self._batch_size != len(idx):
-            self._batch_size = len(idx)
-            self._stream = self.dataset.images(
-                None,
-                batch_size=len(idx),
-                split="train",
-                seed=resumed_seed(self.seed, self.start_step),
-                shuffle_buffer=self.shuffle_buffer,
-                text=True,
-            )
-        x, _, cond = next(self._stream)
+        x, _, cond = self._next(len(idx))
         return x, cond
