@@ -225,3 +225,47 @@ def test_config_accepts_gmm_and_names_bad_values():
         config_from_dict({"num_experts": 9, "data": {"name": "gmm"}}, "gmm.yaml")
     with pytest.raises(ConfigError, match="data.gmm_channels"):
         config_from_dict({"data": {"name": "gmm", "gmm_channels": 2}}, "gmm.yaml")
+
+
+def _span_residual(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − P_b a‖ / ‖a‖: how much of a's columns lies outside the span of b's (float64)."""
+    q = torch.linalg.qr(b)[0]
+    return float((a - q @ (q.T @ a)).norm() / a.norm())
+
+
+def test_cluster_covariance_gives_each_cluster_a_subspace_no_other_cluster_shares():
+    from hddm_flower.gmm.dataset import make_mixture
+
+    r = 6
+    m, _, cluster_of = make_mixture(GMMSpec(num_clusters=4, components_per_cluster=3, rank=r, covariance="cluster"))
+    cluster_of = torch.tensor(cluster_of)
+    U = m.factors  # (J, d, r)
+    norms = U.norm(dim=1)
+    assert ((norms >= 0.8 - 1e-12) & (norms <= 1.6 + 1e-12)).all()  # per-direction std as the pattern covariance
+    for i in range(len(U)):
+        for j in range(len(U)):
+            res = _span_residual(U[i], U[j])
+            if cluster_of[i] == cluster_of[j]:
+                assert res < 1e-10  # one span per cluster
+            else:
+                # random r-dimensional subspaces of d = 192 overlap by about r/d: nearly all of U_i lies outside
+                assert res > 0.9, (i, j, res)
+        # other axes in the same span: the components are not copies of one another
+        mates = [j for j in range(len(U)) if cluster_of[j] == cluster_of[i] and j != i]
+        assert all(not torch.allclose(U[i] / norms[i], U[j] / norms[j], atol=1e-3) for j in mates)
+    # the pattern covariance shares the channel-brightness directions across clusters (what "cluster" removes)
+    p, _, p_cluster = make_mixture(GMMSpec(num_clusters=4, components_per_cluster=3, rank=r))
+    a, b = p_cluster.index(0), p_cluster.index(1)
+    assert _span_residual(p.factors[a][:, 1:4], p.factors[b]) < 1e-10
+
+
+def test_covariance_kind_names_the_dataset_and_bad_kinds_are_refused(tmp_path):
+    from hddm_flower.gmm.dataset import gmm_dataset_dir
+
+    plain, cluster = GMMSpec(), GMMSpec(covariance="cluster")
+    assert gmm_dataset_dir(tmp_path, plain, 12).name == "gmm-v1-3x8px-k8-j4-r4-n8000-L12-seed0"  # unchanged
+    assert gmm_dataset_dir(tmp_path, cluster, 12).name.endswith("-cov-cluster")
+    with pytest.raises(ValueError, match="covariance must be one of"):
+        GMMSpec(covariance="shared").check()
+    with pytest.raises(ConfigError, match="data.gmm_covariance"):
+        config_from_dict({"data": {"name": "gmm", "gmm_covariance": "shared"}}, "gmm.yaml")

@@ -73,6 +73,9 @@ class DataConfig:
     # gmm: "pattern" captions name the component ("red ring": the caption fixes the cluster); "colour" captions
     # name only its colour ("red"), shared by every cluster: the pattern, hence the cluster, is decided by the data
     gmm_captions: str = "pattern"
+    # gmm: "pattern" covariances share directions across clusters (channel brightness, pattern contrast); "cluster"
+    # gives each cluster its own random subspace of rank gmm_rank, shared by its components and by no other cluster
+    gmm_covariance: str = "pattern"
 
     def validate(self, source: str = "<config>", prefix: str = "data.") -> DataConfig:
         r = _Rules(self, source, prefix)
@@ -89,6 +92,7 @@ class DataConfig:
             if not 1 <= self.gmm_components <= 6:
                 r.fail("gmm_components", f"must be 1..6 (colours per pattern), got {self.gmm_components}")
             r.choice("gmm_captions", ("pattern", "colour"), "caption kind")
+            r.choice("gmm_covariance", ("pattern", "cluster"), "covariance kind")
             if self.gmm_channels not in (1, 3):
                 r.fail("gmm_channels", f"must be 1 or 3, got {self.gmm_channels}")
             if self.image_size < 4:

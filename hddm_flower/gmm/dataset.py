@@ -55,6 +55,7 @@ COLOURS = {
     "cyan": (0.1, 0.85, 0.9),
 }
 CAPTION_KINDS = ("pattern", "colour")
+COVARIANCE_KINDS = ("pattern", "cluster")
 BACKGROUND, CONTRAST = -0.7, 1.4  # mean = BACKGROUND + CONTRAST·pattern·colour ∈ [−0.7, 0.7]
 
 
@@ -70,6 +71,10 @@ class GMMSpec:
     num_samples: int = 8000
     seed: int = 0
     captions: str = "pattern"  # "pattern": "red ring" (one component each); "colour": "red" (shared by every cluster)
+    # "pattern": each component's directions are its pattern's contrast, the channel brightnesses (the same in every
+    # cluster) and smooth random ones; "cluster": each cluster draws its own random rank-r subspace, which its
+    # components share and no other cluster's does (the clusters share no structure beyond the background)
+    covariance: str = "pattern"
 
     def check(self) -> None:
         if not 1 <= self.num_clusters <= len(PATTERNS):
@@ -88,6 +93,8 @@ class GMMSpec:
             raise ValueError(f"gmm: rank must be 1..d, got {self.rank}")
         if self.captions not in CAPTION_KINDS:
             raise ValueError(f"gmm: captions must be one of {CAPTION_KINDS}, got {self.captions!r}")
+        if self.covariance not in COVARIANCE_KINDS:
+            raise ValueError(f"gmm: covariance must be one of {COVARIANCE_KINDS}, got {self.covariance!r}")
         if self.num_samples < 2 * self.num_clusters:
             raise ValueError(f"gmm: num_samples must be ≥ 2 per cluster, got {self.num_samples}")
 
@@ -123,18 +130,25 @@ def make_mixture(spec: GMMSpec) -> tuple[GaussianMixture, list[str], list[int]]:
     for k in range(spec.num_clusters):
         p = pattern(PATTERNS[k], S)
         within = rng.dirichlet(np.full(len(colours), 3.0))
+        # "cluster": one orthonormal basis per cluster (QR of a Gaussian d × r), drawn before its components
+        basis = np.linalg.qr(rng.standard_normal((d, r)))[0] if spec.covariance == "cluster" else None
         for c_i, colour in enumerate(colours):
             rgb = np.asarray(COLOURS[colour])[:C] if C == 3 else np.asarray([np.mean(COLOURS[colour])])
             mu = BACKGROUND + CONTRAST * p[None] * rgb[:, None, None]  # (C, S, S)
-            dirs = [(p[None] - p.mean()) * rgb[:, None, None]]  # pattern contrast
-            for ch in range(C):  # per-channel brightness
-                e = np.zeros((C, S, S))
-                e[ch] = 1.0
-                dirs.append(e)
-            while len(dirs) < r:  # smooth random directions
-                g = rng.standard_normal((C, 3, 3))
-                dirs.append(np.stack([np.kron(g[ch], np.ones((S // 3 + 1, S // 3 + 1)))[:S, :S] for ch in range(C)]))
-            U = np.stack([x.reshape(-1) / np.linalg.norm(x) for x in dirs[:r]], 1)  # unit columns (d, r)
+            if basis is None:
+                dirs = [(p[None] - p.mean()) * rgb[:, None, None]]  # pattern contrast
+                for ch in range(C):  # per-channel brightness
+                    e = np.zeros((C, S, S))
+                    e[ch] = 1.0
+                    dirs.append(e)
+                while len(dirs) < r:  # smooth random directions
+                    g = rng.standard_normal((C, 3, 3))
+                    dirs.append(
+                        np.stack([np.kron(g[ch], np.ones((S // 3 + 1, S // 3 + 1)))[:S, :S] for ch in range(C)])
+                    )
+                U = np.stack([x.reshape(-1) / np.linalg.norm(x) for x in dirs[:r]], 1)  # unit columns (d, r)
+            else:  # the cluster's basis, turned by a random rotation of its own: the same span, other axes
+                U = basis @ np.linalg.qr(rng.standard_normal((r, r)))[0]
             U = U * rng.uniform(0.8, 1.6, size=r)  # per-direction std ≈ 0.06–0.11 per pixel at d = 192
             means.append(mu.reshape(-1))
             factors.append(U)
@@ -156,6 +170,7 @@ def gmm_dataset_dir(cache_dir: str | os.PathLike, spec: GMMSpec, max_caption_tok
         f"gmm-v{GMM_VERSION}-{spec.channels}x{spec.image_size}px-k{spec.num_clusters}-j{spec.components_per_cluster}"
         f"-r{spec.rank}-n{spec.num_samples}-L{max_caption_tokens}-seed{spec.seed}"
         + ("" if spec.captions == "pattern" else f"-captions-{spec.captions}")
+        + ("" if spec.covariance == "pattern" else f"-cov-{spec.covariance}")
     )
     return Path(cache_dir) / name
 
@@ -306,7 +321,12 @@ def prepare_gmm(
                     "caption_kind": spec.captions,
                     "cluster_of": cluster_of,
                     "weights": mixture.weights.tolist(),
-                    "covariance": "low rank (pattern contrast, per-channel brightness, smooth random) + diagonal",
+                    "covariance_kind": spec.covariance,
+                    "covariance": (
+                        "low rank (pattern contrast, per-channel brightness, smooth random) + diagonal"
+                        if spec.covariance == "pattern"
+                        else "low rank (a random subspace per cluster, rotated per component) + diagonal"
+                    ),
                 },
                 "clusters": clusters,
             }

@@ -44,6 +44,7 @@ def prepare_data(cfg: Config, cache_dir: str | Path | None = None, *, progress: 
                 rank=d.gmm_rank,
                 num_samples=d.gmm_samples,
                 captions=d.gmm_captions,
+                covariance=d.gmm_covariance,
                 seed=d.seed,
             ),
             val_fraction=d.val_fraction,
