@@ -1,7 +1,7 @@
 """The budget ladder on the Gaussian mixture: which budget, if any, lets the ensemble beat one network of equal
 compute, and why — read from finished ``hddm reproduce`` runs.
 
-    python -m benchmarks.gmm_ladder --runs 200=OUT_200 800=OUT_800 capacity-800=OUT_CAP [--samples 256]
+    python -m benchmarks.gmm_ladder --runs 200=OUT_200 800=OUT_800 capacity-800=OUT_CAP [--samples 256] [--name N]
 
 Each ``OUT`` is a finished ``hddm reproduce`` run on a ``data.name: gmm`` config with ``evaluation.training_seeds``
 > 1 (e.g. ``configs/reproduce-gmm-equal-steps.yaml`` with ``--set expert.steps=800``). For every rung:
@@ -15,7 +15,8 @@ Each ``OUT`` is a finished ``hddm reproduce`` run on a ``data.name: gmm`` config
    part training can still remove), at a grid of t including both endpoints; averaged over clusters, and the
    monolith − expert difference paired by training.
 
-Writes ``benchmarks/results/gmm_ladder.{json,md}`` with the command, machine, load and date.
+Writes ``benchmarks/results/NAME.{json,md}`` (``--name``, ``gmm_ladder`` by default) with the command, machine,
+load and date.
 """
 
 from __future__ import annotations
@@ -211,6 +212,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=256, help="x_t per cluster and t for the excess loss")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--name", default=NAME, help=f"result files benchmarks/results/NAME.{{json,md}} (default {NAME})")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     start, load0 = time.time(), os.getloadavg()
@@ -230,8 +232,8 @@ def main() -> None:
         "samples": args.samples,
         "rungs": runs,
     }
-    write_result(RESULTS / f"{NAME}.json", record)
-    (RESULTS / f"{NAME}.md").write_text(markdown(record))
+    write_result(RESULTS / f"{args.name}.json", record)
+    (RESULTS / f"{args.name}.md").write_text(markdown(record))
     print(markdown(record))
 
 
