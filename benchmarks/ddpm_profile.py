@@ -47,13 +47,13 @@ from hddm_flower.gmm.truth import interval, median_bandwidth, mmd2
 from hddm_flower.models import TextCond
 from hddm_flower.objectives import cap_velocity_rms, velocity_rms, velocity_rms_prior
 from hddm_flower.reproduce.training import (
-    _fingerprint,
-    _Missing,
-    _run_jobs,
-    _train_job,
-    _train_or_reuse,
+    NotTrained,
     config_for,
     dataset_id,
+    fingerprint_of,
+    run_jobs,
+    train_job,
+    train_or_reuse,
 )
 from hddm_flower.stages.prepare import prepare_data
 
@@ -83,20 +83,20 @@ def _options(cfg) -> dict[str, dict]:
 # experts
 
 
-def train_or_reuse(cfg, dataset: Dataset, out: Path, clusters: list[int], jobs: int) -> dict[str, Path]:
+def train_or_reuse_all(cfg, dataset: Dataset, out: Path, clusters: list[int], jobs: int) -> dict[str, Path]:
     """FM and DDPM experts on ``clusters`` and the monolith, in ``hddm reproduce``'s layout and fingerprint."""
     data_id = dataset_id(dataset)
-    fp = _fingerprint(cfg.expert, cfg.ddpm, data_id)
+    fp = fingerprint_of(cfg.expert, cfg.ddpm, data_id)
     todo = [("monolith", None, "fm")] + [(f"cluster-{k}-{o}", k, o) for k in clusters for o in ("fm", "ddpm")]
     folders = {name: out / ("monolith" if k is None else f"experts/{name}") for name, k, _ in todo}
     pending = []
     for name, k, obj in todo:
         try:
-            _train_or_reuse(folders[name], fp, None)
-        except _Missing:
+            train_or_reuse(folders[name], fp, None)
+        except NotTrained:
             pending.append((name, k, obj))
     args = [(cfg.to_dict(), str(dataset.root), k, o, str(folders[n]), fp, jobs > 1, False) for n, k, o in pending]
-    _run_jobs(_train_job, args, jobs, False, "training")
+    run_jobs(train_job, args, jobs, False, "training")
     for name, _, obj in todo:
         if obj == "ddpm" and "clean_prior" not in read_expert_meta(folders[name]):
             raise SystemExit(f"{folders[name]} has no measured clean prior (trained by older code); use a new --out")
@@ -383,7 +383,7 @@ def main() -> None:
     clusters = [k for k, o in enumerate(config_for(cfg, 4).objective_of(details)) if o == "ddpm"]
     auto2 = [k for k, o in enumerate(config_for(cfg, 2).objective_of(details)) if o == "ddpm"]
     t0 = time.time()
-    folders = train_or_reuse(cfg, dataset, Path(args.out), clusters, args.jobs)
+    folders = train_or_reuse_all(cfg, dataset, Path(args.out), clusters, args.jobs)
     timings = {"training": round(time.time() - t0, 1)}
     ref = load_reference(dataset)
     t0 = time.time()

@@ -37,7 +37,7 @@ from hddm_flower.config.io import config_from_dict, load_config
 from hddm_flower.data import Dataset
 from hddm_flower.evaluation.evaluate import feature_network
 from hddm_flower.reproduce.run import _symlink
-from hddm_flower.reproduce.training import _fingerprint, _run_jobs, _train_job, dataset_id
+from hddm_flower.reproduce.training import dataset_id, fingerprint_of, run_jobs, train_job
 from hddm_flower.rundir import CONFIG, EXPERTS, expert_dir, experts_dir
 from hddm_flower.stages.assemble import evaluate_and_report
 from hddm_flower.stages.prepare import assign_objectives, prepare_data
@@ -65,12 +65,12 @@ def _train(
     (router, evaluation, report and samples.png as at the end of ``flwr run .``, scored with the shared feature
     classifier instead of one trained per run)."""
     objectives = assign_objectives(cfg, dataset)
-    fp = _fingerprint(cfg.expert, cfg.ddpm, dataset_id(dataset))
+    fp = fingerprint_of(cfg.expert, cfg.ddpm, dataset_id(dataset))
     folders = {k: out / EXPERTS / f"cluster-{k}-{o}" for k, o in enumerate(objectives)}
     args = [
         (cfg.to_dict(), str(dataset.root), k, o, str(folders[k]), fp, jobs > 1, False) for k, o in enumerate(objectives)
     ]
-    _run_jobs(_train_job, args, jobs, False, "training")  # _train_or_reuse: a folder with this fingerprint is kept
+    run_jobs(train_job, args, jobs, False, "training")  # train_or_reuse: a folder with this fingerprint is kept
     runs = {}
     for conditioning in sorted(conditionings):
         run_dir = out / f"router-{conditioning}"
@@ -150,7 +150,7 @@ def main() -> None:
             )
             for a in args.arms
         ]
-        for a, point in zip(args.arms, _run_jobs(_measure_job, jobs, args.jobs, False, f"training {i}")):
+        for a, point in zip(args.arms, run_jobs(_measure_job, jobs, args.jobs, False, f"training {i}")):
             for m in METRICS:
                 values[a][m].append(point["per_seed"][m])
         timings["measuring"] += time.time() - t0

@@ -34,13 +34,13 @@ from hddm_flower.config.io import config_from_dict, load_config
 from hddm_flower.data import Dataset
 from hddm_flower.gmm.evaluate import Row, evaluate_group
 from hddm_flower.reproduce.training import (
-    _fingerprint,
-    _Missing,
-    _run_jobs,
-    _train_job,
-    _train_or_reuse,
+    NotTrained,
     config_for,
     dataset_id,
+    fingerprint_of,
+    run_jobs,
+    train_job,
+    train_or_reuse,
 )
 from hddm_flower.rundir import ROUTER
 from hddm_flower.stages.prepare import prepare_data
@@ -77,17 +77,17 @@ def _configs(cfg, details: list[float], pairs: int, pool: str) -> dict[str, list
 
 def _train(cfg, dataset: Dataset, out: Path, needed: set[tuple[int, str]], jobs: int) -> list[str]:
     data_id = dataset_id(dataset)
-    fp = _fingerprint(cfg.expert, cfg.ddpm, data_id)
+    fp = fingerprint_of(cfg.expert, cfg.ddpm, data_id)
     pending = []
     for k, o in sorted(needed):
         folder = out / "experts" / f"cluster-{k}-{o}"
         try:
-            _train_or_reuse(folder, fp, None)
-        except _Missing:
+            train_or_reuse(folder, fp, None)
+        except NotTrained:
             pending.append((k, o, folder))
     args = [(cfg.to_dict(), str(dataset.root), k, o, str(f), fp, jobs > 1, False) for k, o, f in pending]
-    _run_jobs(_train_job, args, jobs, False, "training")
-    fp_router = _fingerprint(cfg.router, data_id)
+    run_jobs(train_job, args, jobs, False, "training")
+    fp_router = fingerprint_of(cfg.router, data_id)
     router_meta = out / ROUTER / ROUTER_META
     if not router_meta.exists() or json.loads(router_meta.read_text()).get("reproduce_fingerprint") != fp_router:
         fit_router(cfg, dataset, out)
@@ -135,7 +135,7 @@ def main() -> None:
             )
             row = Row(f"{name} · {remedy}", f"{name} · {remedy}", "top2")
             jobs.append((c.to_dict(), str(out), str(dataset.root), [row], configs[name], args.jobs > 1))
-        for part in _run_jobs(evaluate_group, jobs, args.jobs, False, f"training {i}"):
+        for part in run_jobs(evaluate_group, jobs, args.jobs, False, f"training {i}"):
             for row_name, r in part.items():
                 for m in METRICS:
                     values.setdefault(row_name, {}).setdefault(m, []).append([s[m] for s in r["per_seed"]])

@@ -36,7 +36,7 @@ def test_equal_steps_splits_the_batch_among_the_experts():
 def test_the_monolith_and_the_experts_train_on_their_budget(tiny_config, dataset_dir, tmp_path):
     """Under equal_steps the trained monolith takes expert.steps steps of expert.batch_size and an expert the same
     steps of batch / K, as their metadata records; the cache key differs from equal_images'."""
-    from hddm_flower.reproduce.training import _train_experts, dataset_id, expert_fingerprint, train_monolith
+    from hddm_flower.reproduce.training import dataset_id, expert_fingerprint, train_monolith, train_or_reuse_experts
 
     k = tiny_config.num_experts
     cfg = dataclasses.replace(
@@ -48,7 +48,7 @@ def test_the_monolith_and_the_experts_train_on_their_budget(tiny_config, dataset
     _, _, meta = train_monolith(cfg, dataset)
     assert (meta["steps"], meta["batch_size"], meta["budget"]) == (2, 2 * k, "equal_steps")
     data_id = dataset_id(dataset)
-    (t,) = _train_experts([cfg], [tmp_path], dataset, [(0, "fm")], data_id, 1, False)
+    (t,) = train_or_reuse_experts([cfg], [tmp_path], dataset, [(0, "fm")], data_id, 1, False)
     expert = __import__("json").loads((tmp_path / "experts" / "cluster-0-fm" / "hddm_expert.json").read_text())
     assert (expert["steps"], expert["batch_size"]) == (2, 2)
     assert not t["experts"]["cluster-0-fm"]["reused"]

@@ -143,14 +143,14 @@ def test_reproduce_writes_tables_manifest_and_runs(reproduced):
 @pytest.mark.slow
 def test_reproduce_reuses_experts_and_refuses_a_changed_config(reproduced, dataset_dir):
     cfg, out, manifest = reproduced
-    from hddm_flower.reproduce.training import _train_or_reuse
+    from hddm_flower.reproduce.training import train_or_reuse
 
-    again = _train_or_reuse(
+    again = train_or_reuse(
         out / "experts" / "cluster-0-fm", manifest["fingerprints"]["experts"], lambda: pytest.fail("retrained")
     )
     assert again["reused"] and again["sha256"] == manifest["artefacts"]["experts"]["cluster-0-fm"]["sha256"]
     with pytest.raises(ConfigError, match="trained with another config"):
-        _train_or_reuse(out / "experts" / "cluster-0-fm", "other", lambda: None)
+        train_or_reuse(out / "experts" / "cluster-0-fm", "other", lambda: None)
 
 
 @pytest.mark.slow
@@ -204,7 +204,7 @@ def test_the_monolith_is_reproducible_from_its_seed_across_processes_and_threads
     from concurrent.futures import ProcessPoolExecutor
 
     from hddm_flower.checkpoints import WEIGHTS, read_expert_meta
-    from hddm_flower.reproduce.training import _train_job, tensor_sha256
+    from hddm_flower.reproduce.training import tensor_sha256, train_job
     from hddm_flower.training_seeds import training_config
 
     cfg = dataclasses.replace(tiny_config, expert=dataclasses.replace(tiny_config.expert, steps=4))
@@ -212,10 +212,10 @@ def test_the_monolith_is_reproducible_from_its_seed_across_processes_and_threads
     def job(c, folder, in_worker):
         return (c.to_dict(), str(dataset_dir), None, "fm", str(tmp_path / folder), "fp", in_worker, False)
 
-    _train_job(job(cfg, "here", False))
+    train_job(job(cfg, "here", False))
     with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        pool.submit(_train_job, job(cfg, "worker", True)).result()
-    _train_job(job(training_config(cfg, 1), "training-1", False))
+        pool.submit(train_job, job(cfg, "worker", True)).result()
+    train_job(job(training_config(cfg, 1), "training-1", False))
     digest = {f: tensor_sha256(tmp_path / f / WEIGHTS) for f in ("here", "worker", "training-1")}
     curves = {f: read_expert_meta(tmp_path / f)["loss_curve"] for f in digest}
     assert digest["here"] == digest["worker"] and curves["here"] == curves["worker"]
@@ -255,7 +255,7 @@ def test_a_monolith_killed_after_its_checkpoint_resumes_from_it(
 
     from hddm_flower import training
     from hddm_flower.checkpoints import WEIGHTS, read_expert_meta
-    from hddm_flower.reproduce.training import _train_job, tensor_sha256, training_state
+    from hddm_flower.reproduce.training import tensor_sha256, train_job, training_state
 
     e = dataclasses.replace(tiny_config.expert, steps=2, checkpoint_every=3)  # the monolith: 4 × 2 = 8 steps
     cfg = dataclasses.replace(tiny_config, expert=e, data=dataclasses.replace(tiny_config.data, stream=stream))
@@ -263,7 +263,7 @@ def test_a_monolith_killed_after_its_checkpoint_resumes_from_it(
     def job(folder):
         return (cfg.to_dict(), str(dataset_dir), None, "fm", str(tmp_path / folder), "fp", False, False)
 
-    _train_job(job("straight"))
+    train_job(job("straight"))
     real = training._save_training_state
 
     def save_then_die(path, *a):
@@ -272,14 +272,14 @@ def test_a_monolith_killed_after_its_checkpoint_resumes_from_it(
 
     monkeypatch.setattr(training, "_save_training_state", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        _train_job(job("killed"))
+        train_job(job("killed"))
     state = training_state(tmp_path / "killed", "fp")
     assert state.is_file() and not (tmp_path / "killed").exists()
     monkeypatch.setattr(training, "_save_training_state", real)
     starts = []
     real_fit = training.fit
     monkeypatch.setattr(training, "fit", lambda *a, on_start, **k: real_fit(*a, on_start=_also(on_start, starts), **k))
-    _train_job(job("killed"))
+    train_job(job("killed"))
     assert starts == [3]  # the data source was told where the training starts
     meta = read_expert_meta(tmp_path / "killed")
     assert meta["resumed_steps"] == 3 and meta["steps"] == 8 and not state.exists()

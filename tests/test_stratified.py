@@ -199,7 +199,7 @@ def test_training_seeds_retrain_and_nest_the_embedded_intervals(stratified_run):
     """evaluation.training_seeds: 2 on the embedded data: training 1's experts, router and monolith (other seeds,
     cached by their fingerprint) in trainings/training-1, each row evaluated per training on the same seeds, cells
     and paired differences over trainings."""
-    from hddm_flower.reproduce.training import _train_or_reuse
+    from hddm_flower.reproduce.training import train_or_reuse
 
     cfg, out, manifest = stratified_run
     t0, t1 = manifest["artefacts"]["trainings"]
@@ -207,7 +207,7 @@ def test_training_seeds_retrain_and_nest_the_embedded_intervals(stratified_run):
     assert t0["experts"]["cluster-0-fm"]["tensor_sha256"] != t1["experts"]["cluster-0-fm"]["tensor_sha256"]
     assert t0["monolith"]["tensor_sha256"] != t1["monolith"]["tensor_sha256"]
     assert t0["router"]["tensor_sha256"] != t1["router"]["tensor_sha256"]
-    again = _train_or_reuse(
+    again = train_or_reuse(
         out / "trainings" / "training-1" / "experts" / "cluster-0-fm",
         t1["fingerprint"],
         lambda: pytest.fail("retrained"),

@@ -87,7 +87,7 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
     """Two independent trainings (evaluation.training_seeds: 2): experts, monolith and router retrained per
     training, the trained rows sampled for both on the same seeds, nested intervals and the paired Table 3."""
     from hddm_flower.reproduce.run import reproduce
-    from hddm_flower.reproduce.training import _train_experts, dataset_id, training_root
+    from hddm_flower.reproduce.training import dataset_id, train_or_reuse_experts, training_root
     from hddm_flower.stages.prepare import prepare_data
     from hddm_flower.training_seeds import training_config
 
@@ -205,7 +205,7 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
     assert diff == pytest.approx(seed0["delta_log_density"], abs=1e-3) and len(ps["seed-0.log_p"]) == 8
     assert {"mmd2_bw0.25", "mmd2_bw4", "delta_log_density_median", "log_deficit_p90"} <= set(seed0)
     # cached by fingerprint: a second pass over both trainings reuses every expert and monolith
-    again = _train_experts(
+    again = train_or_reuse_experts(
         [training_config(cfg, i) for i in range(2)],
         [training_root(out, i) for i in range(2)],
         dataset,

@@ -48,15 +48,15 @@ from ..provenance import now, versions
 from ..rundir import CONFIG, FEATURE_NET, ROUTER, expert_dir, experts_dir, write_atomic
 from ..stages.assemble import evaluate_and_report, load_ensemble
 from ..training_seeds import TRAINING_SEED_STRIDE, nested_interval, training_config
-from .tables import FLOOR, _summary, paired_differences, render_tables
+from .tables import FLOOR, paired_differences, render_tables, row_summary
 from .training import (
-    _OneExpertRouter,
-    _run_jobs,
-    _train_experts,
-    _train_router,
+    OneExpertRouter,
     config_for,
     dataset_id,
+    run_jobs,
     tensor_sha256,
+    train_or_reuse_experts,
+    train_or_reuse_router,
     training_root,
 )
 
@@ -89,7 +89,7 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
         dev = resolve_device(cfg.coordinator.device)
         ens = Ensemble(
             {0: mono},
-            _OneExpertRouter(meta["channels"], meta["image_size"]),
+            OneExpertRouter(meta["channels"], meta["image_size"]),
             1,
             routing="top_k",
             k=1,
@@ -258,11 +258,11 @@ def reproduce(
     # 1–2. per training: the unique (cluster, objective) experts, the monolith and the router, reused or trained
     t0 = time.perf_counter()
     unique = sorted({(k, o) for objs in objectives.values() for k, o in enumerate(objs)})
-    per_training = _train_experts(tcfgs, roots, dataset, unique, data_id, jobs, progress)
+    per_training = train_or_reuse_experts(tcfgs, roots, dataset, unique, data_id, jobs, progress)
     timings["training"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for c, root, artefacts_i in zip(tcfgs, roots, per_training):
-        artefacts_i["router"] = _train_router(c, root, dataset, data_id, progress)
+        artefacts_i["router"] = train_or_reuse_router(c, root, dataset, data_id, progress)
     timings["router"] = time.perf_counter() - t0
     artefacts: dict[str, Any] = per_training[0] | (
         {"trainings": [{"root": str(r.relative_to(out))} | a for r, a in zip(roots, per_training)]}
@@ -282,7 +282,7 @@ def reproduce(
             dataset,
             objectives,
             in_worker=jobs > 1,
-            run_jobs=lambda fn, args: _run_jobs(fn, args, jobs, progress, "truth evaluation"),
+            run_jobs=lambda fn, args: run_jobs(fn, args, jobs, progress, "truth evaluation"),
         )
     else:
         feature_dir = out / FEATURE_NET
@@ -304,7 +304,7 @@ def reproduce(
                 (c_i.to_dict(), "monolith", str(root / "runs" / "monolith"), str(dataset.root), str(feature_dir), None)
             )
         eval_args = [a + (jobs > 1, progress) for a in eval_args]
-        done = dict(zip(keys, (r for _, r in _run_jobs(_eval_job, eval_args, jobs, progress, "evaluating"))))
+        done = dict(zip(keys, (r for _, r in run_jobs(_eval_job, eval_args, jobs, progress, "evaluating"))))
         results = _with_trainings(done, trainings, [*configs, "monolith"])
     timings["evaluation"] = time.perf_counter() - t0
     seconds = time.perf_counter() - start
@@ -340,7 +340,7 @@ def reproduce(
         "budget": dataclasses.asdict(budget_of(cfg)),
         "artefacts": artefacts,
         "versions": versions(),
-        "results": results if truth else {n: _summary(r) for n, r in results.items()},
+        "results": results if truth else {n: row_summary(r) for n, r in results.items()},
     }
     if truth:
         from ..gmm.compare import paired_truth

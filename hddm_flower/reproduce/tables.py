@@ -27,7 +27,7 @@ FLOOR = "real (floor)"
 """The results' row of the real-vs-real floor (``evaluation.prompt_sampling: stratified``)."""
 
 
-def _summary(r: dict) -> dict:
+def row_summary(r: dict) -> dict:
     """A row's entry in the manifest: per mode its values (training 0, seed 0), per-seed values and intervals, and
     with several trainings the per-training values and the nested intervals."""
     out = {}

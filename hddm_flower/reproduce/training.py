@@ -1,6 +1,6 @@
 """What ``hddm reproduce`` trains and reuses: the experts, the router and the monolith of each training, each
 cached by the fingerprint of what it depends on (config, objective, data) and resumed from its training state;
-the process pool the trainings and evaluations run in (:func:`_run_jobs`)."""
+the process pool the trainings and evaluations run in (:func:`run_jobs`)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def dataset_id(dataset: Dataset) -> dict:
     }
 
 
-def _fingerprint(*parts: Any) -> str:
+def fingerprint_of(*parts: Any) -> str:
+    """The cache key of a training: a short hash of ``parts`` (config sections, the dataset's id) as JSON."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -66,7 +67,7 @@ def config_for(cfg: Config, num_ddpm: int) -> Config:
     return config_from_dict(d, "reproduce")
 
 
-class _OneExpertRouter(nn.Module):
+class OneExpertRouter(nn.Module):
     """The monolith's "router": a single expert always gets weight 1."""
 
     def __init__(self, in_channels: int, sample_size: int):
@@ -77,11 +78,11 @@ class _OneExpertRouter(nn.Module):
         return torch.zeros(x_t.shape[0], 1, dtype=x_t.dtype, device=x_t.device)
 
 
-class _Missing(Exception):
-    pass
+class NotTrained(Exception):
+    """:func:`train_or_reuse` asked only to reuse (``train=None``) a folder that holds no training yet."""
 
 
-def _run_jobs(fn, args: list[tuple], jobs: int, progress: bool, what: str) -> list:
+def run_jobs(fn, args: list[tuple], jobs: int, progress: bool, what: str) -> list:
     """``[fn(a) for a in args]``, in ``jobs`` spawned processes when ``jobs`` > 1 (results in order)."""
     if jobs <= 1 or len(args) <= 1:
         return [fn(a) for a in args]
@@ -110,7 +111,7 @@ def training_state(folder: Path, fingerprint: str) -> Path:
     return folder.with_name(f".{folder.name}.{fingerprint}.train-state.pt")
 
 
-def _train_job(a: tuple) -> None:
+def train_job(a: tuple) -> None:
     """Train one expert (``k``) or the monolith (``k is None``) into ``folder`` (a separate process when jobs > 1:
     one torch thread each, no progress bars), resuming from its :func:`training_state` if one is there."""
     cfg_dict, dataset_root, k, obj, folder, fingerprint, in_worker, progress = a
@@ -124,13 +125,13 @@ def _train_job(a: tuple) -> None:
     else:
         device = resolve_device(cfg.coordinator.device)
         fn = lambda: train_one_expert(cfg, dataset, k, obj, device=device, checkpoint=state, progress=progress)  # noqa: E731
-    _train_or_reuse(Path(folder), fingerprint, fn, dtype=cfg.expert.weights_dtype)
+    train_or_reuse(Path(folder), fingerprint, fn, dtype=cfg.expert.weights_dtype)
     state.unlink(missing_ok=True)
 
 
-def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None = None) -> dict:
+def train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None = None) -> dict:
     """Reuse ``folder`` if it was trained with the same fingerprint; refuse if with another; else train (with
-    ``train=None``: raise :class:`_Missing`)."""
+    ``train=None``: raise :class:`NotTrained`)."""
     if (folder / META).exists():
         meta = read_expert_meta(folder)
         if meta.get("reproduce_fingerprint") != fingerprint:
@@ -146,7 +147,7 @@ def _train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None 
             "final_loss": meta.get("final_loss"),
         }
     if train is None:
-        raise _Missing(folder)
+        raise NotTrained(folder)
     state, model_config, meta = train()
     meta["reproduce_fingerprint"] = fingerprint
     digest = save_expert(folder, state, model_config, meta, dtype=dtype)
@@ -220,10 +221,10 @@ def expert_fingerprint(cfg: Config, data_id: dict) -> str:
     """The training cache key of a training's experts and monolith: the expert and DDPM sections, the dataset,
     and the budget protocol where it is not the default (so that equal_images caches stay valid)."""
     protocol = cfg.reproduce.budget
-    return _fingerprint(cfg.expert, cfg.ddpm, data_id, *([protocol] if protocol != "equal_images" else []))
+    return fingerprint_of(cfg.expert, cfg.ddpm, data_id, *([protocol] if protocol != "equal_images" else []))
 
 
-def _train_experts(
+def train_or_reuse_experts(
     cfgs: list[Config],
     roots: list[Path],
     dataset: Dataset,
@@ -242,18 +243,18 @@ def _train_experts(
         todo += [(f"cluster-{k}-{o}", k, o, root / "experts" / f"cluster-{k}-{o}") for k, o in unique]
         for _, k, obj, folder in todo:
             try:
-                _train_or_reuse(folder, fp, None)
-            except _Missing:
+                train_or_reuse(folder, fp, None)
+            except NotTrained:
                 c = cfg if k is None else budget_expert_config(cfg)  # the monolith applies the budget itself
                 pending.append((c.to_dict(), str(dataset.root), k, obj, str(folder), fp, jobs > 1, progress))
         plans.append((fp, todo))
-    _run_jobs(_train_job, pending, jobs, progress, "training")
+    run_jobs(train_job, pending, jobs, progress, "training")
     trained = {a[4] for a in pending}
     out = []
     for fp, todo in plans:
         entry: dict[str, Any] = {"fingerprint": fp, "experts": {}}
         for name, k, _, folder in todo:
-            info = _train_or_reuse(folder, fp, None) | {"reused": str(folder) not in trained}
+            info = train_or_reuse(folder, fp, None) | {"reused": str(folder) not in trained}
             if k is None:
                 entry["monolith"] = info
             else:
@@ -262,10 +263,10 @@ def _train_experts(
     return out
 
 
-def _train_router(cfg: Config, root: Path, dataset: Dataset, data_id: dict, progress: bool) -> dict:
+def train_or_reuse_router(cfg: Config, root: Path, dataset: Dataset, data_id: dict, progress: bool) -> dict:
     """The training's router (it depends only on the clusters) in ``root/router``, reused when its fingerprint
     matches."""
-    fp = _fingerprint(cfg.router, data_id)
+    fp = fingerprint_of(cfg.router, data_id)
     router_meta = root / ROUTER / ROUTER_META
     if not router_meta.exists() or json.loads(router_meta.read_text()).get("reproduce_fingerprint") != fp:
         fit_router(cfg, dataset, root, progress=progress)
