@@ -44,10 +44,11 @@ from flwr.clientapp import ClientApp
 from hddm_flower import wire
 from hddm_flower.choices import OBJECTIVES
 from hddm_flower.config.io import config_from_dict
+from hddm_flower.data import Dataset
 from hddm_flower.logs import quiet_libraries
+from hddm_flower.stages.prepare import prepare_data
 
 from . import declare, expert_pool, round_handlers
-from .node_data import node_dataset
 
 app = ClientApp()
 quiet_libraries()  # no third-party progress bars or warnings in the Flower log
@@ -97,7 +98,8 @@ def train(msg: Message, context: Context) -> Message:
     several = len(jobs) > 1
     # one expert: its cluster's data checked before anything else (fail early, naming the path); several: each
     # expert's cluster checked on its own, so that one cluster without data costs only its own expert
-    dataset = node_dataset(context, cfg, cache_dir, [] if several else [expert_id for expert_id, _, _ in jobs])
+    clusters = [] if several else [expert_id for expert_id, _, _ in jobs]
+    dataset = Dataset.for_node(context.node_config, cfg, prepare_data, cache_dir=cache_dir, clusters=clusters)
     unusable: dict[int, BaseException] = {}  # expert id → why its cluster's data cannot be trained on
     if several:
         for expert_id, _, _ in jobs:

@@ -40,9 +40,8 @@ from hddm_flower.evaluation.feature_sums import cluster_feature_sums
 from hddm_flower.evaluation.metrics import FeatureClassifier, classifier_features, inception_features
 from hddm_flower.federation.local import FEATURE_BATCH, feature_net_local_update, router_confusion, router_local_update
 from hddm_flower.models import Router
+from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.text import pooled_caption
-
-from .node_data import node_dataset
 
 log = logging.getLogger("hddm_flower.client")
 _SPLITS: dict[tuple, Split] = {}  # (dataset dir, clusters, split) → the split, kept across rounds of one run
@@ -77,7 +76,14 @@ def _task(msg: Message, context: Context) -> tuple[Config, list[int], Dataset, d
     conf = msg.content["config"]
     cfg = _experiment(str(conf["experiment"]))
     clusters = my_clusters(context, str(conf["clusters"]))
-    return cfg, clusters, node_dataset(context, cfg, str(conf.get("cache-dir", "")), clusters), conf
+    return (
+        cfg,
+        clusters,
+        Dataset.for_node(
+            context.node_config, cfg, prepare_data, cache_dir=str(conf.get("cache-dir", "")), clusters=clusters
+        ),
+        conf,
+    )
 
 
 @functools.lru_cache(maxsize=2)

@@ -122,3 +122,66 @@ def test_a_resumed_stream_reads_a_stream_of_its_own(tmp_path):
         fresh = first_batches(make)
         assert first_batches(make, 0) == fresh and first_batches(make, 3) == first_batches(make, 3) != fresh
         assert first_batches(make, 4) != first_batches(make, 3)
+
+
+def test_for_node_a_central_node_takes_its_shard_set_or_data_dir_else_the_prepared_dataset(tiny_config, tmp_path):
+    """The node's rule without institution-owned data: ``shard-set`` before ``data-dir``, each checked for the
+    clusters it must serve (the error names the folder), else the config's dataset built by ``prepare`` in the
+    node's ``cache-dir``, else in the ``cache_dir`` the caller names."""
+    root = _write(tmp_path / "d")
+    asked = []
+
+    def prepare(cfg, cache):
+        asked.append((cfg.data.partition, cache))
+        return Dataset.open(root)
+
+    one = Dataset.for_node({"shard-set": str(cluster_dir(root, 1)), "data-dir": "elsewhere"}, tiny_config, prepare,
+        clusters=[1])  # fmt: skip
+    assert one.root == cluster_dir(root, 1) and one.cluster_ids == [1]
+    whole = Dataset.for_node({"data-dir": str(root)}, tiny_config, prepare, clusters=[0, 1])
+    assert whole.root == root and whole.cluster_ids == [0, 1] and asked == []
+    with pytest.raises(ValueError, match=rf"{cluster_dir(root, 1)} is the shard set of cluster 1, not of cluster 0"):
+        Dataset.for_node({"shard-set": str(cluster_dir(root, 1))}, tiny_config, prepare, clusters=[0])
+    Dataset.for_node({}, tiny_config, prepare, cache_dir="/coordinator")
+    Dataset.for_node({"cache-dir": "/node"}, tiny_config, prepare, cache_dir="/coordinator")
+    Dataset.for_node({"cache-dir": ""}, tiny_config, prepare, cache_dir="")
+    assert asked == [("central", "/coordinator"), ("central", "/node"), ("central", None)]
+
+
+def test_for_node_an_institution_takes_its_own_folder_or_its_simulated_cluster(tiny_config, tmp_path):
+    """``data.partition: institution``: the node's ``data-dir`` before its ``shard-set``, its own cluster's shards
+    checked; in simulation cluster ``partition-id`` of the config's dataset prepared as central data in the node's
+    own cache only (never the coordinator's); a node naming neither, or a partition without a cluster, is refused in
+    one line."""
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_config, data=dataclasses.replace(tiny_config.data, partition="institution"))
+    root = _write(tmp_path / "d")
+    asked = []
+
+    def prepare(c, cache):
+        asked.append((c.data.partition, cache))
+        return Dataset.open(root)
+
+    own = Dataset.for_node({"data-dir": str(cluster_dir(root, 1)), "shard-set": "elsewhere"}, cfg, prepare)
+    assert own.root == cluster_dir(root, 1) and asked == []
+    assert Dataset.for_node({"shard-set": str(cluster_dir(root, 0))}, cfg, prepare).cluster_ids == [0]
+    simulated = Dataset.for_node({"partition-id": 1, "cache-dir": "/node"}, cfg, prepare, cache_dir="/coordinator")
+    assert simulated.root == cluster_dir(root, 1) and simulated.cluster_ids == [1]
+    Dataset.for_node({"partition-id": 0}, cfg, prepare, cache_dir="/coordinator")
+    assert asked == [("central", "/node"), ("central", None)]  # the coordinator's cache is never the node's
+    for node, message in [
+        ({}, r"^data.partition is institution but this node's config names no data-dir or shard-set$"),
+        (
+            {"partition-id": cfg.num_experts},
+            rf"^simulated institution {cfg.num_experts} has no cluster among the run's",
+        ),
+        ({"partition-id": -1}, r"^simulated institution -1 has no cluster"),
+    ]:
+        with pytest.raises(ValueError, match=message) as e:
+            Dataset.for_node(node, cfg, prepare)
+        assert "\n" not in str(e.value)
+    for shard in cluster_dir(root, 1).glob("shard-*.tar"):
+        shard.unlink()
+    with pytest.raises(ValueError, match=rf"cluster 1 of {cluster_dir(root, 1)} is empty"):
+        Dataset.for_node({"shard-set": str(cluster_dir(root, 1))}, cfg, prepare)

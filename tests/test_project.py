@@ -220,11 +220,9 @@ def test_the_dataset_directory_has_one_home():
 
 
 # where a dataset may be opened from its folder: the entry points of a process (the command line, the ServerApp,
-# a node's handler, a worker process), a stage that makes a new dataset (prepare, a late cluster's extension), and
+# a node's handler through Dataset.for_node, a worker process), a stage that makes a new dataset (prepare, a late cluster's extension), and
 # the data package itself (Dataset.open; extend_dataset reads its two sources)
 DATASET_OPENERS = {
-    "clients/declare.py",
-    "clients/node_data.py",
     "clients/train_worker.py",
     "hddm_flower/cli.py",
     "hddm_flower/data/__init__.py",

@@ -7,14 +7,16 @@ cluster), and passed down from there.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -89,6 +91,53 @@ class Dataset:
     def open(cls, root: str | os.PathLike) -> Dataset:
         """The dataset in ``root`` (its ``meta.json`` read and checked)."""
         return cls(root, read_meta(root))
+
+    @classmethod
+    def for_node(
+        cls,
+        node: Mapping[str, Any],
+        cfg: Config,
+        prepare: Callable[[Config, str | None], Dataset],
+        *,
+        cache_dir: str | None = None,
+        clusters: Iterable[int] = (),
+    ) -> Dataset:
+        """A node's prepared data, by the one rule every node-side handler follows (``node``: the node's config):
+
+        * ``data.partition: institution``: the node's own data is its cluster, whatever its expert id: ``data-dir``
+          (a one-cluster dataset, `hddm prepare` with ``data.partition: institution``) or ``shard-set`` (a
+          ``cluster-k`` folder of `hddm cluster`); in simulation (``partition-id`` p and no data path) cluster p of
+          the run's dataset prepared as central data in the node's own ``cache-dir`` (else ``$HDDM_CACHE``), never
+          in ``cache_dir``, the coordinator's; its own cluster's shards must exist;
+        * else the node's ``shard-set`` (one cluster's folder) or ``data-dir`` (a prepared dataset), whose shards of
+          ``clusters`` must exist;
+        * else the run's dataset, built or found by ``prepare`` in the node's ``cache-dir``, else ``cache_dir``.
+
+        ``prepare(cfg, cache_dir)``: the dataset of a config
+        (:func:`hddm_flower.stages.prepare.prepare_data`; passed in, since the data package builds no dataset from a
+        config). Fails early, naming the path, when the folder chosen holds no shards of a cluster it must serve.
+        """
+        own_cache = str(node.get("cache-dir", "")) or None
+        if cfg.data.partition == "institution":
+            if node.get("data-dir") or node.get("shard-set"):
+                folder = Path(str(node.get("data-dir") or node["shard-set"]))
+            elif "partition-id" in node:
+                p = int(node["partition-id"])
+                if not 0 <= p < cfg.num_experts:
+                    raise ValueError(f"simulated institution {p} has no cluster among the run's {cfg.num_experts}")
+                central = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, partition="central"))
+                folder = cluster_dir(prepare(central, own_cache).root, p)
+            else:
+                raise ValueError("data.partition is institution but this node's config names no data-dir or shard-set")
+            dataset = cls.open(folder)
+            dataset.shards(int(dataset.meta.get("cluster_set", 0)))  # its own cluster: no shards, a wrong folder
+            return dataset
+        if node.get("shard-set") or node.get("data-dir"):
+            dataset = cls.open(Path(str(node.get("shard-set") or node["data-dir"])))
+            for k in clusters:
+                dataset.shards(k)
+            return dataset
+        return prepare(cfg, own_cache or cache_dir or None)
 
     def __repr__(self) -> str:
         return f"Dataset({str(self.root)!r})"
