@@ -3,6 +3,9 @@ of the dataset (its clusters, latent space, text, sizes, shards, the splits in m
 empty caption, the streams of images and captions, the decoder to pixels). It is opened where a dataset enters a process (the command line, the
 ServerApp, a node's handler or worker process) or where a stage makes a new one (a dataset extended by a late
 cluster), and passed down from there.
+
+Its length is one class over one ``meta.json`` read once: what the metadata says, the shards, the splits in memory,
+the streams of samples, images and captions, the decoder, and the node's rule (:meth:`Dataset.for_node`).
 """
 
 from __future__ import annotations
