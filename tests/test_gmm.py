@@ -269,3 +269,18 @@ def test_covariance_kind_names_the_dataset_and_bad_kinds_are_refused(tmp_path):
         GMMSpec(covariance="shared").check()
     with pytest.raises(ConfigError, match="data.gmm_covariance"):
         config_from_dict({"data": {"name": "gmm", "gmm_covariance": "shared"}}, "gmm.yaml")
+
+
+def test_the_default_mixture_is_the_one_every_committed_gmm_result_was_drawn_from():
+    """sha256 over the default spec's weights, means, factors, diagonals, captions and clusters, as the mixture was
+    before ``covariance`` existed: a change here re-draws every committed Gaussian-mixture result's dataset."""
+    import hashlib
+
+    from hddm_flower.gmm.dataset import make_mixture
+
+    m, captions, cluster_of = make_mixture(GMMSpec())
+    h = hashlib.sha256()
+    for _, v in sorted(m.state_dict().items()):
+        h.update(v.numpy().tobytes())
+    h.update(repr((captions, cluster_of)).encode())
+    assert h.hexdigest() == "e426acc5157ddc49cc6a8cf9d4b14c0326eca4ccfa57ec4bc6d3c67fd8229062"
