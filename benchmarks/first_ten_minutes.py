@@ -92,7 +92,15 @@ def _measure(run_dir: Path, feature_dir: Path, args, scale: float | None, sampli
     for seed in range(args.seeds):
         with tempfile.TemporaryDirectory() as tmp:
             top2 = evaluate_run(
-                c, ensemble, dataset, Path(tmp), feature_dir=feature_dir, modes=["top2"], per_expert=False, seed=seed
+                c,
+                ensemble,
+                dataset,
+                Path(tmp),
+                decode=pipe.pixels,
+                feature_dir=feature_dir,
+                modes=["top2"],
+                per_expert=False,
+                seed=seed,
             )["modes"]["top2"]
         images = sample_images(
             pipe,

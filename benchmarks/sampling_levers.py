@@ -66,7 +66,14 @@ def main() -> None:
             t0 = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp:
                 ev = evaluate_run(
-                    c, ensemble, dataset, Path(tmp), feature_dir=run_dir / FEATURE_NET, modes=["top2"], per_expert=False
+                    c,
+                    ensemble,
+                    dataset,
+                    Path(tmp),
+                    decode=pipe.pixels,
+                    feature_dir=run_dir / FEATURE_NET,
+                    modes=["top2"],
+                    per_expert=False,
                 )
             top2 = ev["modes"]["top2"]
             images = sample_images(

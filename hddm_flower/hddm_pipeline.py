@@ -424,6 +424,14 @@ class HDDMPipeline(DiffusionPipeline):
         ]
         return torch.cat(out).clamp(-1, 1)
 
+    def pixels(self, x: Tensor) -> Tensor:
+        """What the metrics read (:func:`hddm_flower.evaluation.evaluate.evaluate_run`'s ``decode``): samples or
+        images in the experts' space → images in [−1, 1] on ``x``'s device, through this pipeline's VAE (no second
+        copy loaded); ``x`` itself for a pixel run, unclamped, as :meth:`hddm_flower.data.Dataset.decoder`."""
+        if self.vae is None or not len(x):
+            return x
+        return self.decode(x).to(x.device)
+
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """diffusers' ``save_pretrained`` (every component into its folder, ``model_index.json``), plus the text
         encoder reference, the empty caption's states and the ``pipeline.py`` of a run directory."""

@@ -280,6 +280,9 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
     pipe = HDDMPipeline.from_pretrained(run)
     assert pipe.vae is not None and pipe.text_encoder.config.model_type == "clip_text_model"
     assert pipe("a red square", num_inference_steps=10).images[0].size == (16, 16)
+    # what stage 4's metrics read through the pipeline's VAE is what the dataset's decoder gives (one VAE loaded)
+    torch.testing.assert_close(pipe.pixels(x), img)
+    assert pipe.pixels(x[:0]).shape == (0, 4, 8, 8)
 
 
 def test_clustering_is_deterministic_and_each_sample_lands_in_one_shard_set(tmp_path):

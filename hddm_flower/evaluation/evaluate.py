@@ -456,6 +456,7 @@ def evaluate_run(
     dataset: Dataset,
     out_dir: Path,
     *,
+    decode: Callable[[Tensor], Tensor],
     feature_dir: Path | None = None,
     modes: list[str] | None = None,
     per_expert: bool = True,
@@ -465,6 +466,10 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """All metrics of one ensemble; writes grids and plots into ``out_dir``. Returns the ``evaluation`` block of
     report.json (the feature network and the distance are named in it).
+
+    ``decode``: samples and images in the experts' space → pixels in [−1, 1], on the input's device (every metric,
+    plot and grid works on pixels): :meth:`hddm_flower.data.Dataset.decoder`, or the VAE its caller already holds
+    (:meth:`hddm_flower.hddm_pipeline.HDDMPipeline.pixels`).
 
     ``seed``: the seed of the prompts and the noise (default ``evaluation.seed``, which also seeds the feature
     classifier, the KID reference reservoir and KID's subsets: those stay fixed across seeds).
@@ -480,7 +485,6 @@ def evaluate_run(
     modes = modes or ev.routing_modes
     steps = ev.num_steps or s.num_steps
     seed = ev.seed if seed is None else seed
-    decode = dataset.decoder(cfg)  # every metric, plot and grid works on pixels (latents decoded)
     fx, classifier, desc = feature_network(
         cfg, dataset, feature_dir or out_dir / FEATURE_NET, decode=decode, progress=progress
     )

@@ -101,6 +101,7 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
             ens,
             dataset,
             run_dir,
+            decode=dataset.decoder(cfg),
             feature_dir=Path(feature_dir),
             modes=["top1"],
             per_expert=False,
@@ -143,6 +144,7 @@ def _more_seeds(
     the same for every configuration: inference stays aligned. ``ens`` may be None with one seed."""
     ev = cfg.evaluation
     runs = [result]
+    decode = dataset.decoder(cfg) if ev.seeds > 1 else None  # one decoder for every further seed
     for i in range(1, ev.seeds):
         seed = ev.seed + i
         runs.append(
@@ -151,6 +153,7 @@ def _more_seeds(
                 ens,
                 dataset,
                 run_dir / "seeds" / f"seed-{seed}",
+                decode=decode,
                 feature_dir=feature_dir,
                 modes=list(result["modes"]),
                 per_expert=False,

@@ -82,6 +82,7 @@ def evaluate_and_report(
         ensemble,
         dataset,
         run_dir,
+        decode=pipe.pixels,  # the pipeline's VAE: one copy in stage 4
         modes=modes,
         feature_dir=feature_dir,
         reference=reference,
