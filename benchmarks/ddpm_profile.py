@@ -40,7 +40,7 @@ from hddm_flower.checkpoints import load_expert, read_expert_meta, scheduler_con
 from hddm_flower.config.io import load_config
 from hddm_flower.data import Dataset
 from hddm_flower.ensemble import euler_sample
-from hddm_flower.evaluation.report import PALETTE, _axes
+from hddm_flower.evaluation.report import PALETTE, draw_axes
 from hddm_flower.gmm.dataset import load_reference
 from hddm_flower.gmm.exact import ExactNet, ExactRouter
 from hddm_flower.gmm.truth import interval, median_bandwidth, mmd2
@@ -103,7 +103,8 @@ def train_or_reuse_all(cfg, dataset: Dataset, out: Path, clusters: list[int], jo
     return {name: folders[name] for name, _, _ in todo} | {"trained": [n for n, _, _ in pending]}
 
 
-def _load(folder: Path, options: dict):
+def load_eval_expert(folder: Path, options: dict):
+    """The expert saved in ``folder`` in eval mode, with the sampling ``options`` it takes (``cap`` left out)."""
     expert, _ = load_expert(folder, **{k: v for k, v in options.items() if k != "cap"})
     return expert.eval()
 
@@ -112,7 +113,7 @@ def _load(folder: Path, options: dict):
 # profile
 
 
-def _draw_x0(ref, members: torch.Tensor, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_x0(ref, members: torch.Tensor, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` clean samples from the components ``members`` (by their mixture weights) and their components."""
     w = ref.mixture.weights[members]
     comps = members[torch.multinomial(w / w.sum(), n, replacement=True, generator=g)]
@@ -120,7 +121,8 @@ def _draw_x0(ref, members: torch.Tensor, n: int, g: torch.Generator) -> tuple[to
     return x0, comps
 
 
-def _cond(ref, comps: torch.Tensor | None, n: int) -> TextCond:
+def caption_cond(ref, comps: torch.Tensor | None, n: int) -> TextCond:
+    """The captions of components ``comps`` of the mixture ``ref`` (None: ``n`` empty captions)."""
     if comps is None:
         return TextCond(ref.uncond.states.expand(n, -1, -1), ref.uncond.mask.expand(n, -1))
     return TextCond(ref.cond.states[comps], ref.cond.mask[comps])
@@ -133,22 +135,22 @@ def profile(cfg, ref, folders, clusters, n: int, seed: int) -> dict:
     shape = (C, S, S)
     options = _options(cfg)
     prior_rms = velocity_rms_prior(cfg.sampling.x0_variance)
-    mono = _load(folders["monolith"], {})
+    mono = load_eval_expert(folders["monolith"], {})
     out = {}
     for k in clusters:
         truth = ExactNet(ref, k, "fm")
-        fm = _load(folders[f"cluster-{k}-fm"], {})
-        ddpm = {name: _load(folders[f"cluster-{k}-ddpm"], o) for name, o in options.items()}
+        fm = load_eval_expert(folders[f"cluster-{k}-fm"], {})
+        ddpm = {name: load_eval_expert(folders[f"cluster-{k}-ddpm"], o) for name, o in options.items()}
         members = (ref.cluster_of == k).nonzero().squeeze(1)
         others = (ref.cluster_of != k).nonzero().squeeze(1)
         rows = {"FM": {}, "monolith": {}} | {f"DDPM {name}": {} for name in options}
         for support, comps_of in (("on", members), ("off", others)):
             for i, t in enumerate(TIMES):
                 g = torch.Generator().manual_seed(seed + 1000 * k + 17 * i + (0 if support == "on" else 7))
-                x0, comps = _draw_x0(ref, comps_of, n, g)
+                x0, comps = draw_x0(ref, comps_of, n, g)
                 x_t = ((1 - t) * x0 + t * torch.randn(x0.shape, generator=g, dtype=torch.float64)).reshape(n, *shape)
                 tt = torch.full((n,), t, dtype=torch.float64)
-                cond = _cond(ref, comps, n)
+                cond = caption_cond(ref, comps, n)
                 v_star = truth(x_t, 999.0 * tt, cond).double()
                 weight = (
                     torch.ones(n, dtype=torch.float64)
@@ -222,16 +224,16 @@ def ablation(cfg, ref, folders, clusters, per_prompt: int, seeds: int, steps: in
     options = _options(cfg)
     prior_rms = velocity_rms_prior(cfg.sampling.x0_variance)
     clamp = cfg.sampling.x0_clamp
-    mono = _load(folders["monolith"], {})
+    mono = load_eval_expert(folders["monolith"], {})
     out = {}
     for k in clusters:
         members = (ref.cluster_of == k).nonzero().squeeze(1)
         cluster_mix = ref.mixture.subset(members)
-        fm = _load(folders[f"cluster-{k}-fm"], {})
+        fm = load_eval_expert(folders[f"cluster-{k}-fm"], {})
         ddpm_folder = folders[f"cluster-{k}-ddpm"]
         ddpm_meta = read_expert_meta(ddpm_folder)
         ddpm = {  # the FM-sibling cap needs an FM expert in the mix; the naive timestep is a profile row only
-            name: _load(ddpm_folder, o)
+            name: load_eval_expert(ddpm_folder, o)
             for name, o in options.items()
             if o["cap"] != "sibling" and o["conversion"] == "schedule_aware"
         }
@@ -244,10 +246,10 @@ def ablation(cfg, ref, folders, clusters, per_prompt: int, seeds: int, steps: in
                     comps = members.repeat_interleave(per_prompt)
                     true, _ = ref.mixture.sample(len(comps), g, components=comps)
                 else:
-                    true, _ = _draw_x0(ref, members, len(members) * per_prompt, g)
+                    true, _ = draw_x0(ref, members, len(members) * per_prompt, g)
                     comps = None
                 n = len(true)
-                cond = _cond(ref, comps, n)
+                cond = caption_cond(ref, comps, n)
                 noise = torch.randn(n, C, S, S, generator=g)
                 arms = {}
                 arms["FM sibling"] = euler_sample(lambda x, t: fm.velocity(x, t, cond), noise, steps)
@@ -346,7 +348,7 @@ def plot(prof: dict, path: Path) -> None:
     draw = ImageDraw.Draw(img)
     means = {n: np.mean([prof[k][n]["on"] for k in prof], axis=0) for n in names}
     lo, hi = -2.0, 3.0  # log10 range
-    _axes(
+    draw_axes(
         draw,
         (m, m, m + pw, m + ph),
         "t (index of the grid: " + ", ".join(f"{t:g}" for t in TIMES) + ")",
@@ -394,7 +396,9 @@ def main() -> None:
     for k in clusters:
         tt = torch.tensor(TIMES, dtype=torch.float64)
         lambdas[str(k)] = {
-            kind: _load(folders[f"cluster-{k}-ddpm"], cfg.sampling.conversion_options() | {"clean_estimate": kind})
+            kind: load_eval_expert(
+                folders[f"cluster-{k}-ddpm"], cfg.sampling.conversion_options() | {"clean_estimate": kind}
+            )
             .shrink_lambda(tt)
             .tolist()
             for kind in ("shrink", "shrink_naive")

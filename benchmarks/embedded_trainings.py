@@ -36,7 +36,7 @@ from benchmarks.common import RESULTS, ROOT, machine, write_result
 from hddm_flower.config.io import config_from_dict, load_config
 from hddm_flower.data import Dataset
 from hddm_flower.evaluation.evaluate import feature_network
-from hddm_flower.reproduce.run import _symlink
+from hddm_flower.reproduce.run import relative_symlink
 from hddm_flower.reproduce.training import dataset_id, fingerprint_of, run_jobs, train_job
 from hddm_flower.rundir import CONFIG, EXPERTS, expert_dir, experts_dir
 from hddm_flower.stages.assemble import evaluate_and_report
@@ -83,7 +83,7 @@ def _train(
                 shutil.rmtree(run_dir)
             experts_dir(run_dir).mkdir(parents=True)
             for k, folder in folders.items():
-                _symlink(expert_dir(run_dir, k), folder)
+                relative_symlink(expert_dir(run_dir, k), folder)
             (run_dir / CONFIG).write_text(yaml.safe_dump(c.to_dict(), sort_keys=False))
             torch.set_num_threads(jobs)
             router = fit_router(c, dataset, run_dir)

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import RESULTS, machine, write_result
-from benchmarks.ddpm_profile import _cond, _draw_x0, _load
+from benchmarks.ddpm_profile import caption_cond, draw_x0, load_eval_expert
 from hddm_flower.budget import describe as describe_budget
 from hddm_flower.config.io import config_from_dict
 from hddm_flower.gmm.dataset import load_reference
@@ -51,21 +51,21 @@ def excess_loss(cfg, ref, root: Path, samples: int, seed: int) -> dict[str, dict
     """Per FM cluster k and t: the excess loss per dimension of ``cluster-k-fm`` and of the monolith on cluster k's
     ``x_t`` and captions (the same draws for both)."""
     C, S, _ = ref.shape
-    mono = _load(root / "monolith", {})
+    mono = load_eval_expert(root / "monolith", {})
     out: dict[str, dict[str, list[float]]] = {}
     for k in range(cfg.num_experts):
         folder = root / "experts" / f"cluster-{k}-fm"
         if not folder.is_dir():
             continue
-        expert, truth = _load(folder, {}), ExactNet(ref, k, "fm")
+        expert, truth = load_eval_expert(folder, {}), ExactNet(ref, k, "fm")
         members = (ref.cluster_of == k).nonzero().squeeze(1)
         rows: dict[str, list[float]] = {"expert": [], "monolith": []}
         for i, t in enumerate(TIMES):
             g = torch.Generator().manual_seed(seed + 1000 * k + 17 * i)
-            x0, comps = _draw_x0(ref, members, samples, g)
+            x0, comps = draw_x0(ref, members, samples, g)
             x_t = ((1 - t) * x0 + t * torch.randn(x0.shape, generator=g, dtype=torch.float64)).reshape(samples, C, S, S)
             tt = torch.full((samples,), t, dtype=torch.float64)
-            cond = _cond(ref, comps, samples)
+            cond = caption_cond(ref, comps, samples)
             v_star = truth(x_t, 999.0 * tt, cond).double()
             for name, net in (("expert", expert), ("monolith", mono)):
                 v = net.velocity(x_t.float(), tt.float(), cond).double()

@@ -54,7 +54,7 @@ def cat_cond(a: Any, b: Any) -> Any:
     return map_cond(lambda x, y: torch.cat([x, y]), a, b)
 
 
-def _draw(fn: Callable[..., Tensor], shape, generator: torch.Generator | None, like: Tensor) -> Tensor:
+def draw_like(fn: Callable[..., Tensor], shape, generator: torch.Generator | None, like: Tensor) -> Tensor:
     """``fn`` (torch.rand / torch.randn) drawn from ``generator`` on its own device, returned on ``like``'s device
     and dtype: a seeded CPU generator then drives training on any device."""
     device = generator.device if generator is not None else like.device
@@ -115,8 +115,8 @@ class FlowMatchingExpert(Expert):
         """``n`` training times in (0, 1) from ``generator``, by the expert's time sampling."""
         ts = self.time_sampling
         if ts["kind"] == "logit_normal":
-            return logit_normal_time(_draw(torch.randn, (n,), generator, like), ts["mean"], ts["std"])
-        return _draw(torch.rand, (n,), generator, like)
+            return logit_normal_time(draw_like(torch.randn, (n,), generator, like), ts["mean"], ts["std"])
+        return draw_like(torch.rand, (n,), generator, like)
 
     def net_inputs(self, x_t, t):
         return x_t, FM_TIME_SCALE * t
@@ -126,7 +126,7 @@ class FlowMatchingExpert(Expert):
 
     def training_loss(self, x0, cond, generator=None):
         t = self.training_times(x0.shape[0], generator, x0)
-        eps = _draw(torch.randn, x0.shape, generator, x0)
+        eps = draw_like(torch.randn, x0.shape, generator, x0)
         x_t = fm_interpolate(x0, eps, t)
         return fm_loss(self.net(x_t, FM_TIME_SCALE * t, cond), x0, eps)
 
@@ -239,6 +239,6 @@ class DDPMExpert(Expert):
         tau = torch.randint(0, self.num_train_timesteps, (x0.shape[0],), generator=generator, device=device).to(
             x0.device
         )
-        eps = _draw(torch.randn, x0.shape, generator, x0)
+        eps = draw_like(torch.randn, x0.shape, generator, x0)
         z = ddpm_noise(x0, eps, tau, self.alpha_bar.to(x0.dtype))
         return ddpm_loss(self.net(z, tau.to(x0.dtype), cond), eps)

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from .choices import OPTIMIZERS, PRECISIONS
 from .config.sections import ExpertConfig, OptimConfig, RouterConfig
 from .data import Split
-from .experts import Expert, _draw
+from .experts import Expert, draw_like
 from .models import Router, TextCond
 from .objectives import fm_interpolate
 
@@ -279,7 +279,7 @@ def drop_pooled_captions(caption: Tensor, uncond: Tensor, p: float, generator: t
     """Replace each row's pooled caption embedding (B, dim) by the empty caption's (1, dim) with probability p
     (drawn from ``generator`` wherever it lives), so that a router that reads the caption also routes the empty
     caption (an unconditional sample)."""
-    drop = _draw(torch.rand, (len(caption),), generator, caption) < p
+    drop = draw_like(torch.rand, (len(caption),), generator, caption) < p
     return torch.where(drop[:, None], uncond.to(caption).expand_as(caption), caption)
 
 
@@ -289,8 +289,8 @@ def router_loss(
     """Cross-entropy of the cluster label from ``(x_t, t)`` (and the pooled ``caption`` (B, dim) for a router that
     reads it), with x_t on the FM path and t ~ U(0, 1) (drawn from ``generator`` wherever it lives, used on
     ``x0``'s device)."""
-    t = _draw(torch.rand, (len(x0),), generator, x0)
-    x_t = fm_interpolate(x0, _draw(torch.randn, x0.shape, generator, x0), t)
+    t = draw_like(torch.rand, (len(x0),), generator, x0)
+    x_t = fm_interpolate(x0, draw_like(torch.randn, x0.shape, generator, x0), t)
     logits = router(x_t, t) if caption is None else router(x_t, t, caption)
     return torch.nn.functional.cross_entropy(logits.float(), labels)
 

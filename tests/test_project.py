@@ -294,3 +294,21 @@ def test_no_class_is_defined_inside_a_function():
                         if isinstance(c, ast.ClassDef)
                     ]
     assert nested == []
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A name that starts with one underscore is its module's own: what another module needs is public (no
+    ``from .x import _y`` in the library, the Flower apps, scripts or benchmarks)."""
+    import ast
+
+    private = []
+    for root in APP_CODE:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                    private += [
+                        f"{path.relative_to(ROOT)}:{node.lineno} {a.name}"
+                        for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")
+                    ]
+    assert private == []

@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from .rules import MAX_VALUE, ConfigError, _show
+from .rules import MAX_VALUE, ConfigError, show_value
 from .schema import Config
-from .sections import _FLAT_OPTIM_KEYS
+from .sections import FLAT_OPTIM_KEYS
 
 MAX_FILE_BYTES = 1 << 20  # a config file larger than this is not a config file
 MAX_NODES = 100_000  # YAML nodes after expanding aliases (an alias bomb expands to billions)
@@ -49,9 +49,9 @@ def _coerce(value: Any, tp: Any, key: str, source: str, default: Any = None) -> 
         try:
             return float(value)
         except OverflowError:
-            raise ConfigError(f"{source}: {key}: {_show(value)} is too large for a number") from None
+            raise ConfigError(f"{source}: {key}: {show_value(value)} is too large for a number") from None
     if isinstance(value, bool) != (tp is bool) or not isinstance(value, tp):
-        raise ConfigError(f"{source}: {key}: expected {tp.__name__}, got {_show(value)}")
+        raise ConfigError(f"{source}: {key}: expected {tp.__name__}, got {show_value(value)}")
     if tp is float and not math.isfinite(value):
         raise ConfigError(f"{source}: {key}: expected a finite number, got {value}")
     return value
@@ -76,22 +76,24 @@ def _build(cls: type, values: dict, source: str, prefix: str = "", defaults: Any
             close = [n for n in names if n.replace("_", "") == text.replace("_", "").replace("-", "")]
             close = close or difflib.get_close_matches(text, sorted(names), n=1, cutoff=0.7)
             hint = f" (did you mean {prefix}{close[0]}?)" if close else f"; known keys: {', '.join(sorted(names))}"
-            raise ConfigError(f"{source}: unknown key {prefix}{_show(k) if not isinstance(k, str) else text}{hint}")
+            raise ConfigError(
+                f"{source}: unknown key {prefix}{show_value(k) if not isinstance(k, str) else text}{hint}"
+            )
     given = {k: _coerce(v, hints[k], prefix + k, source, getattr(defaults, k)) for k, v in values.items()}
     return dataclasses.replace(defaults, **given)
 
 
 def _lift_flat_optim(values: dict, source: str, prefix: str) -> dict:
     """``expert.lr`` (the flat form older files and run directories use) → ``expert.optim.lr``."""
-    flat = {k: v for k, v in values.items() if k in _FLAT_OPTIM_KEYS}
+    flat = {k: v for k, v in values.items() if k in FLAT_OPTIM_KEYS}
     block = values.get("optim")
     if not flat or not isinstance(block if block is not None else {}, dict):
         return values  # nothing to lift, or a malformed optim block the type check names
     block = dict(block or {})
     for k, v in flat.items():
-        if _FLAT_OPTIM_KEYS[k] in block:
-            raise ConfigError(f"{source}: {prefix}{k} and {prefix}optim.{_FLAT_OPTIM_KEYS[k]} both given; keep one")
-        block[_FLAT_OPTIM_KEYS[k]] = v
+        if FLAT_OPTIM_KEYS[k] in block:
+            raise ConfigError(f"{source}: {prefix}{k} and {prefix}optim.{FLAT_OPTIM_KEYS[k]} both given; keep one")
+        block[FLAT_OPTIM_KEYS[k]] = v
     return {**{k: v for k, v in values.items() if k not in flat}, "optim": block}
 
 
@@ -108,8 +110,8 @@ def _lift_sections(values: dict, source: str) -> dict:
 def _lift_override(dotted: str) -> str:
     """``expert.lr`` → ``expert.optim.lr`` (the flat spelling of an optim key)."""
     parts = dotted.split(".")
-    if len(parts) == 2 and parts[0] in ("expert", "router") and parts[1] in _FLAT_OPTIM_KEYS:
-        return f"{parts[0]}.optim.{_FLAT_OPTIM_KEYS[parts[1]]}"
+    if len(parts) == 2 and parts[0] in ("expert", "router") and parts[1] in FLAT_OPTIM_KEYS:
+        return f"{parts[0]}.optim.{FLAT_OPTIM_KEYS[parts[1]]}"
     return dotted
 
 
@@ -211,9 +213,9 @@ def parse_overrides(text: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"override {_show(item)} is not of the form key=value")
+            raise ConfigError(f"override {show_value(item)} is not of the form key=value")
         if not all(part.strip() for part in key.split(".")):
-            raise ConfigError(f"override {_show(item)}: {_show(key)} is not a dotted key like expert.steps")
+            raise ConfigError(f"override {show_value(item)}: {show_value(key)} is not a dotted key like expert.steps")
         out[key] = _parse_yaml(value, f"override {key[:MAX_VALUE]}")
     return out
 
@@ -254,7 +256,7 @@ def _with_base(values: dict, path: Path, seen: tuple[Path, ...]) -> dict:
     values = dict(values)
     name = values.pop("base")
     if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"{path}: base: expected the path of another config file, got {_show(name)}")
+        raise ConfigError(f"{path}: base: expected the path of another config file, got {show_value(name)}")
     base = path.parent / name
     if base.resolve() in seen:
         raise ConfigError(f"{path}: base {base} includes itself")

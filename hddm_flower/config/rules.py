@@ -20,13 +20,13 @@ class ConfigError(ValueError):
         super().__init__(line if len(line) <= MAX_MESSAGE else line[: MAX_MESSAGE - 1] + "…")
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """``repr(value)``, cut to ``MAX_VALUE`` characters."""
     text = repr(value)
     return text if len(text) <= MAX_VALUE else text[: MAX_VALUE - 1] + "…"
 
 
-class _Rules:
+class Rules:
     """The checks of one section; each failure raises a :class:`ConfigError` naming ``source`` and the key."""
 
     def __init__(self, section: Any, source: str, prefix: str):
@@ -38,7 +38,7 @@ class _Rules:
     def choice(self, key: str, options: tuple[str, ...], what: str) -> None:
         value = getattr(self.section, key)
         if value not in options:
-            self.fail(key, f"unknown {what} {_show(value)}; expected one of {options}")
+            self.fail(key, f"unknown {what} {show_value(value)}; expected one of {options}")
 
     def at_least(self, lo: int | float, *keys: str) -> None:
         for key in keys:
@@ -60,7 +60,7 @@ class _Rules:
             self.fail(key, f"must be in 0..{MAX_SEED}")
 
 
-def _top_k_of(mode: str) -> int | None:
+def top_k_of(mode: str) -> int | None:
     """k of a ``top<k>`` evaluation mode (k ≥ 1, optionally with ``+vscale``), else None."""
     mode = mode.removesuffix("+vscale")
     if mode.startswith("top") and mode[3:].isdecimal() and len(mode) < 12 and int(mode[3:]) >= 1:

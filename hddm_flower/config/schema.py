@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..presets import EXPERT_PRESETS, ROUTER_PRESETS
-from .rules import ConfigError, _Rules, _top_k_of
+from .rules import ConfigError, Rules, top_k_of
 from .sections import (
     CoordinatorConfig,
     DataConfig,
@@ -68,7 +68,7 @@ class Config:
     def validate(self, source: str = "<config>") -> Config:
         """Each section's own checks, then those spanning sections; raises :class:`ConfigError` naming the key
         and ``source``."""
-        r = _Rules(self, source, "")
+        r = Rules(self, source, "")
         r.at_least(1, "num_experts")
         for name in SECTIONS:
             getattr(self, name).validate(source, f"{name}.")
@@ -108,8 +108,8 @@ class Config:
         if self.sampling.top_k > k:
             r.fail("sampling.top_k", f"must be in 1..{k} (num_experts)")
         for i, mode in enumerate(self.evaluation.routing_modes):
-            if (_top_k_of(mode) or 0) > k:
-                r.fail(f"evaluation.routing_modes[{i}]", f"{mode} needs at least {_top_k_of(mode)} experts, not {k}")
+            if (top_k_of(mode) or 0) > k:
+                r.fail(f"evaluation.routing_modes[{i}]", f"{mode} needs at least {top_k_of(mode)} experts, not {k}")
         if d.partition == "institution":  # the coordinator holds no image: everything it did with data, federated
             if self.router.training != "federated":
                 r.fail("router.training", "must be federated with data.partition: institution (no central images)")

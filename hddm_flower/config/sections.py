@@ -34,7 +34,7 @@ from ..choices import (
     X0_CLAMP,
 )
 from ..presets import EXPERT_PRESETS, ROUTER_PRESETS
-from .rules import _Rules, _show, _top_k_of
+from .rules import Rules, show_value, top_k_of
 
 
 @dataclass
@@ -78,7 +78,7 @@ class DataConfig:
     gmm_covariance: str = "pattern"
 
     def validate(self, source: str = "<config>", prefix: str = "data.") -> DataConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         r.choice("name", DATASETS, "dataset")
         if self.name == "webdataset" and not self.shards.strip():
             r.fail("shards", "name: webdataset needs the shard paths (a brace pattern, e.g. /data/{00000..00099}.tar)")
@@ -129,18 +129,18 @@ class ObjectivesConfig:
     per_expert: list[str] | None = None
 
     def validate(self, source: str = "<config>", prefix: str = "objectives.") -> ObjectivesConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         if self.per_expert is not None:
             for i, name in enumerate(self.per_expert):
                 if name not in OBJECTIVES:
-                    r.fail(f"per_expert[{i}]", f"unknown objective {_show(name)}; expected one of {OBJECTIVES}")
+                    r.fail(f"per_expert[{i}]", f"unknown objective {show_value(name)}; expected one of {OBJECTIVES}")
             return self
         r.at_least(0, "ddpm", "fm")
         ids = self.ddpm_clusters
         if ids != "auto" and (
             not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
         ):
-            r.fail("ddpm_clusters", f"must be 'auto' or a list of cluster ids, got {_show(ids)}")
+            r.fail("ddpm_clusters", f"must be 'auto' or a list of cluster ids, got {show_value(ids)}")
         return self
 
 
@@ -150,7 +150,7 @@ class DDPMConfig:
     num_train_timesteps: int = 1000
 
     def validate(self, source: str = "<config>", prefix: str = "ddpm.") -> DDPMConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         r.choice("schedule", SCHEDULES, "schedule")
         r.at_least(2, "num_train_timesteps")
         return self
@@ -169,7 +169,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.0  # the cosine schedule's final learning rate, as a fraction of lr
 
     def validate(self, source: str = "<config>", prefix: str = "optim.") -> OptimConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         r.positive("lr")
         r.at_least(0, "weight_decay", "warmup_steps", "grad_clip")
         r.choice("implementation", OPTIMIZERS, "AdamW implementation")
@@ -179,7 +179,7 @@ class OptimConfig:
 
 
 # keys a section once held flat and now holds in its optim block (old YAML files and run directories still load)
-_FLAT_OPTIM_KEYS = {
+FLAT_OPTIM_KEYS = {
     "lr": "lr",
     "weight_decay": "weight_decay",
     "warmup_steps": "warmup_steps",
@@ -210,7 +210,7 @@ class ExpertConfig:
     log_every: int = 100
 
     def validate(self, source: str = "<config>", prefix: str = "expert.") -> ExpertConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         r.choice("preset", tuple(EXPERT_PRESETS), "expert preset")
         r.at_least(1, "steps", "batch_size", "grad_accumulation", "log_every")
         r.at_least(0, "checkpoint_every")
@@ -225,7 +225,10 @@ class ExpertConfig:
         for key, value in init.items():
             id_ok = isinstance(key, int) and not isinstance(key, bool) and key >= 0
             if not isinstance(value, str) or not value.strip() or not (key == "all" or key in OBJECTIVES or id_ok):
-                r.fail("init", f"entry {_show(key)}: {_show(value)} is not a path or 'random' for an objective or id")
+                r.fail(
+                    "init",
+                    f"entry {show_value(key)}: {show_value(value)} is not a path or 'random' for an objective or id",
+                )
         r.seed()
         return self
 
@@ -267,7 +270,7 @@ class RouterConfig:
         return self.rounds or -(-self.steps // self.local_steps)
 
     def validate(self, source: str = "<config>", prefix: str = "router.") -> RouterConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         r.choice("preset", tuple(ROUTER_PRESETS), "router preset")
         r.at_least(1, "steps", "batch_size", "log_every", "local_steps")
         self.optim.validate(source, f"{prefix}optim.")
@@ -306,7 +309,7 @@ class ReproduceConfig:
     # ([0, 2, 4] at K = 8: 8FM, 2DDPM:6FM, 4DDPM:4FM); empty = 0, 2 and K/2
 
     def validate(self, source: str = "<config>", prefix: str = "reproduce.") -> ReproduceConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         r.choice("budget", ("equal_images", "equal_steps"), "budget")
         c = self.ddpm_counts  # a list of integers: the loader checks the type
         if len(set(c)) != len(c):
@@ -327,10 +330,10 @@ class CoordinatorConfig:
     threads: int = 0  # torch CPU threads of the coordinator's stages; 0 = the CPUs this process may run on
 
     def validate(self, source: str = "<config>", prefix: str = "coordinator.") -> CoordinatorConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         d = self.device
         if not (d in ("auto", "cpu", "cuda", "mps") or (d.startswith("cuda:") and d[5:].isdigit())):
-            r.fail("device", f"unknown device {_show(d)}; expected {DEVICES_HELP}")
+            r.fail("device", f"unknown device {show_value(d)}; expected {DEVICES_HELP}")
         r.choice("mixed_precision", ("auto", *PRECISIONS), "precision")
         r.at_least(0, "threads")
         return self
@@ -361,7 +364,7 @@ class SamplingConfig:
     prompts: list[str] = field(default_factory=lambda: ["grinning face", "japan flag", "hot dog", "dog face"])
 
     def validate(self, source: str = "<config>", prefix: str = "sampling.") -> SamplingConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         r.at_least(1, "num_steps", "top_k", "samples_per_prompt")
         r.at_least(0, "cfg_scale")
         r.choice("routing", ROUTING_MODES, "routing mode")
@@ -427,13 +430,13 @@ class EvaluationConfig:
     seed: int = 0
 
     def validate(self, source: str = "<config>", prefix: str = "evaluation.") -> EvaluationConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         for i, mode in enumerate(self.routing_modes):
             base = mode.removesuffix("+vscale")  # the same mode with adaptive velocity scaling
-            if _top_k_of(base) is None and (base not in ROUTING_MODES or base == "top_k"):
+            if top_k_of(base) is None and (base not in ROUTING_MODES or base == "top_k"):
                 r.fail(
                     f"routing_modes[{i}]",
-                    f"unknown mode {_show(mode)}; expected top1, top2, …, full, threshold, sample or oracle "
+                    f"unknown mode {show_value(mode)}; expected top1, top2, …, full, threshold, sample or oracle "
                     "(each optionally with +vscale)",
                 )
         if self.samples_per_prompt < 2:
@@ -469,7 +472,7 @@ class FederationConfig:
     max_checkpoint_mb: float = 0.0  # refuse larger expert uploads; 0 = the preset's float32 size + 5 %
 
     def validate(self, source: str = "<config>", prefix: str = "federation.") -> FederationConfig:
-        r = _Rules(self, source, prefix)
+        r = Rules(self, source, prefix)
         r.at_least(1, "min_nodes", "min_experts")
         r.positive("node_wait_timeout", "train_timeout")
         r.at_least(0, "message_ttl")

@@ -122,13 +122,13 @@ def frechet_distance_from_sums(reference: FeatureSums, fake: Tensor) -> float:
     reference state set from the sums (the same float64 computation as :func:`metrics.frechet_distance`)."""
     from torchmetrics.image.fid import FrechetInceptionDistance
 
-    from .metrics import _Given
+    from .metrics import GivenFeatures
 
     if fake.ndim != 2 or fake.shape[1] != reference.dim:
         raise ValueError(f"generated features must be (N, {reference.dim}), got {tuple(fake.shape)}")
     if reference.count < 2 or len(fake) < 2:
         raise ValueError(f"need at least 2 samples per set, got {reference.count} reference and {len(fake)} generated")
-    m = FrechetInceptionDistance(feature=_Given(reference.dim)).double()
+    m = FrechetInceptionDistance(feature=GivenFeatures(reference.dim)).double()
     m.real_features_sum = reference.total.clone()
     m.real_features_cov_sum = reference.outer.clone()
     m.real_features_num_samples = torch.tensor(reference.count)

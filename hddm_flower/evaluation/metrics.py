@@ -232,7 +232,7 @@ def state_fingerprint(net: nn.Module) -> str:
 # Statistics over features
 
 
-class _Given(nn.Module):
+class GivenFeatures(nn.Module):
     """Feeds precomputed features to torchmetrics' FID/KID (the statistics without their feature extraction)."""
 
     def __init__(self, num_features: int):
@@ -255,7 +255,7 @@ def frechet_distance(real: Tensor, fake: Tensor) -> float:
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     _check(real, fake, 2)
-    m = FrechetInceptionDistance(feature=_Given(real.shape[1])).double()
+    m = FrechetInceptionDistance(feature=GivenFeatures(real.shape[1])).double()
     m.update(real.double(), real=True)
     m.update(fake.double(), real=False)
     return float(m.compute())
@@ -270,7 +270,7 @@ def kernel_distance(
 
     _check(real, fake, 2)
     size = min(subset_size, len(real), len(fake))
-    m = KernelInceptionDistance(feature=_Given(real.shape[1]), subsets=subsets, subset_size=size)
+    m = KernelInceptionDistance(feature=GivenFeatures(real.shape[1]), subsets=subsets, subset_size=size)
     m.update(real.double(), real=True)
     m.update(fake.double(), real=False)
     with torch.random.fork_rng(devices=[]):

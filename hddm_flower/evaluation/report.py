@@ -261,7 +261,7 @@ def save_prompt_grids(samples: dict[str, Tensor], captions: list[str], folder: P
     return out
 
 
-def _axes(draw: ImageDraw.ImageDraw, box, xlabel: str, ylabel: str, xticks, yticks) -> None:
+def draw_axes(draw: ImageDraw.ImageDraw, box, xlabel: str, ylabel: str, xticks, yticks) -> None:
     x0, y0, x1, y1 = box
     draw.rectangle(box, outline="black")
     for v, label in xticks:
@@ -284,7 +284,9 @@ def plot_router_weights(modes: dict[str, dict], num_experts: int, path: Path) ->
     for i, (mode, r) in enumerate(modes.items()):
         x0, y0 = m + i * (pw + m + 10), m
         box = (x0, y0, x0 + pw, y0 + ph)
-        _axes(draw, box, "t (1 = noise)", "", [(0, "1"), (0.5, "0.5"), (1, "0")], [(0, "0"), (0.5, "0.5"), (1, "1")])
+        draw_axes(
+            draw, box, "t (1 = noise)", "", [(0, "1"), (0.5, "0.5"), (1, "0")], [(0, "0"), (0.5, "0.5"), (1, "1")]
+        )
         draw.text((x0 + 4, y0 - 14), f"{mode}: mean weight", fill="black")
         ts, w = r["times"], np.array(r["mean_weight"])
         for k in range(num_experts):
@@ -304,7 +306,7 @@ def plot_usage(modes: dict[str, dict], num_experts: int, path: Path) -> str:
     img = Image.new("RGB", (m + num_experts * group + 2 * m, ph + 2 * m + 40), "white")
     draw = ImageDraw.Draw(img)
     box = (m, m, m + num_experts * group, m + ph)
-    _axes(
+    draw_axes(
         draw,
         box,
         "expert",

@@ -194,8 +194,8 @@ def _config_eval_args(
     run_dir = root / "runs" / name.replace(":", "-")
     experts_dir(run_dir).mkdir(parents=True, exist_ok=True)
     for k, obj in enumerate(objectives):
-        _symlink(expert_dir(run_dir, k), root / "experts" / f"cluster-{k}-{obj}")
-    _symlink(run_dir / ROUTER, root / ROUTER)
+        relative_symlink(expert_dir(run_dir, k), root / "experts" / f"cluster-{k}-{obj}")
+    relative_symlink(run_dir / ROUTER, root / ROUTER)
     (run_dir / CONFIG).write_text(f"# hddm reproduce: {name}\n" + yaml.safe_dump(c.to_dict(), sort_keys=False))
     return c.to_dict(), name, str(run_dir), str(dataset.root), str(feature_dir), objectives
 
@@ -361,7 +361,7 @@ def reproduce(
     return manifest
 
 
-def _symlink(link: Path, target: Path) -> None:
+def relative_symlink(link: Path, target: Path) -> None:
     """A relative symbolic link ``link`` → ``target`` (replacing an old link)."""
     if link.is_symlink():
         link.unlink()
