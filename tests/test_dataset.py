@@ -76,6 +76,7 @@ def test_a_split_is_read_once_and_kept(tmp_path):
 def test_one_cluster_folder_and_the_shard_errors(tmp_path):
     root = _write(tmp_path / "d")
     one = Dataset.open(cluster_dir(root, 1))
+    assert one.own_cluster == 1 and Dataset.open(root).own_cluster == 0  # a node's own cluster
     assert one.cluster_ids == [1] and one.shards(1) == Dataset.open(root).shards(1)
     assert one.split(None, "val").labels.tolist() == [1]
     with pytest.raises(ValueError, match="shard set of cluster 1, not of cluster 0"):

@@ -133,7 +133,7 @@ class Dataset:
             else:
                 raise ValueError("data.partition is institution but this node's config names no data-dir or shard-set")
             dataset = cls.open(folder)
-            dataset.shards(int(dataset.meta.get("cluster_set", 0)))  # its own cluster: no shards, a wrong folder
+            dataset.shards(dataset.own_cluster)  # its own cluster: no shards, a wrong folder
             return dataset
         if node.get("shard-set") or node.get("data-dir"):
             dataset = cls.open(Path(str(node.get("shard-set") or node["data-dir"])))
@@ -156,6 +156,12 @@ class Dataset:
     def cluster_ids(self) -> list[int]:
         """The clusters this folder holds: its own for one shard set, else all."""
         return [self.meta["cluster_set"]] if "cluster_set" in self.meta else list(range(self.num_clusters))
+
+    @property
+    def own_cluster(self) -> int:
+        """The cluster of a node's own data folder: a ``cluster-k`` shard set's k, else 0 (an institution's
+        one-cluster dataset)."""
+        return int(self.meta.get("cluster_set", 0))
 
     @property
     def data_free(self) -> bool:

@@ -48,17 +48,12 @@ def latent_fingerprint(meta: dict) -> str:
     return f"{latent['name']} scale={latent['scaling_factor']:g} channels={latent['channels']} /{latent['downsample']}"
 
 
-def local_cluster(meta: dict) -> int:
-    """The cluster of a node's own data folder: a ``cluster-k`` shard set's k, else 0 (a one-cluster dataset)."""
-    return int(meta["cluster_set"]) if "cluster_set" in meta else 0
-
-
 def declaration(dataset: Dataset) -> dict[str, Any]:
     """What a node declares about its prepared data (``dataset``: an institution's one-cluster dataset or a
     ``cluster-k`` shard set): the shared properties of :data:`AGREED_FIELDS`, its number of images (train + val)
     and its cluster's mean detail score. Statistics only, read from its ``meta.json``."""
     meta = dataset.meta
-    k = local_cluster(meta)
+    k = dataset.own_cluster
     cluster = next(c for c in meta["clusters"] if int(c["id"]) == k)
     return {
         "version": DECLARATION_VERSION,
