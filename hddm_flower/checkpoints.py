@@ -4,6 +4,10 @@ An expert folder is what diffusers ``PixArtTransformer2DModel.from_pretrained(fo
 ``diffusion_pytorch_model.safetensors``) plus ``hddm_expert.json``, the metadata that says how to use it
 (objective, schedule, time convention, preset, provenance and compute). The server reads the objective from
 there, never from a name or a position. Nothing is ever unpickled.
+
+Every diffusers load in the project passes ``low_cpu_mem_usage=False``: the weights are read into initialised
+modules (``accelerate``, which the lazy path needs, is not a dependency), and diffusers then has nothing to warn
+about at each of a run's dozens of loads.
 """
 
 from __future__ import annotations
@@ -343,7 +347,9 @@ def load_expert_model(
     meta = read_expert_meta(folder)
     if "sha256" in meta and sha256_file(folder / WEIGHTS) != meta["sha256"]:
         raise ValueError(f"{folder / WEIGHTS} does not match the sha256 in its metadata (corrupt or altered)")
-    return PixArtTransformer2DModel.from_pretrained(folder, torch_dtype=torch_dtype).eval(), meta
+    return PixArtTransformer2DModel.from_pretrained(
+        folder, torch_dtype=torch_dtype, low_cpu_mem_usage=False
+    ).eval(), meta
 
 
 def load_expert(folder: str | os.PathLike, **conversion: Any) -> tuple[Expert, dict[str, Any]]:
@@ -365,4 +371,4 @@ def save_router(folder: str | os.PathLike, router: Router, meta: dict[str, Any])
 
 
 def load_router(folder: str | os.PathLike) -> Router:
-    return Router.from_pretrained(folder).eval()
+    return Router.from_pretrained(folder, low_cpu_mem_usage=False).eval()

@@ -341,7 +341,7 @@ def _source_output(src: DiTSource, x: Tensor, t: Tensor, y: Tensor) -> Tensor:
     if src.format == "diffusers":
         from diffusers import DiTTransformer2DModel
 
-        model = DiTTransformer2DModel.from_pretrained(src.path).eval()
+        model = DiTTransformer2DModel.from_pretrained(src.path, low_cpu_mem_usage=False).eval()
         return model(x, timestep=t, class_labels=y, return_dict=False)[0]
     return dit_forward(src.state, x, t, y, src.arch["num_heads"], src.freq_shift)
 
@@ -375,7 +375,7 @@ def load_init(folder: str | Path, model_config: dict) -> tuple[dict[str, Tensor]
     folder = Path(folder)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"expert.init: {folder} is not a diffusers model folder (no config.json)")
-    src = PixArtTransformer2DModel.from_pretrained(folder)
+    src = PixArtTransformer2DModel.from_pretrained(folder, low_cpu_mem_usage=False)
     sc, notes = src.config, []
     for key in ("sample_size", "in_channels", "patch_size", "num_layers", "num_attention_heads", "attention_head_dim"):
         if sc[key] != model_config[key]:

@@ -31,7 +31,9 @@ class LatentCodec:
             raise FileNotFoundError(
                 f"VAE directory {self.path} does not hold a diffusers AutoencoderKL (no config.json)"
             )
-        self.vae = AutoencoderKL.from_pretrained(self.path, torch_dtype=dtype).to(device).eval()
+        self.vae = (
+            AutoencoderKL.from_pretrained(self.path, torch_dtype=dtype, low_cpu_mem_usage=False).to(device).eval()
+        )
         self.scaling_factor = float(self.vae.config.scaling_factor)
         self.name = f"AutoencoderKL:{self.path.name}"
 

@@ -277,7 +277,7 @@ class HDDMPipeline(DiffusionPipeline):
         if vae is None and vae_path:
             if not (Path(vae_path) / "config.json").is_file():
                 raise FileNotFoundError(f"the run's VAE folder {vae_path} does not hold a diffusers AutoencoderKL")
-            vae = AutoencoderKL.from_pretrained(vae_path).eval()
+            vae = AutoencoderKL.from_pretrained(vae_path, low_cpu_mem_usage=False).eval()
         self.register_modules(
             experts=experts,
             router=router,
@@ -447,7 +447,7 @@ def load_pipeline(run_dir: str | os.PathLike, *, progress: bool = False, **kwarg
     """``HDDMPipeline.from_pretrained(run_dir)``; without ``progress`` no library progress bar is shown (neither
     diffusers' component loading nor transformers' weight loading) and sampling shows none either."""
     with library_progress_bars(progress):
-        pipe = HDDMPipeline.from_pretrained(run_dir, **kwargs)
+        pipe = HDDMPipeline.from_pretrained(run_dir, **{"low_cpu_mem_usage": False} | kwargs)
     pipe.set_progress_bar_config(disable=not progress, desc="sampling", unit="step")
     return pipe
 
@@ -486,6 +486,7 @@ def load_with_diffusers(run_dir: str | os.PathLike, **kwargs: Any) -> DiffusionP
             f"{path} is not the pipeline.py hddm-flower writes; trust_remote_code would execute it "
             "(load the run with HDDMPipeline.from_pretrained, which runs no code from the folder)"
         )
+    kwargs = {"low_cpu_mem_usage": False} | kwargs
     return DiffusionPipeline.from_pretrained(run_dir, custom_pipeline=str(path), trust_remote_code=True, **kwargs)
 
 

@@ -44,6 +44,25 @@ def _meta(objective, **extra):
     return meta | extra
 
 
+@pytest.fixture
+def diffusers_warnings():
+    """The messages diffusers logs at warning level or above while the test runs (the suite's processes keep only
+    its errors; here they are shown, as in a command-line run), collected by a handler of diffusers' own logger."""
+    import logging
+
+    from diffusers.utils import logging as diffusers_logging
+
+    messages: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger, level = diffusers_logging.get_logger("diffusers"), diffusers_logging.get_verbosity()
+    logger.addHandler(handler)
+    diffusers_logging.set_verbosity_warning()
+    yield messages
+    diffusers_logging.set_verbosity(level)
+    logger.removeHandler(handler)
+
+
 def test_expert_net_shapes_and_gradients_reach_adaln_tables():
     torch.manual_seed(0)
     net = ExpertNet.from_config(CFG)
@@ -69,7 +88,7 @@ def test_router_shapes_and_time_input():
 
 
 @pytest.mark.parametrize("objective", ["fm", "ddpm"])
-def test_save_load_same_velocity_and_diffusers_loadable(tmp_path, objective):
+def test_save_load_same_velocity_and_diffusers_loadable(tmp_path, objective, diffusers_warnings):
     torch.manual_seed(0)
     net = ExpertNet.from_config(CFG)
     expert = make_expert(net, _meta(objective), t_eps=0.01, x0_clamp=20.0)
@@ -77,7 +96,9 @@ def test_save_load_same_velocity_and_diffusers_loadable(tmp_path, objective):
     digest = save_expert(tmp_path / "e", net.transformer.state_dict(), CFG, _meta(objective))
     assert json.loads((tmp_path / "e" / META).read_text())["sha256"] == digest
     PixArtTransformer2DModel.from_pretrained(tmp_path / "e")  # plain diffusers can load the folder
+    diffusers_warnings.clear()
     loaded, meta = load_expert(tmp_path / "e", t_eps=0.01, x0_clamp=20.0)
+    assert diffusers_warnings == []  # no warning at each of a run's loads (accelerate is no dependency)
     assert meta["objective"] == objective and type(loaded) is type(expert)
     x, t, c = torch.randn(3, 3, 8, 8), torch.tensor([0.2, 0.5, 0.8]), _cond(3)
     with torch.no_grad():
@@ -102,13 +123,14 @@ def test_corrupt_and_invalid_checkpoints_are_rejected(tmp_path):
     assert not (tmp_path / "f").exists()
 
 
-def test_router_round_trip(tmp_path):
+def test_router_round_trip(tmp_path, diffusers_warnings):
     torch.manual_seed(0)
     router = Router(**router_config("test", num_experts=3, sample_size=8, in_channels=3)).eval()
     save_router(tmp_path / "router", router, {"steps": 0})
     x, t = torch.randn(2, 3, 8, 8), torch.tensor([0.3, 0.7])
     with torch.no_grad():
         torch.testing.assert_close(load_router(tmp_path / "router")(x, t), router(x, t))
+    assert diffusers_warnings == []
 
 
 def test_unknown_preset_is_named():

@@ -349,7 +349,7 @@ def feature_network(cfg: Config, dataset: Dataset, folder: Path, *, decode=None,
                 f"steps, seed {info.get('seed')}, {info.get('trained_on')}); remove it or set "
                 f"evaluation.feature_steps/seed to match"
             )
-        net = M.FeatureClassifier.from_pretrained(folder).eval()
+        net = M.FeatureClassifier.from_pretrained(folder, low_cpu_mem_usage=False).eval()
     else:
         num_train = dataset.size(None, "train")
         pixels = decode if decode is not None else (lambda x: x)  # pixels, also for latent data

@@ -91,7 +91,7 @@ def evaluate_and_report(
     write_run_index(cfg, run_dir, dataset)  # the run directory is now a diffusers pipeline folder
     images = sample_images(pipe, s.prompts, samples_per_prompt=s.samples_per_prompt, seed=s.seed)
     save_grid(images, len(s.prompts), run_dir / SAMPLES)
-    classifier = FeatureClassifier.from_pretrained(feature_dir or run_dir / FEATURE_NET).eval()
+    classifier = FeatureClassifier.from_pretrained(feature_dir or run_dir / FEATURE_NET, low_cpu_mem_usage=False).eval()
     # a coordinator without data knows no prompt's cluster (that needs the captions): adherence None, said so
     clusters = [[] for _ in s.prompts] if dataset.data_free else prompt_clusters(dataset, s.prompts)
     adherence = prompt_adherence(classifier, images, clusters, s.samples_per_prompt)
