@@ -35,6 +35,7 @@ import torch
 
 from benchmarks.common import ROOT, machine, write_result
 from hddm_flower.config.io import load_config
+from hddm_flower.devices import resolve_device
 from hddm_flower.evaluation.adherence import classify, prompt_adherence, prompt_clusters
 from hddm_flower.evaluation.evaluate import evaluate_run, feature_network
 from hddm_flower.evaluation.metrics import FeatureClassifier
@@ -82,9 +83,9 @@ def _measure(run_dir: Path, feature_dir: Path, args, scale: float | None, sampli
         ),
     )
     dataset = prepare_data(c, args.cache_dir)
-    _, classifier, _ = feature_network(c, dataset, feature_dir, progress=True)
+    pipe = load_pipeline(run_dir).to(resolve_device(c.coordinator.device))  # where the ensemble and decoding run
+    _, classifier, _ = feature_network(c, dataset, feature_dir, decode=pipe.pixels, progress=True)
     ensemble, _ = load_ensemble(c, run_dir)
-    pipe = load_pipeline(run_dir)
     pipe.register_to_config(sampling=dict(pipe.config.sampling) | sampling)  # what pipe.ensemble() reads
     clusters = prompt_clusters(dataset, s.prompts)
     per_seed = {m: [] for m in METRICS}
@@ -137,7 +138,7 @@ def held_out_accuracy(feature_dir: Path, runs: dict, args) -> float:
     """The shared classifier's accuracy on the dataset's validation split (the ceiling of adherence)."""
     cfg = load_config(Path(next(iter(runs.values()))) / CONFIG)
     val = prepare_data(cfg, args.cache_dir).split(None, "val")
-    net = FeatureClassifier.from_pretrained(feature_dir).eval()
+    net = FeatureClassifier.from_pretrained(feature_dir, low_cpu_mem_usage=False).eval()
     return float((classify(net, val.images) == val.labels).double().mean())
 
 

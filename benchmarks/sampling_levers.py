@@ -25,6 +25,7 @@ import torch
 
 from benchmarks.common import ROOT, machine, write_result
 from hddm_flower.config.io import load_config
+from hddm_flower.devices import resolve_device
 from hddm_flower.evaluation.adherence import prompt_adherence, prompt_clusters
 from hddm_flower.evaluation.evaluate import evaluate_run
 from hddm_flower.evaluation.metrics import FeatureClassifier
@@ -50,10 +51,10 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = load_config(run_dir / CONFIG)
     dataset = prepare_data(cfg, args.cache_dir)
-    classifier = FeatureClassifier.from_pretrained(run_dir / FEATURE_NET).eval()
+    classifier = FeatureClassifier.from_pretrained(run_dir / FEATURE_NET, low_cpu_mem_usage=False).eval()
     s = cfg.sampling
     clusters = prompt_clusters(dataset, s.prompts)
-    pipe = load_pipeline(run_dir)
+    pipe = load_pipeline(run_dir).to(resolve_device(cfg.coordinator.device))  # where the ensemble and decoding run
     load0, start, points = os.getloadavg(), time.time(), []
     for steps in args.steps:
         for scale in args.cfg:

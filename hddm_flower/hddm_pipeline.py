@@ -432,6 +432,11 @@ class HDDMPipeline(DiffusionPipeline):
             return x
         return self.decode(x).to(x.device)
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> HDDMPipeline:
+        """diffusers' ``from_pretrained``, loading eagerly (:func:`eager_loading`)."""
+        return super().from_pretrained(pretrained_model_name_or_path, **eager_loading(kwargs))
+
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """diffusers' ``save_pretrained`` (every component into its folder, ``model_index.json``), plus the text
         encoder reference, the empty caption's states and the ``pipeline.py`` of a run directory."""
@@ -447,7 +452,7 @@ def load_pipeline(run_dir: str | os.PathLike, *, progress: bool = False, **kwarg
     """``HDDMPipeline.from_pretrained(run_dir)``; without ``progress`` no library progress bar is shown (neither
     diffusers' component loading nor transformers' weight loading) and sampling shows none either."""
     with library_progress_bars(progress):
-        pipe = HDDMPipeline.from_pretrained(run_dir, **{"low_cpu_mem_usage": False} | kwargs)
+        pipe = HDDMPipeline.from_pretrained(run_dir, **kwargs)
     pipe.set_progress_bar_config(disable=not progress, desc="sampling", unit="step")
     return pipe
 
@@ -486,8 +491,15 @@ def load_with_diffusers(run_dir: str | os.PathLike, **kwargs: Any) -> DiffusionP
             f"{path} is not the pipeline.py hddm-flower writes; trust_remote_code would execute it "
             "(load the run with HDDMPipeline.from_pretrained, which runs no code from the folder)"
         )
-    kwargs = {"low_cpu_mem_usage": False} | kwargs
-    return DiffusionPipeline.from_pretrained(run_dir, custom_pipeline=str(path), trust_remote_code=True, **kwargs)
+    return DiffusionPipeline.from_pretrained(
+        run_dir, custom_pipeline=str(path), trust_remote_code=True, **eager_loading(kwargs)
+    )
+
+
+def eager_loading(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A pipeline load's keywords with ``low_cpu_mem_usage=False`` unless the caller chose (see
+    :mod:`hddm_flower.checkpoints`); a ``device_map`` keeps diffusers' lazy default, which it needs."""
+    return kwargs if "device_map" in kwargs else {"low_cpu_mem_usage": False} | kwargs
 
 
 def sample_images(pipe: HDDMPipeline, prompts: list[str], *, samples_per_prompt: int, seed: int, **kwargs) -> Tensor:

@@ -191,7 +191,7 @@ def test_resume_after_an_interruption_writes_no_duplicates(shards, tmp_path):
         prepare_from_config(_data(root, max_caption_tokens=6), out)
 
 
-def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
+def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path, monkeypatch):
     """img2dataset shards → VAE latents + CLIP states → DINOv2 hierarchical k-means → shard sets → an expert
     trained on latents → samples decoded by the VAE."""
     from hddm_flower.encoders import LatentCodec
@@ -262,7 +262,18 @@ def test_latents_clip_and_dinov2_end_to_end(shards, models, tmp_path):
         save_expert(run / "experts" / f"expert-{k}", *train_one_expert(cfg, Dataset.open(d), k, objective))
     cfg.router.preset, cfg.router.steps, cfg.router.batch_size = "test", 2, 4
     cfg.sampling.num_steps, cfg.sampling.samples_per_prompt, cfg.sampling.prompts = 2, 2, ["a red square"]
+    from diffusers import AutoencoderKL
+
+    vae_loads, load_vae = [], AutoencoderKL.from_pretrained.__func__
+
+    def counted(cls, *args, **kwargs):
+        vae_loads.append(args[0] if args else kwargs)
+        return load_vae(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoencoderKL, "from_pretrained", classmethod(counted))
     report = finish_run(cfg, run, Dataset.open(d), [])
+    assert len(vae_loads) == 1  # stage 4 decodes metrics, grids and samples through one VAE
+    monkeypatch.undo()
     assert len(report["experts"]) == 2 and report["dataset"]["text_encoder"].startswith("clip_text_model")
     with Image.open(run / "samples.png") as grid:
         assert grid.size == (4 * (2 + 2 * (16 + 2)), 4 * (2 + 16 + 2))  # 16×16 pixels per sample, not 8×8 latents

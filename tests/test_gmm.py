@@ -277,8 +277,9 @@ def test_the_default_mixture_is_the_one_every_committed_gmm_result_was_drawn_fro
 
     The tensors are held to three float64 summaries each (sum, sum of squares, a fixed cosine-weighted sum) at
     1e-9, not to their bytes: the factors' QR and norms go through the BLAS, whose kernel (chosen per CPU) moves
-    their last bit (5.6e-17 between OpenBLAS's Haswell and SkylakeX kernels); a re-draw moves every summary by far
-    more than 1e-9. The captions and clusters are compared exactly."""
+    their last bit (5.6e-17 between OpenBLAS's Haswell and SkylakeX kernels). A re-draw (another seed, covariance
+    rule or component order) moves the factors', the diagonals' and the weighted sums by far more than 1e-9; the
+    means are fixed patterns, not draws. Dtypes and shapes, the captions and the clusters are compared exactly."""
     import hashlib
 
     from hddm_flower.gmm.dataset import make_mixture
@@ -290,10 +291,12 @@ def test_the_default_mixture_is_the_one_every_committed_gmm_result_was_drawn_fro
         "means": (-2353.7678251457983, 1913.30974452875, 15.124724042737363),
         "weights": (1.0, 0.05065724967354696, 0.2624759727749546),
     }
+    shapes = {"diag": (32, 192), "factors": (32, 192, 4), "means": (32, 192), "weights": (32,)}
     state = m.state_dict()
     assert sorted(state) == sorted(expected)
     for name, want in expected.items():
-        v = state[name].double()
+        assert state[name].dtype == torch.float64 and tuple(state[name].shape) == shapes[name], name
+        v = state[name]
         w = torch.cos(torch.arange(v.numel(), dtype=torch.float64)).view(v.shape)
         got = (float(v.sum()), float((v * v).sum()), float((v * w).sum()))
         assert got == pytest.approx(want, rel=1e-9, abs=1e-9), name

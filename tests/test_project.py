@@ -312,3 +312,32 @@ def test_no_module_imports_another_modules_private_name():
                         if a.name.startswith("_") and not a.name.startswith("__")
                     ]
     assert private == []
+
+
+TRANSFORMERS_LOADERS = {"AutoConfig", "AutoImageProcessor", "AutoModel", "AutoTokenizer", "CLIPModel", "CLIPProcessor"}
+TRANSFORMERS_LOADERS |= {"CLIPTextModel"}
+
+
+def test_every_diffusers_load_is_eager():
+    """Every diffusers ``from_pretrained`` (a model, the VAE, a pipeline) passes ``low_cpu_mem_usage`` or the
+    keywords of ``hddm_pipeline.eager_loading``: without accelerate (no dependency) diffusers warns at each lazy
+    load. ``HDDMPipeline.from_pretrained`` applies them itself; transformers' loaders do not warn."""
+    import ast
+
+    lazy = []
+    for root in APP_CODE:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                receiver = ast.unparse(node.func.value).split(".")[-1]
+                if node.func.attr != "from_pretrained" or receiver in TRANSFORMERS_LOADERS | {"HDDMPipeline"}:
+                    continue
+                eager = any(k.arg == "low_cpu_mem_usage" for k in node.keywords) or any(
+                    k.arg is None and isinstance(k.value, ast.Call) and ast.unparse(k.value.func) == "eager_loading"
+                    for k in node.keywords
+                )
+                if not eager:
+                    lazy.append(f"{path.relative_to(ROOT)}:{node.lineno} {receiver}.from_pretrained")
+    assert lazy == []
+    assert len(TRANSFORMERS_LOADERS) == 7  # the walk's exemptions, each a transformers class

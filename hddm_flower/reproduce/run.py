@@ -29,11 +29,13 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from torch import Tensor
 
 from ..budget import budget_of
 from ..checkpoints import WEIGHTS, load_expert
@@ -96,18 +98,19 @@ def _eval_job(a: tuple) -> tuple[str, dict]:
             mixed_precision=resolve_precision(cfg.coordinator.mixed_precision, dev),
         ).to(dev)
         run_dir.mkdir(parents=True, exist_ok=True)
+        decode = dataset.decoder(cfg)  # one VAE for every seed of the monolith
         result = evaluate_run(
             cfg,
             ens,
             dataset,
             run_dir,
-            decode=dataset.decoder(cfg),
+            decode=decode,
             feature_dir=Path(feature_dir),
             modes=["top1"],
             per_expert=False,
             progress=progress,
         )
-        return name, _more_seeds(cfg, result, ens, dataset, run_dir, Path(feature_dir), progress)
+        return name, _more_seeds(cfg, result, ens, dataset, run_dir, Path(feature_dir), progress, decode=decode)
     report = evaluate_and_report(
         cfg,
         run_dir,
@@ -137,14 +140,18 @@ def _more_seeds(
     run_dir: Path,
     feature_dir: Path,
     progress: bool,
+    *,
+    decode: Callable[[Tensor], Tensor] | None = None,
 ) -> dict:
     """Evaluate the same modes again with seeds ``evaluation.seed + 1 …`` (other prompts and noise; the same
     feature network and reference statistics) into ``run_dir/seeds/``, and add ``per_seed`` values and their
     Student-t ``intervals`` to ``result`` (and ``floor_per_seed`` when the evaluation has a floor). The seeds are
-    the same for every configuration: inference stays aligned. ``ens`` may be None with one seed."""
+    the same for every configuration: inference stays aligned. ``ens`` may be None with one seed; ``decode``: the
+    caller's decoder (else the dataset's, built once)."""
     ev = cfg.evaluation
     runs = [result]
-    decode = dataset.decoder(cfg) if ev.seeds > 1 else None  # one decoder for every further seed
+    if decode is None and ev.seeds > 1:  # one decoder for every further seed
+        decode = dataset.decoder(cfg)
     for i in range(1, ev.seeds):
         seed = ev.seed + i
         runs.append(
