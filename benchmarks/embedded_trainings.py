@@ -125,7 +125,9 @@ def main() -> None:
     grids = RESULTS / NAME
     torch.set_num_threads(args.jobs)
     c = dataclasses.replace(base, evaluation=dataclasses.replace(base.evaluation, feature_steps=args.feature_steps))
-    feature_network(c, dataset, feature_dir)  # trained once, before the runs and the measuring processes share it
+    feature_network(
+        c, dataset, feature_dir, decode=dataset.decoder(c)
+    )  # trained once, before the runs and the measuring processes share it
     conditionings = {ARMS[a][0] for a in args.arms}  # only the routers the chosen arms use
     for i in range(args.trainings):
         t0 = time.time()

@@ -99,7 +99,7 @@ def prior_gap(router, dataset: Dataset, k: int, n: int = 4096) -> dict:
 def fid(cfg, run_dir: Path, router, dataset: Dataset, seeds: int, feature_dir: Path) -> dict:
     """Top-2 ensemble FID (the run's feature classifier, the dataset's images as reference) per sampling seed."""
     ensemble, _ = load_ensemble(cfg, run_dir, router)
-    fx, _, _ = feature_network(cfg, dataset, feature_dir)
+    fx, _, _ = feature_network(cfg, dataset, feature_dir, decode=dataset.decoder(cfg))
     ref = fx(all_images(dataset).images)
     ev = cfg.evaluation
     prompts = choose_prompts(dataset, ev.num_prompts, ev.seed)

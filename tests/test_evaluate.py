@@ -175,11 +175,13 @@ def test_a_feature_network_trained_with_other_settings_is_refused(reproduced, da
     from hddm_flower.evaluation.evaluate import feature_network
 
     cfg, out, _ = reproduced
-    fx, net, desc = feature_network(cfg, Dataset.open(dataset_dir), out / "feature_net")  # same settings: reused
+    fx, net, desc = feature_network(
+        cfg, Dataset.open(dataset_dir), out / "feature_net", decode=lambda x: x
+    )  # same settings: reused
     assert fx.name.startswith("hddm feature classifier") and net is not None
     other = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, feature_steps=7))
     with pytest.raises(ConfigError, match="trained with other settings"):
-        feature_network(other, Dataset.open(dataset_dir), out / "feature_net")
+        feature_network(other, Dataset.open(dataset_dir), out / "feature_net", decode=lambda x: x)
 
 
 def test_monolith_sees_what_the_experts_saw(tiny_config, dataset_dir):

@@ -330,9 +330,13 @@ class StreamedSamples:
         return M.diversity_summary(self.per_prompt, self.S * (self.S - 1) // 2, self.distance.name)
 
 
-def feature_network(cfg: Config, dataset: Dataset, folder: Path, *, decode=None, progress: bool = False):
+def feature_network(
+    cfg: Config, dataset: Dataset, folder: Path, *, decode: Callable[[Tensor], Tensor], progress: bool = False
+):
     """(FeatureExtractor, classifier or None, description): Inception from ``evaluation.inception_weights`` if
-    set, else the classifier in ``folder`` (trained on the dataset and saved there on first use)."""
+    set, else the classifier in ``folder`` (trained on the dataset and saved there on first use). ``decode``: the
+    dataset's images → pixels (:meth:`hddm_flower.data.Dataset.decoder`, or the run pipeline's VAE), so that a
+    latent dataset's classifier reads the pixels its samples decode to."""
     ev = cfg.evaluation
     device = resolve_device(cfg.coordinator.device)
     desc = dataset.description()
@@ -352,7 +356,7 @@ def feature_network(cfg: Config, dataset: Dataset, folder: Path, *, decode=None,
         net = M.FeatureClassifier.from_pretrained(folder, low_cpu_mem_usage=False).eval()
     else:
         num_train = dataset.size(None, "train")
-        pixels = decode if decode is not None else (lambda x: x)  # pixels, also for latent data
+        pixels = decode  # pixels, also for latent data (the classifier reads what the samples decode to)
         batches = (
             (pixels(x), y, pooled_caption(*cond))
             for x, y, cond in dataset.images(
