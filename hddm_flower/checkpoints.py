@@ -5,7 +5,8 @@ An expert folder is what diffusers ``PixArtTransformer2DModel.from_pretrained(fo
 (objective, schedule, time convention, preset, provenance and compute). The server reads the objective from
 there, never from a name or a position. Nothing is ever unpickled.
 
-Every diffusers load in the project passes ``low_cpu_mem_usage=False``: the weights are read into initialised
+Every diffusers load in the project passes ``low_cpu_mem_usage=False`` (a pipeline's through
+``hddm_pipeline.eager_loading``, which leaves a ``device_map`` load lazy): the weights are read into initialised
 modules (``accelerate``, which the lazy path needs, is not a dependency), and diffusers then has nothing to warn
 about at each of a run's dozens of loads.
 """
