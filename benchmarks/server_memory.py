@@ -159,9 +159,8 @@ def serve(store: Path, experts: int, layers: int, mode: str, run_dir: Path) -> d
             strategy.discover(grid, timeout=10)
             messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
             ids = grid.push_messages(messages)
-            strategy._message_experts.update(
-                {i: [int(m.content["config"]["expert-id"])] for i, m in zip(ids, messages)}
-            )
+            for message_id, message in zip(ids, messages):
+                strategy.sent(message_id, message)
             strategy.aggregate_train(1, grid.pull_messages(ids))
         else:
             strategy.start(grid, timeout=600)

@@ -52,7 +52,7 @@ def budget_of(cfg: Config) -> Budget:
 
 def expert_config(cfg: Config) -> Config:
     """``cfg`` with the experts' own steps and batch size under its budget (``cfg`` itself for equal_images): what
-    one expert's training job is given (its cache key stays that of ``cfg``, :func:`reproduce.expert_fingerprint`)."""
+    one expert's training job is given, and what its cache key is made of (:func:`reproduce.training.expert_fingerprint`)."""
     b = budget_of(cfg)
     if (b.expert_steps, b.expert_batch) == (cfg.expert.steps, cfg.expert.batch_size):
         return cfg

@@ -250,7 +250,9 @@ def cmd_reproduce(args) -> None:
     out = Path(args.out)
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be ≥ 1, got {args.jobs}")
-    result = reproduce(cfg, out, _dataset(args, cfg), jobs=args.jobs, command=args.command_line, progress=True)
+    result = reproduce(
+        cfg, out, _dataset(args, cfg), jobs=args.jobs, command=args.command_line, progress=True, reuse=args.reuse
+    )
     print(f"tables: {out / 'tables.md'}  manifest: {out / 'manifest.json'}  ({result['seconds']:.0f} s)")
 
 
@@ -471,6 +473,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="train the experts and the monolith in this many processes (one torch thread each); default 1",
+    )
+    sp.add_argument(
+        "--reuse",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="other --out folders: their experts, monoliths and routers are copied in where the fingerprints match "
+        "(e.g. another budget protocol whose experts train alike), and on a gmm dataset their rows' results",
     )
     sp = add(
         "add-expert",

@@ -150,7 +150,6 @@ class OneShotExperts(Strategy):
                         grid,
                         [Message(RecordDict(), dst_node_id=node_ids[0], message_type=MessageType.QUERY)],
                         min(timeout, 60.0),
-                        {},
                     )
                     if (info := self._node_info(r)) is not None
                 ]
@@ -165,7 +164,7 @@ class OneShotExperts(Strategy):
         log(INFO, "OneShotExperts: %d nodes connected; querying them", len(node_ids))
         queries = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
         info: dict[int, dict] = {}
-        for reply in self._stream(grid, queries, timeout, {}):
+        for reply in self._stream(grid, queries, timeout):
             node_info = self._node_info(reply)
             if node_info is not None:
                 info[reply.metadata.src_node_id] = node_info
@@ -364,7 +363,7 @@ class OneShotExperts(Strategy):
         self.summary()
         self.discover(grid, timeout=min(timeout, 300.0))
         messages = list(self.configure_train(1, initial_arrays or ArrayRecord(), train_config or ConfigRecord(), grid))
-        _, metrics = self.aggregate_train(1, self._stream(grid, messages, timeout, self._message_experts))
+        _, metrics = self.aggregate_train(1, self._stream(grid, messages, timeout))
         result = Result()
         result.train_metrics_clientapp[1] = metrics
         log(INFO, "OneShotExperts: %d experts received, %d missing", len(self.received), len(self.missing))
@@ -384,23 +383,30 @@ class OneShotExperts(Strategy):
 
     # -- helpers -----------------------------------------------------------------------------------------------
 
-    def _stream(
-        self, grid: Grid, messages: list[Message], timeout: float, expert_of: dict[str, list[int]]
-    ) -> Iterator[Message]:
-        """Push ``messages`` and yield replies as they arrive, until all arrived or ``timeout`` passed.
-        Fills ``expert_of`` (message id → its expert ids, for train messages) so replies map back by
-        ``reply_to_message_id`` (error replies from the SuperLink carry node id 1)."""
+    def sent(self, message_id: str, message: Message) -> list[int]:
+        """Record that the train ``message`` was pushed as ``message_id``, so that its reply maps back to the experts
+        it carries (by ``reply_to_message_id``: error replies from the SuperLink carry node id 1); those ids."""
+        experts = _task_experts(message.content[wire.TASK])
+        self._message_experts[message_id] = experts
+        return experts
+
+    def _stream(self, grid: Grid, messages: list[Message], timeout: float) -> Iterator[Message]:
+        """Push ``messages`` and yield replies as they arrive, until all arrived or ``timeout`` passed; train
+        messages are recorded (:meth:`sent`)."""
         ids = list(grid.push_messages(messages))
         pending = set()
         for message_id, message in zip(ids, messages):
             is_train = message.metadata.message_type == MessageType.TRAIN
-            experts = _task_experts(message.content[wire.TASK]) if is_train else []
             if not message_id:
-                self._lose_message(experts, "the train message could not be delivered to its node")
+                if is_train:
+                    self._lose_message(
+                        _task_experts(message.content[wire.TASK]),
+                        "the train message could not be delivered to its node",
+                    )
                 continue
             pending.add(message_id)
             if is_train:
-                expert_of[message_id] = experts
+                self.sent(message_id, message)
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for message_id in sorted(pending):  # one id per pull: one checkpoint at a time
@@ -411,7 +417,7 @@ class OneShotExperts(Strategy):
                 time.sleep(self.poll_interval)
         for message_id in pending:
             self._lose_message(
-                expert_of.get(message_id, []), f"no reply within {timeout:.0f} s (node silent or too slow)"
+                self._message_experts.get(message_id, []), f"no reply within {timeout:.0f} s (node silent or too slow)"
             )
 
     def _receive(self, expert_id: int, content: RecordDict, key: int | None = None) -> dict:

@@ -35,8 +35,15 @@ def test_equal_steps_splits_the_batch_among_the_experts():
 
 def test_the_monolith_and_the_experts_train_on_their_budget(tiny_config, dataset_dir, tmp_path):
     """Under equal_steps the trained monolith takes expert.steps steps of expert.batch_size and an expert the same
-    steps of batch / K, as their metadata records; the cache key differs from equal_images'."""
-    from hddm_flower.reproduce.training import dataset_id, expert_fingerprint, train_monolith, train_or_reuse_experts
+    steps of batch / K, as their metadata records. The monolith's cache key differs from equal_images'; the
+    experts' is that of equal_images experts trained alike (batch / K, the same steps), so the two share them."""
+    from hddm_flower.reproduce.training import (
+        dataset_id,
+        expert_fingerprint,
+        monolith_fingerprint,
+        train_monolith,
+        train_or_reuse_experts,
+    )
 
     k = tiny_config.num_experts
     cfg = dataclasses.replace(
@@ -52,7 +59,13 @@ def test_the_monolith_and_the_experts_train_on_their_budget(tiny_config, dataset
     expert = __import__("json").loads((tmp_path / "experts" / "cluster-0-fm" / "hddm_expert.json").read_text())
     assert (expert["steps"], expert["batch_size"]) == (2, 2)
     assert not t["experts"]["cluster-0-fm"]["reused"]
+    assert monolith_fingerprint(cfg, data_id) != monolith_fingerprint(tiny_config, data_id)
+    alike = dataclasses.replace(tiny_config, expert=dataclasses.replace(tiny_config.expert, steps=2, batch_size=2))
+    assert (
+        expert_fingerprint(cfg, data_id) == expert_fingerprint(alike, data_id) == monolith_fingerprint(alike, data_id)
+    )
     assert expert_fingerprint(cfg, data_id) != expert_fingerprint(tiny_config, data_id)
+    assert t["fingerprint"] == expert_fingerprint(cfg, data_id) and t["monolith_fingerprint"] != t["fingerprint"]
 
 
 def test_the_ladder_and_capacity_configs_load_with_their_budgets():

@@ -204,9 +204,7 @@ def test_the_dataset_directory_has_one_home():
     spelled = [
         f"{p}:{i}"
         for p, i, line in _code_lines(*APP_CODE)
-        if quoted.search(line)
-        and p not in ("hddm_flower/data/layout.py", "hddm_flower/rundir.py")
-        and not p.startswith("benchmarks/coordinator_scale")  # a synthetic dataset in the paper's layout, for scale
+        if quoted.search(line) and p not in ("hddm_flower/data/layout.py", "hddm_flower/rundir.py")
     ]
     assert spelled == []
     calls = {

@@ -219,6 +219,41 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
         t0["monolith"]["tensor_sha256"],
         t1["monolith"]["tensor_sha256"],
     ]
+    # another rung: equal_steps at twice the batch trains its experts as equal_images did (batch 4, 2 steps), so
+    # with --reuse it adopts both trainings' experts and routers and their rows, and trains and samples only its
+    # monolith (2 steps × 8 instead of 4 × 4)
+    es = config_from_dict(
+        cfg.to_dict() | {"expert": cfg.to_dict()["expert"] | {"batch_size": 8}, "reproduce": {"budget": "equal_steps"}},
+        "gmm-test-equal-steps",
+    )
+    rung = reproduce(es, tmp_path / "rung", dataset, reuse=[out])
+    b = rung["artefacts"]["trainings"]
+    for i, (mine, theirs) in enumerate(zip(b, manifest["artefacts"]["trainings"])):
+        assert (
+            mine["fingerprint"] == theirs["fingerprint"]
+            and mine["router"]["fingerprint"] == theirs["router"]["fingerprint"]
+        )
+        for name, e in mine["experts"].items():
+            assert e["reused"] and e["tensor_sha256"] == theirs["experts"][name]["tensor_sha256"], (i, name)
+            assert e["reused_from"] == str(training_root(out, i) / "experts" / name)
+        assert mine["router"]["tensor_sha256"] == theirs["router"]["tensor_sha256"] and "reused_from" in mine["router"]
+        assert (
+            not mine["monolith"]["reused"] and mine["monolith"]["tensor_sha256"] != theirs["monolith"]["tensor_sha256"]
+        )
+    reused = {n for n, r in rung["results"].items() if "reused_from" in r}
+    assert reused == set(rows) - {"monolith (equal compute)"}
+    for n in reused:  # the same numbers, training by training, and the per-sample files beside them
+        assert rung["results"][n]["per_seed"] == rows[n]["per_seed"], n
+        assert rung["results"][n].get("per_training") == rows[n].get("per_training"), n
+        assert (tmp_path / "rung" / rung["results"][n]["per_sample_file"]).is_file()
+    assert rung["results"]["monolith (equal compute)"]["per_training"] != mono["per_training"]
+    assert rung["budget"]["monolith_steps"] == 2 and rung["reused_from"] == [str(out)]
+    # the same rung again in its own folder: every row is its own stored result (nothing sampled again)
+    again_rung = reproduce(es, tmp_path / "rung", dataset)
+    assert all("reused_from" not in r for r in again_rung["results"].values())
+    assert again_rung["results"] == rung["results"] | {
+        n: {k: v for k, v in r.items() if k != "reused_from"} for n, r in rung["results"].items()
+    }
 
 
 def test_truth_rows_are_scheduled_longest_first():

@@ -24,7 +24,13 @@ on the same prompts, noise and true draws, and their tables.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
+import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -189,13 +195,16 @@ def _ensemble(cfg: Config, row: Row, ref: GMMReference, out: Path, objectives: l
 PER_SAMPLE_DIR = "truth-per-sample"
 
 
+def _slug(row: Row) -> str:
+    return "".join(c if c.isalnum() else "-" for c in row.name).strip("-")
+
+
 def save_per_sample(out: Path, row: Row, values: dict[str, torch.Tensor]) -> Path:
     """Every sample's ``log p`` (and its seed's true samples') of one row, ``OUT/truth-per-sample/ROW.safetensors``
     (keys ``seed-S.log_p``, ``seed-S.true_log_p``): the per-sample values behind the means and quantiles."""
     from safetensors.torch import save_file
 
-    slug = "".join(c if c.isalnum() else "-" for c in row.name).strip("-")
-    path = out / PER_SAMPLE_DIR / f"{slug}.safetensors"
+    path = out / PER_SAMPLE_DIR / f"{_slug(row)}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in values.items()}, path)
     return path
@@ -290,6 +299,66 @@ def _cost(row: Row, num_experts: int) -> float:
     return (router + experts) * row.steps_factor
 
 
+ROW_CACHE_DIR = "truth-rows"
+
+
+@functools.cache
+def code_digest() -> str:
+    """sha256 of the package's Python sources: a stored row is reused only by the code that computed it."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def row_key(cfg: Config, row: Row, objectives: list[str] | None, weights: dict, data_id: dict) -> str:
+    """What a row's result depends on, hashed: the row, the evaluation's sampling and scoring settings (not
+    how many trainings or which other modes are evaluated), the sampling and DDPM sections, the dataset, the
+    tensor sha256 of the trained parts it samples with (``weights``: one training's ``{"experts": {folder name:
+    sha}, "monolith": sha, "router": sha}``) and the code (:func:`code_digest`). Equal keys give equal results: the
+    job is seeded by these alone."""
+    ev = {k: v for k, v in dataclasses.asdict(cfg.evaluation).items() if k not in ("training_seeds", "routing_modes")}
+    parts: list[Any] = [row.__dict__, ev, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.ddpm), data_id]
+    parts.append(code_digest())
+    if row.group == "monolith":
+        parts.append(weights["monolith"])
+    else:
+        if row.experts == "trained":
+            parts.append([weights["experts"][f"cluster-{k}-{o}"] for k, o in enumerate(objectives)])
+        if row.router == "trained":
+            parts.append(weights["router"])
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _cached_row(root: Path, row: Row, key: str, donors: list[Path]) -> dict | None:
+    """Row ``row``'s stored result in ``root/truth-rows/`` if its key is ``key``, else one of ``donors``' (other
+    outputs' folders of the same training, ``hddm reproduce --reuse``) copied in with its per-sample file."""
+    for where in (root, *donors):
+        entry = where / ROW_CACHE_DIR / f"{_slug(row)}.json"
+        try:
+            stored = json.loads(entry.read_text())
+        except (OSError, ValueError):
+            continue
+        if stored.get("key") != key or not (where / stored["result"]["per_sample_file"]).is_file():
+            continue
+        if where != root:
+            for name in (stored["result"]["per_sample_file"], entry.relative_to(where)):
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(where / name, root / name)
+            log.info("%s: reused from %s", row.name, where)
+        return stored["result"] | {"reused_from": str(where)} if where != root else stored["result"]
+    return None
+
+
+def _store_row(root: Path, row: Row, key: str, result: dict) -> None:
+    entry = root / ROW_CACHE_DIR / f"{_slug(row)}.json"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.with_name(f".{entry.name}.tmp")
+    tmp.write_text(json.dumps({"key": key, "result": result}, indent=1))
+    os.replace(tmp, entry)
+
+
 def evaluate_truth(
     cfg: Config,
     roots: list[Path],
@@ -298,30 +367,48 @@ def evaluate_truth(
     *,
     in_worker: bool,
     run_jobs: Callable[[Callable, list[tuple]], list],
+    weights: list[dict],
+    data_id: dict,
+    donors: list[list[Path]] | None = None,
 ) -> dict[str, Any]:
     """Every row of :func:`truth_rows`, one job per row through ``run_jobs(fn, args)`` (the caller's process pool;
     ``args[i][-1]`` says whether job i runs in a worker); returns the rows in table order.
 
-    ``roots[i]`` holds training i's experts, monolith and router (:func:`hddm_flower.reproduce.training.training_root`).
-    The exact rows do not depend on a training and are sampled once; each trained row is sampled for every
-    training on the same sampling seeds. A row's ``per_seed`` and ``metrics`` are training 0's; with several
-    trainings a trained row also has ``per_training`` (``[training][seed]`` metric dicts) and ``nested`` (per
-    metric, :func:`~hddm_flower.training_seeds.nested_interval`: over trainings, outer; sampling seeds, inner)."""
+    ``roots[i]`` holds training i's experts, monolith and router (:func:`hddm_flower.reproduce.training.training_root`),
+    ``weights[i]`` their tensor sha256 (see :func:`row_key`). The exact rows do not depend on a training and are
+    sampled once; each trained row is sampled for every training on the same sampling seeds. A row's ``per_seed``
+    and ``metrics`` are training 0's; with several trainings a trained row also has ``per_training``
+    (``[training][seed]`` metric dicts) and ``nested`` (per metric,
+    :func:`~hddm_flower.training_seeds.nested_interval`: over trainings, outer; sampling seeds, inner).
+
+    Each job's result is kept in ``roots[i]/truth-rows/`` under its :func:`row_key` and not sampled again while the
+    key holds, nor when ``donors[i]`` (other outputs of training i) holds it: a rung that changes only the monolith's
+    budget samples only the monolith's row."""
     from ..training_seeds import nested_interval
 
     o = cfg.objectives
     main = f"{o.ddpm}DDPM:{o.fm}FM" if o.ddpm and o.fm else f"{cfg.num_experts}{'DDPM' if o.ddpm else 'FM'}"
     main = main if main in objectives else next(iter(objectives))
     rows = truth_rows(list(objectives), list(cfg.evaluation.routing_modes), main)
+    donors = donors or [[] for _ in roots]
     # one job per row and training, the most expensive first: the pool's processes then finish close together (a
     # job per group left one process sampling the main mix's five routing modes long after the other was done)
     K = cfg.num_experts
-    jobs = [(r, i) for r in rows for i in range(1 if r.group == "exact" else len(roots))]
+    done: dict[tuple[str, int], Any] = {}
+    jobs, keys = [], {}
+    for r in rows:
+        for i in range(1 if r.group == "exact" else len(roots)):
+            keys[r.name, i] = row_key(cfg, r, objectives.get(r.group), weights[i], data_id)
+            cached = _cached_row(roots[i], r, keys[r.name, i], donors[i])
+            if cached is not None:
+                done[r.name, i] = cached
+            else:
+                jobs.append((r, i))
     jobs.sort(key=lambda job: -_cost(job[0], K))
     args = [(cfg.to_dict(), str(roots[i]), str(dataset.root), [r], objectives.get(r.group), in_worker) for r, i in jobs]
-    done: dict[tuple[str, int], Any] = {}
-    for (r, i), part in zip(jobs, run_jobs(evaluate_group, args)):
+    for (r, i), part in zip(jobs, run_jobs(evaluate_group, args) if args else []):
         done[r.name, i] = part[r.name]
+        _store_row(roots[i], r, keys[r.name, i], part[r.name])
     results = {}
     for r in rows:
         results[r.name] = done[r.name, 0]

@@ -40,6 +40,7 @@ from torch import Tensor
 from ..budget import budget_of
 from ..checkpoints import WEIGHTS, load_expert
 from ..config.io import config_from_dict
+from ..config.rules import ConfigError
 from ..config.schema import Config
 from ..data import Dataset
 from ..devices import resolve_device, resolve_precision
@@ -246,13 +247,20 @@ def reproduce(
     jobs: int = 1,
     command: str = "",
     progress: bool = False,
+    reuse: list[Path] = (),
 ) -> dict:
     """Train or reuse everything, evaluate every configuration and the monolith, write tables and manifest.
 
     ``jobs`` > 1 trains the experts and the monolith, then evaluates the configurations and the monolith, in that
-    many processes (one torch thread each)."""
+    many processes (one torch thread each). ``reuse``: other outputs whose finished experts, monoliths and routers
+    are copied in where their fingerprints match this run's (and, on a gmm dataset, whose rows are where the rows'
+    keys match): another rung of a ladder that trains its experts alike trains and samples only what differs."""
     start, load_start = time.perf_counter(), os.getloadavg()
     configs = configs or default_configs(cfg.num_experts, cfg.reproduce.ddpm_counts)
+    reuse = [Path(d) for d in reuse]
+    for d in reuse:
+        if not d.is_dir() or d.resolve() == out.resolve():
+            raise ConfigError(f"--reuse {d}: not another hddm reproduce output folder")
     out.mkdir(parents=True, exist_ok=True)
     meta = dataset.meta
     details = [c["detail"] for c in meta["clusters"]]
@@ -263,16 +271,17 @@ def reproduce(
     trainings = cfg.evaluation.training_seeds
     tcfgs = [training_config(cfg, i) for i in range(trainings)]
     roots = [training_root(out, i) for i in range(trainings)]
+    donors = [[training_root(d, i) for d in reuse] for i in range(trainings)]
     timings: dict[str, float] = {}
 
     # 1–2. per training: the unique (cluster, objective) experts, the monolith and the router, reused or trained
     t0 = time.perf_counter()
     unique = sorted({(k, o) for objs in objectives.values() for k, o in enumerate(objs)})
-    per_training = train_or_reuse_experts(tcfgs, roots, dataset, unique, data_id, jobs, progress)
+    per_training = train_or_reuse_experts(tcfgs, roots, dataset, unique, data_id, jobs, progress, donors)
     timings["training"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    for c, root, artefacts_i in zip(tcfgs, roots, per_training):
-        artefacts_i["router"] = train_or_reuse_router(c, root, dataset, data_id, progress)
+    for c, root, artefacts_i, given in zip(tcfgs, roots, per_training, donors):
+        artefacts_i["router"] = train_or_reuse_router(c, root, dataset, data_id, progress, given)
     timings["router"] = time.perf_counter() - t0
     artefacts: dict[str, Any] = per_training[0] | (
         {"trainings": [{"root": str(r.relative_to(out))} | a for r, a in zip(roots, per_training)]}
@@ -293,6 +302,16 @@ def reproduce(
             objectives,
             in_worker=jobs > 1,
             run_jobs=lambda fn, args: run_jobs(fn, args, jobs, progress, "truth evaluation"),
+            weights=[
+                {
+                    "experts": {n: e["tensor_sha256"] for n, e in a["experts"].items()},
+                    "monolith": a["monolith"]["tensor_sha256"],
+                    "router": a["router"]["tensor_sha256"],
+                }
+                for a in per_training
+            ],
+            data_id=data_id,
+            donors=donors,
         )
     else:
         feature_dir = out / FEATURE_NET
@@ -344,9 +363,14 @@ def reproduce(
             "trainings": trainings,
             "training_stride": f"training i moves the expert, monolith and router seeds by i × {TRAINING_SEED_STRIDE}",
         },
-        "fingerprints": {"experts": artefacts["fingerprint"], "router": artefacts["router"]["fingerprint"]}
+        "fingerprints": {
+            "experts": artefacts["fingerprint"],
+            "monolith": artefacts["monolith_fingerprint"],
+            "router": artefacts["router"]["fingerprint"],
+        }
         | ({} if truth else {"feature_net": artefacts["feature_net"]["state_fingerprint"]}),
         "dataset": data_id,
+        "reused_from": [str(d) for d in reuse],
         "budget": dataclasses.asdict(budget_of(cfg)),
         "artefacts": artefacts,
         "versions": versions(),

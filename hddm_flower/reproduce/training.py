@@ -10,6 +10,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -129,12 +131,14 @@ def train_job(a: tuple) -> None:
     state.unlink(missing_ok=True)
 
 
-def train_or_reuse(folder: Path, fingerprint: str, train, *, dtype: str | None = None) -> dict:
-    """Reuse ``folder`` if it was trained with the same fingerprint; refuse if with another; else train (with
-    ``train=None``: raise :class:`NotTrained`)."""
+def train_or_reuse(
+    folder: Path, fingerprint: str, train, *, dtype: str | None = None, also: Iterable[str] = ()
+) -> dict:
+    """Reuse ``folder`` if it was trained with the same fingerprint (or one of ``also``: an older key of the same
+    training); refuse if with another; else train (with ``train=None``: raise :class:`NotTrained`)."""
     if (folder / META).exists():
         meta = read_expert_meta(folder)
-        if meta.get("reproduce_fingerprint") != fingerprint:
+        if meta.get("reproduce_fingerprint") not in {fingerprint, *also}:
             raise ConfigError(
                 f"{folder} was trained with another config (fingerprint "
                 f"{meta.get('reproduce_fingerprint')} ≠ {fingerprint}); use a new --out"
@@ -217,11 +221,54 @@ def training_root(out: Path, i: int) -> Path:
     return out if i == 0 else out / "trainings" / f"training-{i}"
 
 
-def expert_fingerprint(cfg: Config, data_id: dict) -> str:
-    """The training cache key of a training's experts and monolith: the expert and DDPM sections, the dataset,
-    and the budget protocol where it is not the default (so that equal_images caches stay valid)."""
+def monolith_fingerprint(cfg: Config, data_id: dict) -> str:
+    """The training cache key of a training's monolith: the expert and DDPM sections, the dataset, and the budget
+    protocol where it is not the default (so that equal_images caches stay valid)."""
     protocol = cfg.reproduce.budget
     return fingerprint_of(cfg.expert, cfg.ddpm, data_id, *([protocol] if protocol != "equal_images" else []))
+
+
+def expert_fingerprint(cfg: Config, data_id: dict) -> str:
+    """The training cache key of a training's experts: the expert section each expert is trained with under the
+    budget (:func:`hddm_flower.budget.expert_config`), the DDPM section and the dataset. Two protocols whose experts
+    train alike (equal_steps at batch B·K and equal_images at batch B, the same steps) share their experts; under
+    equal_images the key is the monolith's, as it always was."""
+    return fingerprint_of(budget_expert_config(cfg).expert, cfg.ddpm, data_id)
+
+
+def adopt(folder: Path, fingerprint: str, donors: list[Path], read_fingerprint) -> Path | None:
+    """Copy into ``folder`` (absent) the first ``donor / folder.name`` whose ``read_fingerprint(donor_folder)`` is
+    ``fingerprint``: a finished training of another ``hddm reproduce`` output (``--reuse``), its files hard-linked
+    where the file system allows it (every file of a training is written whole and renamed, never changed in
+    place). Returns the donor folder, or None."""
+    if folder.exists():
+        return None
+    for donor in donors:
+        source = donor / folder.name
+        try:
+            found = source.is_dir() and read_fingerprint(source) == fingerprint
+        except (OSError, ValueError, KeyError):
+            found = False
+        if found:
+            tmp = folder.with_name(f".{folder.name}.adopting")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(source, tmp, copy_function=link_or_copy)
+            os.replace(tmp, folder)
+            log.info("%s: reused from %s (fingerprint %s)", folder, source, fingerprint)
+            return source
+    return None
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """A hard link ``dst`` to ``src``, or a copy where the two are on different file systems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _expert_fingerprint_in(folder: Path) -> str | None:
+    return read_expert_meta(folder).get("reproduce_fingerprint")
 
 
 def train_or_reuse_experts(
@@ -232,29 +279,42 @@ def train_or_reuse_experts(
     data_id: dict,
     jobs: int,
     progress: bool,
+    donors: list[list[Path]] | None = None,
 ) -> list[dict]:
     """Every training's unique (cluster, objective) experts and its monolith, reused when their fingerprint (the
     training's expert config, seeds included, and the dataset) matches, else trained, all pending jobs of all
-    trainings in one pool of ``jobs`` processes. Returns per training ``{"fingerprint", "monolith", "experts"}``."""
+    trainings in one pool of ``jobs`` processes. ``donors[i]``: the folders of training i in other outputs whose
+    finished experts and monolith are copied in when their fingerprints match (:func:`adopt`). Returns per
+    training ``{"fingerprint", "monolith_fingerprint", "monolith", "experts"}``."""
     plans, pending = [], []
-    for cfg, root in zip(cfgs, roots):
-        fp = expert_fingerprint(cfg, data_id)
-        todo = [("monolith", None, "fm", root / "monolith")]
-        todo += [(f"cluster-{k}-{o}", k, o, root / "experts" / f"cluster-{k}-{o}") for k, o in unique]
-        for _, k, obj, folder in todo:
+    donors = donors or [[] for _ in cfgs]
+    for cfg, root, given in zip(cfgs, roots, donors):
+        fp, mono_fp = expert_fingerprint(cfg, data_id), monolith_fingerprint(cfg, data_id)
+        todo = [("monolith", None, "fm", root / "monolith", mono_fp, ())]
+        # equal_steps experts trained before the key followed the experts' own section carry the monolith's key
+        todo += [
+            (f"cluster-{k}-{o}", k, o, root / "experts" / f"cluster-{k}-{o}", fp, {mono_fp} - {fp}) for k, o in unique
+        ]
+        adopted = {}
+        for name, k, obj, folder, key, legacy in todo:
+            where = [d if k is None else d / "experts" for d in given]
+            if (source := adopt(folder, key, where, _expert_fingerprint_in)) is not None:
+                adopted[name] = str(source)
             try:
-                train_or_reuse(folder, fp, None)
+                train_or_reuse(folder, key, None, also=legacy)
             except NotTrained:
                 c = cfg if k is None else budget_expert_config(cfg)  # the monolith applies the budget itself
-                pending.append((c.to_dict(), str(dataset.root), k, obj, str(folder), fp, jobs > 1, progress))
-        plans.append((fp, todo))
+                pending.append((c.to_dict(), str(dataset.root), k, obj, str(folder), key, jobs > 1, progress))
+        plans.append((fp, mono_fp, todo, adopted))
     run_jobs(train_job, pending, jobs, progress, "training")
     trained = {a[4] for a in pending}
     out = []
-    for fp, todo in plans:
-        entry: dict[str, Any] = {"fingerprint": fp, "experts": {}}
-        for name, k, _, folder in todo:
-            info = train_or_reuse(folder, fp, None) | {"reused": str(folder) not in trained}
+    for fp, mono_fp, todo, adopted in plans:
+        entry: dict[str, Any] = {"fingerprint": fp, "monolith_fingerprint": mono_fp, "experts": {}}
+        for name, k, _, folder, key, legacy in todo:
+            info = train_or_reuse(folder, key, None, also=legacy) | {"reused": str(folder) not in trained}
+            if name in adopted:
+                info["reused_from"] = adopted[name]
             if k is None:
                 entry["monolith"] = info
             else:
@@ -263,14 +323,22 @@ def train_or_reuse_experts(
     return out
 
 
-def train_or_reuse_router(cfg: Config, root: Path, dataset: Dataset, data_id: dict, progress: bool) -> dict:
+def train_or_reuse_router(
+    cfg: Config, root: Path, dataset: Dataset, data_id: dict, progress: bool, donors: list[Path] = ()
+) -> dict:
     """The training's router (it depends only on the clusters) in ``root/router``, reused when its fingerprint
-    matches."""
+    matches, or copied from one of ``donors`` (other outputs' folders of this training) whose router's does."""
     fp = fingerprint_of(cfg.router, data_id)
     router_meta = root / ROUTER / ROUTER_META
-    if not router_meta.exists() or json.loads(router_meta.read_text()).get("reproduce_fingerprint") != fp:
+    source = adopt(root / ROUTER, fp, list(donors), _router_fingerprint_in)
+    if not router_meta.exists() or _router_fingerprint_in(root / ROUTER) != fp:
         fit_router(cfg, dataset, root, progress=progress)
         router_meta.write_text(
             json.dumps(json.loads(router_meta.read_text()) | {"reproduce_fingerprint": fp}, indent=2)
         )
-    return {"fingerprint": fp, "tensor_sha256": tensor_sha256(root / ROUTER / WEIGHTS)}
+    info = {"fingerprint": fp, "tensor_sha256": tensor_sha256(root / ROUTER / WEIGHTS)}
+    return info | ({"reused_from": str(source)} if source is not None else {})
+
+
+def _router_fingerprint_in(folder: Path) -> str | None:
+    return json.loads((folder / ROUTER_META).read_text()).get("reproduce_fingerprint")
