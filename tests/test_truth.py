@@ -248,12 +248,21 @@ def test_reproduce_on_a_gmm_scores_every_row_against_the_truth(tmp_path):
         assert (tmp_path / "rung" / rung["results"][n]["per_sample_file"]).is_file()
     assert rung["results"]["monolith (equal compute)"]["per_training"] != mono["per_training"]
     assert rung["budget"]["monolith_steps"] == 2 and rung["reused_from"] == [str(out)]
+    # what benchmarks/gmm_ladder_cost reads from the two: only the monolith's row differs
+    from benchmarks.gmm_ladder_cost import largest_difference, summary
+
+    worst, where = largest_difference(rung, manifest, "delta_log_density")
+    assert worst > 0 and where.startswith("monolith (equal compute), training ")
+    s = summary("rung", tmp_path / "rung")
+    assert (s["experts_adopted"], s["experts"], s["routers_adopted"], s["monoliths_adopted"]) == (6, 6, 2, 0)
+    assert (s["rows_reused"], s["rows"]) == (len(rows) - 1, len(rows))
     # the same rung again in its own folder: every row is its own stored result (nothing sampled again)
     again_rung = reproduce(es, tmp_path / "rung", dataset)
     assert all("reused_from" not in r for r in again_rung["results"].values())
     assert again_rung["results"] == rung["results"] | {
         n: {k: v for k, v in r.items() if k != "reused_from"} for n, r in rung["results"].items()
     }
+    assert largest_difference(again_rung, rung) == (0.0, "")
 
 
 def test_truth_rows_are_scheduled_longest_first():

@@ -24,13 +24,7 @@ on the same prompts, noise and true draws, and their tables.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
-import json
 import logging
-import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +46,7 @@ from .compare import TABLE_4, paired_truth, render_paired, trainings_of
 from .dataset import GMMReference, load_reference
 from .exact import ExactRouter, exact_expert
 from .router_probe import ROUTER_METRICS, RouterProbe
+from .row_cache import cached_row, row_key, slug, store_row
 from .targets import Captions, caption_targets, captions_of, sample_prompts, true_draws
 from .truth import METRICS, CaptionTargets, interval, log_prob_given, median_bandwidth, truth_metrics
 
@@ -195,16 +190,12 @@ def _ensemble(cfg: Config, row: Row, ref: GMMReference, out: Path, objectives: l
 PER_SAMPLE_DIR = "truth-per-sample"
 
 
-def _slug(row: Row) -> str:
-    return "".join(c if c.isalnum() else "-" for c in row.name).strip("-")
-
-
 def save_per_sample(out: Path, row: Row, values: dict[str, torch.Tensor]) -> Path:
     """Every sample's ``log p`` (and its seed's true samples') of one row, ``OUT/truth-per-sample/ROW.safetensors``
     (keys ``seed-S.log_p``, ``seed-S.true_log_p``): the per-sample values behind the means and quantiles."""
     from safetensors.torch import save_file
 
-    path = out / PER_SAMPLE_DIR / f"{_slug(row)}.safetensors"
+    path = out / PER_SAMPLE_DIR / f"{slug(row.name)}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in values.items()}, path)
     return path
@@ -299,66 +290,6 @@ def _cost(row: Row, num_experts: int) -> float:
     return (router + experts) * row.steps_factor
 
 
-ROW_CACHE_DIR = "truth-rows"
-
-
-@functools.cache
-def code_digest() -> str:
-    """sha256 of the package's Python sources: a stored row is reused only by the code that computed it."""
-    root = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def row_key(cfg: Config, row: Row, objectives: list[str] | None, weights: dict, data_id: dict) -> str:
-    """What a row's result depends on, hashed: the row, the evaluation's sampling and scoring settings (not
-    how many trainings or which other modes are evaluated), the sampling and DDPM sections, the dataset, the
-    tensor sha256 of the trained parts it samples with (``weights``: one training's ``{"experts": {folder name:
-    sha}, "monolith": sha, "router": sha}``) and the code (:func:`code_digest`). Equal keys give equal results: the
-    job is seeded by these alone."""
-    ev = {k: v for k, v in dataclasses.asdict(cfg.evaluation).items() if k not in ("training_seeds", "routing_modes")}
-    parts: list[Any] = [row.__dict__, ev, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.ddpm), data_id]
-    parts.append(code_digest())
-    if row.group == "monolith":
-        parts.append(weights["monolith"])
-    else:
-        if row.experts == "trained":
-            parts.append([weights["experts"][f"cluster-{k}-{o}"] for k, o in enumerate(objectives)])
-        if row.router == "trained":
-            parts.append(weights["router"])
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _cached_row(root: Path, row: Row, key: str, donors: list[Path]) -> dict | None:
-    """Row ``row``'s stored result in ``root/truth-rows/`` if its key is ``key``, else one of ``donors``' (other
-    outputs' folders of the same training, ``hddm reproduce --reuse``) copied in with its per-sample file."""
-    for where in (root, *donors):
-        entry = where / ROW_CACHE_DIR / f"{_slug(row)}.json"
-        try:
-            stored = json.loads(entry.read_text())
-        except (OSError, ValueError):
-            continue
-        if stored.get("key") != key or not (where / stored["result"]["per_sample_file"]).is_file():
-            continue
-        if where != root:
-            for name in (stored["result"]["per_sample_file"], entry.relative_to(where)):
-                (root / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(where / name, root / name)
-            log.info("%s: reused from %s", row.name, where)
-        return stored["result"] | {"reused_from": str(where)} if where != root else stored["result"]
-    return None
-
-
-def _store_row(root: Path, row: Row, key: str, result: dict) -> None:
-    entry = root / ROW_CACHE_DIR / f"{_slug(row)}.json"
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = entry.with_name(f".{entry.name}.tmp")
-    tmp.write_text(json.dumps({"key": key, "result": result}, indent=1))
-    os.replace(tmp, entry)
-
-
 def evaluate_truth(
     cfg: Config,
     roots: list[Path],
@@ -399,7 +330,7 @@ def evaluate_truth(
     for r in rows:
         for i in range(1 if r.group == "exact" else len(roots)):
             keys[r.name, i] = row_key(cfg, r, objectives.get(r.group), weights[i], data_id)
-            cached = _cached_row(roots[i], r, keys[r.name, i], donors[i])
+            cached = cached_row(roots[i], r, keys[r.name, i], donors[i])
             if cached is not None:
                 done[r.name, i] = cached
             else:
@@ -408,7 +339,7 @@ def evaluate_truth(
     args = [(cfg.to_dict(), str(roots[i]), str(dataset.root), [r], objectives.get(r.group), in_worker) for r, i in jobs]
     for (r, i), part in zip(jobs, run_jobs(evaluate_group, args) if args else []):
         done[r.name, i] = part[r.name]
-        _store_row(roots[i], r, keys[r.name, i], part[r.name])
+        store_row(roots[i], r, keys[r.name, i], part[r.name])
     results = {}
     for r in rows:
         results[r.name] = done[r.name, 0]
