@@ -306,7 +306,7 @@ def evaluate_truth(
     ``args[i][-1]`` says whether job i runs in a worker); returns the rows in table order.
 
     ``roots[i]`` holds training i's experts, monolith and router (:func:`hddm_flower.reproduce.training.training_root`),
-    ``weights[i]`` their tensor sha256 (see :func:`row_key`). The exact rows do not depend on a training and are
+    ``weights[i]`` the sha256 of their folders (see :func:`~hddm_flower.gmm.row_cache.row_key`). The exact rows do not depend on a training and are
     sampled once; each trained row is sampled for every training on the same sampling seeds. A row's ``per_seed``
     and ``metrics`` are training 0's; with several trainings a trained row also has ``per_training``
     (``[training][seed]`` metric dicts) and ``nested`` (per metric,

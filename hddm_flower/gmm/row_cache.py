@@ -43,8 +43,8 @@ def code_digest() -> str:
 def row_key(cfg: Config, row: Row, objectives: list[str] | None, weights: dict, data_id: dict) -> str:
     """What a row's result depends on, hashed: the row, the evaluation's sampling and scoring settings (not
     how many trainings or which other modes are evaluated), the sampling and DDPM sections, the dataset, the
-    tensor sha256 of the trained parts it samples with (``weights``: one training's ``{"experts": {folder name:
-    sha}, "monolith": sha, "router": sha}``) and the code (:func:`code_digest`). Equal keys give equal results: the
+    sha256 of the folders of the trained parts it samples with (weights, model config, metadata; (``weights``: one training's ``{"experts": {folder name:
+    sha}, "monolith": sha, "router": sha}``)), and the code (:func:`code_digest`). Equal keys give equal results: the
     job is seeded by these alone."""
     ev = {k: v for k, v in dataclasses.asdict(cfg.evaluation).items() if k not in ("training_seeds", "routing_modes")}
     parts: list[Any] = [row.__dict__, ev, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.ddpm), data_id]
@@ -68,20 +68,31 @@ def cached_row(root: Path, row: Row, key: str, donors: list[Path]) -> dict | Non
             stored = json.loads(entry.read_text())
         except (OSError, ValueError):
             continue
-        if stored.get("key") != key or not (where / stored["result"]["per_sample_file"]).is_file():
+        samples = where / stored.get("result", {}).get("per_sample_file", "")
+        # the per-sample file must be the one the result was stored with (a later job of another key rewrites it)
+        if stored.get("key") != key or not samples.is_file() or _sha256(samples) != stored.get("per_sample_sha256"):
             continue
         if where != root:
-            for name in (stored["result"]["per_sample_file"], entry.relative_to(where)):
+            (root / ROW_CACHE_DIR / entry.name).unlink(missing_ok=True)  # no old entry beside the new file
+            for name in (stored["result"]["per_sample_file"], entry.relative_to(where)):  # the entry last
                 (root / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(where / name, root / name)
+                tmp = root / Path(name).with_name(f".{Path(name).name}.tmp")
+                shutil.copy2(where / name, tmp)
+                os.replace(tmp, root / name)
             log.info("%s: reused from %s", row.name, where)
         return stored["result"] | {"reused_from": str(where)} if where != root else stored["result"]
     return None
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def store_row(root: Path, row: Row, key: str, result: dict) -> None:
+    """Keep ``result`` under ``key``, with the sha256 of its per-sample file (checked when it is reused)."""
     entry = root / ROW_CACHE_DIR / f"{slug(row.name)}.json"
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_name(f".{entry.name}.tmp")
-    tmp.write_text(json.dumps({"key": key, "result": result}, indent=1))
+    digest = _sha256(root / result["per_sample_file"])
+    tmp.write_text(json.dumps({"key": key, "per_sample_sha256": digest, "result": result}, indent=1))
     os.replace(tmp, entry)

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -304,11 +305,11 @@ def reproduce(
             run_jobs=lambda fn, args: run_jobs(fn, args, jobs, progress, "truth evaluation"),
             weights=[
                 {
-                    "experts": {n: e["tensor_sha256"] for n, e in a["experts"].items()},
-                    "monolith": a["monolith"]["tensor_sha256"],
-                    "router": a["router"]["tensor_sha256"],
+                    "experts": {n: folder_sha256(root / "experts" / n) for n in a["experts"]},
+                    "monolith": folder_sha256(root / "monolith"),
+                    "router": folder_sha256(root / ROUTER),
                 }
-                for a in per_training
+                for root, a in zip(roots, per_training)
             ],
             data_id=data_id,
             donors=donors,
@@ -390,6 +391,15 @@ def reproduce(
     else:
         write_atomic(out / "tables.md", render_tables(manifest, results))
     return manifest
+
+
+def folder_sha256(folder: Path) -> str:
+    """sha256 over every file of a trained part's folder (weights, model config, metadata): what a stored GMM row is
+    keyed by, so that equal weights with other metadata (a DDPM schedule, a clean prior) do not share a row."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def relative_symlink(link: Path, target: Path) -> None:
