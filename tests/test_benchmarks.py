@@ -118,3 +118,31 @@ def test_bench_runner_writes_the_table(tiny_config_path, dataset_dir, cache_dir,
     md = (tmp_path / "bench.md").read_text()
     assert "training samples/s" in md and "grouped top-2 vs one expert" in md
     assert json.loads((tmp_path / "bench.json").read_text())["machine"] == r["machine"]
+
+
+def _within(committed: dict, mine: dict) -> bool:
+    """Every key of a committed config has the same value in ``mine`` (keys added since keep their defaults)."""
+    return all(_within(v, mine.get(k, {})) if isinstance(v, dict) else mine.get(k) == v for k, v in committed.items())
+
+
+def test_the_gmm_evidence_set_reruns_its_committed_runs_and_reuses_what_they_share(tmp_path):
+    from benchmarks import gmm_ladder_set
+    from hddm_flower.config.io import load_config, parse_overrides
+    from hddm_flower.reproduce.training import expert_fingerprint, monolith_fingerprint
+
+    commands = gmm_ladder_set.main(["--out", str(tmp_path), "--dry-run"])
+    outs, configs = {}, {}
+    for run, cmd in zip(gmm_ladder_set.RUNS, commands, strict=True):
+        overrides = {k: v for s in run.sets for k, v in parse_overrides(s).items()}
+        cfg = configs[run.label] = load_config(ROOT / run.config, overrides)
+        assert cfg.evaluation.training_seeds == 3  # every interval over independent trainings
+        committed = json.loads((ROOT / "benchmarks" / "results" / f"{run.committed}-manifest.json").read_text())
+        assert _within(committed["config"], cfg.to_dict()), run.label  # the set reruns the committed run
+        if run.reuse:
+            assert cmd[cmd.index("--reuse") + 1] == outs[run.reuse]  # an earlier run of the set
+            donor = configs[run.reuse]
+            same_experts = expert_fingerprint(cfg, {}) == expert_fingerprint(donor, {})
+            # an equal-images rung trains nothing but its monoliths: its experts are its donor's
+            assert same_experts == (cfg.reproduce.budget == "equal_images")
+            assert monolith_fingerprint(cfg, {}) != monolith_fingerprint(donor, {})
+        outs[run.label] = cmd[cmd.index("--out") + 1]
