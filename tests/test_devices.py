@@ -3,6 +3,9 @@
 
 import dataclasses
 import json
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -320,3 +323,36 @@ def test_hddm_assemble_runs_stage_4_on_the_coordinators_threads(
     finally:
         torch.set_num_threads(before)
     assert seen == [(1, 1)]
+
+
+MALLOC_PROBE = """
+import ctypes, ctypes.util, sys
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.mallinfo2.restype = Info
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+kept = False
+if sys.argv[1] == "keep":
+    from hddm_flower.devices import keep_freed_memory
+    kept = keep_freed_memory()
+a = libc.mallinfo2(); p = libc.malloc(20 * 2**20); b = libc.mallinfo2(); libc.free(p); c = libc.mallinfo2()
+print(kept, b.hblkhd - a.hblkhd, b.arena - a.arena, c.arena - a.arena)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_keep_freed_memory_serves_a_large_block_from_the_heap_and_keeps_it_when_freed():
+    """A 20 MiB block: glibc maps it anew and unmaps it on free by default; after keep_freed_memory it comes from
+    the heap and stays there once freed (what the next batch's tensors reuse instead of faulting pages in)."""
+
+    def probe(mode):
+        out = subprocess.run([sys.executable, "-c", MALLOC_PROBE, mode], capture_output=True, text=True, check=True)
+        kept, mapped, heap, heap_after_free = out.stdout.split()
+        return kept == "True", int(mapped), int(heap), int(heap_after_free)
+
+    block = 20 * 2**20
+    kept, mapped, heap, after = probe("default")
+    assert not kept and mapped >= block and heap < block and after < block
+    kept, mapped, heap, after = probe("keep")
+    assert kept and mapped == 0 and heap >= block - 2**20 and after >= block - 2**20

@@ -27,7 +27,7 @@ from ..config.rules import ConfigError
 from ..config.schema import Config
 from ..data import Dataset, StreamingAllClusters
 from ..data.layout import META as DATASET_META
-from ..devices import resolve_device
+from ..devices import keep_freed_memory, resolve_device
 from ..rundir import ROUTER
 from ..stages.expert import build_expert, train_one_expert
 from ..stages.router import fit_router
@@ -85,7 +85,8 @@ class NotTrained(Exception):
 
 
 def run_jobs(fn, args: list[tuple], jobs: int, progress: bool, what: str) -> list:
-    """``[fn(a) for a in args]``, in ``jobs`` spawned processes when ``jobs`` > 1 (results in order)."""
+    """``[fn(a) for a in args]``, in ``jobs`` spawned processes when ``jobs`` > 1 (results in order; each process
+    keeps the memory it frees for its next job's tensors: :func:`~hddm_flower.devices.keep_freed_memory`)."""
     if jobs <= 1 or len(args) <= 1:
         return [fn(a) for a in args]
     import multiprocessing as mp
@@ -93,7 +94,7 @@ def run_jobs(fn, args: list[tuple], jobs: int, progress: bool, what: str) -> lis
 
     from tqdm.auto import tqdm
 
-    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=keep_freed_memory) as pool:
         futures = [pool.submit(fn, a) for a in args]
         for f in tqdm(
             as_completed(futures),
