@@ -17,15 +17,22 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def machine() -> str:
-    """``CPU model, N cores, M GiB RAM, GPU`` of this machine (the GPU only when torch is already imported)."""
-    model = platform.processor() or platform.machine()
+    """``CPU model (vector unit), N cores, M GiB RAM, GPU`` of this machine (the GPU only when torch is already
+    imported)."""
+    model, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+            if model and flags:
                 break
     except OSError:
         pass
+    # the widest vector unit: two machines with the same model name train at different speeds without AVX-512
+    vector = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags), "")
+    model = f"{model} ({vector})" if vector else model
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     gpu = ""
     if "torch" in sys.modules:
