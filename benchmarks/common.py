@@ -30,7 +30,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    # the widest vector unit: two machines with the same model name train at different speeds without AVX-512
+    # the widest vector unit: machines sold under one model name differ in it, and time figures with it
     vector = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags), "")
     model = f"{model} ({vector})" if vector else model
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
