@@ -244,8 +244,10 @@ def cmd_evaluate(args) -> None:
 
 
 def cmd_reproduce(args) -> None:
+    from .devices import keep_freed_memory
     from .reproduce.run import reproduce
 
+    keep_freed_memory()  # this process's tensors reuse the memory they free (its workers': run_jobs)
     cfg = _config(args)
     out = Path(args.out)
     if args.jobs < 1:

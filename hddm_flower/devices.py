@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import os
 
@@ -19,27 +18,33 @@ log = logging.getLogger(__name__)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 MMAP_THRESHOLD = 32 * 2**20  # the largest glibc allows on 64-bit systems
 TRIM_THRESHOLD = 512 * 2**20
+_SETTINGS = ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 def keep_freed_memory() -> bool:
-    """Let glibc's malloc keep freed memory (up to :data:`TRIM_THRESHOLD` beyond what is in use) and serve blocks
-    up to :data:`MMAP_THRESHOLD` from its heap, instead of mapping each large block anew and returning it to the
-    kernel when freed. A CPU process that allocates the same large tensors call after call (a batch's activations,
-    the (B, J, d) moments of a mixture) then reuses them instead of page-faulting fresh zeroed pages in each time.
-    What is computed does not change, only where the memory comes from; the cost is up to :data:`TRIM_THRESHOLD`
-    of freed memory kept by the process. ``benchmarks/freed_memory.py`` measures an expert's forward passes at a
-    sampling batch both ways (page faults, kernel and wall time, and that the outputs are bit-identical). Returns
-    False (and changes nothing) where the C library is not glibc."""
-    name = ctypes.util.find_library("c")
+    """Let glibc's malloc serve blocks up to :data:`MMAP_THRESHOLD` from its heap and keep up to
+    :data:`TRIM_THRESHOLD` of free memory at each arena's top instead of returning it to the kernel. By default glibc
+    maps a large block anew (it raises that threshold only to the largest block freed so far, and trims the heap
+    at twice it), so a CPU process whose tensors vary in size call after call (a batch's activations, the (B, J, d)
+    moments of a mixture) keeps page-faulting fresh zeroed pages in. What is computed does not change, only where
+    the memory comes from. The cost: up to :data:`TRIM_THRESHOLD` of free memory held per arena, and blocks up to
+    :data:`MMAP_THRESHOLD` now in the heap, where fragmentation can hold them. ``benchmarks/freed_memory.py``
+    measures an expert's forward passes at a sampling batch both ways (page faults, kernel and wall time, peak
+    memory, and that the outputs are bit-identical). Changes the whole process for good: ``hddm reproduce`` calls it
+    at its start and in each worker of :func:`~hddm_flower.reproduce.training.run_jobs`. Returns False (and changes
+    nothing) where the C library is not glibc; a malloc preloaded in glibc's place (jemalloc, tcmalloc) is not
+    affected either."""
     try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = getattr(libc, "mallopt", None)
-    except OSError:
-        mallopt = None
-    if mallopt is None or not hasattr(libc, "gnu_get_libc_version"):
-        log.debug("keep_freed_memory: not glibc (%s); malloc left as it is", name)
+        glibc = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"; None or an error elsewhere
+    except (AttributeError, ValueError, OSError):
+        glibc = None
+    if not glibc:
+        log.info("keep_freed_memory: the C library is not glibc; malloc left as it is")
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    done = [bool(mallopt(param, value)) for param, value in _SETTINGS]  # both, even if one is refused
+    return all(done)
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:

@@ -3,9 +3,10 @@
 
 import dataclasses
 import json
-import platform
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,9 @@ from hddm_flower.config.sections import CoordinatorConfig
 from hddm_flower.data import Dataset
 
 from .device_emulation import DeviceMismatch, emulated_cuda, on_device
+from .malloc_books import BLOCK, large_block
 
+ROOT = Path(__file__).resolve().parent.parent
 PRESENT = (0, 1, 3)  # expert 2 lost, as in the pipeline tests
 
 
@@ -325,34 +328,44 @@ def test_hddm_assemble_runs_stage_4_on_the_coordinators_threads(
     assert seen == [(1, 1)]
 
 
-MALLOC_PROBE = """
-import ctypes, ctypes.util, sys
-class Info(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-libc = ctypes.CDLL(ctypes.util.find_library("c"))
-libc.mallinfo2.restype = Info
-libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
-kept = False
-if sys.argv[1] == "keep":
-    from hddm_flower.devices import keep_freed_memory
-    kept = keep_freed_memory()
-a = libc.mallinfo2(); p = libc.malloc(20 * 2**20); b = libc.mallinfo2(); libc.free(p); c = libc.mallinfo2()
-print(kept, b.hblkhd - a.hblkhd, b.arena - a.arena, c.arena - a.arena)
-"""
+GLIBC = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
+NEEDS_MALLINFO2 = pytest.mark.skipif(
+    not GLIBC or tuple(map(int, GLIBC.split()[1].split(".")[:2])) < (2, 33), reason="glibc ≥ 2.33 (mallinfo2) only"
+)
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def large_block_in_a_process(keep: bool) -> tuple[bool, dict]:
+    code = (
+        "import json, sys; from hddm_flower.devices import keep_freed_memory; from tests.malloc_books import large_block;"
+        "kept = keep_freed_memory() if sys.argv[1] == 'keep' else False; print(json.dumps([kept, large_block()]))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    out = subprocess.run(
+        [sys.executable, "-c", code, "keep" if keep else "default"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    kept, books = json.loads(out.stdout.splitlines()[-1])
+    return kept, books
+
+
+@NEEDS_MALLINFO2
 def test_keep_freed_memory_serves_a_large_block_from_the_heap_and_keeps_it_when_freed():
-    """A 20 MiB block: glibc maps it anew and unmaps it on free by default; after keep_freed_memory it comes from
-    the heap and stays there once freed (what the next batch's tensors reuse instead of faulting pages in)."""
+    """A 20 MiB block in a fresh process: glibc maps it by default; after keep_freed_memory it comes from the heap
+    and stays there, free, once freed (what the next batch's tensors reuse instead of faulting pages in)."""
+    kept, books = large_block_in_a_process(keep=False)
+    assert not kept and books["mapped"] >= BLOCK and books["heap"] < BLOCK
+    kept, books = large_block_in_a_process(keep=True)
+    assert kept and books["mapped"] == 0 and books["heap"] >= BLOCK and books["free"] >= BLOCK
 
-    def probe(mode):
-        out = subprocess.run([sys.executable, "-c", MALLOC_PROBE, mode], capture_output=True, text=True, check=True)
-        kept, mapped, heap, heap_after_free = out.stdout.split()
-        return kept == "True", int(mapped), int(heap), int(heap_after_free)
 
-    block = 20 * 2**20
-    kept, mapped, heap, after = probe("default")
-    assert not kept and mapped >= block and heap < block and after < block
-    kept, mapped, heap, after = probe("keep")
-    assert kept and mapped == 0 and heap >= block - 2**20 and after >= block - 2**20
+@NEEDS_MALLINFO2
+def test_the_reproduce_workers_keep_freed_memory():
+    from hddm_flower.reproduce.training import run_jobs
+
+    for books in run_jobs(large_block, [(), ()], jobs=2, progress=False, what="malloc probe"):
+        assert books["mapped"] == 0 and books["heap"] >= BLOCK and books["free"] >= BLOCK

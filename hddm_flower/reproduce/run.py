@@ -44,7 +44,7 @@ from ..config.io import config_from_dict
 from ..config.rules import ConfigError
 from ..config.schema import Config
 from ..data import Dataset
-from ..devices import keep_freed_memory, resolve_device, resolve_precision
+from ..devices import resolve_device, resolve_precision
 from ..ensemble import Ensemble
 from ..evaluation.evaluate import evaluate_run, feature_network
 from ..gmm.truth import interval
@@ -255,11 +255,8 @@ def reproduce(
     ``jobs`` > 1 trains the experts and the monolith, then evaluates the configurations and the monolith, in that
     many processes (one torch thread each). ``reuse``: other outputs whose finished experts, monoliths and routers
     are copied in where their fingerprints match this run's (and, on a gmm dataset, whose rows are where the rows'
-    keys match): another rung of a ladder that trains its experts alike trains and samples only what differs.
-    This process and every worker keep the memory they free for their next tensors
-    (:func:`~hddm_flower.devices.keep_freed_memory`)."""
+    keys match): another rung of a ladder that trains its experts alike trains and samples only what differs."""
     start, load_start = time.perf_counter(), os.getloadavg()
-    keep_freed_memory()
     configs = configs or default_configs(cfg.num_experts, cfg.reproduce.ddpm_counts)
     reuse = [Path(d) for d in reuse]
     for d in reuse:
