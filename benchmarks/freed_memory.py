@@ -73,7 +73,7 @@ def main(argv=None):
     ap.add_argument("--config", default=str(ROOT / "configs" / "reproduce-gmm-subspace.yaml"))
     ap.add_argument("--batch", type=int, default=704)
     ap.add_argument("--forwards", type=int, default=15)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
     record = {"machine": machine(), "commit": commit(), "load": load_at_start(), "args": vars(args), "reps": []}
     for rep in range(args.reps):
