@@ -4,9 +4,10 @@
 Each measurement runs in a process of its own, forked from this one (the malloc setting stays in the child):
 ``--forwards`` forward passes of the config's expert preset (fresh weights from seed 0) on one batch of
 ``--batch`` noisy samples with captions, after two untimed ones, with one torch thread. Per measurement: wall time
-per forward, user and kernel CPU time, minor page faults, peak resident memory, and the sha256 of the outputs (the setting must not
-change a bit of them). The two settings alternate over ``--reps`` repetitions; the figure is the median ratio
-kept / default of the wall time, measured within the same repetition.
+per forward, user and kernel CPU time, minor page faults, peak resident memory, and the sha256 of the outputs
+(hashed after the clock stops; the setting must not change a bit of them). The two settings alternate over
+``--reps`` repetitions; the figure is the median ratio kept / default of the wall time, measured within the same
+repetition.
 
     python -m benchmarks.freed_memory                      # reproduce-gmm-subspace.yaml's expert, batch 704
 
