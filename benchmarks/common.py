@@ -19,18 +19,19 @@ RESULTS = ROOT / "benchmarks" / "results"
 def machine() -> str:
     """``CPU model (vector unit), N cores, M GiB RAM, GPU`` of this machine (the GPU only when torch is already
     imported)."""
-    model, flags = "", set()
+    model, flags, vector = "", set(), ""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError as e:  # not Linux: the model from platform, the vector unit said to be unknown
+        cpuinfo, vector = [], f"vector unit unknown: {e.strerror}"
+    for line in cpuinfo:
+        if line.startswith("model name") and not model:
+            model = line.split(":", 1)[1].strip()
+        elif line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
     model = model or platform.processor() or platform.machine()
     # the widest vector unit: machines sold under one model name differ in it; recorded beside every time figure
-    vector = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags), "")
+    vector = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags), vector)
     model = f"{model} ({vector})" if vector else model
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     gpu = ""

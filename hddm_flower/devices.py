@@ -21,6 +21,19 @@ TRIM_THRESHOLD = 512 * 2**20
 _SETTINGS = ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
+def glibc_version() -> tuple[int, int] | None:
+    """(major, minor) of the glibc this process runs on; None on another C library (musl, macOS, Windows), where
+    ``os.confstr`` lacks the name (ValueError), returns None, or does not exist."""
+    name = "CS_GNU_LIBC_VERSION"
+    if not hasattr(os, "confstr") or name not in os.confstr_names:
+        return None
+    text = os.confstr(name)  # "glibc 2.36"
+    if not text or not text.startswith("glibc "):
+        return None
+    major, minor = text.split()[1].split(".")[:2]
+    return int(major), int(minor)
+
+
 def keep_freed_memory() -> bool:
     """Let glibc's malloc serve blocks up to :data:`MMAP_THRESHOLD` from its heap and keep up to
     :data:`TRIM_THRESHOLD` of free memory at each arena's top instead of returning it to the kernel. By default glibc
@@ -34,11 +47,7 @@ def keep_freed_memory() -> bool:
     at its start and in each worker of :func:`~hddm_flower.reproduce.training.run_jobs`. Returns False (and changes
     nothing) where the C library is not glibc; a malloc preloaded in glibc's place (jemalloc, tcmalloc) is not
     affected either."""
-    try:
-        glibc = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"; None or an error elsewhere
-    except (AttributeError, ValueError, OSError):
-        glibc = None
-    if not glibc:
+    if glibc_version() is None:
         log.info("keep_freed_memory: the C library is not glibc; malloc left as it is")
         return False
     mallopt = ctypes.CDLL(None).mallopt  # the process's own C library

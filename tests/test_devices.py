@@ -13,6 +13,7 @@ import torch
 
 from hddm_flower.config.sections import CoordinatorConfig
 from hddm_flower.data import Dataset
+from hddm_flower.devices import glibc_version
 
 from .device_emulation import DeviceMismatch, emulated_cuda, on_device
 from .malloc_books import BLOCK, large_block
@@ -328,10 +329,7 @@ def test_hddm_assemble_runs_stage_4_on_the_coordinators_threads(
     assert seen == [(1, 1)]
 
 
-GLIBC = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
-NEEDS_MALLINFO2 = pytest.mark.skipif(
-    not GLIBC or tuple(map(int, GLIBC.split()[1].split(".")[:2])) < (2, 33), reason="glibc ≥ 2.33 (mallinfo2) only"
-)
+NEEDS_MALLINFO2 = pytest.mark.skipif((glibc_version() or (0, 0)) < (2, 33), reason="glibc ≥ 2.33 (mallinfo2) only")
 
 
 def large_block_in_a_process(keep: bool) -> tuple[bool, dict]:
@@ -346,9 +344,9 @@ def large_block_in_a_process(keep: bool) -> tuple[bool, dict]:
         env=env,
         capture_output=True,
         text=True,
-        check=True,
         timeout=120,
     )
+    assert out.returncode == 0, out.stderr[-2000:]
     kept, books = json.loads(out.stdout.splitlines()[-1])
     return kept, books
 
