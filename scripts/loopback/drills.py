@@ -130,7 +130,7 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
     4. meanwhile, on the node the second run leaves idle, a run whose train message lives 5 s
        (``federation.message_ttl``), less than its training takes, must record the expert as expired (code 3) and
        fail for want of experts, with the reason in its report."""
-    result: dict = {}
+    result: dict = {"steps": DRILL_STEPS}  # of the killed run's experts, and so of the resumed ones
     intruder = d.start_supernode("intruder", d.node_key("intruder"), {"expert-id": 0}, d.port + 2)
     try:
         intruder.wait(timeout=60)
@@ -147,7 +147,7 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
     # live node into a timeout
     drill = (
         f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 federation.train_timeout=180 "
-        f"expert.steps=1000 expert.checkpoint_every=10 expert.log_every=500"
+        f"expert.steps={DRILL_STEPS} expert.checkpoint_every=10 expert.log_every=500"
     )
     run_a = d.submit(run_config | {"run-dir": str(run_dir), "overrides": drill})
     deadline = time.monotonic() + timeout
@@ -175,7 +175,7 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
             "run-dir": str(expired_dir),
             "experts": "0",
             "overrides": f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 "
-            f"federation.message_ttl=5 expert.steps=1500 expert.log_every=1000",
+            f"federation.message_ttl=5 expert.steps={TTL_STEPS} expert.log_every=1000",
         }
     )
     result["resumed_run"] = {
@@ -194,6 +194,10 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
 
 
 HOSTILE = "hostile-router"  # the drill's hostile node (clients/drill.py)
+# the killed run trains long enough (≥ 3 s at 5 ms a step) for both doomed nodes to write a first checkpoint while
+# the other is still training; the expiring run's training alone outlasts its 5 s TTL
+DRILL_STEPS = 600
+TTL_STEPS = 1000
 CRASH_STEPS = 2000  # long enough to kill the coordinator mid-training, short enough for a drill
 
 
