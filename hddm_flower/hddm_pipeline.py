@@ -522,9 +522,7 @@ from hddm_flower.hddm_pipeline import HDDMExperts, HDDMPipeline  # noqa: F401
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
+    rundir.write_atomic(path, json.dumps(obj, indent=2))
 
 
 def text_reference(cfg, dataset_meta: dict) -> dict:

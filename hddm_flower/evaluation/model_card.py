@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import MODEL_CARD as README
-from ..rundir import expert_dir
+from ..rundir import expert_dir, write_atomic
 
 CODE_LICENSE = "apache-2.0"  # the code; the weights are trained on the dataset named in each card
 DATA_LICENSES = {"twemoji": "cc-by-4.0"}  # Hugging Face licence ids of the data the weights are derived from
@@ -204,17 +204,11 @@ def expert_card(report: dict, expert: dict) -> str:
     return "\n".join(lines + _data_section(d))
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_model_cards(run_dir: str | os.PathLike, report: dict[str, Any]) -> None:
     """``README.md`` in the run directory and in every present expert folder."""
     run_dir = Path(run_dir)
-    _write(run_dir / README, run_card(report))
+    write_atomic(run_dir / README, run_card(report))
     for e in report["experts"]:
         folder = expert_dir(run_dir, e["expert_id"])
         if folder.is_dir():
-            _write(folder / README, expert_card(report, e))
+            write_atomic(folder / README, expert_card(report, e))
