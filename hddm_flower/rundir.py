@@ -183,5 +183,5 @@ def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a hidden temporary file and a rename: readers see old or new, never
     half."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")  # model cards hold ε, ², –: not the locale's encoding
     os.replace(tmp, path)

@@ -1,6 +1,6 @@
 """A real deployment on loopback: flower-superlink with TLS and SuperNode authentication, authenticated SuperNodes,
 the app submitted with `flwr run` (port 19400 and the next few, a private FLWR_HOME, every process stopped by its
-PID), then its fault drill. Slow (about 4 minutes), so marked `deploy`; it runs by default."""
+PID), then its fault drill. Slow (about 5 minutes), so marked `deploy`; it runs by default."""
 
 import json
 import os

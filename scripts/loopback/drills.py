@@ -194,10 +194,11 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
 
 
 HOSTILE = "hostile-router"  # the drill's hostile node (clients/drill.py)
-# the killed run trains long enough (≥ 3 s at 5 ms a step) for both doomed nodes to write a first checkpoint while
-# the other is still training; the expiring run's training alone outlasts its 5 s TTL
-DRILL_STEPS = 600
-TTL_STEPS = 1000
+# the killed run trains long enough for both doomed nodes to write a first checkpoint (step 10) while the other is
+# still training (the `test` preset took ~11 ms a step in the deployment test on a 2-core AVX2 CPU), and the expiring
+# run's training alone outlasts its 5 s TTL
+DRILL_STEPS = 1000
+TTL_STEPS = 1500
 CRASH_STEPS = 2000  # long enough to kill the coordinator mid-training, short enough for a drill
 
 
