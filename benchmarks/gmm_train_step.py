@@ -64,20 +64,40 @@ def batch(s: dict, g: torch.Generator, k: int | None = None) -> tuple[torch.Tens
     return x0, TextCond(states, torch.ones(*lead, s["caption_tokens"]))
 
 
-def fit_ms(s: dict, steps: int, compiled: bool) -> float:
-    """Milliseconds per optimiser step of ``fit`` (fused AdamW, warm-up, clipping) on one FM expert."""
-    expert = FlowMatchingExpert(net(s, 0))
-    if compiled:
-        expert.net.transformer = torch.compile(expert.net.transformer, dynamic=False)
-    x0, cond = batch(s, torch.Generator().manual_seed(1))
+class FitArm:
+    """One FM expert trained by ``fit`` (fused AdamW, warm-up, clipping) on a fixed batch; ``compiled``: its
+    transformer under ``torch.compile`` (compiled once, in the first untimed call; the loss and the optimiser step
+    stay eager)."""
 
-    def loss_fn(g):
-        return expert.training_loss(x0, cond, generator=g)
+    def __init__(self, s: dict, compiled: bool):
+        self.s, self.expert = s, FlowMatchingExpert(net(s, 0))
+        if compiled:
+            self.expert.net.transformer = torch.compile(self.expert.net.transformer, dynamic=False)
+        self.x0, self.cond = batch(s, torch.Generator().manual_seed(1))
+        self.ms(5)  # warm-up (and, compiled, the compilation)
 
-    fit(expert, loss_fn, s["optim"], steps=5, log_every=10**9)  # warm-up (and, compiled, the compilation)
-    start = time.perf_counter()
-    fit(expert, loss_fn, s["optim"], steps=steps, log_every=10**9)
-    return (time.perf_counter() - start) / steps * 1e3
+    def loss(self, g: torch.Generator) -> torch.Tensor:
+        return self.expert.training_loss(self.x0, self.cond, generator=g)
+
+    def ms(self, steps: int) -> float:
+        """Milliseconds per optimiser step over ``steps`` steps."""
+        start = time.perf_counter()
+        fit(self.expert, self.loss, self.s["optim"], steps=steps, log_every=10**9)
+        return (time.perf_counter() - start) / steps * 1e3
+
+
+def top_ops(arm: FitArm, steps: int, n: int = 8) -> list[dict]:
+    """The ``n`` torch operators with the most self CPU time over ``steps`` eager steps, as shares of the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        arm.ms(steps)
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    events.sort(key=lambda e: -e.self_cpu_time_total)
+    return [
+        {"op": e.key, "calls_per_step": e.count / steps, "share": e.self_cpu_time_total / total} for e in events[:n]
+    ]
 
 
 def flops_per_step(s: dict) -> int:
@@ -131,13 +151,15 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     s = shapes(args.config)
     load = load_at_start()
+    eager, compiled = FitArm(s, False), FitArm(s, True)
     reps = []
-    for _ in range(args.reps):
-        r = {"eager_ms": fit_ms(s, args.steps, False)}
+    for i in range(args.reps):  # the arms interleaved, their order alternating
+        order = [("eager", eager), ("compiled", compiled)][:: 1 if i % 2 == 0 else -1]
+        r = {f"{name}_ms": arm.ms(args.steps) for name, arm in order}
         r |= {f"{k}_ms": v for k, v in experts_ms(s, args.steps // 4).items()}
         reps.append(r)
-    compiled = fit_ms(s, args.steps, True)  # once: the compilation is cached within the process
     med = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
+    ops = top_ops(eager, 50)
     flops = flops_per_step(s)
     record = {
         "command": "python -m benchmarks.gmm_train_step " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -150,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
         "versions": {"torch": torch.__version__},
         "repetitions": reps,
         "median": med,
-        "compiled_ms": compiled,
+        "top_ops_eager": ops,
         "matmul_gflop_per_step": flops / 1e9,
         "gflop_per_s_eager": flops / 1e9 / (med["eager_ms"] / 1e3),
     }
@@ -160,17 +182,23 @@ def main(argv: list[str] | None = None) -> dict:
         "",
         f"`{record['command'].strip()}`; {record['machine']}; {load}; commit {record['commit']}; "
         f"{record['date']}. Shapes: {record['shapes']}. Medians over {args.reps} repetitions "
-        f"({args.steps} steps each; the K-expert arms {args.steps // 4} each); the compiled arm once.",
+        f"({args.steps} steps each, the two `fit` arms interleaved; the K-expert arms {args.steps // 4} each).",
         "",
         "| what | ms |",
         "|---|---|",
         f"| one step of `fit`, eager | {med['eager_ms']:.1f} |",
-        f"| one step of `fit`, `torch.compile` (inductor) | {compiled:.1f} |",
+        f"| one step of `fit`, the transformer under `torch.compile` (inductor) | {med['compiled_ms']:.1f} |",
         f"| forward + backward of {s['num_experts']} experts, one after another | {med['one_after_another_ms']:.1f} |",
         f"| the same {s['num_experts']} as one vmapped model | {med['vmap_ms']:.1f} |",
         "",
         f"Matmul FLOPs per step: {record['matmul_gflop_per_step']:.3f} GFLOP, i.e. "
         f"{record['gflop_per_s_eager']:.1f} GFLOP/s eager.",
+        "",
+        "The torch operators with the most self CPU time in 50 eager steps (`torch.profiler`):",
+        "",
+        "| operator | calls per step | share of the step's CPU time |",
+        "|---|---|---|",
+        *(f"| `{o['op']}` | {o['calls_per_step']:.0f} | {o['share']:.1%} |" for o in ops),
         "",
     ]
     Path(f"{args.out}.md").write_text("\n".join(lines))
