@@ -9,7 +9,8 @@ For every budget S of ``--steps`` the config is loaded with ``expert.steps=S`` a
 and the monolith (:func:`hddm_flower.reproduce.training.train_monolith`) are trained exactly as ``hddm reproduce`` trains them
 (one training: seeds of training 0) and scored by :func:`benchmarks.gmm_ladder.excess_loss`. One training, so no
 interval: a pilot says where to look, ``hddm reproduce`` with ``evaluation.training_seeds`` says what holds. Appends
-one JSON record per budget to ``WORK/pilot.jsonl`` and prints it.
+one JSON record per budget to ``WORK/pilot.jsonl`` and prints it. ``--train-only experts`` and ``--train-only monolith``
+in two processes train one budget's networks on both cores; a call without it then reuses them and scores.
 """
 
 from __future__ import annotations
@@ -35,23 +36,36 @@ from hddm_flower.reproduce.training import train_monolith
 from hddm_flower.stages.expert import train_one_expert
 from hddm_flower.stages.prepare import prepare_data
 
+SECONDS = "pilot_seconds.json"  # beside each network: its training time, read back when a later call reuses it
 
-def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int) -> dict:
-    """Train (or reuse from ``root``) the experts of ``clusters`` and the monolith; their excess losses."""
+
+def train(cfg, dataset, root: Path, clusters: list[int], only: str | None = None) -> dict:
+    """Train (or reuse from ``root``) the FM experts of ``clusters`` and the monolith (``only``: just the
+    ``experts`` or just the ``monolith``); returns each network's training seconds and the parameter count."""
     seconds = {}
     jobs = [(f"experts/cluster-{k}-fm", k) for k in clusters] + [("monolith", None)]
     for name, k in jobs:
-        folder = root / name
-        if (folder / META).exists():
+        if only and (only == "monolith") != (k is None):
             continue
-        t0 = time.perf_counter()
-        if k is None:
-            state, model_config, meta = train_monolith(cfg, dataset)
-        else:
-            state, model_config, meta = train_one_expert(budget_expert_config(cfg), dataset, k, "fm")
-        save_expert(folder, state, model_config, meta)
-        seconds[name] = round(time.perf_counter() - t0, 1)
-        seconds["parameters"] = sum(v.numel() for v in state.values())
+        folder = root / name
+        if not (folder / META).exists():
+            t0 = time.perf_counter()
+            if k is None:
+                state, model_config, meta = train_monolith(cfg, dataset)
+            else:
+                state, model_config, meta = train_one_expert(budget_expert_config(cfg), dataset, k, "fm")
+            save_expert(folder, state, model_config, meta)
+            took = {"seconds": round(time.perf_counter() - t0, 1), "parameters": sum(v.numel() for v in state.values())}
+            (folder / SECONDS).write_text(json.dumps(took))
+        if (folder / SECONDS).exists():  # (networks of an older pilot have no record)
+            took = json.loads((folder / SECONDS).read_text())
+            seconds[name], seconds["parameters"] = took["seconds"], took["parameters"]
+    return seconds
+
+
+def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int) -> dict:
+    """Train (or reuse from ``root``) the experts of ``clusters`` and the monolith; their excess losses."""
+    seconds = train(cfg, dataset, root, clusters)
     ref = load_reference(dataset)
     per_cluster = excess_loss(cfg, ref, root, samples, seed=cfg.evaluation.seed)
     mean = {
@@ -72,6 +86,12 @@ def main() -> None:
     p.add_argument("--work", required=True, help="where the pilot's networks and pilot.jsonl go")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--train-only",
+        choices=("experts", "monolith"),
+        help="train just these networks into WORK and stop (a later call without it reuses them and scores): the "
+        "experts and the monolith of one budget in two processes",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     work = Path(args.work)
@@ -79,6 +99,9 @@ def main() -> None:
         start, load0 = time.time(), os.getloadavg()
         cfg = load_config(args.config, parse_overrides(args.set) | {"expert.steps": steps})
         dataset = prepare_data(cfg, args.cache_dir)
+        if args.train_only:
+            print(train(cfg, dataset, work / args.label / f"steps-{steps}", args.clusters, args.train_only), flush=True)
+            continue
         result = pilot(cfg, dataset, work / args.label / f"steps-{steps}", args.clusters, args.samples)
         record = {
             "label": args.label,
