@@ -11,6 +11,8 @@ and the monolith (:func:`hddm_flower.reproduce.training.train_monolith`) are tra
 interval: a pilot says where to look, ``hddm reproduce`` with ``evaluation.training_seeds`` says what holds. Appends
 one JSON record per budget to ``WORK/pilot.jsonl`` and prints it. ``--train-only experts`` and ``--train-only monolith``
 in two processes train one budget's networks on both cores; a call without it then reuses them and scores.
+``--device cuda`` trains on a GPU (scoring stays on the CPU); for these `nano` networks it is no faster
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ from hddm_flower.stages.prepare import prepare_data
 SECONDS = "pilot_seconds.json"  # beside each network: its training time, read back when a later call reuses it
 
 
-def train(cfg, dataset, root: Path, clusters: list[int], only: str | None = None) -> dict:
+def train(cfg, dataset, root: Path, clusters: list[int], only: str | None = None, device: str = "cpu") -> dict:
     """Train (or reuse from ``root``) the FM experts of ``clusters`` and the monolith (``only``: just the
-    ``experts`` or just the ``monolith``); returns each network's training seconds and the parameter count."""
-    seconds = {}
+    ``experts`` or just the ``monolith``) on ``device``; returns each network's training seconds, the parameter
+    count and what trained them (``trained_on``: the device and torch of each network)."""
+    seconds, trained_on = {}, {}
+    cfg = dataclasses.replace(cfg, coordinator=dataclasses.replace(cfg.coordinator, device=device))  # the monolith's
     jobs = [(f"experts/cluster-{k}-fm", k) for k in clusters] + [("monolith", None)]
     for name, k in jobs:
         if only and (only == "monolith") != (k is None):
@@ -53,19 +57,25 @@ def train(cfg, dataset, root: Path, clusters: list[int], only: str | None = None
             if k is None:
                 state, model_config, meta = train_monolith(cfg, dataset)
             else:
-                state, model_config, meta = train_one_expert(budget_expert_config(cfg), dataset, k, "fm")
+                state, model_config, meta = train_one_expert(budget_expert_config(cfg), dataset, k, "fm", device=device)
             save_expert(folder, state, model_config, meta)
-            took = {"seconds": round(time.perf_counter() - t0, 1), "parameters": sum(v.numel() for v in state.values())}
+            took = {
+                "seconds": round(time.perf_counter() - t0, 1),
+                "parameters": sum(v.numel() for v in state.values()),
+                "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else device,
+                "torch": torch.__version__,
+            }
             (folder / SECONDS).write_text(json.dumps(took))
         if (folder / SECONDS).exists():  # (networks of an older pilot have no record)
             took = json.loads((folder / SECONDS).read_text())
             seconds[name], seconds["parameters"] = took["seconds"], took["parameters"]
-    return seconds
+            trained_on[name] = f"{took.get('device', 'cpu')}, torch {took.get('torch', 'not recorded')}"
+    return seconds | ({"trained_on": trained_on} if trained_on else {})
 
 
-def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int) -> dict:
+def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int, device: str = "cpu") -> dict:
     """Train (or reuse from ``root``) the experts of ``clusters`` and the monolith; their excess losses."""
-    seconds = train(cfg, dataset, root, clusters)
+    seconds = train(cfg, dataset, root, clusters, device=device)
     ref = load_reference(dataset)
     per_cluster = excess_loss(cfg, ref, root, samples, seed=cfg.evaluation.seed)
     mean = {
@@ -86,6 +96,7 @@ def main() -> None:
     p.add_argument("--work", required=True, help="where the pilot's networks and pilot.jsonl go")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="where the networks train (cpu, cuda, cuda:N); scoring is on cpu")
     p.add_argument(
         "--train-only",
         choices=("experts", "monolith"),
@@ -100,9 +111,12 @@ def main() -> None:
         cfg = load_config(args.config, parse_overrides(args.set) | {"expert.steps": steps})
         dataset = prepare_data(cfg, args.cache_dir)
         if args.train_only:
-            print(train(cfg, dataset, work / args.label / f"steps-{steps}", args.clusters, args.train_only), flush=True)
+            print(
+                train(cfg, dataset, work / args.label / f"steps-{steps}", args.clusters, args.train_only, args.device),
+                flush=True,
+            )
             continue
-        result = pilot(cfg, dataset, work / args.label / f"steps-{steps}", args.clusters, args.samples)
+        result = pilot(cfg, dataset, work / args.label / f"steps-{steps}", args.clusters, args.samples, args.device)
         record = {
             "label": args.label,
             "command": "python -m benchmarks.gmm_capacity_pilot " + " ".join(sys.argv[1:]),
