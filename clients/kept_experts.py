@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 
 from hddm_flower.config.schema import TRAINING_SECTIONS
 from hddm_flower.data import Dataset, default_cache_dir
 from hddm_flower.data.layout import META as DATASET_META
+from hddm_flower.safeio import atomic_path, write_atomic
 
 log = logging.getLogger("hddm_flower.client")
 
@@ -45,12 +45,9 @@ def keep(work: Path, blob: bytes, model_config: dict, meta: dict) -> None:
     """Keep the final checkpoint next to the training state (weights first, then the JSON that marks it done)."""
     weights, info = work.with_suffix(".safetensors"), work.with_suffix(".json")
     weights.parent.mkdir(parents=True, exist_ok=True)
-    tmp = weights.with_name(weights.name + ".tmp")
-    tmp.write_bytes(blob)
-    os.replace(tmp, weights)
-    tmp = info.with_name(info.name + ".tmp")
-    tmp.write_text(json.dumps({"meta": meta, "model_config": model_config}))
-    os.replace(tmp, info)
+    with atomic_path(weights) as tmp:
+        tmp.write_bytes(blob)
+    write_atomic(info, json.dumps({"meta": meta, "model_config": model_config}))
 
 
 def finished(work: Path | None) -> tuple[bytes, dict, dict] | None:

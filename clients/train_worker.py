@@ -72,6 +72,7 @@ def main(spec_path: str) -> None:
     from hddm_flower.checkpoints import weights_bytes
     from hddm_flower.config.io import config_from_dict
     from hddm_flower.data import Dataset
+    from hddm_flower.safeio import write_atomic
     from hddm_flower.stages.expert import train_one_expert
 
     spec = json.loads(Path(spec_path).read_text())
@@ -87,6 +88,4 @@ def main(spec_path: str) -> None:
     )
     out = Path(spec["out"])
     (out / "weights.safetensors").write_bytes(weights_bytes(state, cfg.expert.weights_dtype))
-    tmp = out / "result.json.tmp"
-    tmp.write_text(json.dumps({"model_config": model_config, "meta": meta}))
-    os.replace(tmp, out / "result.json")
+    write_atomic(out / "result.json", json.dumps({"model_config": model_config, "meta": meta}))

@@ -60,6 +60,7 @@ from .ensemble import ROUTING_MODES, Ensemble, VelocityScaling, sample_ensemble
 from .evaluation.metrics import FeatureClassifier
 from .models import ExpertNet, Router, TextCond
 from .rundir import FEATURE_NET, MODEL_INDEX, PIPELINE_FILE, TEXT_ENCODER_REF, UNCOND
+from .safeio import atomic_path, write_atomic
 from .text import TextEncoder, default_text_encoder_path
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -235,9 +236,10 @@ def check_components(experts: Any, router: Any, feature_net: Any = None) -> None
 
 
 def _write_uncond(path: Path, uncond: TextCond) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({"states": uncond.states[0].float().contiguous().cpu(), "mask": uncond.mask[0].contiguous().cpu()}, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(
+            {"states": uncond.states[0].float().contiguous().cpu(), "mask": uncond.mask[0].contiguous().cpu()}, tmp
+        )
 
 
 class HDDMPipeline(DiffusionPipeline):
@@ -522,7 +524,7 @@ from hddm_flower.hddm_pipeline import HDDMExperts, HDDMPipeline  # noqa: F401
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    rundir.write_atomic(path, json.dumps(obj, indent=2))
+    write_atomic(path, json.dumps(obj, indent=2))
 
 
 def text_reference(cfg, dataset_meta: dict) -> dict:
@@ -625,8 +627,8 @@ def write_run_index(cfg, run_dir: Path, dataset: Dataset, *, feature_dir: str | 
     })  # fmt: skip
     ref = text_reference_file(text, UNCOND)
     for folder in [run_dir, *(p for p in rundir.expert_folders(run_dir).values() if (p / META).is_file())]:
-        shutil.copyfile(uncond_src, folder / f".{UNCOND}.tmp")
-        os.replace(folder / f".{UNCOND}.tmp", folder / UNCOND)
+        with atomic_path(folder / UNCOND) as tmp:
+            shutil.copyfile(uncond_src, tmp)
         _write_json(folder / TEXT_ENCODER_REF, ref)
     (run_dir / PIPELINE_FILE).write_text(PIPELINE_PY)
     _write_json(run_dir / MODEL_INDEX, index)

@@ -30,6 +30,7 @@ import torch
 
 from .data.layout import SHARD_PATTERN, UNCOND
 from .provenance import versions
+from .safeio import write_atomic
 from .sources import SKIP_REASONS, RawSample, ShardError, Unit, folder_units, jpeg, tar_units, try_load, twemoji_units
 
 log = logging.getLogger(__name__)
@@ -250,8 +251,7 @@ def prepare_shards(
         "versions": versions(),
         "shards": [{"name": r["output"], "count": r["count"], "unit": r["unit"]} for r in records if r["output"]],
     }
-    (out / "manifest.json.partial").write_text(json.dumps(manifest, indent=2))
-    os.replace(out / "manifest.json.partial", out / "manifest.json")  # its presence means: complete
+    write_atomic(out / "manifest.json", json.dumps(manifest, indent=2))  # its presence means: complete
     return manifest
 
 

@@ -25,7 +25,6 @@ line alike, and :func:`check_rerun` is the one rule for writing experts into a d
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ import yaml
 from .config.io import load_config
 from .config.rules import ConfigError
 from .config.schema import TRAINING_SECTIONS, Config
+from .safeio import write_atomic
 
 CONFIG = "config.yaml"
 EXPERTS = "experts"
@@ -177,11 +177,3 @@ def trained_objectives(run_dir: Path, assigned: list[str]) -> list[str]:
 def write_config(path: Path, cfg: Config, origin: str) -> None:
     """Write ``cfg`` as YAML (atomically), headed by a comment that says where it came from."""
     write_atomic(Path(path), f"# {origin}\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a hidden temporary file and a rename: readers see old or new, never
-    half."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")  # model cards hold ε, ², –: not the locale's encoding
-    os.replace(tmp, path)

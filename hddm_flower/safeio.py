@@ -1,4 +1,4 @@
-"""Opening files that come from outside the run: opened, not trusted.
+"""Files from outside the run, opened without trust; files of our own, written whole.
 
 A path a user or a peer names (an expert folder for ``hddm add-expert``, a cluster's shard set, a DiT checkpoint to
 convert, a prepared dataset) may be a symlink to ``/dev/zero``, a FIFO that never ends, a directory, or a file far
@@ -7,13 +7,20 @@ open descriptor that it is a regular file and that its size is within the limit,
 the limit enforced while the bytes flow (a file that grows while it is read is caught too). A copy goes to a new
 file that is removed when anything fails: nothing half-written is left behind. Errors are :class:`UnsafeFile`
 (an ``OSError``) with a one-line message naming the path.
+
+What the project writes itself goes through :func:`atomic_path` (or :func:`write_atomic` for text): a temporary
+file beside the target, renamed onto it when complete and removed when anything fails, so that a reader sees the
+old file or the new one, never half of one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import stat
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -97,3 +104,26 @@ def copy_file(src: str | os.PathLike, dst: str | os.PathLike, what: str, max_byt
             dst.unlink(missing_ok=True)
             raise
     return n
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, shared: bool = False) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write the file to; renamed onto ``path`` when the block ends, removed
+    if it raises. ``shared``: other processes or threads may write the same file at the same time (a cache beside
+    a dataset), so the temporary name is this writer's own; otherwise it is fixed, and a writer killed mid-write
+    leaves one hidden file that the next write replaces."""
+    path = Path(path)
+    own = f".{os.getpid()}-{threading.get_ident()}" if shared else ""
+    tmp = path.with_name(f".{path.name}{own}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: str | os.PathLike, text: str, *, shared: bool = False) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole (:func:`atomic_path`)."""
+    with atomic_path(path, shared=shared) as tmp:
+        tmp.write_text(text, encoding="utf-8")  # model cards hold ε, ², –: not the locale's encoding

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import resource
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from .data import Split
 from .experts import Expert, draw_like
 from .models import Router, TextCond
 from .objectives import fm_interpolate
+from .safeio import atomic_path
 
 if TYPE_CHECKING:
     from diffusers.training_utils import EMAModel
@@ -206,9 +206,8 @@ def _save_training_state(path: Path, model, opt, sched, ema, g, step, loss_ema, 
     }
     if ema is not None:
         state["ema"] = ema.state_dict()
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
 
 
 def train_expert(

@@ -1,15 +1,17 @@
-"""Files from outside are opened, not trusted: hddm_flower.safeio, and `hddm add-expert` on hostile folders."""
+"""Files from outside are opened, not trusted: hddm_flower.safeio, and `hddm add-expert` on hostile folders; our own
+files are written whole."""
 
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
 from hddm_flower.data import Dataset
-from hddm_flower.safeio import UnsafeFile, copy_file, read_text
+from hddm_flower.safeio import UnsafeFile, atomic_path, copy_file, read_text, write_atomic
 
 
 def test_only_regular_files_within_the_limit_are_read(tmp_path):
@@ -165,3 +167,27 @@ def test_convert_dit_inputs_are_opened_not_trusted(tmp_path, capsys):
         assert main(["convert-dit", str(source), "--out", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and why in err[0], err
+
+
+def test_an_atomic_write_replaces_the_file_whole_or_leaves_it_as_it_was(tmp_path):
+    target = tmp_path / "report.json"
+    write_atomic(target, "old ε²")
+    assert target.read_bytes() == "old ε²".encode()  # UTF-8 whatever the locale
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("killed mid-write")
+    assert target.read_text(encoding="utf-8") == "old ε²" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_shared_writers_of_one_file_each_write_through_their_own_temporary_file(tmp_path):
+    """Two evaluations caching the same statistics beside one dataset: the second writer must not take (or rename)
+    the first one's temporary file, or the first one's rename fails."""
+    target = tmp_path / "stats.json"
+    with atomic_path(target, shared=True) as outer:
+        outer.write_text("first")
+        other = threading.Thread(target=write_atomic, args=(target, "second"), kwargs={"shared": True})
+        other.start()
+        other.join()
+        assert target.read_text() == "second" and outer.read_text() == "first"
+    assert target.read_text() == "first" and [p.name for p in tmp_path.iterdir()] == ["stats.json"]

@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 
 import torch
 from torch import Tensor, nn
 
 from ..data import Dataset
 from ..data.layout import PROMPT_CLUSTERS
+from ..safeio import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,7 @@ def prompt_clusters(dataset: Dataset, prompts: list[str], *, cache: bool = True)
     if cache:
         try:
             path.parent.mkdir(exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"prompts": list(prompts), "clusters": clusters}))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps({"prompts": list(prompts), "clusters": clusters}), shared=True)
         except OSError as e:  # a read-only dataset: the answer without the cache
             log.warning("prompt clusters not cached beside %s: %s", dataset.root, e)
     return clusters

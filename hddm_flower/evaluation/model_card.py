@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import MODEL_CARD as README
-from ..rundir import expert_dir, write_atomic
+from ..rundir import expert_dir
+from ..safeio import write_atomic
 
 CODE_LICENSE = "apache-2.0"  # the code; the weights are trained on the dataset named in each card
 DATA_LICENSES = {"twemoji": "cc-by-4.0"}  # Hugging Face licence ids of the data the weights are derived from

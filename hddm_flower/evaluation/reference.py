@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ from tqdm.auto import tqdm
 
 from ..data import Dataset
 from ..data.layout import REFERENCE_STATS
+from ..safeio import atomic_path, write_atomic
 from .feature_sums import FeatureSums
 from .metrics import FeatureExtractor
 
@@ -230,10 +230,11 @@ def reference_statistics(
         }
         try:
             folder.mkdir(exist_ok=True)
-            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-            save_file({k: v.contiguous() for k, v in arrays.items()}, tmp)
-            info_path.write_text(json.dumps(info, indent=2))
-            os.replace(tmp, path)  # the weights file last: its presence means the pair is complete
+            with atomic_path(
+                path, shared=True
+            ) as tmp:  # the weights file last: its presence means the pair is complete
+                save_file({k: v.contiguous() for k, v in arrays.items()}, tmp)
+                write_atomic(info_path, json.dumps(info, indent=2), shared=True)
             provenance["file"] = str(path)
         except OSError as e:  # a read-only dataset: use the statistics without caching them
             log.warning("reference statistics not cached beside %s: %s", dataset.root, e)

@@ -19,7 +19,8 @@ from torch import Tensor
 from ..config.schema import Config
 from ..data import Dataset
 from ..provenance import now, versions
-from ..rundir import REPORT_JSON, REPORT_MD, write_atomic
+from ..rundir import REPORT_JSON, REPORT_MD
+from ..safeio import write_atomic
 from .model_card import write_model_cards
 
 

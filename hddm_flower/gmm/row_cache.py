@@ -10,10 +10,11 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..safeio import atomic_path, write_atomic
 
 if TYPE_CHECKING:
     from ..config.schema import Config
@@ -76,9 +77,8 @@ def cached_row(root: Path, row: Row, key: str, donors: list[Path]) -> dict | Non
             (root / ROW_CACHE_DIR / entry.name).unlink(missing_ok=True)  # no old entry beside the new file
             for name in (stored["result"]["per_sample_file"], entry.relative_to(where)):  # the entry last
                 (root / name).parent.mkdir(parents=True, exist_ok=True)
-                tmp = root / Path(name).with_name(f".{Path(name).name}.tmp")
-                shutil.copy2(where / name, tmp)
-                os.replace(tmp, root / name)
+                with atomic_path(root / name) as tmp:
+                    shutil.copy2(where / name, tmp)
             log.info("%s: reused from %s", row.name, where)
         return stored["result"] | {"reused_from": str(where)} if where != root else stored["result"]
     return None
@@ -92,7 +92,5 @@ def store_row(root: Path, row: Row, key: str, result: dict) -> None:
     """Keep ``result`` under ``key``, with the sha256 of its per-sample file (checked when it is reused)."""
     entry = root / ROW_CACHE_DIR / f"{slug(row.name)}.json"
     entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = entry.with_name(f".{entry.name}.tmp")
     digest = _sha256(root / result["per_sample_file"])
-    tmp.write_text(json.dumps({"key": key, "per_sample_sha256": digest, "result": result}, indent=1))
-    os.replace(tmp, entry)
+    write_atomic(entry, json.dumps({"key": key, "per_sample_sha256": digest, "result": result}, indent=1))

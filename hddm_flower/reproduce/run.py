@@ -49,7 +49,8 @@ from ..ensemble import Ensemble
 from ..evaluation.evaluate import evaluate_run, feature_network
 from ..gmm.truth import interval
 from ..provenance import now, versions
-from ..rundir import CONFIG, FEATURE_NET, ROUTER, expert_dir, experts_dir, write_atomic
+from ..rundir import CONFIG, FEATURE_NET, ROUTER, expert_dir, experts_dir
+from ..safeio import write_atomic
 from ..stages.assemble import evaluate_and_report, load_ensemble
 from ..training_seeds import TRAINING_SEED_STRIDE, nested_interval, training_config
 from .tables import FLOOR, paired_differences, render_tables, row_summary
