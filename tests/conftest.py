@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny experiment config and the embedded dataset prepared once per test session."""
 
+import fcntl
 import os
 
 import pytest
@@ -13,12 +14,21 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 def pytest_collection_modifyitems(config, items):
     """For README's command, which runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): the
     loopback deployment first, since it is the longest test and spends most of its time waiting on its SuperLink,
-    so the other worker runs the rest meanwhile; and the Ray simulations in one group, one after another on one
-    worker, so that two Ray clusters never start at once. Without xdist only the order changes."""
-    for item in items:
-        if item.get_closest_marker("simulation"):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+    so the other worker runs the rest meanwhile. Without xdist only the order changes."""
     items.sort(key=lambda item: item.get_closest_marker("deploy") is None)  # stable: the rest keep their order
+
+
+@pytest.fixture(autouse=True)
+def _one_ray_simulation_at_a_time(request, tmp_path_factory):
+    """A test marked ``simulation`` starts a Ray cluster that asks for both cores: one at a time across the
+    workers, through a lock file in the folder the workers' temporary folders share (xdist's own grouping marks are
+    not honoured by every pytest release)."""
+    if request.node.get_closest_marker("simulation") is None:
+        yield
+        return
+    with open(tmp_path_factory.getbasetemp().parent / "ray-simulation.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 TINY = {
