@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..safeio import write_atomic
 from .layout import META, SHARD_GLOB, SHARD_PATTERN, UNCOND, cluster_dir
 
 if TYPE_CHECKING:
@@ -118,6 +119,4 @@ class DatasetWriter:
 
 def rewrite_meta(root: str | os.PathLike, meta: dict) -> None:
     """Replace a finished dataset's ``meta.json`` atomically (e.g. marking one institution's own data)."""
-    tmp = Path(root) / f"{META}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, Path(root) / META)
+    write_atomic(Path(root) / META, json.dumps(meta, indent=2))
