@@ -4,6 +4,8 @@ files are written whole."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -191,3 +193,13 @@ def test_shared_writers_of_one_file_each_write_through_their_own_temporary_file(
         other.join()
         assert target.read_text() == "second" and outer.read_text() == "first"
     assert target.read_text() == "first" and [p.name for p in tmp_path.iterdir()] == ["stats.json"]
+
+
+def test_an_atomic_write_is_utf8_under_an_ascii_locale(tmp_path):
+    """Model cards hold ε and ²: the write must not depend on the locale's encoding (here ASCII, UTF-8 mode off)."""
+    target = tmp_path / "README.md"
+    text = "ε² – ok"
+    code = f"from hddm_flower.safeio import write_atomic; write_atomic({str(target)!r}, {ascii(text)})"  # argv: ASCII
+    env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    assert target.read_bytes() == text.encode()
