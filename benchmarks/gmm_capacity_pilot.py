@@ -69,7 +69,7 @@ def train(cfg, dataset, root: Path, clusters: list[int], only: str | None = None
         if (folder / SECONDS).exists():  # (networks of an older pilot have no record)
             took = json.loads((folder / SECONDS).read_text())
             seconds[name], seconds["parameters"] = took["seconds"], took["parameters"]
-            trained_on[name] = f"{took.get('device', 'cpu')}, torch {took.get('torch', 'not recorded')}"
+            trained_on[name] = f"{took.get('device', 'device not recorded')}, torch {took.get('torch', 'not recorded')}"
     return seconds | ({"trained_on": trained_on} if trained_on else {})
 
 

@@ -230,9 +230,8 @@ def reference_statistics(
         }
         try:
             folder.mkdir(exist_ok=True)
-            with atomic_path(
-                path, shared=True
-            ) as tmp:  # the weights file last: its presence means the pair is complete
+            # the weights file is renamed last: its presence means the pair is complete
+            with atomic_path(path, shared=True) as tmp:
                 save_file({k: v.contiguous() for k, v in arrays.items()}, tmp)
                 write_atomic(info_path, json.dumps(info, indent=2), shared=True)
             provenance["file"] = str(path)
