@@ -6,11 +6,13 @@ under the config's budget, at several budgets, and the excess loss over Bayes of
 
 For every budget S of ``--steps`` the config is loaded with ``expert.steps=S`` and ``--set``; FM experts for
 ``--clusters`` (the expert's own steps and batch under ``reproduce.budget``, :func:`hddm_flower.budget.expert_config`)
-and the monolith (:func:`hddm_flower.reproduce.training.train_monolith`) are trained exactly as ``hddm reproduce`` trains them
-(one training: seeds of training 0) and scored by :func:`benchmarks.gmm_ladder.excess_loss`. One training, so no
-interval: a pilot says where to look, ``hddm reproduce`` with ``evaluation.training_seeds`` says what holds. Appends
-one JSON record per budget to ``WORK/pilot.jsonl`` and prints it. ``--train-only experts`` and ``--train-only monolith``
-in two processes train one budget's networks on both cores; a call without it then reuses them and scores.
+and the monolith (:func:`hddm_flower.reproduce.training.train_monolith`) are trained exactly as ``hddm reproduce``
+trains them, with the seeds of one training (``--training i``, 0 unless given: the seeds
+:func:`hddm_flower.training_seeds.training_config` gives training i of ``evaluation.training_seeds``), and scored by
+:func:`benchmarks.gmm_ladder.excess_loss`. One training per call, so no interval: a pilot says where to look, and
+its reruns with ``--training 1``, ``2`` give independent trainings. Appends one JSON record per budget to
+``WORK/pilot.jsonl`` and prints it. ``--train-only experts`` and ``--train-only monolith`` in two processes train one
+budget's networks on both cores; a call without it then reuses them and scores.
 ``--device cuda`` trains on a GPU (scoring stays on the CPU); on an H200 a `nano` expert's step is no faster than
 one CPU core's, the monolith's about 3.5× (docs/performance.md).
 """
@@ -37,6 +39,7 @@ from hddm_flower.gmm.dataset import load_reference
 from hddm_flower.reproduce.training import train_monolith
 from hddm_flower.stages.expert import train_one_expert
 from hddm_flower.stages.prepare import prepare_data
+from hddm_flower.training_seeds import training_config
 
 SECONDS = "pilot_seconds.json"  # beside each network: its training time, read back when a later call reuses it
 
@@ -96,6 +99,13 @@ def main() -> None:
     p.add_argument("--work", required=True, help="where the pilot's networks and pilot.jsonl go")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--training",
+        type=int,
+        default=0,
+        help="the independent training whose seeds train the networks (0: the config's own; i: its seeds moved as "
+        "hddm reproduce moves training i's); i > 0 goes to WORK/LABEL/steps-S-training-i",
+    )
     p.add_argument("--device", default="cpu", help="where the networks train (cpu, cuda, cuda:N); scoring is on cpu")
     p.add_argument(
         "--train-only",
@@ -110,19 +120,19 @@ def main() -> None:
         start, load0 = time.time(), os.getloadavg()
         cfg = load_config(args.config, parse_overrides(args.set) | {"expert.steps": steps})
         dataset = prepare_data(cfg, args.cache_dir)
+        cfg = training_config(cfg, args.training)
+        root = work / args.label / (f"steps-{steps}" + (f"-training-{args.training}" if args.training else ""))
         if args.train_only:
-            print(
-                train(cfg, dataset, work / args.label / f"steps-{steps}", args.clusters, args.train_only, args.device),
-                flush=True,
-            )
+            print(train(cfg, dataset, root, args.clusters, args.train_only, args.device), flush=True)
             continue
-        result = pilot(cfg, dataset, work / args.label / f"steps-{steps}", args.clusters, args.samples, args.device)
+        result = pilot(cfg, dataset, root, args.clusters, args.samples, args.device)
         record = {
             "label": args.label,
             "command": "python -m benchmarks.gmm_capacity_pilot " + " ".join(sys.argv[1:]),
             "config": args.config,
             "set": args.set,
             "steps": steps,
+            "training": args.training,
             "budget": dataclasses.asdict(budget_of(cfg)),
             "preset": cfg.expert.preset,
             "dataset": dataset.root.name,
