@@ -29,13 +29,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import machine
+from benchmarks.common import RESULTS, machine
 from benchmarks.gmm_ladder import TIMES, excess_loss
 from hddm_flower.budget import budget_of
 from hddm_flower.budget import expert_config as budget_expert_config
 from hddm_flower.checkpoints import META, save_expert
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.gmm.dataset import load_reference
+from hddm_flower.gmm.truth import interval
 from hddm_flower.reproduce.training import train_monolith
 from hddm_flower.stages.expert import train_one_expert
 from hddm_flower.stages.prepare import prepare_data
@@ -88,15 +89,95 @@ def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int, device: s
     return {"per_cluster": per_cluster, "mean_over_t_and_clusters": mean, "train_seconds": seconds}
 
 
+def _by_training(records: list[dict], label: str) -> dict[int, dict[int, dict]]:
+    """``{steps: {training: record}}`` of ``label`` (a record without ``training`` is training 0; a later record of
+    the same budget and training replaces an earlier one)."""
+    out: dict[int, dict[int, dict]] = {}
+    for r in records:
+        if r["label"] == label:
+            out.setdefault(r["steps"], {})[r.get("training", 0)] = r
+    return dict(sorted(out.items()))
+
+
+def _at_t(record: dict, who: str, i: int | None) -> float:
+    """``who``'s excess loss at ``TIMES[i]`` (``None``: the mean over t), averaged over the record's clusters."""
+    per = record["per_cluster"].values()
+    return sum(sum(v[who]) / len(TIMES) if i is None else v[who][i] for v in per) / len(per)
+
+
+def summarise(records: list[dict], label: str) -> dict:
+    """Per budget: the expert's and the monolith's excess loss over Bayes and their paired difference (mean over the
+    record's clusters; over t, and at each t of ``TIMES``) as 95 % Student-t intervals over the independent trainings
+    present (``n``: how many; one training gives a half-width of 0), and the monolith's change per doubling of the
+    budget since the budget before, paired by training (``(m₂ / m₁)^(1 / log₂(S₂ / S₁)) − 1`` over the trainings
+    present at both)."""
+    import math
+
+    rungs = _by_training(records, label)
+    out, before = {}, None
+    for steps, runs in rungs.items():
+        row = {"trainings": sorted(runs)}
+        for key, i in [("mean_over_t", None), *((f"t={t}", j) for j, t in enumerate(TIMES))]:
+            e = [_at_t(r, "expert", i) for r in runs.values()]
+            m = [_at_t(r, "monolith", i) for r in runs.values()]
+            cell = {"expert": interval(e), "monolith": interval(m), "gap": interval([b - a for a, b in zip(e, m)])}
+            if before is not None and (both := sorted(set(runs) & set(rungs[before]))):
+                doublings = math.log2(steps / before)
+                change = [
+                    (_at_t(runs[k], "monolith", i) / _at_t(rungs[before][k], "monolith", i)) ** (1 / doublings) - 1
+                    for k in both
+                ]
+                cell["monolith_change_per_doubling"] = interval(change) | {"since": before}
+            row[key] = cell
+        out[steps], before = row, steps
+    return out
+
+
+def render_summary(summary: dict, label: str) -> str:
+    """Markdown: one table over t, one row per budget and t after it."""
+
+    def c(x: dict, spec: str = ".3f", scale: float = 1.0) -> str:
+        half = f" ± {x['half'] * scale:{spec}}" if x["n"] > 1 else ""
+        return f"{x['mean'] * scale:{spec}}{half}"
+
+    lines = [
+        f"# gmm_capacity_pilot, label `{label}`",
+        "",
+        "Excess loss over Bayes per dimension on the experts' own clusters (mean over the record's clusters), "
+        "mean ± the half-width of the 95 % Student-t interval over the independent trainings (`--training`) "
+        "present; `monolith − expert` paired by training; the monolith's change per doubling of the budget since "
+        "the budget before it, paired by training (trainings present at both).",
+        "",
+        "| steps | trainings | t | expert | monolith | monolith − expert | monolith's change per doubling |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for steps, row in summary.items():
+        for key in ["mean_over_t", *(f"t={t}" for t in TIMES)]:
+            x = row[key]
+            ch = x.get("monolith_change_per_doubling")
+            change = f"{c(ch, '+.1f', 100)} % (since {ch['since']:,})" if ch else "–"
+            lines.append(
+                f"| {steps:,} | {len(row['trainings'])} | {key.removeprefix('t=') if key != 'mean_over_t' else 'mean'} "
+                f"| {c(x['expert'])} | {c(x['monolith'])} | {c(x['gap'], '+.3f')} | {change} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True)
+    p.add_argument("--config")
+    p.add_argument(
+        "--summarise",
+        metavar="RECORDS",
+        help="instead of training: the records of --label in RECORDS (a JSON file with 'records', or a pilot.jsonl) "
+        "over their trainings, written to benchmarks/results/gmm_capacity_pilot-LABEL.{md,json}",
+    )
     p.add_argument("--set", default="", help='overrides, e.g. "expert.preset=nano data.gmm_rank=12"')
-    p.add_argument("--steps", type=int, nargs="+", required=True, help="the budgets S (expert.steps)")
+    p.add_argument("--steps", type=int, nargs="+", help="the budgets S (expert.steps)")
     p.add_argument("--clusters", type=int, nargs="+", default=[0])
     p.add_argument("--samples", type=int, default=256, help="x_t per cluster and t for the excess loss")
     p.add_argument("--label", required=True)
-    p.add_argument("--work", required=True, help="where the pilot's networks and pilot.jsonl go")
+    p.add_argument("--work", help="where the pilot's networks and pilot.jsonl go")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
@@ -114,6 +195,18 @@ def main() -> None:
         "experts and the monolith of one budget in two processes",
     )
     args = p.parse_args()
+    if args.summarise:
+        text = Path(args.summarise).read_text()
+        records = json.loads(text)["records"] if args.summarise.endswith(".json") else _jsonl(text)
+        summary = summarise(records, args.label)
+        (RESULTS / f"gmm_capacity_pilot-{args.label}.json").write_text(
+            json.dumps({"label": args.label, "records": args.summarise, "summary": summary}, indent=1)
+        )
+        (RESULTS / f"gmm_capacity_pilot-{args.label}.md").write_text(md := render_summary(summary, args.label))
+        print(md)
+        return
+    if not (args.config and args.steps and args.work):
+        p.error("--config, --steps and --work are required to train (or --summarise RECORDS)")
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     for steps in args.steps:
@@ -149,6 +242,10 @@ def main() -> None:
             f"monolith − expert {m['monolith'] - m['expert']:+.4f} ({record['seconds']} s)",
             flush=True,
         )
+
+
+def _jsonl(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 if __name__ == "__main__":

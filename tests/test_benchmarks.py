@@ -146,3 +146,34 @@ def test_the_gmm_evidence_set_reruns_its_committed_runs_and_reuses_what_they_sha
             assert same_experts == (cfg.reproduce.budget == "equal_images")
             assert monolith_fingerprint(cfg, {}) != monolith_fingerprint(donor, {})
         outs[run.label] = cmd[cmd.index("--out") + 1]
+
+
+def test_the_capacity_pilot_summary_is_over_trainings_and_its_change_is_per_doubling():
+    """Two trainings at 100 steps and two at 400: the intervals are over the trainings (Student-t with 1 degree of
+    freedom), the difference is paired by training, the change per doubling is (m₂ / m₁)^(1/2) − 1 per training,
+    and a record without ``training`` is training 0 (replaced by a later record of the same budget)."""
+    from benchmarks.gmm_capacity_pilot import TIMES, summarise
+
+    def record(steps, training, expert, monolith):
+        per = {"0": {"expert": [expert] * len(TIMES), "monolith": [monolith] * len(TIMES)}}
+        return {"label": "x", "steps": steps, "per_cluster": per} | ({"training": training} if training else {})
+
+    records = [
+        record(100, 0, 9.0, 9.0),  # replaced by the next
+        record(100, 0, 0.10, 0.40),
+        record(100, 1, 0.20, 0.80),
+        record(400, 0, 0.05, 0.10),
+        record(400, 1, 0.05, 0.20),
+        record(400, 2, 0.05, 0.30),  # not at 100 steps: not in the change
+        record(100, 0, 1.0, 1.0) | {"label": "other"},
+    ]
+    s = summarise(records, "x")
+    assert list(s) == [100, 400] and s[100]["trainings"] == [0, 1] and s[400]["trainings"] == [0, 1, 2]
+    first = s[100]["mean_over_t"]
+    assert abs(first["monolith"]["mean"] - 0.6) < 1e-12 and abs(first["gap"]["mean"] - 0.45) < 1e-12
+    # values 0.4 and 0.8: sample standard deviation 0.2·√2, so half = t(0.975, 1) · 0.2·√2 / √2
+    assert abs(first["monolith"]["half"] - 12.706204736174707 * 0.2) < 1e-9
+    assert "monolith_change_per_doubling" not in first
+    change = s[400]["t=0.7"]["monolith_change_per_doubling"]
+    assert change["n"] == 2 and change["since"] == 100
+    assert abs(change["mean"] - ((0.25**0.5 - 1) + (0.25**0.5 - 1)) / 2) < 1e-12 and change["half"] < 1e-12
