@@ -133,8 +133,8 @@ def summarise(records: list[dict], label: str) -> dict:
     return out
 
 
-def render_summary(summary: dict, label: str) -> str:
-    """Markdown: one table over t, one row per budget and t after it."""
+def render_summary(summary: dict, label: str, source: str) -> str:
+    """Markdown: one row per budget and t (the mean over t first), from the records in ``source``."""
 
     def c(x: dict, spec: str = ".3f", scale: float = 1.0) -> str:
         half = f" ± {x['half'] * scale:{spec}}" if x["n"] > 1 else ""
@@ -142,6 +142,10 @@ def render_summary(summary: dict, label: str) -> str:
 
     lines = [
         f"# gmm_capacity_pilot, label `{label}`",
+        "",
+        f"`python -m benchmarks.gmm_capacity_pilot --summarise {source} --label {label}` on "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}: a summary of the records of `{source}`, each of which names the "
+        "command, machine, date and training that produced it.",
         "",
         "Excess loss over Bayes per dimension on the experts' own clusters (mean over the record's clusters), "
         "mean ± the half-width of the 95 % Student-t interval over the independent trainings (`--training`) "
@@ -202,7 +206,9 @@ def main() -> None:
         (RESULTS / f"gmm_capacity_pilot-{args.label}.json").write_text(
             json.dumps({"label": args.label, "records": args.summarise, "summary": summary}, indent=1)
         )
-        (RESULTS / f"gmm_capacity_pilot-{args.label}.md").write_text(md := render_summary(summary, args.label))
+        (RESULTS / f"gmm_capacity_pilot-{args.label}.md").write_text(
+            md := render_summary(summary, args.label, args.summarise)
+        )
         print(md)
         return
     if not (args.config and args.steps and args.work):
