@@ -108,7 +108,7 @@ def _at_t(record: dict, who: str, i: int | None) -> float:
 def summarise(records: list[dict], label: str) -> dict:
     """Per budget: the expert's and the monolith's excess loss over Bayes and their paired difference (mean over the
     record's clusters; over t, and at each t of ``TIMES``) as 95 % Student-t intervals over the independent trainings
-    present (``n``: how many; one training gives a half-width of 0), and the monolith's change per doubling of the
+    present (``n``: how many; one training gives a half-width of 0), and each one's change per doubling of the
     budget since the budget before, paired by training (``(m₂ / m₁)^(1 / log₂(S₂ / S₁)) − 1`` over the trainings
     present at both)."""
     import math
@@ -123,11 +123,11 @@ def summarise(records: list[dict], label: str) -> dict:
             cell = {"expert": interval(e), "monolith": interval(m), "gap": interval([b - a for a, b in zip(e, m)])}
             if before is not None and (both := sorted(set(runs) & set(rungs[before]))):
                 doublings = math.log2(steps / before)
-                change = [
-                    (_at_t(runs[k], "monolith", i) / _at_t(rungs[before][k], "monolith", i)) ** (1 / doublings) - 1
-                    for k in both
-                ]
-                cell["monolith_change_per_doubling"] = interval(change) | {"since": before}
+                for who in ("expert", "monolith"):
+                    change = [
+                        (_at_t(runs[k], who, i) / _at_t(rungs[before][k], who, i)) ** (1 / doublings) - 1 for k in both
+                    ]
+                    cell[f"{who}_change_per_doubling"] = interval(change) | {"since": before}
             row[key] = cell
         out[steps], before = row, steps
     return out
@@ -149,17 +149,17 @@ def render_summary(summary: dict, label: str, source: str) -> str:
         "",
         "Excess loss over Bayes per dimension on the experts' own clusters (mean over the record's clusters), "
         "mean ± the half-width of the 95 % Student-t interval over the independent trainings (`--training`) "
-        "present; `monolith − expert` paired by training; the monolith's change per doubling of the budget since "
-        "the budget before it, paired by training (trainings present at both).",
+        "present; `monolith − expert` paired by training; the change per doubling of the budget since the budget "
+        "before it, (m₂ / m₁)^(1 / doublings) − 1, paired by training (the trainings present at both).",
         "",
-        "| steps | trainings | t | expert | monolith | monolith − expert | monolith's change per doubling |",
+        "| steps | trainings | t | expert | monolith | monolith − expert | change per doubling: expert / monolith |",
         "|---|---|---|---|---|---|---|",
     ]
     for steps, row in summary.items():
         for key in ["mean_over_t", *(f"t={t}" for t in TIMES)]:
             x = row[key]
-            ch = x.get("monolith_change_per_doubling")
-            change = f"{c(ch, '+.1f', 100)} % (since {ch['since']:,})" if ch else "–"
+            ch = [x.get(f"{who}_change_per_doubling") for who in ("expert", "monolith")]
+            change = f"{c(ch[0], '+.0f', 100)} % / {c(ch[1], '+.0f', 100)} %" if ch[0] else "–"
             lines.append(
                 f"| {steps:,} | {len(row['trainings'])} | {key.removeprefix('t=') if key != 'mean_over_t' else 'mean'} "
                 f"| {c(x['expert'])} | {c(x['monolith'])} | {c(x['gap'], '+.3f')} | {change} |"

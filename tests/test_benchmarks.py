@@ -174,6 +174,8 @@ def test_the_capacity_pilot_summary_is_over_trainings_and_its_change_is_per_doub
     # values 0.4 and 0.8: sample standard deviation 0.2·√2, so half = t(0.975, 1) · 0.2·√2 / √2
     assert abs(first["monolith"]["half"] - 12.706204736174707 * 0.2) < 1e-9
     assert "monolith_change_per_doubling" not in first
-    change = s[400]["t=0.7"]["monolith_change_per_doubling"]
+    change = s[400]["t=0.7"]["monolith_change_per_doubling"]  # 0.4 → 0.1 and 0.8 → 0.2 over two doublings
     assert change["n"] == 2 and change["since"] == 100
-    assert abs(change["mean"] - ((0.25**0.5 - 1) + (0.25**0.5 - 1)) / 2) < 1e-12 and change["half"] < 1e-12
+    assert abs(change["mean"] - (0.25**0.5 - 1)) < 1e-12 and change["half"] < 1e-12
+    expert = s[400]["mean_over_t"]["expert_change_per_doubling"]  # 0.1 → 0.05 and 0.2 → 0.05
+    assert abs(expert["mean"] - ((0.5**0.5 - 1) + (0.25**0.5 - 1)) / 2) < 1e-12
