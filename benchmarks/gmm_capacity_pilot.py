@@ -13,6 +13,8 @@ trains them, with the seeds of one training (``--training i``, 0 unless given: t
 its reruns with ``--training 1``, ``2`` give independent trainings. Appends one JSON record per budget to
 ``WORK/pilot.jsonl`` and prints it. ``--train-only experts`` and ``--train-only monolith`` in two processes train one
 budget's networks on both cores; a call without it then reuses them and scores.
+``--summarise RECORDS`` trains nothing: it puts the records of ``--label`` side by side over their trainings
+(intervals over the trainings present, :func:`summarise`) in ``benchmarks/results/gmm_capacity_pilot-LABEL.{md,json}``.
 ``--device cuda`` trains on a GPU (scoring stays on the CPU); on an H200 a `nano` expert's step is no faster than
 one CPU core's, the monolith's about 3.5× (docs/performance.md).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -89,13 +92,31 @@ def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int, device: s
     return {"per_cluster": per_cluster, "mean_over_t_and_clusters": mean, "train_seconds": seconds}
 
 
+SAME = ("config", "set", "preset", "samples")  # what every record of one label must share (besides its clusters)
+
+
 def _by_training(records: list[dict], label: str) -> dict[int, dict[int, dict]]:
-    """``{steps: {training: record}}`` of ``label`` (a record without ``training`` is training 0; a later record of
-    the same budget and training replaces an earlier one)."""
+    """``{steps: {training: record}}`` of ``label`` (a record without ``training`` is training 0, without
+    ``samples`` one of the default 256). Raises when the label's records differ in :data:`SAME` or in their clusters,
+    or when one budget and training has two records with different scores (the same scores twice: one)."""
     out: dict[int, dict[int, dict]] = {}
+    first = None
     for r in records:
-        if r["label"] == label:
-            out.setdefault(r["steps"], {})[r.get("training", 0)] = r
+        if r["label"] != label:
+            continue
+        shape = {k: r.get(k, 256 if k == "samples" else None) for k in SAME} | {"clusters": sorted(r["per_cluster"])}
+        first = first or (shape, r)
+        if shape != first[0]:
+            diff = [k for k in shape if shape[k] != first[0][k]]
+            raise ValueError(
+                f"label {label}: the record of {r['steps']} steps ({r.get('date')}) differs from the one of "
+                f"{first[1]['steps']} steps in {diff}: they cannot be summarised together"
+            )
+        t = r.get("training", 0)
+        seen = out.setdefault(r["steps"], {}).get(t)
+        if seen is not None and seen["per_cluster"] != r["per_cluster"]:
+            raise ValueError(f"label {label}: two different records of {r['steps']} steps, training {t}")
+        out[r["steps"]][t] = r
     return dict(sorted(out.items()))
 
 
@@ -111,12 +132,10 @@ def summarise(records: list[dict], label: str) -> dict:
     present (``n``: how many; one training gives a half-width of 0), and each one's change per doubling of the
     budget since the budget before, paired by training (``(m₂ / m₁)^(1 / log₂(S₂ / S₁)) − 1`` over the trainings
     present at both)."""
-    import math
-
     rungs = _by_training(records, label)
     out, before = {}, None
     for steps, runs in rungs.items():
-        row = {"trainings": sorted(runs)}
+        row = {"trainings": sorted(runs), "records": [runs[k].get("date") for k in sorted(runs)]}
         for key, i in [("mean_over_t", None), *((f"t={t}", j) for j, t in enumerate(TIMES))]:
             e = [_at_t(r, "expert", i) for r in runs.values()]
             m = [_at_t(r, "monolith", i) for r in runs.values()]
@@ -145,7 +164,7 @@ def render_summary(summary: dict, label: str, source: str) -> str:
         "",
         f"`python -m benchmarks.gmm_capacity_pilot --summarise {source} --label {label}` on "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}: a summary of the records of `{source}`, each of which names the "
-        "command, machine, date and training that produced it.",
+        "command, machine and date that produced it, and its training (none named: training 0).",
         "",
         "Excess loss over Bayes per dimension on the experts' own clusters (mean over the record's clusters), "
         "mean ± the half-width of the 95 % Student-t interval over the independent trainings (`--training`) "
@@ -160,6 +179,8 @@ def render_summary(summary: dict, label: str, source: str) -> str:
             x = row[key]
             ch = [x.get(f"{who}_change_per_doubling") for who in ("expert", "monolith")]
             change = f"{c(ch[0], '+.0f', 100)} % / {c(ch[1], '+.0f', 100)} %" if ch[0] else "–"
+            if ch[0] and ch[0]["n"] != len(row["trainings"]):
+                change += f" ({ch[0]['n']} trainings)"
             lines.append(
                 f"| {steps:,} | {len(row['trainings'])} | {key.removeprefix('t=') if key != 'mean_over_t' else 'mean'} "
                 f"| {c(x['expert'])} | {c(x['monolith'])} | {c(x['gap'], '+.3f')} | {change} |"
@@ -211,6 +232,8 @@ def main() -> None:
         )
         print(md)
         return
+    if args.training < 0:
+        p.error(f"--training {args.training}: a training index is 0 or more")
     if not (args.config and args.steps and args.work):
         p.error("--config, --steps and --work are required to train (or --summarise RECORDS)")
     torch.set_num_threads(args.threads)
@@ -232,6 +255,7 @@ def main() -> None:
             "set": args.set,
             "steps": steps,
             "training": args.training,
+            "samples": args.samples,
             "budget": dataclasses.asdict(budget_of(cfg)),
             "preset": cfg.expert.preset,
             "dataset": dataset.root.name,

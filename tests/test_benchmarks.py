@@ -149,33 +149,59 @@ def test_the_gmm_evidence_set_reruns_its_committed_runs_and_reuses_what_they_sha
 
 
 def test_the_capacity_pilot_summary_is_over_trainings_and_its_change_is_per_doubling():
-    """Two trainings at 100 steps and two at 400: the intervals are over the trainings (Student-t with 1 degree of
-    freedom), the difference is paired by training, the change per doubling is (m₂ / m₁)^(1/2) − 1 per training,
-    and a record without ``training`` is training 0 (replaced by a later record of the same budget)."""
-    from benchmarks.gmm_capacity_pilot import TIMES, summarise
+    """Trainings at three budgets (given out of order): the intervals are over the trainings (Student-t with 1
+    degree of freedom), the difference is paired by training, each t is its own column and the clusters are
+    averaged, the change per doubling is (m₂ / m₁)^(1 / doublings) − 1 per training since the budget just before,
+    a record without ``training`` is training 0, and records that cannot be put side by side are refused."""
+    import pytest
 
-    def record(steps, training, expert, monolith):
-        per = {"0": {"expert": [expert] * len(TIMES), "monolith": [monolith] * len(TIMES)}}
-        return {"label": "x", "steps": steps, "per_cluster": per} | ({"training": training} if training else {})
+    from benchmarks.gmm_capacity_pilot import TIMES, render_summary, summarise
+
+    ramp = [1.0 + j for j in range(len(TIMES))]  # × the value at TIMES[j]: each t its own number
+
+    def record(steps, training, expert, monolith, **extra):
+        per = {
+            k: {"expert": [expert * f * (1 + k) for f in ramp], "monolith": [monolith * f * (1 + k) for f in ramp]}
+            for k in (0, 1)  # cluster 1's values twice cluster 0's: the mean over the clusters is 1.5×
+        }
+        return (
+            {"label": "x", "steps": steps, "per_cluster": {str(k): v for k, v in per.items()}}
+            | ({"training": training} if training else {})
+            | extra
+        )
 
     records = [
-        record(100, 0, 9.0, 9.0),  # replaced by the next
+        record(400, 0, 0.05, 0.10),
         record(100, 0, 0.10, 0.40),
         record(100, 1, 0.20, 0.80),
-        record(400, 0, 0.05, 0.10),
         record(400, 1, 0.05, 0.20),
-        record(400, 2, 0.05, 0.30),  # not at 100 steps: not in the change
+        record(400, 2, 0.05, 0.30),  # not at 200 steps: not in the change since 200
+        record(200, 0, 0.08, 0.20),
+        record(200, 1, 0.10, 0.40),
         record(100, 0, 1.0, 1.0) | {"label": "other"},
     ]
     s = summarise(records, "x")
-    assert list(s) == [100, 400] and s[100]["trainings"] == [0, 1] and s[400]["trainings"] == [0, 1, 2]
-    first = s[100]["mean_over_t"]
-    assert abs(first["monolith"]["mean"] - 0.6) < 1e-12 and abs(first["gap"]["mean"] - 0.45) < 1e-12
-    # values 0.4 and 0.8: sample standard deviation 0.2·√2, so half = t(0.975, 1) · 0.2·√2 / √2
-    assert abs(first["monolith"]["half"] - 12.706204736174707 * 0.2) < 1e-9
+    assert list(s) == [100, 200, 400] and s[100]["trainings"] == [0, 1] and s[400]["trainings"] == [0, 1, 2]
+    t3 = 3  # TIMES[3]: factor ramp[3] = 4, mean over the two clusters 1.5
+    first = s[100][f"t={TIMES[t3]}"]
+    assert abs(first["monolith"]["mean"] - 0.6 * 4 * 1.5) < 1e-12
+    # monolith 0.4 and 0.8 (× 6): sample standard deviation 0.2·√2 · 6, so half = t(0.975, 1) · 0.2 · 6
+    assert abs(first["monolith"]["half"] - 12.706204736174707 * 0.2 * 6) < 1e-9
+    # the gap paired by training: 0.3 and 0.6 (× 6), half = t(0.975, 1) · 0.15 · 6 (unpaired pairs give 0.7, 0.2)
+    assert abs(first["gap"]["mean"] - 0.45 * 6) < 1e-12 and abs(first["gap"]["half"] - 12.706 * 0.15 * 6) < 1e-3
+    over_t = s[100]["mean_over_t"]["monolith"]["mean"]
+    assert abs(over_t - 0.6 * 1.5 * sum(ramp) / len(ramp)) < 1e-12
     assert "monolith_change_per_doubling" not in first
-    change = s[400]["t=0.7"]["monolith_change_per_doubling"]  # 0.4 → 0.1 and 0.8 → 0.2 over two doublings
-    assert change["n"] == 2 and change["since"] == 100
-    assert abs(change["mean"] - (0.25**0.5 - 1)) < 1e-12 and change["half"] < 1e-12
-    expert = s[400]["mean_over_t"]["expert_change_per_doubling"]  # 0.1 → 0.05 and 0.2 → 0.05
-    assert abs(expert["mean"] - ((0.5**0.5 - 1) + (0.25**0.5 - 1)) / 2) < 1e-12
+    change = s[400][f"t={TIMES[t3]}"]["monolith_change_per_doubling"]  # since 200: 0.2 → 0.1, 0.4 → 0.2, one doubling
+    assert change["n"] == 2 and change["since"] == 200 and abs(change["mean"] + 0.5) < 1e-12 and change["half"] < 1e-12
+    expert = s[200]["mean_over_t"]["expert_change_per_doubling"]  # since 100: 0.1 → 0.08 and 0.2 → 0.1
+    assert abs(expert["mean"] - (-0.2 - 0.5) / 2) < 1e-12
+    table = render_summary(s, "x", "RECORDS")
+    assert "| 400 | 3 | mean |" in table and "(2 trainings)" in table and "RECORDS" in table
+    with pytest.raises(ValueError, match="differs .* in \\['clusters'\\]"):
+        summarise([*records, record(800, 0, 0.1, 0.1) | {"per_cluster": {"0": records[0]["per_cluster"]["0"]}}], "x")
+    with pytest.raises(ValueError, match="in \\['samples'\\]"):
+        summarise([*records, record(800, 0, 0.1, 0.1, samples=64)], "x")
+    with pytest.raises(ValueError, match="two different records of 400 steps, training 1"):
+        summarise([*records, record(400, 1, 0.07, 0.2)], "x")
+    assert summarise([*records, record(400, 1, 0.05, 0.20)], "x") == s  # the same scores twice: one record
