@@ -156,7 +156,7 @@ def render_summary(summary: dict, label: str, source: str) -> str:
     """Markdown: one row per budget and t (the mean over t first), from the records in ``source``."""
 
     def c(x: dict, spec: str = ".3f", scale: float = 1.0) -> str:
-        half = f" ± {x['half'] * scale:{spec}}" if x["n"] > 1 else ""
+        half = f" ± {x['half'] * scale:{spec.lstrip('+')}}" if x["n"] > 1 else ""
         return f"{x['mean'] * scale:{spec}}{half}"
 
     lines = [
@@ -180,7 +180,7 @@ def render_summary(summary: dict, label: str, source: str) -> str:
             ch = [x.get(f"{who}_change_per_doubling") for who in ("expert", "monolith")]
             change = f"{c(ch[0], '+.0f', 100)} % / {c(ch[1], '+.0f', 100)} %" if ch[0] else "–"
             if ch[0] and ch[0]["n"] != len(row["trainings"]):
-                change += f" ({ch[0]['n']} trainings)"
+                change += f" ({ch[0]['n']} training{'s' if ch[0]['n'] > 1 else ''})"
             lines.append(
                 f"| {steps:,} | {len(row['trainings'])} | {key.removeprefix('t=') if key != 'mean_over_t' else 'mean'} "
                 f"| {c(x['expert'])} | {c(x['monolith'])} | {c(x['gap'], '+.3f')} | {change} |"
