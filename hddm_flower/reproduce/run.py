@@ -18,6 +18,10 @@
 4. ``OUT/tables.md`` puts the results beside the paper's numbers (KID first, FID, adherence and diversity per row;
    paired differences by training and seed in Table 3); ``OUT/manifest.json`` records configs, versions, seeds,
    the feature network's fingerprints and sha256 of every artefact so that a second run can be compared.
+
+Its length is the one command's orchestration of those four steps (the trainings, the evaluation jobs over
+configurations, trainings and sampling seeds, and the manifest); the training, the GMM's rows and the tables live in
+:mod:`.training`, :mod:`hddm_flower.gmm.evaluate` and :mod:`.tables`.
 """
 
 from __future__ import annotations
