@@ -36,11 +36,11 @@ from benchmarks.common import RESULTS, machine
 from benchmarks.gmm_ladder import TIMES, excess_loss
 from hddm_flower.budget import budget_of
 from hddm_flower.budget import expert_config as budget_expert_config
-from hddm_flower.checkpoints import META, save_expert
+from hddm_flower.checkpoints import META, WEIGHTS, save_expert
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.gmm.dataset import load_reference
 from hddm_flower.gmm.truth import interval
-from hddm_flower.reproduce.training import train_monolith
+from hddm_flower.reproduce.training import tensor_sha256, train_monolith
 from hddm_flower.stages.expert import train_one_expert
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.training_seeds import training_config
@@ -80,8 +80,16 @@ def train(cfg, dataset, root: Path, clusters: list[int], only: str | None = None
     return seconds | ({"trained_on": trained_on} if trained_on else {})
 
 
+def network_hashes(root: Path) -> dict[str, str]:
+    """The :func:`~hddm_flower.reproduce.training.tensor_sha256` of every network in ``root`` (``monolith``,
+    ``experts/cluster-k-fm``): what a manifest of ``hddm reproduce`` records for the same networks."""
+    folders = [root / "monolith", *sorted((root / "experts").glob("cluster-*"))]
+    return {f.relative_to(root).as_posix(): tensor_sha256(f / WEIGHTS) for f in folders if (f / WEIGHTS).exists()}
+
+
 def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int, device: str = "cpu") -> dict:
-    """Train (or reuse from ``root``) the experts of ``clusters`` and the monolith; their excess losses."""
+    """Train (or reuse from ``root``) the experts of ``clusters`` and the monolith; their excess losses and the
+    networks' tensor hashes."""
     seconds = train(cfg, dataset, root, clusters, device=device)
     ref = load_reference(dataset)
     per_cluster = excess_loss(cfg, ref, root, samples, seed=cfg.evaluation.seed)
@@ -89,7 +97,12 @@ def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int, device: s
         who: sum(sum(v[who]) / len(TIMES) for v in per_cluster.values()) / len(per_cluster)
         for who in ("expert", "monolith")
     }
-    return {"per_cluster": per_cluster, "mean_over_t_and_clusters": mean, "train_seconds": seconds}
+    return {
+        "per_cluster": per_cluster,
+        "mean_over_t_and_clusters": mean,
+        "train_seconds": seconds,
+        "tensor_sha256": network_hashes(root),
+    }
 
 
 SAME = ("config", "set", "preset", "samples")  # what every record of one label must share (besides its clusters)

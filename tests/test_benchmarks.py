@@ -205,3 +205,19 @@ def test_the_capacity_pilot_summary_is_over_trainings_and_its_change_is_per_doub
     with pytest.raises(ValueError, match="two different records of 400 steps, training 1"):
         summarise([*records, record(400, 1, 0.07, 0.2)], "x")
     assert summarise([*records, record(400, 1, 0.05, 0.20)], "x") == s  # the same scores twice: one record
+
+
+def test_the_capacity_pilots_independent_trainings_are_those_of_hddm_reproduce():
+    """What docs/results.md says of the pilot's trainings 1 and 2: at 3,200 steps their networks (monolith and
+    the experts of clusters 0, 3, 4) are, tensor for tensor, the ones the committed 3,200-step ``hddm reproduce``
+    rung trained as its trainings 1 and 2 (the records' hashes against the rung's manifest)."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    records = json.loads((results / "gmm_capacity_pilot.json").read_text())["records"]
+    pilot = {r.get("training", 0): r for r in records if r["label"] == "clu-r8-nano" and r["steps"] == 3200}
+    manifest = json.loads((results / "reproduce-gmm-subspace-3200-text-manifest.json").read_text())
+    rung = manifest["artefacts"]["trainings"]
+    for i in (1, 2):
+        hashes = pilot[i]["tensor_sha256"]
+        assert len(hashes) == 4 and hashes["monolith"] == rung[i]["monolith"]["tensor_sha256"]
+        for k in (0, 3, 4):
+            assert hashes[f"experts/cluster-{k}-fm"] == rung[i]["experts"][f"cluster-{k}-fm"]["tensor_sha256"]
