@@ -93,10 +93,7 @@ def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int, device: s
     seconds = train(cfg, dataset, root, clusters, device=device)
     ref = load_reference(dataset)
     per_cluster = excess_loss(cfg, ref, root, samples, seed=cfg.evaluation.seed)
-    mean = {
-        who: sum(sum(v[who]) / len(TIMES) for v in per_cluster.values()) / len(per_cluster)
-        for who in ("expert", "monolith")
-    }
+    mean = {who: _at_t(per_cluster, who, None) for who in ("expert", "monolith")}
     return {
         "per_cluster": per_cluster,
         "mean_over_t_and_clusters": mean,
@@ -133,9 +130,10 @@ def _by_training(records: list[dict], label: str) -> dict[int, dict[int, dict]]:
     return dict(sorted(out.items()))
 
 
-def _at_t(record: dict, who: str, i: int | None) -> float:
-    """``who``'s excess loss at ``TIMES[i]`` (``None``: the mean over t), averaged over the record's clusters."""
-    per = record["per_cluster"].values()
+def _at_t(per_cluster: dict, who: str, i: int | None) -> float:
+    """``who``'s excess loss at ``TIMES[i]`` (``None``: the mean over t), averaged over the clusters of a record's
+    ``per_cluster``."""
+    per = per_cluster.values()
     return sum(sum(v[who]) / len(TIMES) if i is None else v[who][i] for v in per) / len(per)
 
 
@@ -148,16 +146,19 @@ def summarise(records: list[dict], label: str) -> dict:
     rungs = _by_training(records, label)
     out, before = {}, None
     for steps, runs in rungs.items():
-        row = {"trainings": sorted(runs), "records": [runs[k].get("date") for k in sorted(runs)]}
+        row = {"trainings": sorted(runs), "record_dates": [runs[k].get("date") for k in sorted(runs)]}
         for key, i in [("mean_over_t", None), *((f"t={t}", j) for j, t in enumerate(TIMES))]:
-            e = [_at_t(r, "expert", i) for r in runs.values()]
-            m = [_at_t(r, "monolith", i) for r in runs.values()]
+            e = [_at_t(r["per_cluster"], "expert", i) for r in runs.values()]
+            m = [_at_t(r["per_cluster"], "monolith", i) for r in runs.values()]
             cell = {"expert": interval(e), "monolith": interval(m), "gap": interval([b - a for a, b in zip(e, m)])}
             if before is not None and (both := sorted(set(runs) & set(rungs[before]))):
                 doublings = math.log2(steps / before)
                 for who in ("expert", "monolith"):
                     change = [
-                        (_at_t(runs[k], who, i) / _at_t(rungs[before][k], who, i)) ** (1 / doublings) - 1 for k in both
+                        (_at_t(runs[k]["per_cluster"], who, i) / _at_t(rungs[before][k]["per_cluster"], who, i))
+                        ** (1 / doublings)
+                        - 1
+                        for k in both
                     ]
                     cell[f"{who}_change_per_doubling"] = interval(change) | {"since": before}
             row[key] = cell
