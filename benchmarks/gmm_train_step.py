@@ -1,7 +1,11 @@
 """Where a Gaussian-mixture expert's training step goes: the evidence set's `nano` expert (its dataset's shapes, an
 expert's batch), one optimiser step as :func:`hddm_flower.training.fit` takes it, eager and under ``torch.compile``,
 its matmul FLOPs, and the forward + backward of the training's 8 experts one after another against the same 8 as
-one vectorised model (``torch.func.stack_module_state`` + ``vmap``).
+one vectorised model (``torch.func.stack_module_state`` + ``vmap``), and two kernel swaps that change the
+network's bits: attention as a plain matmul-softmax (diffusers' ``AttnProcessor``) instead of
+``scaled_dot_product_attention``, and the exact (erf) GELU instead of the tanh approximation the experts train with,
+each at the expert's batch and at the monolith's (K× larger) for a training step, and at the evaluation's batch for
+a forward pass without gradients.
 
     python -m benchmarks.gmm_train_step [--config configs/reproduce-gmm-subspace.yaml] [--steps 300] [--reps 3]
 
@@ -21,6 +25,9 @@ import time
 from pathlib import Path
 
 import torch
+from diffusers.models.activations import GELU as DiffusersGELU
+from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
+from torch import nn
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -141,11 +148,57 @@ def experts_ms(s: dict, steps: int) -> dict[str, float]:
     return out
 
 
+# the kernel swaps measured: (name, plain matmul-softmax attention, exact GELU)
+KERNELS = (
+    ("as trained", False, False),
+    ("math attention", True, False),
+    ("exact GELU", False, True),
+    ("both", True, True),
+)
+
+
+def set_kernels(transformer: nn.Module, math_attention: bool, exact_gelu: bool) -> None:
+    """Swap ``transformer``'s attention kernel and GELU (the trained network's are SDPA and tanh-GELU)."""
+    transformer.set_attn_processor(AttnProcessor() if math_attention else AttnProcessor2_0())
+    for m in transformer.modules():
+        if isinstance(m, (nn.GELU, DiffusersGELU)):
+            m.approximate = "none" if exact_gelu else "tanh"
+
+
+def kernel_ms(s: dict, steps: int, reps: int, eval_batch: int) -> dict[str, dict[str, float]]:
+    """Median milliseconds per training step (at the expert's and the monolith's batch) and per forward pass
+    without gradients (at ``eval_batch``) under each of :data:`KERNELS`, the variants interleaved, their order
+    rotating from one repetition to the next."""
+    arms = {f"train_batch_{b}": FitArm(dict(s, batch=b), False) for b in (s["batch"], s["batch"] * s["num_experts"])}
+    forward_net = net(s, 0).eval()
+    x, cond = batch(dict(s, batch=eval_batch), torch.Generator().manual_seed(4))
+    t = torch.rand(eval_batch, generator=torch.Generator().manual_seed(5)) * 999
+
+    @torch.no_grad()
+    def forward(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            forward_net(x, t, cond)
+        return (time.perf_counter() - start) / n * 1e3
+
+    times: dict[str, dict[str, list[float]]] = {}
+    for i in range(reps):
+        for name, math_attention, exact_gelu in KERNELS[i % len(KERNELS) :] + KERNELS[: i % len(KERNELS)]:
+            for where, arm in arms.items():
+                set_kernels(arm.expert.net.transformer, math_attention, exact_gelu)
+                times.setdefault(where, {}).setdefault(name, []).append(arm.ms(steps))
+            set_kernels(forward_net.transformer, math_attention, exact_gelu)
+            forward(2)
+            times.setdefault(f"forward_batch_{eval_batch}", {}).setdefault(name, []).append(forward(steps // 10))
+    return {where: {k: statistics.median(v) for k, v in by.items()} for where, by in times.items()}
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="configs/reproduce-gmm-subspace.yaml")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--eval-batch", type=int, default=704, help="the forward pass's batch (the GMM evaluation's)")
     p.add_argument("--out", default=str(RESULTS / "gmm_train_step"))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -159,6 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
         r |= {f"{k}_ms": v for k, v in experts_ms(s, args.steps // 4).items()}
         reps.append(r)
     med = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
+    kernels = kernel_ms(s, args.steps // 2, args.reps, args.eval_batch)
     ops = top_ops(eager, 50)
     flops = flops_per_step(s)
     record = {
@@ -172,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
         "versions": {"torch": torch.__version__},
         "repetitions": reps,
         "median": med,
+        "kernels_ms": kernels,
         "top_ops_eager": ops,
         "matmul_gflop_per_step": flops / 1e9,
         "gflop_per_s_eager": flops / 1e9 / (med["eager_ms"] / 1e3),
@@ -193,6 +248,19 @@ def main(argv: list[str] | None = None) -> dict:
         "",
         f"Matmul FLOPs per step: {record['matmul_gflop_per_step']:.3f} GFLOP, i.e. "
         f"{record['gflop_per_s_eager']:.1f} GFLOP/s eager.",
+        "",
+        "Kernel swaps (each changes the network's bits; the exact GELU also its function, so a network trained with "
+        "one is not the network trained with the other), median ms and the ratio to the kernels the experts train "
+        f"with, {args.steps // 2} steps ({args.steps // 10} forward passes) per arm and repetition:",
+        "",
+        "| where | " + " | ".join(name for name, *_ in KERNELS) + " |",
+        "|---|" + "---|" * len(KERNELS),
+        *(
+            f"| {where.replace('_', ' ')} | "
+            + " | ".join(f"{v[name]:.1f} ({v[name] / v['as trained']:.2f}×)" for name, *_ in KERNELS)
+            + " |"
+            for where, v in kernels.items()
+        ),
         "",
         "The torch operators with the most self CPU time in 50 eager steps (`torch.profiler`):",
         "",

@@ -221,3 +221,26 @@ def test_the_capacity_pilots_independent_trainings_are_those_of_hddm_reproduce()
         assert len(hashes) == 4 and hashes["monolith"] == rung[i]["monolith"]["tensor_sha256"]
         for k in (0, 3, 4):
             assert hashes[f"experts/cluster-{k}-fm"] == rung[i]["experts"][f"cluster-{k}-fm"]["tensor_sha256"]
+
+
+def test_the_kernel_swaps_change_the_network_and_the_baseline_arm_is_the_trained_one():
+    """gmm_train_step's kernel arms: each swap changes the output (it measures another kernel), and switching back
+    to the trained kernels gives the trained network's output bit for bit (the baseline arm is not contaminated)."""
+    import torch
+
+    from benchmarks.gmm_train_step import KERNELS, batch, net, set_kernels
+
+    s = {"preset": "test", "batch": 4, "channels": 3, "image_size": 8, "text_dim": 16, "caption_tokens": 5}
+    model = net(s, 0).eval()
+    x, cond = batch(s, torch.Generator().manual_seed(0))
+    t = torch.tensor([0.0, 250.0, 500.0, 999.0])
+    with torch.no_grad():
+        trained = model(x, t, cond)
+        outputs = {}
+        for name, math_attention, exact_gelu in KERNELS[1:] + KERNELS[:1]:
+            set_kernels(model.transformer, math_attention, exact_gelu)
+            outputs[name] = model(x, t, cond)
+    assert torch.equal(outputs["as trained"], trained)
+    assert not torch.equal(outputs["exact GELU"], trained) and not torch.equal(outputs["both"], trained)
+    # attention by matmul-softmax computes the same function: equal to rounding, not necessarily to the bit
+    torch.testing.assert_close(outputs["math attention"], trained, rtol=1e-5, atol=1e-5)
