@@ -247,15 +247,24 @@ def test_the_committed_3200_step_rungs_hold_their_shared_rows_from_two_machines(
     assert rerun["largest_difference"] == worst and rerun["largest_delta_log_density_difference"] == worst_dlp
 
 
-def test_the_capacity_pilot_shows_the_monolith_stalled_above_the_experts_at_high_noise_only():
+def test_the_capacity_pilot_at_high_noise_shows_no_resolved_change_and_a_slow_fall_not_excluded():
     """What docs/results.md concludes from the pilot's records over three trainings: at t = 0.9 and 1 the monolith's
     change per doubling is indistinguishable from 0 at each of the last three doublings while the experts' falls,
-    and monolith − expert is above 0 at 25,600 and 51,200 steps; at t = 0.7 and averaged over t the monolith still
-    falls (a resolved change below 0 at 51,200)."""
+    and monolith − expert is above 0 at 25,600 and 51,200 steps — but a slow fall like t = 0.7's is not excluded
+    (from 6,400 to 51,200 its interval holds t = 0.7's rate); at t = 0.7 and averaged over t the monolith still
+    falls (a resolved change below 0 at 51,200). The committed summary is the one the records give."""
     from benchmarks.gmm_capacity_pilot import summarise
 
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-    s = summarise(json.loads((results / "gmm_capacity_pilot.json").read_text())["records"], "clu-r8-nano")
+    records = json.loads((results / "gmm_capacity_pilot.json").read_text())["records"]
+    s = summarise(records, "clu-r8-nano")
+    committed = json.loads((results / "gmm_capacity_pilot-clu-r8-nano.json").read_text())["summary"]
+    assert json.loads(json.dumps(s)) == committed
+    ends = summarise([r for r in records if r["label"] == "clu-r8-nano" and r["steps"] in (6400, 51200)], "clu-r8-nano")
+    slow = ends[51200]["t=0.7"]["monolith_change_per_doubling"]
+    assert slow["hi"] < 0
+    for key in ("t=0.9", "t=1.0"):
+        assert ends[51200][key]["monolith_change_per_doubling"]["lo"] < slow["mean"]
     for key in ("t=0.9", "t=1.0"):
         for steps in (12800, 25600, 51200):
             cell = s[steps][key]
