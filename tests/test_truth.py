@@ -318,3 +318,25 @@ def test_log_density_quantiles_against_closed_forms():
     assert got["log_deficit_p90"] == pytest.approx(qx - qy, abs=1e-12)
     same = log_density_quantiles(log_n(x), log_n(x))
     assert same == {"delta_log_density_median": 0.0, "log_deficit_p90": 0.0}
+
+
+def test_a_damaged_stored_row_is_said_and_not_reused(tmp_path, caplog):
+    """The truth-row store: a missing entry is the usual case (nothing said), a damaged one is named with its reason
+    and not reused; a sound one with its per-sample file is."""
+    import logging
+    import types
+
+    from hddm_flower.gmm.row_cache import ROW_CACHE_DIR, cached_row, slug, store_row
+
+    row = types.SimpleNamespace(name="8FM · top2")
+    with caplog.at_level(logging.WARNING, logger="hddm_flower.gmm.row_cache"):
+        assert cached_row(tmp_path, row, "k", []) is None
+    assert not caplog.records
+    (tmp_path / "rows.npz").write_bytes(b"per-sample values")
+    store_row(tmp_path, row, "k", {"per_sample_file": "rows.npz", "delta_log_density": 1.0})
+    assert cached_row(tmp_path, row, "k", [])["delta_log_density"] == 1.0
+    entry = tmp_path / ROW_CACHE_DIR / f"{slug(row.name)}.json"
+    entry.write_text('{"key": "k", "per_sample')  # cut short, as by a full disk
+    with caplog.at_level(logging.WARNING, logger="hddm_flower.gmm.row_cache"):
+        assert cached_row(tmp_path, row, "k", []) is None
+    assert "unreadable (JSONDecodeError" in caplog.text and str(entry) in caplog.text

@@ -67,7 +67,10 @@ def cached_row(root: Path, row: Row, key: str, donors: list[Path]) -> dict | Non
         entry = where / ROW_CACHE_DIR / f"{slug(row.name)}.json"
         try:
             stored = json.loads(entry.read_text())
-        except (OSError, ValueError):
+        except FileNotFoundError:  # no stored row there: the usual case
+            continue
+        except (OSError, ValueError) as e:  # a damaged entry: said, then computed afresh
+            log.warning("%s: stored row %s unreadable (%s: %s); not reused", row.name, entry, type(e).__name__, e)
             continue
         samples = where / stored.get("result", {}).get("per_sample_file", "")
         # the per-sample file must be the one the result was stored with (a later job of another key rewrites it)
