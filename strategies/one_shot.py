@@ -394,7 +394,7 @@ class OneShotExperts(Strategy):
         """Push ``messages`` and yield replies as they arrive, until all arrived or ``timeout`` passed; train
         messages are recorded (:meth:`sent`)."""
         ids = list(grid.push_messages(messages))
-        pending = set()
+        pending, queried = set(), {}
         for message_id, message in zip(ids, messages):
             is_train = message.metadata.message_type == MessageType.TRAIN
             if not message_id:
@@ -407,6 +407,8 @@ class OneShotExperts(Strategy):
             pending.add(message_id)
             if is_train:
                 self.sent(message_id, message)
+            else:
+                queried[message_id] = message.metadata.dst_node_id
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for message_id in sorted(pending):  # one id per pull: one checkpoint at a time
@@ -416,6 +418,9 @@ class OneShotExperts(Strategy):
             if pending:
                 time.sleep(self.poll_interval)
         for message_id in pending:
+            if message_id in queried:
+                log(WARNING, "node %d did not answer the query within %.0f s", queried[message_id], timeout)
+                continue
             self._lose_message(
                 self._message_experts.get(message_id, []), f"no reply within {timeout:.0f} s (node silent or too slow)"
             )

@@ -412,7 +412,8 @@ def test_in_simulation_a_crashed_client_loses_only_its_expert(tiny_config_path, 
         "run-dir": str(run_dir),
         "cache-dir": str(cache_dir),
         "overrides": "num_experts=2 objectives={ddpm: 1, fm: 1, ddpm_clusters: [1]} federation.min_nodes=2 "
-        "federation.min_experts=1 expert.steps=300 expert.checkpoint_every=10",
+        "federation.min_experts=1 expert.steps=300 expert.checkpoint_every=10 "
+        "federation.train_timeout=600",  # the query waits for Ray to start the actors on a busy machine
     }
     server = ServerApp()
 
@@ -741,3 +742,30 @@ def test_each_failure_of_a_several_expert_node_is_its_own_experts(tiny_config, d
     assert sorted(m) == [0, 1, 2, 3] and all(r.startswith("training failed on the node: ") for r in m.values()), m
     assert all(f"ValueError: cluster {k} of " in m[k] and "no shards" in m[k] for k in (0, 1, 2)), m
     assert "cluster" not in m[3] and "no shards" not in m[3], m[3]  # its own failure: the training state
+
+
+def test_a_node_that_never_answers_the_query_is_named_and_its_expert_missing(
+    tiny_config, dataset_dir, cache_dir, tmp_path, caplog
+):
+    """A node whose query reply never comes (an actor still starting, a node gone) is named in the log with the
+    time waited; its expert is missing with the reason, and the run goes on with the node that answered."""
+    from hddm_flower.config.io import config_from_dict
+
+    cfg = config_from_dict(
+        tiny_config.to_dict() | {"num_experts": 2, "objectives": {"ddpm": 1, "fm": 1, "ddpm_clusters": [1]}}
+    )
+
+    class QueryLost(FakeGrid):
+        def pull_messages(self, message_ids):
+            return [
+                r
+                for r in super().pull_messages(message_ids)
+                if not (r.metadata.src_node_id == 21 and r.metadata.message_type == "query")
+            ]
+
+    grid = QueryLost(client_app, {20: {"partition-id": 0}, 21: {"partition-id": 1}})
+    strategy = _strategy(cfg, tmp_path, cache_dir, dataset_dir, min_nodes=2)
+    with caplog.at_level("WARNING", logger="flwr"):
+        strategy.start(grid, timeout=1.0)
+    assert any("node 21 did not answer the query within 1 s" in r.getMessage() for r in caplog.records)
+    assert sorted(strategy.received) == [0] and "no node was assigned" in strategy.missing[1]

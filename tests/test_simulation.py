@@ -24,7 +24,8 @@ def test_simulation_two_nodes_for_four_experts(tiny_config_path, cache_dir, tmp_
     run_config = {
         "config": str(tiny_config_path),
         # were the server to wait for min_nodes, this run would outlast the test timeout (300 s)
-        "overrides": "federation.min_nodes=4 federation.node_wait_timeout=3600",
+        # the queries wait for Ray to start the actors, one after the other, on a busy machine
+        "overrides": "federation.min_nodes=4 federation.node_wait_timeout=3600 federation.train_timeout=600",
         "run-dir": str(run_dir),
         "cache-dir": str(cache_dir),
     }
