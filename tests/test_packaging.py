@@ -100,3 +100,11 @@ def test_flower_app_bundle_passes_format_v1_with_its_licence():
     bundled = tomllib.loads(fab.read("pyproject.toml").decode())
     assert bundled["tool"]["flwr"]["app"]["flwr-version-target"] == app["flwr-version-target"]
     assert not any(n.startswith(".venv/") or "__pycache__" in n for n in names)
+    # the apps, their library and configs; no results, tests or docs (Flower refuses a bundle over its 10 MB)
+    assert {
+        "strategies/server_app.py",
+        "clients/client_app.py",
+        "hddm_flower/__init__.py",
+        "configs/default.yaml",
+    } <= names
+    assert not [n for n in names if n.split("/")[0] in ("benchmarks", "tests", "docs", "scripts")]
