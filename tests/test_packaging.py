@@ -92,7 +92,9 @@ def test_flower_app_bundle_passes_format_v1_with_its_licence():
     checks raise otherwise), the Apache-2.0 LICENSE inside the bundle, no tests' caches or virtual environments."""
     app = _pyproject()["tool"]["flwr"]["app"]
     assert app["fab-format-version"] == 1
-    fab = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT)))
+    blob = build_fab_from_disk(ROOT)
+    assert len(blob) < 2 * 2**20, f"the bundle is {len(blob)} bytes: what grew it? (Flower refuses 10 MB)"
+    fab = zipfile.ZipFile(io.BytesIO(blob))
     names = set(fab.namelist())
     assert "LICENSE" in names and "pyproject.toml" in names
     assert fab.read("LICENSE") == (ROOT / "LICENSE").read_bytes()
