@@ -4,6 +4,7 @@ every number of that paragraph and its table recomputed from ``benchmarks/result
 (one decimal for Δ log p, two for MMD² ×10⁻³, three for the excess loss, the unicode minus), so a rerun that moves a
 number, or an edit that moves the text away from the files, fails here."""
 
+import ast
 import json
 import re
 from functools import cache
@@ -317,3 +318,470 @@ def test_the_nano_pilots_gap_from_400_to_3200_steps_is_its_one_trainings_records
         f"the nano pilot's monolith − expert {num(gap[400], 3)} → {num(gap[3200], 3)} from 400 to 3,200 steps, one training"
         in paragraph()
     )
+
+
+# The rest of the budget ladder: the five-rung table after the paragraph, its three bullets (the mixture of the
+# ladder, the larger mixture, the `nano` rung and the capacity pilot's training 0) and the bullet on the mixture whose
+# clusters share no structure up to its pilot ("| rung (budget, expert steps) |" … "The pilot (`benchmarks/…").
+LADDER_START = "| rung (budget, expert steps) | 8FM top-2 − monolith"
+LADDER_END = "The pilot (`benchmarks/gmm_capacity_pilot.py`"
+PILOT_LABEL = "base-nano-cos-lr2.0e-3"  # the nano pilot: the nano rung's config (lr 2e-3, cosine) at other budgets
+WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 8: "eight"}
+RUNG_LABELS = (  # gmm_ladder.json's rungs, the rung table's rows in order
+    "equal-images-200",
+    "equal-steps-200",
+    "equal-steps-800",
+    "capacity-equal-steps-800",
+    "nano-equal-steps-800",
+)
+
+
+@cache
+def raw_ladder_text() -> str:
+    text = (ROOT / "docs" / "results.md").read_text()
+    start = text.index(LADDER_START)
+    return text[start : text.index(LADDER_END, start)]
+
+
+@cache
+def ladder_text() -> str:
+    """The rung table, its bullets and the subspace table with its sentences, line breaks folded."""
+    return re.sub(r"\s+", " ", raw_ladder_text())
+
+
+def doc_table(header: str) -> list[list[str]]:
+    """The cells of each body row of the section's table whose header line starts with ``header``."""
+    lines = [line.strip() for line in raw_ladder_text().splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[start + 2 : end]]
+
+
+def rungs(name: str = "gmm_ladder") -> list[dict]:
+    return load(f"{name}.json")["rungs"]
+
+
+def rung(label: str, name: str = "gmm_ladder") -> dict:
+    (g,) = [g for g in rungs(name) if g["label"] == label]
+    return g
+
+
+def resolved(x: dict) -> bool:
+    """A paired difference's own verdict, or (the excess-loss intervals carry none) its interval off 0."""
+    return x["resolved"] if "resolved" in x else x["lo"] > 0 or x["hi"] < 0
+
+
+def bold(s: str, x: dict) -> str:
+    return f"**{s}**" if resolved(x) else s
+
+
+def level(x: dict, digits: int = 3) -> str:
+    """A level (no sign) with its half-width: ``0.116 ± 0.010``."""
+    return f"{num(x['mean'], digits, sign=False)} ± {num(x['half'], digits, sign=False)}"
+
+
+def whole(x: dict) -> str:
+    """The rung table's Δ log p: whole nats, the integers without the thousands comma (as gmm_ladder.md writes them)."""
+    return iv(x, 0).replace(",", "")
+
+
+def by_t(name: str, label: str, t: float, who: str = "monolith_minus_expert") -> dict:
+    """An excess-loss interval at one t of a ladder rung: ``who`` is expert, monolith or monolith_minus_expert."""
+    e = rung(label, name)["excess"]
+    i = load(f"{name}.json")["times"].index(t)
+    return e["monolith_minus_expert_by_t"][i] if who == "monolith_minus_expert" else e["by_t"][who][i]
+
+
+@cache
+def patterns() -> tuple[str, ...]:
+    """``hddm_flower.gmm.dataset.PATTERNS``, read from the source (cluster k is pattern k) without importing torch."""
+    source = (ROOT / "hddm_flower" / "gmm" / "dataset.py").read_text()
+    (node,) = [
+        n for n in ast.parse(source).body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "PATTERNS"
+    ]
+    return ast.literal_eval(node.value)
+
+
+def checkerboard() -> str:
+    return str(patterns().index("checkerboard"))
+
+
+def gmm_name(dataset: str) -> dict[str, int]:
+    """The sizes a GMM dataset's name carries (``gmm-v1-3x12px-k8-j6-r12-…``): channels, size, k, j, r."""
+    m = re.match(r"gmm-v\d+-(\d+)x(\d+)px-k(\d+)-j(\d+)-r(\d+)-", dataset)
+    return dict(zip(("channels", "size", "k", "j", "r"), map(int, m.groups())))
+
+
+def test_the_ladder_text_and_its_two_tables_are_in_the_doc():
+    assert ladder_text().startswith(LADDER_START)
+    assert tuple(g["label"] for g in rungs()) == RUNG_LABELS
+    assert len(doc_table("| rung (budget, expert steps) |")) == len(rungs())
+    assert len(doc_table("| rung | FM expert (mean over t) |")) == len(rungs("gmm_ladder_subspace")) == 2
+
+
+def test_the_rung_tables_rows_are_the_ladder_records_rungs_in_order_named_by_their_budgets():
+    nano = load("reproduce-gmm-nano-manifest.json")
+    names = []
+    for g in rungs():
+        b = g["budget"]
+        name = f"{b['protocol'].replace('_', ' ')}, {b['expert_steps']}"
+        if b["expert_steps"] == min(r["budget"]["expert_steps"] for r in rungs()):  # the 200 rungs name the monolith
+            name += f" (monolith {num(b['monolith_steps'], 0, sign=False)} steps × {b['monolith_batch']})"
+        config = re.search(r"--config configs/(\S+)", g["command"])[1]
+        if config == "reproduce-gmm-capacity.yaml":
+            cap, ladder_mixture = gmm_name(g["data"]["dataset"]), gmm_name(rungs()[0]["data"]["dataset"])
+            assert cap["channels"] * cap["size"] ** 2 > ladder_mixture["channels"] * ladder_mixture["size"] ** 2
+            assert cap["k"] * cap["j"] > ladder_mixture["k"] * ladder_mixture["j"]  # "larger mixture"
+            name = f"larger mixture (`{config}`), {name}"
+        if g["expert_preset"] != "mini":  # the nano rung: its run's manifest names the schedule
+            assert nano["command"] == g["command"] and nano["config"]["expert"]["preset"] == g["expert_preset"]
+            name = f"`{g['expert_preset']}` networks, {name}, {nano['config']['expert']['optim']['schedule']}"
+        names.append(name)
+    assert [row[0] for row in doc_table("| rung (budget, expert steps) |")] == names
+
+
+def rung_cells(label: str) -> tuple[dict, list[str]]:
+    """A rung of ``gmm_ladder.json`` and its row of the rung table (the rows are the record's rungs in order)."""
+    i = [g["label"] for g in rungs()].index(label)
+    return rungs()[i], doc_table("| rung (budget, expert steps) |")[i]
+
+
+@pytest.mark.parametrize(
+    ("label", "group"), [(label, group) for label in RUNG_LABELS for group in ("8FM", "2DDPM:6FM")]
+)
+def test_each_rung_rows_top2_minus_monolith_cells_are_its_ladder_records_bold_where_resolved(label, group):
+    g, cells = rung_cells(label)
+    x = g["paired"].get(group, {}).get("top2 − monolith", {}).get("delta_log_density")
+    assert cells[1 + ("8FM", "2DDPM:6FM").index(group)] == (bold(whole(x), x) if x else "—")  # nano: no DDPM expert
+
+
+@pytest.mark.parametrize("label", RUNG_LABELS)
+def test_each_rung_rows_excess_loss_cell_is_its_mean_over_t_with_the_sign_word_where_resolved(label):
+    g, cells = rung_cells(label)
+    x = g["excess_mean_over_t"]["monolith_minus_expert"]
+    cell = bold(iv(x, 3), x)
+    if resolved(x):
+        cell += f" (the {'expert' if x['mean'] > 0 else 'monolith'} is closer"
+        per = g["monolith_minus_expert_by_cluster"].values()
+        if all(resolved(c) and (c["mean"] > 0) == (x["mean"] > 0) for c in per):
+            cell += f", on each of the {len(per)} clusters"
+        cell += ")"
+    assert cells[3] == cell
+
+
+def test_the_sign_words_of_the_ladder_text_agree_with_the_signs_they_follow():
+    words = {"+": "the expert is closer", "−": "the monolith is closer"}
+    found = re.findall(r"\*\*([+−])[\d.]+ ± [\d.]+\*\* \((the \w+ is closer)", ladder_text())
+    assert len(found) == 3
+    for sign, word in found:
+        assert word == words[sign]
+
+
+def test_under_equal_steps_top2_beats_the_monolith_at_the_smallest_budget_and_the_experts_are_closer():
+    least = min(g["budget"]["expert_steps"] for g in rungs())
+    (smallest,) = [
+        g for g in rungs() if g["budget"]["protocol"] == "equal_steps" and g["budget"]["expert_steps"] == least
+    ]
+    x = smallest["paired"]["8FM"]["top2 − monolith"]["delta_log_density"]
+    e = smallest["excess_mean_over_t"]["monolith_minus_expert"]
+    assert x["resolved"] and x["mean"] > 0 and resolved(e) and e["mean"] > 0
+    assert (
+        "**Under DDM's equal-steps protocol the ensemble beats the monolith at the smallest budget**" in ladder_text()
+    )
+    assert (
+        f"8FM top-2 gains {whole(x)} nats per sample over {WORDS[x['n']]} trainings, and the FM experts are closer to "
+        f"the exact velocity on their own clusters than the monolith ({iv(e, 3)} per dimension, mean over clusters;"
+    ) in ladder_text()
+
+
+def test_at_the_smallest_equal_steps_rung_every_clusters_interval_is_above_0_but_the_checkerboards_a_tie():
+    per = rung("equal-steps-200")["monolith_minus_expert_by_cluster"]
+    above = [k for k, x in per.items() if x["lo"] > 0]
+    (left,) = set(per) - set(above)
+    assert left == checkerboard() and not resolved(per[left])
+    assert (
+        f"on {len(above)} of the {len(per)} clusters the interval is above 0, the {patterns()[int(left)]} ties at "
+    ) in ladder_text()
+
+
+def test_the_checkerboards_tie_at_the_smallest_equal_steps_rung_is_its_clusters_interval():
+    x = rung("equal-steps-200")["monolith_minus_expert_by_cluster"][checkerboard()]
+    assert f"the checkerboard ties at {iv(x, 3)})" in ladder_text()
+
+
+def test_at_800_equal_steps_the_excess_losses_tie():
+    e = excess("gmm_ladder", "equal-steps-800")
+    assert not resolved(e)
+    assert f"At 800 steps the monolith has caught up: the excess losses tie ({iv(e, 3)}) and so does Δ log p (" in (
+        ladder_text()
+    )
+
+
+def test_at_800_equal_steps_top2_ties_the_monolith_by_delta_log_p():
+    x = ladder("gmm_ladder", "equal-steps-800", "top2 − monolith")
+    assert not x["resolved"]
+    assert f"and so does Δ log p ({whole(x)})" in ladder_text()
+
+
+def test_under_equal_images_the_monolith_takes_8x_the_steps_is_closer_and_top2_ties_it():
+    g = rung("equal-images-200")
+    ratio = g["budget"]["monolith_steps"] / g["budget"]["expert_steps"]
+    e = g["excess_mean_over_t"]["monolith_minus_expert"]
+    x = g["paired"]["8FM"]["top2 − monolith"]["delta_log_density"]
+    assert resolved(e) and e["mean"] < 0 and not x["resolved"]
+    assert (
+        f"Under equal images (the monolith takes {ratio:g}× an expert's optimiser steps) the monolith is closer to "
+        f"the exact velocity ({iv(e, 3)}) and top-2 ties with it"
+    ) in ladder_text()
+
+
+def test_on_the_larger_mixture_mini_monoliths_excess_loss_ties_the_experts_at_800_steps():
+    g = rung("capacity-equal-steps-800")
+    e = g["excess_mean_over_t"]["monolith_minus_expert"]
+    assert not resolved(e) and g["expert_preset"] == "mini" and g["budget"]["expert_steps"] == 800
+    assert (
+        f"**The larger mixture is not capacity-limited for `{g['expert_preset']}`**: at {g['budget']['expert_steps']} "
+        f"steps the monolith's excess loss on each expert's cluster ties the expert's ({iv(e, 3)})"
+    ) in ladder_text()
+
+
+def test_the_larger_mixtures_field_and_shared_structure_follow_from_its_dataset_and_the_generator():
+    size = gmm_name(rung("capacity-equal-steps-800")["data"]["dataset"])
+    assert "-cov-" not in rung("capacity-equal-steps-800")["data"]["dataset"]  # directions by pattern, not by cluster
+    c, d, r, components = size["channels"], size["channels"] * size["size"] ** 2, size["r"], size["k"] * size["j"]
+    numbers = components * (d * (r + 1) + 1)  # per component: the mean, r directions and the diagonal's one value
+    assert f"{components} × ({d} × {r + 1} + 1) ≈ {round(numbers, -4) // 1000}k numbers" in ladder_text()
+    source = (ROOT / "hddm_flower" / "gmm" / "dataset.py").read_text()
+    assert "rng.standard_normal((C, 3, 3))" in source  # the smooth directions: block-constant on a 3×3 grid
+    fixed = 1 + c  # the pattern's contrast and one brightness per channel
+    assert (
+        f"every mean is one of {size['k']} patterns times one of {size['j']} colours, {fixed} of each component's "
+        f"{r} directions are the pattern's contrast and the {WORDS[c]} channel brightnesses, and the other {r - fixed} "
+        f"are block-constant on a 3×3 grid per channel — one {c * 3 * 3}-dimensional subspace for all {components} "
+        "components"
+    ) in ladder_text()
+
+
+def misses(x: float) -> bool:
+    """The checkerboard expert "misses the mean": an excess over half the ≈ 0.2 per dimension the doc quotes (a
+    network that fits it stays below 0.1 at every t ≥ 0.5 on these rungs)."""
+    return x > 0.1
+
+
+def test_on_both_800_step_mini_rungs_the_checkerboard_expert_misses_the_mean_at_high_noise_the_monolith_in_one_training():
+    both = [g["label"] for g in rungs() if g["budget"]["expert_steps"] == 800 and g["expert_preset"] == "mini"]
+    assert both == ["equal-steps-800", "capacity-equal-steps-800"]
+    times = load("gmm_ladder.json")["times"]
+    start, level, monolith, trainings = {}, [], set(), set()
+    for label in both:
+        per = [e[checkerboard()] for e in rung(label)["excess"]["per_training"]]
+        # the smallest t from which the expert misses the mean at every t, in every training
+        start[label] = min(t for i, t in enumerate(times) if all(misses(x) for p in per for x in p["expert"][i:]))
+        i = times.index(start[label])
+        lost = [x for p in per for x in p["expert"][i:]]
+        level.append(f"{sum(lost) / len(lost):.1f}")
+        monolith.add(sum(all(misses(x) for x in p["monolith"][i:]) for p in per))
+        trainings.add(len(per))
+    (n,), (m,), (lvl,) = trainings, monolith, set(level)  # one count and one level for both rungs, as the doc says
+    assert (
+        f"on the checkerboard cluster the expert misses the mean at t ≥ {start['equal-steps-800']:g} on the "
+        f"equal-steps rung and at t ≥ {start['capacity-equal-steps-800']:g} on the larger mixture's (excess ≈ {lvl} "
+        f"per dimension) in all {WORDS[n]} trainings of both 800-step rungs, the monolith in {WORDS[m]} of {WORDS[n]} "
+        "(per cluster and t in `gmm_ladder.json`)"
+    ) in ladder_text()
+
+
+def test_the_nano_rung_is_the_ladders_mixture_with_the_pilots_64k_parameter_networks():
+    g = rung("nano-equal-steps-800")
+    parameters = {
+        r["train_seconds"]["parameters"] for r in load("gmm_capacity_pilot.json")["records"] if r["preset"] == "nano"
+    }
+    (p,) = parameters
+    assert g["data"] == rung("equal-steps-800")["data"]  # "the ladder's mixture"
+    e = g["excess_mean_over_t"]["monolith_minus_expert"]
+    assert resolved(e) and e["mean"] > 0  # "the monolith is behind"
+    assert (
+        f"**With `nano` networks ({round(p / 1000)}k parameters, the ladder's mixture) the monolith is behind at "
+        f"{g['budget']['expert_steps']} steps**"
+    ) in ladder_text()
+
+
+def test_the_nano_rungs_excess_losses_are_its_mean_over_t_positive_from_t_01_and_on_each_cluster_tied_at_t_0():
+    g = rung("nano-equal-steps-800")
+    m, times = g["excess_mean_over_t"], load("gmm_ladder.json")["times"]
+    gap = g["excess"]["monolith_minus_expert_by_t"]
+    positive = [t for t, x in zip(times, gap) if x["lo"] > 0]
+    per = g["monolith_minus_expert_by_cluster"].values()
+    assert positive == times[1:] and all(x["lo"] > 0 for x in per) and not resolved(gap[0])
+    assert (
+        f"its excess loss over Bayes on each expert's cluster is {level(m['monolith'])} per dimension against the "
+        f"experts' {level(m['expert'])}, monolith − expert {bold(iv(m['monolith_minus_expert'], 3), m['monolith_minus_expert'])} "
+        f"over {WORDS[g['trainings']]} trainings, positive at every t from {times[1]:g} to {times[-1]:g} and on each of "
+        f"the {len(per)} clusters (interval above 0 on all {len(per)}; `gmm_ladder.md`); at t = {times[0]:g} the two "
+        f"tie ({iv(gap[0], 3)})"
+    ) in ladder_text()
+    row = [
+        line for line in (RESULTS / "gmm_ladder.md").read_text().splitlines() if line.startswith(f"| {g['label']} |")
+    ]
+    assert row[-1].endswith(f"| {len(per)} of {len(per)} (interval above 0) |")
+
+
+def test_the_nano_pilots_training_0_runs_the_nano_rungs_config_on_clusters_0_3_and_4():
+    records = [r for r in load("gmm_capacity_pilot.json")["records"] if r["label"] == PILOT_LABEL]
+    optim = load("reproduce-gmm-nano-manifest.json")["config"]["expert"]["optim"]
+    for r in records:
+        assert r.get("training", 0) == 0 and r["dataset"] == rung("nano-equal-steps-800")["data"]["dataset"]
+        sets = dict(s.split("=") for s in r["set"].split())
+        assert (sets["expert.preset"], float(sets["expert.optim.lr"]), sets["expert.optim.schedule"]) == (
+            "nano",
+            optim["lr"],
+            optim["schedule"],
+        )
+        assert r["budget"]["protocol"] == "equal_steps"
+    (clusters,) = {tuple(r["per_cluster"]) for r in records}
+    assert (
+        "one training of the same config at other budgets (`benchmarks/gmm_capacity_pilot.py`, experts of clusters "
+        f"{', '.join(clusters[:-1])} and {clusters[-1]}; `benchmarks/results/gmm_capacity_pilot.json`)"
+    ) in ladder_text()
+
+
+def pilot_curve() -> dict[int, dict[str, float]]:
+    """Expert and monolith excess loss (mean over t and the pilot's clusters) by steps: the pilot's training 0 records
+    and, at 800, the nano rung's training 0 on the same clusters."""
+    records = [r for r in load("gmm_capacity_pilot.json")["records"] if r["label"] == PILOT_LABEL]
+    curve = {r["steps"]: r["mean_over_t_and_clusters"] for r in records}
+    for r in records:  # the records' mean is over the t grid and their clusters
+        for who in ("expert", "monolith"):
+            values = [x for c in r["per_cluster"].values() for x in c[who]]
+            assert sum(values) / len(values) == pytest.approx(r["mean_over_t_and_clusters"][who])
+    run = rung("nano-equal-steps-800")["excess"]["per_training"][0]
+    clusters = list(records[0]["per_cluster"])
+    curve[800] = {
+        who: sum(x for k in clusters for x in run[k][who]) / sum(len(run[k][who]) for k in clusters)
+        for who in ("expert", "monolith")
+    }
+    return dict(sorted(curve.items()))
+
+
+def test_the_nano_pilots_gap_at_each_budget_is_its_records_and_the_nano_runs_training_0_at_800():
+    curve = pilot_curve()
+    assert list(curve) == [400, 800, 1600, 3200]
+    gap = {s: c["monolith"] - c["expert"] for s, c in curve.items()}
+    s0, s1, s2, s3 = (num(s, 0, sign=False) for s in curve)
+    (last,) = [
+        r for r in load("gmm_capacity_pilot.json")["records"] if r["label"] == PILOT_LABEL and r["steps"] == 3200
+    ]
+    cb = last["per_cluster"][checkerboard()]
+    ahead = (sum(cb["monolith"]) - sum(cb["expert"])) / len(cb["expert"])  # monolith − expert, mean over t
+    assert ahead < 0 and rung("nano-equal-steps-800")["budget"]["expert_steps"] == 800
+    lo, hi = curve[400], curve[3200]
+    assert (
+        f"monolith − expert {num(gap[400], 3)} at {s0} steps, {num(gap[800], 3)} at {s1} (the run's training 0), "
+        f"{num(gap[1600], 3)} at {s2} and {num(gap[3200], 3)} at {s3} (expert {num(lo['expert'], 3, False)} → "
+        f"{num(hi['expert'], 3, False)}, monolith {num(lo['monolith'], 3, False)} → "
+        f"{num(hi['monolith'], 3, False)}; at {s3} the monolith is ahead on the checkerboard cluster, "
+        f"{num(ahead, 3)})"
+    ) in ladder_text()
+
+
+def test_the_nano_pilots_excess_losses_fall_and_its_gap_shrinks_at_every_doubling():
+    curve = pilot_curve()
+    steps = list(curve)
+    assert all(b == 2 * a for a, b in zip(steps, steps[1:]))
+    for who in ("expert", "monolith"):
+        assert all(curve[b][who] < curve[a][who] for a, b in zip(steps, steps[1:]))  # "still falling"
+    gap = [curve[s]["monolith"] - curve[s]["expert"] for s in steps]
+    assert all(0 < b < a for a, b in zip(gap, gap[1:]))
+    assert "has both excess losses still falling and the gap closing" in ladder_text()
+    assert "the gap shrinks at every doubling of the budget" in ladder_text()
+
+
+def test_the_subspace_runs_are_the_nano_rungs_mixture_with_one_rank_8_subspace_per_cluster():
+    nano = gmm_name(rung("nano-equal-steps-800")["data"]["dataset"])
+    for g in rungs("gmm_ladder_subspace"):
+        data = manifest(g["label"])["config"]["data"]
+        size = gmm_name(g["data"]["dataset"])
+        assert {k: v for k, v in size.items() if k != "r"} == {k: v for k, v in nano.items() if k != "r"}
+        assert g["expert_preset"] == rung("nano-equal-steps-800")["expert_preset"]
+        assert g["budget"]["protocol"] == "equal_steps" and g["data"]["dataset"].endswith("-cov-cluster")
+        assert (
+            f"(`configs/reproduce-gmm-subspace.yaml`: `data.gmm_covariance: {data['gmm_covariance']}`, each cluster "
+            f"its own random rank-{data['gmm_rank']} subspace shared by its {WORDS[data['gmm_components']]} components "
+            f"and by no other cluster; the same means, captions and `{g['expert_preset']}` networks as the nano rung; "
+            f"equal steps; {g['trainings']} trainings × {g['sampling_seeds']} sampling seeds;"
+        ) in ladder_text()
+
+
+def test_the_subspace_runs_commands_times_loads_and_date_are_their_records():
+    record, (low, high) = load("gmm_ladder_subspace.json"), rungs("gmm_ladder_subspace")
+    first = low["command"].replace(low["out"], "OUT")
+    base, _, tail = first.partition(" --out ")
+    extra, _, high_tail = high["command"].replace(high["out"], "OUT").removeprefix(base).partition(" --out ")
+    assert high_tail == tail  # the second rung: the first's command with one more --set
+    ladder_command = record["command"]
+    for g in (low, high):
+        ladder_command = ladder_command.replace(g["out"], f"OUT_{g['label']}")
+    ladder_command = re.sub(r" --threads \d+$", "", ladder_command)
+    loads = [g["load_average"][when][0] for g in (low, high) for when in ("start", "end")]
+    (day,) = {record["date"][:10]} | {manifest(g["label"])["created_at"][:10] for g in (low, high)}
+    assert (
+        f"`{first}`, and `{extra.strip()}` for the second rung; then "
+        f"`{ladder_command}`; same machine, shared with other test runs (load {min(loads):.1f}–{max(loads):.1f}), "
+        f"{low['seconds'] / 60:.1f} and {high['seconds'] / 60:.1f} min; {day};"
+    ) in ladder_text()
+
+
+def test_each_subspace_table_row_is_its_rungs_excess_losses_and_clusters_where_the_monolith_is_worse():
+    rows = doc_table("| rung | FM expert (mean over t) |")
+    for g, cells in zip(rungs("gmm_ladder_subspace"), rows, strict=True):
+        m, label = g["excess_mean_over_t"], g["label"]
+        gap = m["monolith_minus_expert"]
+        expert, monolith = (by_t("gmm_ladder_subspace", label, 0.1, who) for who in ("expert", "monolith"))
+        at = by_t("gmm_ladder_subspace", label, 0.1)
+        per = g["monolith_minus_expert_by_cluster"].values()
+        assert cells == [
+            f"{num(g['budget']['expert_steps'], 0, sign=False)} steps",
+            level(m["expert"]),
+            level(m["monolith"]),
+            bold(iv(gap, 3), gap),
+            f"{num(expert['mean'], 3, False)} / {num(monolith['mean'], 3, False)} ({iv(at, 3)})",
+            f"{sum(x['lo'] > 0 for x in per)} of {len(per)}",
+        ]
+
+
+def test_between_the_subspace_rungs_the_excess_at_t_01_falls_by_38_and_6_percent():
+    fall = {
+        who: 100
+        * (
+            1
+            - by_t("gmm_ladder_subspace", "3200", 0.1, who)["mean"]
+            / by_t("gmm_ladder_subspace", "800", 0.1, who)["mean"]
+        )
+        for who in ("expert", "monolith")
+    }
+    assert fall["expert"] > fall["monolith"] > 0
+    assert (
+        f"Between the rungs the experts' excess at t = 0.1 falls by {fall['expert']:.0f} % and the monolith's by "
+        f"{fall['monolith']:.0f} %"
+    ) in ladder_text()
+
+
+def test_at_high_noise_the_3200_subspace_gap_is_resolved_at_07_only_and_ties_at_09_and_1():
+    g = rungs("gmm_ladder_subspace")[-1]
+    all_times = load("gmm_ladder_subspace.json")["times"]
+    # "nearly closes": the t from which the gap stays under 0.01 per dimension (it is 0.021 at t = 0.5)
+    start = min(
+        t
+        for t in all_times
+        if all(abs(by_t("gmm_ladder_subspace", g["label"], u)["mean"]) < 0.01 for u in all_times if u >= t)
+    )
+    times = [t for t in all_times if t >= start]
+    gaps = {t: by_t("gmm_ladder_subspace", g["label"], t) for t in times}
+    ties = [t for t, x in gaps.items() if not resolved(x)]
+    (res,) = [t for t, x in gaps.items() if resolved(x)]
+    assert gaps[res]["mean"] > 0
+    assert (
+        f"(t ≥ {start:g}, the means) both reach nearly the same level by {num(g['budget']['expert_steps'], 0, False)} "
+        "steps and the gap nearly closes there "
+        f"({iv(gaps[res], 3)} at {res:g}, resolved; ties at {' and '.join(f'{t:g}' for t in ties)})"
+    ) in ladder_text()
