@@ -348,3 +348,18 @@ def test_every_diffusers_load_is_eager():
                 lazy.append(f"{path}:{node.lineno} {receiver}.from_pretrained")
     assert lazy == []
     assert loads >= 10  # the walk saw the project's diffusers loads (experts, router, VAE, feature net, pipelines)
+
+
+def test_a_module_over_400_lines_says_why_in_its_docstring():
+    """A module of the project longer than 400 lines is split along its jobs or says why it is one ("Its length is
+    …" in its docstring), so a reader knows whether a long file is a design or an accident."""
+    import ast
+
+    long = []
+    for p in _tracked_text_files():
+        if p.suffix != ".py" or p.relative_to(ROOT).parts[0] == "tests":
+            continue
+        text = p.read_text()
+        if len(text.splitlines()) > 400 and "Its length is" not in (ast.get_docstring(ast.parse(text)) or ""):
+            long.append(f"{p.relative_to(ROOT)}: {len(text.splitlines())} lines")
+    assert not long, long
