@@ -5,15 +5,13 @@ every number of that paragraph and its table recomputed from ``benchmarks/result
 number, or an edit that moves the text away from the files, fails here."""
 
 import ast
-import json
 import re
 from functools import cache
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+from .doc_claims import RESULTS, ROOT, load, num
+
 START = "**In short**, on the mixture whose clusters share no structure"
 END = "Details below."
 
@@ -45,11 +43,6 @@ def paragraph() -> str:
     return re.sub(r"\s+", " ", raw_paragraph())
 
 
-@cache
-def load(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
-
-
 def manifest(run: str) -> dict:
     return load(f"reproduce-gmm-subspace-{run}-manifest.json")
 
@@ -70,11 +63,6 @@ def excess(name: str, label: str) -> dict:
     """Monolith − expert excess loss over Bayes, mean over t (``gmm_ladder``'s ``excess_mean_over_t``)."""
     (rung,) = [g for g in load(f"{name}.json")["rungs"] if g["label"] == label]
     return rung["excess_mean_over_t"]["monolith_minus_expert"]
-
-
-def num(x: float, digits: int, sign: bool = True) -> str:
-    """``x`` as the doc writes it: thousands with a comma, the sign always (unless ``sign`` is off), unicode minus."""
-    return format(x, f"{'+' if sign else ''},.{digits}f").replace("-", "−")
 
 
 def iv(x: dict, digits: int, scale: float = 1.0, inner: bool = False) -> str:

@@ -8,14 +8,13 @@ committed ``hddm reproduce`` manifests — and written as the doc writes it (tho
 then looked up in the passage with its whitespace folded; so a rerun that moves a number, or an edit that moves the
 text away from the files, fails here."""
 
-import json
 import re
 import statistics
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+from .doc_claims import RESULTS, ROOT, iv, load, num
+
 START = "| set | machine | date | wall (the ladder alone) | es-800 · ei-800 · es-3200 · ei-3200 · colour, s |"
 END = "- Not shown: a `hddm reproduce` rung above 3,200"
 
@@ -41,24 +40,9 @@ def passage() -> str:
     return re.sub(r"\s+", " ", raw_passage()).strip()
 
 
-@cache
-def load(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
-
-
 def runs(name: str) -> dict[str, dict]:
     """A cost file's runs by label, in the file's order."""
     return {r["label"]: r for r in load(name)["runs"]}
-
-
-def num(x: float, digits: int, sign: bool = True) -> str:
-    """``x`` as the doc writes it: thousands with a comma, the sign always (unless ``sign`` is off), unicode minus."""
-    return format(x, f"{'+' if sign else ''},.{digits}f").replace("-", "−")
-
-
-def iv(x: dict, digits: int) -> str:
-    """``mean ± half`` of an interval, as the doc writes it."""
-    return f"{num(x['mean'], digits)} ± {num(x['half'], digits, sign=False)}"
 
 
 def seconds(x: float) -> str:

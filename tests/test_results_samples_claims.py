@@ -14,17 +14,14 @@ monolith wins"), a bold number (a resolved difference) and an ordering are check
 the files. So a rerun that moves a number, or an edit that moves the text away from the files, fails here. Where the
 doc disagrees with a file, the one check of that number is an expected failure naming both."""
 
-import json
 import math
 import re
 from functools import cache
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-DOC = ROOT / "docs" / "results.md"
+from .doc_claims import DOC, RESULTS, iv, load, num, resolved
+
 START = "Samples, 8FM, paired over trainings (Δ log p per sample against the whole mixture; Δ log p(x | c) against the"
 END = "- **What the evidence set costs**"
 
@@ -66,11 +63,6 @@ def passage() -> str:
     return re.sub(r"\s+", " ", raw_passage()).strip()
 
 
-@cache
-def load(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
-
-
 def manifest(run: str) -> dict:
     return load(f"reproduce-gmm-{run}-manifest.json")
 
@@ -104,25 +96,9 @@ def ladder(
     return rung(label, name)["paired"][group][comparison][metric]
 
 
-def num(x: float, digits: int, sign: bool = True) -> str:
-    """``x`` as the doc writes it: thousands with a comma, the sign always (unless ``sign`` is off), unicode minus."""
-    return format(x, f"{'+' if sign else ''},.{digits}f").replace("-", "−")
-
-
-def pm(x: dict, digits: int, half_digits: int | None = None, scale: float = 1.0) -> str:
-    """``mean ± half`` of an interval as the doc writes it (``half_digits`` where the half-width has other decimals)."""
-    half = digits if half_digits is None else half_digits
-    return f"{num(x['mean'] * scale, digits)} ± {num(x['half'] * scale, half, sign=False)}"
-
-
 def level(x: float, digits: int) -> str:
     """A level without a sign (an adherence, a KL): ``0.876``."""
     return num(x, digits, sign=False)
-
-
-def resolved(x: dict) -> bool:
-    """A paired difference's own verdict, or (the excess-loss intervals carry none) its interval off 0."""
-    return x["resolved"] if "resolved" in x else x["lo"] > 0 or x["hi"] < 0
 
 
 def strong(s: str, x: dict) -> str:
@@ -217,7 +193,7 @@ def test_with_the_text_free_router_top2_is_closer_to_the_mixture_than_the_monoli
     x800, x3200 = (ladder(label, "top2 − monolith", name=SUBSPACE_LADDER) for label in ("800", "3200"))
     assert x800["mean"] > 0 and x3200["mean"] > 0
     assert (
-        f"- top-2 − monolith: {strong(pm(x800, 0), x800)} nats at 800 steps, {strong(pm(x3200, 0), x3200)} at 3,200 — "
+        f"- top-2 − monolith: {strong(iv(x800, 0), x800)} nats at 800 steps, {strong(iv(x3200, 0), x3200)} at 3,200 — "
         "the ensemble's samples are closer to the mixture at both rungs;"
     ) in passage()
 
@@ -226,8 +202,8 @@ def test_with_the_text_free_router_mmd_ties_at_800_and_the_monolith_is_closer_at
     x800, x3200 = (ladder(label, "top2 − monolith", "mmd2", name=SUBSPACE_LADDER) for label in ("800", "3200"))
     assert not x800["resolved"] and x3200["resolved"] and x3200["mean"] > 0  # MMD²: lower is closer
     assert (
-        f"by MMD² they tie at 800 ({pm(x800, 0, scale=1e3)} ×10⁻³) and the monolith is closer at 3,200 "
-        f"({pm(x3200, 0, scale=1e3)} ×10⁻³, resolved)"
+        f"by MMD² they tie at 800 ({iv(x800, 0, scale=1e3)} ×10⁻³) and the monolith is closer at 3,200 "
+        f"({iv(x3200, 0, scale=1e3)} ×10⁻³, resolved)"
     ) in passage()
 
 
@@ -267,7 +243,7 @@ def conditional_verdict(x: dict) -> str:
 
 def test_with_the_text_free_router_top2_minus_monolith_by_the_captions_density_is_each_runs():
     for steps, (_, number) in conditional_claims().items():
-        assert number == pm(paired(TEXT_FREE[steps], TOP2_MONOLITH, "delta_log_density_cond"), 0)
+        assert number == iv(paired(TEXT_FREE[steps], TOP2_MONOLITH, "delta_log_density_cond"), 0)
 
 
 @pytest.mark.parametrize(
@@ -298,7 +274,7 @@ def test_at_3200_the_exact_prompt_aware_router_with_trained_experts_and_the_mono
     assert (
         f"the exact prompt-aware router with the trained experts reaches adherence "
         f"{level(row(run, EXACT_PROMPT_AWARE_ROW, 'cluster_adherence')['mean'], 3)} and Δ log p "
-        f"{pm(row(run, EXACT_PROMPT_AWARE_ROW), 0)} against the monolith's {pm(row(run, MONOLITH_ROW), 0)} at 3,200"
+        f"{iv(row(run, EXACT_PROMPT_AWARE_ROW), 0)} against the monolith's {iv(row(run, MONOLITH_ROW), 0)} at 3,200"
     ) in passage()
 
 
@@ -335,7 +311,7 @@ def test_the_prompt_aware_3200_run_reuses_the_text_free_runs_experts_and_monolit
 def test_with_the_prompt_aware_router_at_3200_top2_beats_the_monolith_by_both_densities(metric, against):
     x = paired(PROMPT_AWARE[3200], TOP2_MONOLITH, metric)
     assert x["mean"] > 0
-    assert f"{strong(pm(x, 1), x)} {against}" in passage()
+    assert f"{strong(iv(x, 1), x)} {against}" in passage()
 
 
 def test_with_the_prompt_aware_router_at_3200_adherence_and_mmd_are_the_runs_and_the_ensemble_beats_the_monolith():
@@ -346,7 +322,7 @@ def test_with_the_prompt_aware_router_at_3200_adherence_and_mmd_are_the_runs_and
     assert mmd["mean"] * 1e3 < 1 and x["resolved"] and x["mean"] > 0
     assert (
         f"cluster adherence {level(row(run, TOP2_ROW, 'cluster_adherence')['mean'], 3)} (monolith "
-        f"{level(row(run, MONOLITH_ROW, 'cluster_adherence')['mean'], 3)}); MMD² {pm(mmd, 2, scale=1e3)} ×10⁻³ (the "
+        f"{level(row(run, MONOLITH_ROW, 'cluster_adherence')['mean'], 3)}); MMD² {iv(mmd, 2, scale=1e3)} ×10⁻³ (the "
         "monolith marginally closer by that measure). So at 3,200 steps under equal steps **the ensemble beats the "
         "equal-compute monolith on this mixture once its router reads the prompt**"
     ) in passage()
@@ -357,7 +333,7 @@ def test_the_trained_prompt_aware_router_matches_the_exact_one_at_3200():
     trained, exact = row(run, TOP2_ROW), row(run, EXACT_PROMPT_AWARE_ROW)
     assert abs(trained["mean"] - exact["mean"]) < min(trained["half"], exact["half"])
     assert (
-        f"the trained prompt-aware router matches the exact one (top-2 rows {pm(trained, 1)} and {pm(exact, 1)})"
+        f"the trained prompt-aware router matches the exact one (top-2 rows {iv(trained, 1)} and {iv(exact, 1)})"
     ) in passage()
 
 
@@ -378,12 +354,12 @@ def test_with_the_prompt_aware_router_at_800_top2_beats_the_monolith_and_ties_th
     t1, full, router = paired(run, TOP2_TOP1), paired(run, TOP2_FULL), paired(run, TRAINED_MINUS_EXACT_ROUTER)
     assert x["mean"] > 0 and cond["mean"] > 0 and not (t1["resolved"] or full["resolved"])
     assert (
-        f"8FM top-2 − monolith {strong(pm(x, 1), x)} nats against the mixture and {strong(pm(cond, 1), cond)} "
+        f"8FM top-2 − monolith {strong(iv(x, 1), x)} nats against the mixture and {strong(iv(cond, 1), cond)} "
         f"against each caption's own density, cluster adherence "
         f"{level(row(run, TOP2_ROW, 'cluster_adherence')['mean'], 3)} against the monolith's "
-        f"{level(row(run, MONOLITH_ROW, 'cluster_adherence')['mean'], 3)} ({pm(adherence, 3)}); top-2 − top-1 "
-        f"{pm(t1, 1)} and top-2 − full {pm(full, 1)} (ties); the trained router against the exact text-free one "
-        f"{pm(router, 1)} by Δ log p."
+        f"{level(row(run, MONOLITH_ROW, 'cluster_adherence')['mean'], 3)} ({iv(adherence, 3)}); top-2 − top-1 "
+        f"{iv(t1, 1)} and top-2 − full {iv(full, 1)} (ties); the trained router against the exact text-free one "
+        f"{iv(router, 1)} by Δ log p."
     ) in passage()
 
 
@@ -503,10 +479,10 @@ def test_each_equal_images_table_row_is_its_rungs_paired_differences_excess_loss
     closer = "the expert closer" if excess["mean"] > 0 else "the monolith closer"
     assert ei_rows()[steps] == [
         f"{num(b['expert_steps'], 0, sign=False)}; {num(b['monolith_steps'], 0, sign=False)} × {b['monolith_batch']}",
-        f"{strong(pm(x, 1), x)} ({who})",
-        strong(pm(cond, 1), cond),
-        f"{strong(pm(excess, 3), excess)} ({closer})",
-        pm(by_t(f"ei-{steps}", 0.1), 4 if steps == 800 else 3),
+        f"{strong(iv(x, 1), x)} ({who})",
+        strong(iv(cond, 1), cond),
+        f"{strong(iv(excess, 3), excess)} ({closer})",
+        iv(by_t(f"ei-{steps}", 0.1), 4 if steps == 800 else 3),
         f"{sum(c['lo'] > 0 for c in per)} of {len(per)}",
     ]
 
@@ -544,10 +520,10 @@ def test_under_equal_images_who_is_closer_at_each_t_is_the_excess_loss_by_t():
     m0, m9, m1 = (by_t("ei-3200", t) for t in (0.0, 0.9, 1.0))
     assert (
         f"at 800 the monolith with 8× the steps is closer at t = 0 and t ≥ 0.5, the expert at t = 0.1 "
-        f"({pm(low_01, 4)}, barely resolved) and 0.3 ({pm(by_t('ei-800', 0.3), 3)}); at 3,200 the expert is closer at "
-        f"0.1 ≤ t ≤ 0.5, most at 0.1 ({pm(by_t('ei-3200', 0.1), 3)}, the low noise where the caption's own subspace "
-        f"decides), they tie at 0.7, and the monolith is closer at t = 0, 0.9 and 1 ({pm(m0, 3)}, {pm(m9, 4)}, "
-        f"{pm(m1, 4)})"
+        f"({iv(low_01, 4)}, barely resolved) and 0.3 ({iv(by_t('ei-800', 0.3), 3)}); at 3,200 the expert is closer at "
+        f"0.1 ≤ t ≤ 0.5, most at 0.1 ({iv(by_t('ei-3200', 0.1), 3)}, the low noise where the caption's own subspace "
+        f"decides), they tie at 0.7, and the monolith is closer at t = 0, 0.9 and 1 ({iv(m0, 3)}, {iv(m9, 4)}, "
+        f"{iv(m1, 4)})"
     ) in passage()
 
 
@@ -563,7 +539,7 @@ def test_the_monoliths_delta_log_p_by_budget_is_each_runs_and_still_improves_wit
     for run in runs:
         b = manifest(run)["budget"]
         cells.append(
-            f"{pm(row(run, MONOLITH_ROW), 0)} ({num(b['monolith_steps'], 0, sign=False)} × {b['monolith_batch']}"
+            f"{iv(row(run, MONOLITH_ROW), 0)} ({num(b['monolith_steps'], 0, sign=False)} × {b['monolith_batch']}"
         )
     cells[0] += ", the equal-steps 800 rung"
     low, high = row(EQUAL_IMAGES[800], MONOLITH_ROW), row(EQUAL_IMAGES[3200], MONOLITH_ROW)
@@ -582,7 +558,7 @@ def test_at_819200_images_the_monolith_stays_behind_the_experts_under_either_pro
     assert es["resolved"] and ei["resolved"] and min(es["mean"], ei["mean"]) > 0
     assert (
         f"at {num(n, 0, sign=False)} images it stays behind the experts under either protocol (equal steps "
-        f"{pm(es, 1)}, equal images {pm(ei, 1)})"
+        f"{iv(es, 1)}, equal images {iv(ei, 1)})"
     ) in passage()
 
 
@@ -591,8 +567,8 @@ def test_under_equal_images_mmd_top2_minus_monolith_puts_the_monolith_closer_at_
     assert low["resolved"] and high["resolved"] and min(low["mean"], high["mean"]) > 0
     assert low["mean"] > 10 * high["mean"]  # "clearly at 800, marginally at 3,200"
     assert (
-        f"MMD² (1× the median bandwidth), top-2 − monolith: {pm(low, 2, scale=1e3)} ×10⁻³ at 800 and "
-        f"{pm(high, 2, scale=1e3)} ×10⁻³ at 3,200 (the monolith closer by that measure, clearly at 800, marginally at "
+        f"MMD² (1× the median bandwidth), top-2 − monolith: {iv(low, 2, scale=1e3)} ×10⁻³ at 800 and "
+        f"{iv(high, 2, scale=1e3)} ×10⁻³ at 3,200 (the monolith closer by that measure, clearly at 800, marginally at "
         "3,200)"
     ) in passage()
 
@@ -615,8 +591,8 @@ def test_under_equal_images_top2_against_top1_and_full_ties_at_800_and_full_edge
         "1.000"
     }
     assert (
-        f"Top-2 − top-1 and top-2 − full: ties at 800 ({pm(t1[0], 1)}, {pm(full[0], 1)}); at 3,200 {pm(t1[1], 1)} "
-        f"({mode_word(t1[1], 'top-1')}) and {pm(full[1], 2)} ({mode_word(full[1], 'full')}): with a prompt-aware "
+        f"Top-2 − top-1 and top-2 − full: ties at 800 ({iv(t1[0], 1)}, {iv(full[0], 1)}); at 3,200 {iv(t1[1], 1)} "
+        f"({mode_word(t1[1], 'top-1')}) and {iv(full[1], 2)} ({mode_word(full[1], 'full')}): with a prompt-aware "
         "router the three modes coincide"
     ) in passage()
 
@@ -624,14 +600,14 @@ def test_under_equal_images_top2_against_top1_and_full_ties_at_800_and_full_edge
 def test_under_equal_images_the_routers_share_on_the_empty_caption_is_table_4_and_the_gap_is_the_experts():
     router = {s: paired(EQUAL_IMAGES[s], ROUTER_AT_EXACT) for s in (800, 3200)}
     experts = {s: paired(EQUAL_IMAGES[s], EXPERTS_UNDER_TRAINED) for s in (800, 3200)}
-    (share,) = {pm(x, 1) for x in router.values()}  # at exact experts the router does not depend on the rung
+    (share,) = {iv(x, 1) for x in router.values()}  # at exact experts the router does not depend on the rung
     for s in (800, 3200):
         assert table_of(EQUAL_IMAGES[s], ROUTER_AT_EXACT) == table_of(EQUAL_IMAGES[s], EXPERTS_UNDER_TRAINED)
         assert table_of(EQUAL_IMAGES[s], ROUTER_AT_EXACT) == "attribution"
         assert experts[s]["resolved"] and abs(experts[s]["mean"]) > 20 * abs(router[s]["mean"])
     assert (
         f"The router's share on the empty caption (full routing, Table 4): {share} nats at exact experts against the "
-        f"experts' {pm(experts[800], 1)} (800) and {pm(experts[3200], 1)} (3,200) under the trained router: **the gap "
+        f"experts' {iv(experts[800], 1)} (800) and {iv(experts[3200], 1)} (3,200) under the trained router: **the gap "
         "is the experts'**."
     ) in passage()
 
@@ -643,10 +619,10 @@ def test_with_the_text_free_router_top2_is_the_best_mode_at_800_and_full_at_3200
     t1 = {s: ladder(str(s), "top2 − top1", name=SUBSPACE_LADDER) for s in (800, 3200)}
     full = {s: ladder(str(s), "top2 − full", name=SUBSPACE_LADDER) for s in (800, 3200)}
     assert (
-        f"- with the text-free router (equal steps): top-2 − top-1: {pm(t1[800], 1)} at 800 "
-        f"({mode_word(t1[800], 'top-1')}), {pm(t1[3200], 1)} at 3,200 ({mode_word(t1[3200], 'top-1')}); top-2 − full: "
-        f"{strong(pm(full[800], 1), full[800])} at 800 ({mode_word(full[800], 'full')}), "
-        f"{strong(pm(full[3200], 1), full[3200])} at 3,200 ({mode_word(full[3200], 'full')})."
+        f"- with the text-free router (equal steps): top-2 − top-1: {iv(t1[800], 1)} at 800 "
+        f"({mode_word(t1[800], 'top-1')}), {iv(t1[3200], 1)} at 3,200 ({mode_word(t1[3200], 'top-1')}); top-2 − full: "
+        f"{strong(iv(full[800], 1), full[800])} at 800 ({mode_word(full[800], 'full')}), "
+        f"{strong(iv(full[3200], 1), full[3200])} at 3,200 ({mode_word(full[3200], 'full')})."
     ) in passage()
     # top-2 ahead of both at 800; full ahead of top-2 (and, by the means, of top-1) at 3,200
     assert t1[800]["mean"] > 0 and full[800]["mean"] > 0
@@ -662,15 +638,15 @@ def test_with_the_text_free_router_the_gap_on_the_empty_caption_is_the_experts()
     gap = {s: paired(TEXT_FREE[s], GAP) for s in (800, 3200)}
     router = {s: paired(TEXT_FREE[s], ROUTER_AT_EXACT) for s in (800, 3200)}
     experts = {s: paired(TEXT_FREE[s], EXPERTS_UNDER_TRAINED) for s in (800, 3200)}
-    (share,) = {pm(x, 1) for x in router.values()}
+    (share,) = {iv(x, 1) for x in router.values()}
     for s in (800, 3200):
         assert {table_of(TEXT_FREE[s], w) for w in (GAP, ROUTER_AT_EXACT, EXPERTS_UNDER_TRAINED)} == {"attribution"}
         assert not router[s]["resolved"] and experts[s]["resolved"] and gap[s]["resolved"]
     assert (
-        f"the gap of trained experts and router to exact ones is {pm(gap[800], 0)} (800) and {pm(gap[3200], 0)} "
+        f"the gap of trained experts and router to exact ones is {iv(gap[800], 0)} (800) and {iv(gap[3200], 0)} "
         f"(3,200); exchanging the exact router for the trained one at exact experts costs {share} (a tie; the router "
         "is the same network at both rungs: it does not depend on the experts' budget), the trained experts under the "
-        f"trained router {pm(experts[800], 0)} and {pm(experts[3200], 0)}. **The gap is the experts'**"
+        f"trained router {iv(experts[800], 0)} and {iv(experts[3200], 0)}. **The gap is the experts'**"
     ) in passage()
 
 
@@ -685,7 +661,7 @@ def test_the_text_free_router_is_the_same_network_at_both_rungs():
 def test_with_the_text_free_router_trained_minus_exact_router_at_top2_ties_at_both_rungs():
     x = [ladder(str(s), "top2, trained − exact router", name=SUBSPACE_LADDER) for s in (800, 3200)]
     assert not (x[0]["resolved"] or x[1]["resolved"])
-    assert f"Trained − exact router at top-2 on the captions: {pm(x[0], 1)} and {pm(x[1], 1)} (ties)." in passage()
+    assert f"Trained − exact router at top-2 on the captions: {iv(x[0], 1)} and {iv(x[1], 1)} (ties)." in passage()
 
 
 # --- the mini rungs: 2DDPM:6FM by routing mode
@@ -711,7 +687,7 @@ def test_2ddpm_6fm_top2_beats_top1_by_delta_log_p_at_200_and_800_steps_with_a_lo
     for d, m in zip(x, mmd):
         assert d["resolved"] and d["mean"] > 0 and m["resolved"] and m["mean"] < 0
     assert (
-        f"top-2 beats top-1 in Δ log p at 200 and 800 steps ({pm(x[0], 0)}, {pm(x[1], 0)}) while its MMD² is lower, "
+        f"top-2 beats top-1 in Δ log p at 200 and 800 steps ({iv(x[0], 0)}, {iv(x[1], 0)}) while its MMD² is lower, "
         "i.e. better ("
     ) in passage()
 
@@ -733,7 +709,7 @@ def test_2ddpm_6fm_top2_beats_top1_by_delta_log_p_at_200_and_800_steps_with_a_lo
 )
 def test_2ddpm_6fm_top2_minus_top1_mmd_at_each_budget_is_the_ladders(label, context):
     x = mini(label, "top2 − top1", "mmd2")
-    assert context.format(pm(x, 1, scale=1e3)) in passage()
+    assert context.format(iv(x, 1, scale=1e3)) in passage()
 
 
 def test_2ddpm_6fm_full_beats_top2_by_mmd_at_200_steps_and_ties_it_by_delta_log_p_at_both_budgets():
@@ -741,7 +717,7 @@ def test_2ddpm_6fm_full_beats_top2_by_mmd_at_200_steps_and_ties_it_by_delta_log_
     assert mmd["resolved"] and mmd["mean"] > 0
     assert not any(mini(label, "top2 − full")["resolved"] for label in (MINI_200, MINI_800))
     assert (
-        f"full routing beats top-2 by MMD² at 200 steps ({pm(mmd, 1, scale=1e3)} ×10⁻³ for top-2 − full) and ties it "
+        f"full routing beats top-2 by MMD² at 200 steps ({iv(mmd, 1, scale=1e3)} ×10⁻³ for top-2 − full) and ties it "
         "in Δ log p at both budgets."
     ) in passage()
 
@@ -769,8 +745,8 @@ def test_the_nano_rungs_top2_beats_the_monolith_in_every_training_and_ties_it_by
     assert len(per) == x["n"] == 3 and min(per) > 0 and not mmd["resolved"]
     low, high = math.floor(min(per)), math.ceil(max(per))  # the whole-nat bounds that hold every training
     assert (
-        f"top-2 − monolith {strong(pm(x, 0), x)} nats per sample (every training between {num(low, 0)} and "
-        f"{num(high, 0)}), MMD² a tie ({pm(mmd, 1, scale=1e3)} ×10⁻³)"
+        f"top-2 − monolith {strong(iv(x, 0), x)} nats per sample (every training between {num(low, 0)} and "
+        f"{num(high, 0)}), MMD² a tie ({iv(mmd, 1, scale=1e3)} ×10⁻³)"
     ) in passage()
 
 
@@ -779,9 +755,9 @@ def test_the_nano_rungs_top2_against_top1_and_full():
     t1_mmd, full_mmd = ladder(NANO, "top2 − top1", "mmd2"), ladder(NANO, "top2 − full", "mmd2")
     assert t1["mean"] > 0 > full["mean"] and not (t1_mmd["resolved"] or full_mmd["resolved"])
     assert (
-        f"top-2 − top-1 {strong(pm(t1, 1), t1)}, top-2 − full {strong(pm(full, 1), full)} "
-        f"({mode_word(full, 'full')}), both ties by MMD² ({pm(t1_mmd, 1, scale=1e3)} and "
-        f"{pm(full_mmd, 1, scale=1e3)} ×10⁻³)"
+        f"top-2 − top-1 {strong(iv(t1, 1), t1)}, top-2 − full {strong(iv(full, 1), full)} "
+        f"({mode_word(full, 'full')}), both ties by MMD² ({iv(t1_mmd, 1, scale=1e3)} and "
+        f"{iv(full_mmd, 1, scale=1e3)} ×10⁻³)"
     ) in passage()
 
 
@@ -803,8 +779,8 @@ def test_the_nano_rungs_rows_relative_to_the_exact_row_of_the_same_mode_and_step
     monolith = paired("nano", "monolith (equal compute) − exact (oracle)")
     assert (
         f"Relative to the exact row of the same mode (exact experts and router, the same {steps} Euler steps, which "
-        f"sits {above} nats above the true samples): top-2 {pm(rel['top2'], 1)}, full {pm(rel['full'], 1)}, and the "
-        f"monolith {pm(monolith, 1)} below the exact oracle row."
+        f"sits {above} nats above the true samples): top-2 {iv(rel['top2'], 1)}, full {iv(rel['full'], 1)}, and the "
+        f"monolith {iv(monolith, 1)} below the exact oracle row."
     ) in passage()
 
 
@@ -829,8 +805,8 @@ def test_the_nano_rungs_gap_on_the_empty_caption_is_table_4_and_the_experts():
     assert not router["resolved"] and experts["resolved"] and gap["resolved"]
     assert (
         f"On the empty caption (full routing, Table 4 of the run's tables) the gap of trained experts and router to "
-        f"exact ones is {pm(gap, 1)} nats, the router's share at exact experts {pm(router, 1)} (a tie) and the "
-        f"experts' under the trained router {pm(experts, 1)}: the gap is the experts'."
+        f"exact ones is {iv(gap, 1)} nats, the router's share at exact experts {iv(router, 1)} (a tie) and the "
+        f"experts' under the trained router {iv(experts, 1)}: the gap is the experts'."
     ) in passage()
 
 
@@ -862,7 +838,7 @@ def test_the_router_share_of_each_rung_is_its_trained_minus_exact_router_at_top2
     label, group, digits, half_digits, context
 ):
     x = ladder(label, ROUTER_SHARE, group=group)
-    assert context.format(pm(x, digits, half_digits)) in passage()
+    assert context.format(iv(x, digits, half_digits)) in passage()
 
 
 def test_the_trained_router_is_no_worse_than_the_exact_one_in_any_rung_and_resolved_once_in_its_favour():
@@ -917,8 +893,8 @@ def test_on_colour_captions_top2_beats_the_monolith_by_both_densities():
     x, cond = paired("colour", TOP2_MONOLITH), paired("colour", TOP2_MONOLITH, "delta_log_density_cond")
     assert x["resolved"] and cond["resolved"] and min(x["mean"], cond["mean"]) > 0
     assert (
-        f"8FM top-2 beats the monolith by {pm(x, 0)} nats per sample over trainings (its Δ log p(x | c), each sample "
-        f"under its caption's own target: {pm(cond, 0)})"
+        f"8FM top-2 beats the monolith by {iv(x, 0)} nats per sample over trainings (its Δ log p(x | c), each sample "
+        f"under its caption's own target: {iv(cond, 0)})"
     ) in passage()
 
 
@@ -932,8 +908,8 @@ def test_on_colour_captions_the_gap_on_the_empty_caption_is_the_experts_at_every
         assert not r["resolved"] and e["resolved"] and g["resolved"] and abs(e["mean"]) > 0.9 * abs(g["mean"])
     assert (
         f"Attribution on the empty caption, full routing (Table 4 there): the gap of trained experts and router to "
-        f"exact ones is {pm(gap, 0)} nats; replacing the exact router by the trained one with exact experts costs "
-        f"{pm(router, 1)} (a tie), the trained experts under the trained router {pm(experts, 0)}: **the gap is the "
+        f"exact ones is {iv(gap, 0)} nats; replacing the exact router by the trained one with exact experts costs "
+        f"{iv(router, 1)} (a tie), the trained experts under the trained router {iv(experts, 0)}: **the gap is the "
         "experts', not the router's**, and the same holds at top-1 and top-2."
     ) in passage()
 

@@ -1,0 +1,51 @@
+"""What the tests of docs/results.md's claims share: the committed results, a passage of the doc with its line breaks
+folded, and numbers written the way the doc writes them (thousands with a comma, the sign always, the unicode minus),
+so that a claim is checked by recomputing its number from ``benchmarks/results/`` and finding that exact string."""
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "results.md"
+
+
+@cache
+def load(name: str) -> dict:
+    """A committed result file of ``benchmarks/results/``."""
+    return json.loads((RESULTS / name).read_text())
+
+
+@cache
+def raw_passage(start: str, end: str, doc: Path = DOC) -> str:
+    """The text of ``doc`` from ``start`` up to ``end`` (not included)."""
+    text = doc.read_text()
+    i = text.index(start)
+    return text[i : text.index(end, i)]
+
+
+@cache
+def passage(start: str, end: str, doc: Path = DOC) -> str:
+    """:func:`raw_passage` with its whitespace folded, so a number wrapped over two lines reads as one."""
+    return re.sub(r"\s+", " ", raw_passage(start, end, doc)).strip()
+
+
+def num(x: float, digits: int, sign: bool = True) -> str:
+    """``x`` as the doc writes it: thousands with a comma, the sign always (unless ``sign`` is off), unicode minus."""
+    return format(x, f"{'+' if sign else ''},.{digits}f").replace("-", "−")
+
+
+def iv(x: dict, digits: int, half_digits: int | None = None, scale: float = 1.0) -> str:
+    """``mean ± half`` of an interval (a dict with ``mean`` and ``half``), as the doc writes it."""
+    h = digits if half_digits is None else half_digits
+    return f"{num(x['mean'] * scale, digits)} ± {num(x['half'] * scale, h, sign=False)}"
+
+
+def resolved(x: dict) -> bool:
+    """A paired difference's own verdict (``resolved``), or else its interval off 0 (``lo``/``hi`` or ``mean ± half``)."""
+    if "resolved" in x:
+        return x["resolved"]
+    lo, hi = (x["lo"], x["hi"]) if "lo" in x else (x["mean"] - x["half"], x["mean"] + x["half"])
+    return lo > 0 or hi < 0
