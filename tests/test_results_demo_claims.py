@@ -456,10 +456,14 @@ def test_the_machine_versions_and_date_are_the_jsons():
 
 def test_the_runs_minutes_are_the_jsons():
     m = {k: num(run(k)["minutes"], 1, sign=False) for k in RUNS}
-    assert f"The {run('100')['config']['router']['steps']}-step run alone on the idle machine ({m['100']} min)" in (
-        federated()
-    )
-    assert f"(one thread each; {m['no-warmup']} and {m['400']} min)" in federated()
+    load = {k: re.search(r"load ([\d.]+) at start", run(k)["machine"]).group(1) for k in RUNS}
+    assert (
+        f"The {run('100')['config']['router']['steps']}-step run alone (load {load['100']} at its start, {m['100']} min)"
+    ) in federated()
+    assert (
+        f"(loads {load['no-warmup']} and {load['400']} at their starts, one thread each; {m['no-warmup']} and "
+        f"{m['400']} min)"
+    ) in federated()
 
 
 def git(*args: str) -> subprocess.CompletedProcess:
