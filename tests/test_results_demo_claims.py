@@ -14,8 +14,7 @@ Every number is recomputed from ``benchmarks/results/`` (the intervals from the 
 and sampling seed as ``hddm_flower.training_seeds.paired`` pairs them; the federated routers paired with the central
 one by sampling seed), written as the doc writes it (the unicode minus, a thousands comma, the doc's decimals) and
 looked up in the passage with its whitespace folded. A verdict ("a tie", "resolved", "not resolved", "better on
-every seed", "not distinguishable") and a bold cell (= resolved) are checked against the paired differences. Where
-the doc disagrees with a file, the one check of that claim is an expected failure naming both."""
+every seed", "not distinguishable") and a bold cell (= resolved) are checked against the paired differences."""
 
 import math
 import re
@@ -458,7 +457,7 @@ def test_the_runs_minutes_are_the_jsons():
     m = {k: num(run(k)["minutes"], 1, sign=False) for k in RUNS}
     load = {k: re.search(r"load ([\d.]+) at start", run(k)["machine"]).group(1) for k in RUNS}
     assert (
-        f"The {run('100')['config']['router']['steps']}-step run alone (load {load['100']} at its start, {m['100']} min)"
+        f"The {run('100')['config']['router']['steps']}-step run started at load {load['100']} ({m['100']} min)"
     ) in federated()
     assert (
         f"(loads {load['no-warmup']} and {load['400']} at their starts, one thread each; {m['no-warmup']} and "
@@ -823,9 +822,13 @@ def test_the_bytes_per_node_and_round_are_the_100_and_400_round_runs():
     assert f"a round trip and the transfer of {per_node} MiB per node." in federated()
 
 
-def test_the_in_process_wall_time_of_100_rounds_is_the_idle_runs():
+def test_the_in_process_wall_time_of_100_rounds_is_the_100_round_runs_at_its_load():
     fed = result("100", FED)
-    assert f"The in-process wall time ({wall('100', FED)} s for {fed['rounds']} rounds idle)" in federated()
+    load = re.search(r"load ([\d.]+) at start", run("100")["machine"]).group(1)
+    assert (
+        f"The in-process wall time ({wall('100', FED)} s for {fed['rounds']} rounds, the run that started at load "
+        f"{load})"
+    ) in federated()
 
 
 def variants() -> set[str]:

@@ -16,8 +16,7 @@ floor, monolith, Table 3 and what is said of it).
 Every number is recomputed from the committed files (intervals from the per-seed values, paired by sampling seed,
 and by training where there are trainings, as ``hddm_flower/reproduce/tables.py``'s ``paired_differences`` pairs
 them), written as the doc writes it (the unicode minus, a thousands comma, the doc's decimals) and looked up in the
-passage with its whitespace folded. Where the doc disagrees with a file, the one check of that claim is an expected
-failure naming both."""
+passage with its whitespace folded."""
 
 import hashlib
 import json

@@ -17,8 +17,7 @@ checkout's history); its commands are parsed with the ``hddm`` command line's ow
 The wall times of ``flwr run .`` (879.3, 593.9, 532.0 and 891 s, the stages of the Flower log, the runs' own reports)
 were measured by hand and written to no file: of those, only the doc's own arithmetic (minutes from seconds, the
 percentages under ten minutes and under 540 s, the stages adding up, the two tables and README agreeing) and the dates
-against the commits' are checked. Where the doc disagrees with a file, the one check of that claim is an expected
-failure naming both."""
+against the commits' are checked."""
 
 import math
 import re

@@ -13,8 +13,7 @@ ladder's subspace rungs (``reproduce-gmm-subspace-{800,3200}{,-text}-manifest.js
 Every number is recomputed from ``benchmarks/results/`` and written as the doc writes it (prose: the unicode minus,
 a thousands comma, the doc's decimals; the table copied from the benchmark's ``.md``: the writer's own format), then
 looked up in the passage with its whitespace folded. A verdict word ("not resolved", "tie", "resolved", "neither
-resolved") and a bold cell are checked against the intervals of the files. Where the doc disagrees with a file, the
-one check of that claim is an expected failure naming both."""
+resolved") and a bold cell are checked against the intervals of the files."""
 
 import math
 import re

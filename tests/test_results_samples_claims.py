@@ -11,8 +11,7 @@ Every number is recomputed from ``benchmarks/results/`` and written as the doc w
 thousands comma, the doc's decimals), then looked up in the passage with its whitespace folded; the run times, loads,
 dates and commands are the manifests' and ladder records'; a sign word ("top-2 better", "(ties)", "resolved", "the
 monolith wins"), a bold number (a resolved difference) and an ordering are checked against the paired intervals of
-the files. So a rerun that moves a number, or an edit that moves the text away from the files, fails here. Where the
-doc disagrees with a file, the one check of that number is an expected failure naming both."""
+the files. So a rerun that moves a number, or an edit that moves the text away from the files, fails here."""
 
 import math
 import re

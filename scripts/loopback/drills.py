@@ -175,7 +175,8 @@ def fault_drill(d: Deployment, nodes: int, node, run_config: dict, overrides: st
             "run-dir": str(expired_dir),
             "experts": "0",
             "overrides": f"{overrides} federation.min_nodes={nodes} federation.min_experts=1 "
-            f"federation.message_ttl=5 expert.steps={TTL_STEPS} expert.log_every=1000",
+            f"federation.message_ttl=5 expert.steps={TTL_STEPS} expert.log_every=1000 "
+            "federation.train_timeout=300",  # the query round waits for a node busy with run_b (≤ 300 s)
         }
     )
     result["resumed_run"] = {
