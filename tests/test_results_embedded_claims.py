@@ -6,7 +6,7 @@ against the exact answer".
 That is: the embedded default run's config (``configs/default.yaml`` today and, from the git history, at the commits
 the run table names, with the previous default's overrides applied), the dates of those commits, the run table's
 minutes and seconds, the evaluation and sample-grid protocol, the expert and router tables' dataset facts (the
-cached dataset's ``meta.json``, used only where its sha256 is the one the reproduce manifests record); the full
+dataset's ``meta.json``, from the cache or prepared afresh, its sha256 the one the reproduce manifests record); the full
 reproduce run (``reproduce-embedded-manifest.json`` and ``-tables.md``: its command, date, load, versions, wall and
 CPU time, stage timings, scale, reference, the two tables, the paired differences by sampling seed with their bold
 cells and verdicts, the router accuracy, the prose on them); and the reduced run
@@ -167,15 +167,20 @@ def md_table(name: str, header: str) -> tuple[list[str], dict[str, list[str]]]:
 # --- the dataset of both runs (its meta.json, pinned by the sha256 the manifests record)
 
 
-def dataset_meta() -> dict:
+@pytest.fixture(scope="module")
+def embedded_meta(tmp_path_factory) -> dict:
+    """The dataset's meta.json as the manifests record it (its sha256): from $HDDM_CACHE where it is prepared, else
+    prepared afresh (about 15 s; the preparation is deterministic, so the bytes are the manifests')."""
+    from hddm_flower.embedded import prepare_embedded
+
     d = full()["dataset"]
     assert load(SMALL)["dataset"] == d
     path = Path(os.environ.get("HDDM_CACHE", Path.home() / ".cache" / "hddm-flower")) / d["dataset"] / "meta.json"
     if not path.is_file():
-        pytest.skip(f"the dataset {d['dataset']} is not prepared in this cache")
+        path = prepare_embedded(tmp_path_factory.mktemp("embedded")) / "meta.json"
+        assert path.parent.name == d["dataset"]
     data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != d["meta_sha256"]:
-        pytest.skip(f"{path} is not the dataset the manifests record (meta_sha256)")
+    assert hashlib.sha256(data).hexdigest() == d["meta_sha256"], f"{path} is not the dataset the manifests record"
     return json.loads(data)
 
 
@@ -360,16 +365,16 @@ def test_the_expert_tables_objectives_are_fm_and_cosine_ddpm_on_the_clusters_the
     assert f"`ddpm_clusters: auto` gave DDPM to clusters {ddpm[0]} and {ddpm[1]}, the two with" in default_run()
 
 
-def test_the_clusters_given_to_ddpm_are_the_two_with_the_highest_detail_score():
-    meta = dataset_meta()
+def test_the_clusters_given_to_ddpm_are_the_two_with_the_highest_detail_score(embedded_meta):
+    meta = embedded_meta
     objectives = full()["configurations"]["2DDPM:6FM"]["objectives"]
     top = sorted(range(len(meta["clusters"])), key=lambda k: meta["clusters"][k]["detail"])[-2:]
     assert sorted(top) == [k for k, o in enumerate(objectives) if o == "ddpm"]
     assert "the two with the highest detail score." in default_run()
 
 
-def test_the_expert_tables_training_images_and_largest_categories_are_the_datasets():
-    meta = dataset_meta()
+def test_the_expert_tables_training_images_and_largest_categories_are_the_datasets(embedded_meta):
+    meta = embedded_meta
     rows = expert_table()[1]
     assert rows["training images"] == [str(n) for n in training_images(meta)]
     largest = [max(c["categories"], key=c["categories"].get).split(" & ")[0] for c in meta["clusters"]]
@@ -380,8 +385,8 @@ def router_table() -> tuple[list[str], dict[str, list[str]]]:
     return table(START, REPRODUCE, "| held-out, all clusters (")
 
 
-def test_the_router_table_is_over_the_datasets_held_out_images_at_the_configs_times():
-    meta = dataset_meta()
+def test_the_router_table_is_over_the_datasets_held_out_images_at_the_configs_times(embedded_meta):
+    meta = embedded_meta
     header, rows = router_table()
     held_out = sum(c["val"] for c in meta["clusters"])
     assert header[0] == f"held-out, all clusters ({held_out} images)"
@@ -389,8 +394,8 @@ def test_the_router_table_is_over_the_datasets_held_out_images_at_the_configs_ti
     assert f"router top-1 accuracy ({meta['num_clusters']} clusters)" in rows
 
 
-def test_every_router_accuracy_is_a_count_of_the_held_out_images_and_the_prose_rounds_the_same_counts():
-    meta = dataset_meta()
+def test_every_router_accuracy_is_a_count_of_the_held_out_images_and_the_prose_rounds_the_same_counts(embedded_meta):
+    meta = embedded_meta
     n = sum(c["val"] for c in meta["clusters"])
     counts = {}
     for name in ("router top-1 accuracy (8 clusters)", "router top-2 accuracy"):
@@ -426,15 +431,15 @@ def test_the_sample_grid_is_the_previous_defaults_with_one_row_per_prompt():
     assert unicodedata.name("❤").lower() == s.prompts[-1]
 
 
-def test_the_experts_train_on_100_to_470_images():
-    sizes = training_images(dataset_meta())
+def test_the_experts_train_on_100_to_470_images(embedded_meta):
+    sizes = training_images(embedded_meta)
     assert f"on {round(min(sizes), -1)}–{round(max(sizes), -1)} images of 16×16 pixels)" in default_run()
     assert previous().data.image_size == 16
 
 
-def test_the_epochs_are_the_previous_defaults_images_seen_over_each_clusters_training_images():
+def test_the_epochs_are_the_previous_defaults_images_seen_over_each_clusters_training_images(embedded_meta):
     e = previous().expert
-    epochs = [e.steps * e.batch_size / n for n in training_images(dataset_meta())]
+    epochs = [e.steps * e.batch_size / n for n in training_images(embedded_meta)]
     assert f"({level(min(epochs), 0)}–{level(max(epochs), 0)} epochs of a" in default_run()
 
 
@@ -800,8 +805,8 @@ def test_half_the_clusters_on_ddpm_is_worse_than_either_and_21_fid_worse_than_2d
     assert f"is clearly worse than either ({num(x['mean'], 0)} FID against 2DDPM:6FM on every seed)." in reproduce()
 
 
-def test_the_ddpm_experts_of_4ddpm_4fm_fall_on_four_of_the_five_smallest_clusters():
-    sizes = training_images(dataset_meta())
+def test_the_ddpm_experts_of_4ddpm_4fm_fall_on_four_of_the_five_smallest_clusters(embedded_meta):
+    sizes = training_images(embedded_meta)
     ddpm = [k for k, o in enumerate(full()["configurations"]["4DDPM:4FM"]["objectives"]) if o == "ddpm"]
     smallest = sorted(range(len(sizes)), key=sizes.__getitem__)[:5]
     held = [sizes[k] for k in ddpm]
