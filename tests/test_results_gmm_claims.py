@@ -548,7 +548,7 @@ RERUN = {  # what the bullet says now, after what it says then (the earlier comm
     "4DDPM:4FM · top2 · exact router": r"\(4DDPM:4FM · top2 · exact router: Δ log p \S+ then, (\S+) now\)",
     "monolith": r"but not the monolith, which uses no router: Δ log p \S+ ± \S+ then, (\S+ ± \S+) now",
     "monolith final loss": r"\(final loss \S+ then, (\S+) now;",
-    "4DDPM:4FM · top2": r"\(4DDPM:4FM · top2: MMD² \S+ ± \S+ then, (\S+ ± \S+) now;",
+    "4DDPM:4FM · top2": r"\(e\.g\. 4DDPM:4FM · top2: MMD² \S+ ± \S+ then, (\S+ ± \S+) now;",
     "2DDPM:6FM · top2": r"2DDPM:6FM · top2: \S+ ± \S+ then, (\S+ ± \S+) now\)",
 }
 
