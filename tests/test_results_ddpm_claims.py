@@ -20,13 +20,14 @@ against the paired intervals of the files."""
 import math
 import random
 import re
-import statistics
 from itertools import combinations
 
 import pytest
 
 from hddm_flower.budget import budget_of
 from hddm_flower.config.io import load_config
+from hddm_flower.gmm.truth import interval
+from hddm_flower.training_seeds import nested_interval
 
 from .doc_claims import DOC as RESULTS_DOC
 from .doc_claims import RESULTS, ROOT, iv, load, num, passage, raw_passage, resolved
@@ -127,30 +128,6 @@ def summary(row: str, metric: str = "delta_log_density") -> dict:
 
 
 # --- numbers as the doc writes them
-
-
-def t95(n: int) -> float:
-    """The 97.5 % quantile of Student's t with n − 1 degrees of freedom (closed forms for n = 2 and 3)."""
-    p = 0.975
-    if n == 2:
-        return math.tan(math.pi * (p - 0.5))
-    if n == 3:
-        return (2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p)))
-    raise ValueError(n)
-
-
-def interval(values: list[float]) -> dict:
-    """Mean and the 95 % Student-t interval of the mean, as ``hddm_flower.gmm.truth.interval`` computes it."""
-    mean = statistics.fmean(values)
-    half = t95(len(values)) * statistics.stdev(values) / math.sqrt(len(values))
-    return {"mean": mean, "lo": mean - half, "hi": mean + half, "half": half, "n": len(values)}
-
-
-def nested(values: list[list[float]]) -> dict:
-    """``hddm_flower.training_seeds.nested_interval``: over trainings of the per-training means."""
-    per_training = [statistics.fmean(v) for v in values]
-    inner = statistics.fmean(interval(v)["half"] for v in values)
-    return interval(per_training) | {"inner_half": inner, "per_training": per_training}
 
 
 def paired(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
@@ -822,11 +799,11 @@ def test_the_hetero_summary_is_the_nested_interval_of_its_values_and_the_paired_
     h = hetero()
     for row, per in h["values"].items():
         for metric, v in per.items():
-            mine, theirs = nested(v), h["summary"][row][metric]
+            mine, theirs = nested_interval(v), h["summary"][row][metric]
             for key in ("mean", "half", "inner_half"):
                 assert close(mine[key], theirs[key]), (row, metric, key)
             if row != HOMO:
-                mine = nested(paired(v, h["values"][HOMO][metric]))
+                mine = nested_interval(paired(v, h["values"][HOMO][metric]))
                 assert close(mine["mean"], theirs["minus_homo"]["mean"])
                 assert close(mine["half"], theirs["minus_homo"]["half"])
 
@@ -963,7 +940,9 @@ def test_a_bold_remedy_difference_to_8fm_is_resolved(mix):
 
 def remedy_gain(mix: str, remedy: str, base: str) -> dict:
     v = hetero()["values"]
-    return nested(paired(v[f"{mix} · {remedy}"]["delta_log_density"], v[f"{mix} · {base}"]["delta_log_density"]))
+    return nested_interval(
+        paired(v[f"{mix} · {remedy}"]["delta_log_density"], v[f"{mix} · {base}"]["delta_log_density"])
+    )
 
 
 def test_both_remedies_gain_over_the_clamp_on_the_same_experts_in_every_training():

@@ -22,6 +22,7 @@ import statistics
 import pytest
 
 from hddm_flower.config.io import load_config
+from hddm_flower.gmm.truth import interval
 
 from .doc_claims import DOC as RESULTS_DOC
 from .doc_claims import RESULTS, ROOT, iv, load, num, passage, raw_passage, resolved
@@ -82,23 +83,6 @@ def level(x: float, digits: int) -> str:
 
 def level_iv(x: dict, digits: int, scale: float = 1.0) -> str:
     return f"{level(x['mean'] * scale, digits)} ± {level(x['half'] * scale, digits)}"
-
-
-def t95(n: int) -> float:
-    """The 97.5 % quantile of Student's t with n − 1 degrees of freedom (closed forms for 1 and 2)."""
-    p = 0.975
-    if n == 2:
-        return math.tan(math.pi * (p - 0.5))
-    if n == 3:
-        return (2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p)))
-    raise ValueError(n)
-
-
-def interval(values: list[float]) -> dict:
-    """Mean and the 95 % Student-t interval of the mean, as ``hddm_flower.gmm.truth.interval`` computes it."""
-    mean = statistics.fmean(values)
-    half = t95(len(values)) * statistics.stdev(values) / math.sqrt(len(values))
-    return {"mean": mean, "lo": mean - half, "hi": mean + half, "half": half, "n": len(values)}
 
 
 def paired(a: str, b: str, metric: str, name: str = COLOUR) -> dict:
