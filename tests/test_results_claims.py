@@ -10,6 +10,7 @@ from functools import cache
 
 import pytest
 
+from . import doc_claims
 from .doc_claims import RESULTS, ROOT, load, num
 
 START = "**In short**, on the mixture whose clusters share no structure"
@@ -324,17 +325,13 @@ RUNG_LABELS = (  # gmm_ladder.json's rungs, the rung table's rows in order
 )
 
 
-@cache
 def raw_ladder_text() -> str:
-    text = (ROOT / "docs" / "results.md").read_text()
-    start = text.index(LADDER_START)
-    return text[start : text.index(LADDER_END, start)]
+    return doc_claims.raw_passage(LADDER_START, LADDER_END)
 
 
-@cache
 def ladder_text() -> str:
     """The rung table, its bullets and the subspace table with its sentences, line breaks folded."""
-    return re.sub(r"\s+", " ", raw_ladder_text())
+    return doc_claims.passage(LADDER_START, LADDER_END)
 
 
 def doc_table(header: str) -> list[list[str]]:

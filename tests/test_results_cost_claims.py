@@ -10,10 +10,10 @@ text away from the files, fails here."""
 
 import re
 import statistics
-from functools import cache
 from pathlib import Path
 
-from .doc_claims import RESULTS, ROOT, iv, load, num
+from . import doc_claims
+from .doc_claims import RESULTS, iv, load, num
 
 START = "| set | machine | date | wall (the ladder alone) | es-800 · ei-800 · es-3200 · ei-3200 · colour, s |"
 END = "- Not shown: a `hddm reproduce` rung above 3,200"
@@ -27,17 +27,12 @@ LADDER = ("es-800", "ei-800", "es-3200", "ei-3200")  # the ladder alone: the set
 ES_800_MANIFEST = "reproduce-gmm-subspace-800-text-manifest.json"  # the 2026-12-02 set's es-800 run
 
 
-@cache
 def raw_passage() -> str:
-    text = (ROOT / "docs" / "results.md").read_text()
-    start = text.index(START)
-    return text[start : text.index(END, start)]
+    return doc_claims.raw_passage(START, END)
 
 
-@cache
 def passage() -> str:
-    """The passage with its line breaks folded, so a number wrapped over two lines reads as one."""
-    return re.sub(r"\s+", " ", raw_passage()).strip()
+    return doc_claims.passage(START, END)
 
 
 def runs(name: str) -> dict[str, dict]:
