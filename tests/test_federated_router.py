@@ -10,17 +10,27 @@ import torch
 from flwr.app import Array, ArrayRecord
 
 from clients.client_app import app as client_app
-from hddm_flower.data import Dataset, read_meta
+from hddm_flower.data import Dataset, Split, read_meta
 from hddm_flower.evaluation import metrics as M
-from hddm_flower.evaluation.evaluate import all_images
 from hddm_flower.evaluation.feature_sums import FeatureSums, frechet_distance_from_sums
-from hddm_flower.models import Router, router_config
+from hddm_flower.models import Router, TextCond, router_config
 from hddm_flower.stages.rounds import node_sizes
 from hddm_flower.training import lr_factor
 from strategies.inprocess_grid import FakeGrid
 from strategies.router_rounds import federated_reference, run_router_rounds
 
 CLUSTERS = {11: [0], 12: [1], 13: [2], 14: [3]}  # node id → its one cluster
+
+
+def all_images(dataset: Dataset) -> Split:
+    """Train and validation splits together, in memory: the central reference the federated sums must equal."""
+    a, b = dataset.split(None, "train"), dataset.split(None, "val")
+    return Split(
+        torch.cat([a.images, b.images]),
+        TextCond(*(torch.cat([x, y]) for x, y in zip(a.cond, b.cond))),
+        torch.cat([a.labels, b.labels]),
+        a.captions + b.captions,
+    )
 
 
 def _cfg(tiny_config, cache_dir, **router):

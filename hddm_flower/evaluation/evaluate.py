@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from ..config.rules import ConfigError
 from ..config.schema import Config
 from ..counts import read_counts
-from ..data import Dataset, Split
+from ..data import Dataset
 from ..devices import autocast, resolve_device
 from ..ensemble import Ensemble, euler_sample, routing_weights, sample_ensemble
 from ..experts import DDPMExpert, map_cond
@@ -81,17 +81,6 @@ class Prompts:
     captions: list[str]
     cond: TextCond
     labels: Tensor
-
-
-def all_images(dataset: Dataset) -> Split:
-    """Train and validation splits together: the reference distribution of FID/KID (the experts' data)."""
-    a, b = dataset.split(None, "train"), dataset.split(None, "val")
-    return Split(
-        torch.cat([a.images, b.images]),
-        TextCond(*(torch.cat([x, y]) for x, y in zip(a.cond, b.cond))),
-        torch.cat([a.labels, b.labels]),
-        a.captions + b.captions,
-    )
 
 
 def choose_prompts(dataset: Dataset, n: int, seed: int, clusters: list[int] | None = None) -> Prompts:
