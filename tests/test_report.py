@@ -145,3 +145,31 @@ def test_fuzzed_acceptable_experts_are_accepted_and_reach_report_cards_and_pipel
         assert HDDMExperts.from_pretrained(target / "experts").ids == [0, 1]
 
     check()
+
+
+def test_the_flwr_run_benchmark_reads_a_real_report_and_refuses_a_used_run_dir(report_run, monkeypatch):
+    """benchmarks/flwr_run.py keeps the experts, the missing ones and top-2's numbers of a report.json as written,
+    and refuses to time a run into a folder that exists (its figure is for a fresh run directory)."""
+    from benchmarks import flwr_run
+
+    run, _ = report_run
+    report = json.loads((run / "report.json").read_text())
+    s = flwr_run.summarise(report)
+    assert (s["experts"], s["num_experts"], [m["expert_id"] for m in s["missing"]]) == (2, 4, [2, 3])
+    assert s["objectives"] == ["fm", "ddpm"] and s["expert_device_seconds"] == {"min": 0.5, "max": 0.5}
+    assert s["top2_fid"] == report["metrics"]["evaluation"]["modes"]["top2"]["fid"] > 0
+    assert s["grid_adherence"] == report["metrics"]["sampling"]["adherence"]["mean"]
+    record = {
+        "command": "flwr run . --stream",
+        "commit": "abc1234",
+        "machine": "m",
+        "date": "d",
+        "load_average": {"start": 0.1, "end": 1.2},
+        "seconds": 532.04,
+        "superlink_reused": False,
+        "report": s,
+    }
+    assert "**532.0 s (8.9 min)** | 2/4 |" in flwr_run.render(record)
+    monkeypatch.setattr("sys.argv", ["flwr_run", "--run-dir", str(run)])
+    with pytest.raises(SystemExit, match="exists; the figure is for a fresh run directory"):
+        flwr_run.main()
