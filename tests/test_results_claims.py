@@ -26,7 +26,7 @@ EXPERTS_UNDER_TRAINED = "empty caption · full: experts share under the trained 
 EXPERTS_UNDER_EXACT = "empty caption · full: experts share under the exact router (TE − EE)"
 
 # The runs behind the paragraph: (router, protocol) → the `hddm reproduce` manifest of each rung (expert steps).
-PROMPT_AWARE = {800: "800-text", 3200: "3200-text"}  # equal steps, router.conditioning: text
+PROMPT_AWARE = {800: "800-text", 3200: "3200-text", 6400: "6400-text"}  # equal steps, router.conditioning: text
 EQUAL_IMAGES = {800: "ei-800-text", 3200: "ei-3200-text"}  # equal images, router.conditioning: text
 TEXT_FREE = {800: "800", 3200: "3200"}  # equal steps, the text-free router
 
@@ -66,6 +66,19 @@ def excess(name: str, label: str) -> dict:
     return rung["excess_mean_over_t"]["monolith_minus_expert"]
 
 
+# The equal-steps rungs' ladder records by expert steps: 800 and 3,200 read together (their text-free runs), 6,400
+# apart (its prompt-aware run; the experts and the monolith train alike under either router)
+EQUAL_STEPS_LADDER = {
+    800: ("gmm_ladder_subspace", "800"),
+    3200: ("gmm_ladder_subspace", "3200"),
+    6400: ("gmm_ladder_subspace_6400", "6400-text"),
+}
+EQUAL_IMAGES_LADDER = {
+    800: ("gmm_ladder_subspace_equal_images", "ei-800"),
+    3200: ("gmm_ladder_subspace_equal_images", "ei-3200"),
+}
+
+
 def iv(x: dict, digits: int, scale: float = 1.0, inner: bool = False) -> str:
     """``mean ± half`` (``[inner_half]`` with ``inner``) of an interval, as the doc writes it."""
     s = f"{num(x['mean'] * scale, digits)} ± {num(x['half'] * scale, digits, sign=False)}"
@@ -98,14 +111,16 @@ def test_the_paragraph_and_its_table_are_in_the_doc():
 @pytest.mark.parametrize("protocol", ["equal images", "equal steps"])
 def test_each_table_row_is_its_runs_top2_minus_monolith_with_the_sign_word_and_excess_loss(protocol):
     cells = table_rows()[protocol]
-    for column, steps in ((1, 800), (2, 3200)):
+    ladders = EQUAL_IMAGES_LADDER if protocol == "equal images" else EQUAL_STEPS_LADDER
+    for column, steps in ((1, 800), (2, 3200), (3, 6400)):
+        if steps not in ladders:  # the equal-images protocol has no 6,400 rung
+            assert cells[column] == "not run"
+            continue
         x = top2_minus_monolith(protocol, steps)
         word = "top-2 better" if x["mean"] > 0 else "the monolith better"
         assert cells[column] == f"**{iv(x, 1)}** ({word})"
         assert x["resolved"], "a bold cell is a resolved difference"
-    ladder_name = "gmm_ladder_subspace_equal_images" if protocol == "equal images" else "gmm_ladder_subspace"
-    prefix = "ei-" if protocol == "equal images" else ""
-    assert cells[3] == f"{iv(excess(ladder_name, prefix + '800'), 3)} → {iv(excess(ladder_name, prefix + '3200'), 3)}"
+    assert cells[4] == " → ".join(iv(excess(*ladders[s]), 3) for s in sorted(ladders))
 
 
 def test_the_sign_words_in_the_table_agree_with_the_signs_the_table_prints():
@@ -113,17 +128,19 @@ def test_the_sign_words_in_the_table_agree_with_the_signs_the_table_prints():
     cells = re.findall(
         r"\*\*([+−])[\d,.]+ ± [\d,.]+\*\* \(([^)]*)\)", "\n".join(map(" | ".join, table_rows().values()))
     )
-    assert len(cells) == 4
+    assert len(cells) == 5
     for sign, word in cells:
         assert word == words[sign]
 
 
 def test_the_table_rows_are_the_budgets_and_routers_they_name():
-    for steps in (800, 3200):
+    for steps in (800, 3200, 6400):
         for protocol, runs, monolith_steps, monolith_batch in (
             ("equal_images", EQUAL_IMAGES, 8 * steps, 32),  # "monolith 8× the steps at batch 32"
             ("equal_steps", PROMPT_AWARE, steps, 256),  # "monolith at batch 256"
         ):
+            if steps not in runs:
+                continue
             m = manifest(runs[steps])
             b = m["budget"]
             assert (b["protocol"], b["expert_steps"], b["monolith_steps"], b["monolith_batch"]) == (
@@ -135,8 +152,13 @@ def test_the_table_rows_are_the_budgets_and_routers_they_name():
             assert m["config"]["router"]["conditioning"] == "text"  # "a trained prompt-aware router"
             assert m["config"]["expert"]["preset"] == "nano"
             assert m["seeds"]["trainings"] == 3  # "paired over three trainings"
-        assert manifest(TEXT_FREE[steps])["config"]["router"]["conditioning"] != "text"
-    for name, labels in (("gmm_ladder_subspace", ("800", "3200")), ("gmm_ladder_subspace_equal_images", ("ei-800",))):
+        if steps in TEXT_FREE:
+            assert manifest(TEXT_FREE[steps])["config"]["router"]["conditioning"] != "text"
+    for name, labels in (
+        ("gmm_ladder_subspace", ("800", "3200")),
+        ("gmm_ladder_subspace_6400", ("6400-text",)),
+        ("gmm_ladder_subspace_equal_images", ("ei-800",)),
+    ):
         for label in labels:
             x = ladder(name, label, "top2 − monolith")
             assert (x["n"], x["covers"]) == (3, "trainings")
@@ -153,11 +175,20 @@ def test_the_equal_images_ladder_copies_its_runs_paired_differences():
 
 def test_the_prose_verdicts_follow_the_signs_of_the_table():
     ei = [top2_minus_monolith("equal images", s)["mean"] for s in (800, 3200)]
-    es = [top2_minus_monolith("equal steps", s)["mean"] for s in (800, 3200)]
+    es = [top2_minus_monolith("equal steps", s)["mean"] for s in (800, 3200, 6400)]
     ei_excess = [excess("gmm_ladder_subspace_equal_images", label)["mean"] for label in ("ei-800", "ei-3200")]
     assert ei[0] < 0 < ei[1], "under equal images top-k overtakes the monolith between 800 and 3,200"
     assert ei_excess[0] < 0 < ei_excess[1], "the experts' excess loss crosses the monolith's in the same interval"
-    assert min(es) > 0, "under equal steps top-k is ahead at both rungs tried"
+    assert min(es) > 0, "under equal steps top-k is ahead at all three rungs tried"
+    es_excess = [excess(*EQUAL_STEPS_LADDER[s])["mean"] for s in (3200, 6400)]
+    assert es[2] > es[1] and es_excess[1] > es_excess[0], "from 3,200 to 6,400 both leads grow"
+    assert (
+        "under equal steps top-k is ahead at all three rungs tried, and from 3,200 to 6,400 steps both its lead"
+        " and the experts' lead in excess loss grow" in paragraph()
+    )
+    assert ladder("gmm_ladder_subspace_6400", "6400-text", "top2 − monolith") == paired(
+        PROMPT_AWARE[6400], TOP2_MONOLITH
+    )
 
 
 def test_the_text_free_router_gains_are_the_ladders_top2_minus_monolith():
@@ -165,18 +196,23 @@ def test_the_text_free_router_gains_are_the_ladders_top2_minus_monolith():
     for g, run in zip(gains, TEXT_FREE.values()):
         assert g == paired(run, TOP2_MONOLITH)
         assert g["mean"] > 0
-    assert f"with the text-free router too, {iv(gains[0], 1)} and {iv(gains[1], 1)})" in paragraph()
+    assert (
+        f"with the text-free router too at 800 and 3,200, {iv(gains[0], 1)} and {iv(gains[1], 1)}; the text-free router was not run at 6,400)"
+        in paragraph()
+    )
+    assert 6400 not in TEXT_FREE
 
 
 def test_mmd_top2_minus_monolith_is_each_runs_and_its_sign_says_who_is_closer():
-    es_3200, es_800 = (paired(PROMPT_AWARE[s], TOP2_MONOLITH, "mmd2") for s in (3200, 800))
+    es_3200, es_800, es_6400 = (paired(PROMPT_AWARE[s], TOP2_MONOLITH, "mmd2") for s in (3200, 800, 6400))
     ei_3200, ei_800 = (
         ladder("gmm_ladder_subspace_equal_images", f"ei-{s}", "top2 − monolith", "mmd2") for s in (3200, 800)
     )
-    assert min(es_3200["mean"], ei_3200["mean"], ei_800["mean"]) > 0 > es_800["mean"]  # MMD²: lower is closer
+    assert min(es_3200["mean"], es_6400["mean"], ei_3200["mean"], ei_800["mean"]) > 0 > es_800["mean"]  # lower: closer
     assert (
         f"the monolith is closer at 3,200 under both protocols ({iv(es_3200, 2, 1e3)} equal steps, "
-        f"{iv(ei_3200, 2, 1e3)} equal images) and at 800 under equal images ({iv(ei_800, 2, 1e3)}); "
+        f"{iv(ei_3200, 2, 1e3)} equal images), at 6,400 under equal steps ({iv(es_6400, 2, 1e3)}) and at 800 under "
+        f"equal images ({iv(ei_800, 2, 1e3)}); "
         f"top-2 is closer at 800 under equal steps ({iv(es_800, 2, 1e3)})"
     ) in paragraph()
 
@@ -192,6 +228,13 @@ def test_top2_against_top1_and_full_with_the_prompt_aware_router_are_the_same_un
         ) in paragraph()
         assert not (t1[0]["resolved"] or t1[1]["resolved"] or full[0]["resolved"])
         assert full[1]["resolved"] and full[1]["mean"] < 0 and round(-1 / full[1]["mean"]) == 3
+    t1, full = paired(PROMPT_AWARE[6400], TOP2_TOP1), paired(PROMPT_AWARE[6400], TOP2_FULL)
+    assert t1["resolved"] and full["resolved"] and t1["mean"] > 0 > full["mean"]
+    assert max(abs(t1["mean"]), abs(full["mean"])) < 0.2  # "both under a fifth of a nat"
+    assert (
+        f"at 6,400 (equal steps) top-2 − top-1 {iv(t1, 2)} and top-2 − full {iv(full, 2)}, both resolved and both "
+        "under a fifth of a nat;"
+    ) in paragraph()
 
 
 def test_both_protocols_share_the_routing_modes_identical_at_800_and_within_0_006_nats_at_3200():
@@ -246,19 +289,22 @@ def test_the_text_free_routers_cost_at_exact_experts_is_one_number_at_both_rungs
 
 
 def test_the_routers_cost_at_trained_experts_is_table_4_of_each_run():
-    pa_800, pa_3200 = (paired(PROMPT_AWARE[s], ROUTER_AT_TRAINED) for s in (800, 3200))
+    pa_800, pa_3200, pa_6400 = (paired(PROMPT_AWARE[s], ROUTER_AT_TRAINED) for s in (800, 3200, 6400))
     tf_800, tf_3200 = (paired(TEXT_FREE[s], ROUTER_AT_TRAINED) for s in (800, 3200))
-    assert pa_800["resolved"] and pa_3200["resolved"]
+    assert pa_800["resolved"] and pa_3200["resolved"] and pa_6400["resolved"]
     assert (
-        f"at trained experts {iv(pa_800, 1)} (800) and {iv(pa_3200, 1)} (3,200) prompt-aware, both resolved, and "
+        f"at trained experts {iv(pa_800, 1)} (800), {iv(pa_3200, 1)} (3,200) and {iv(pa_6400, 1)} (6,400) "
+        "prompt-aware, all resolved, and "
         f"{iv(tf_800, 1)} ({verdict(tf_800)}) and {iv(tf_3200, 1)} ({verdict(tf_3200)}) text-free"
     ) in paragraph()
 
 
 def test_the_whole_gap_on_the_empty_caption_is_table_4_of_each_run():
-    pa = [iv(paired(PROMPT_AWARE[s], GAP), 1) for s in (800, 3200)]
+    pa = [iv(paired(PROMPT_AWARE[s], GAP), 1) for s in (800, 3200, 6400)]
     tf = [iv(paired(TEXT_FREE[s], GAP), 1) for s in (800, 3200)]
-    assert f"the whole gap is {pa[0]} and {pa[1]} (prompt-aware), {tf[0]} and {tf[1]} (text-free)" in paragraph()
+    assert (
+        f"the whole gap is {pa[0]}, {pa[1]} and {pa[2]} (prompt-aware), {tf[0]} and {tf[1]} (text-free)" in paragraph()
+    )
 
 
 def shares(runs: dict[int, str]) -> list[float]:
@@ -274,11 +320,18 @@ def shares(runs: dict[int, str]) -> list[float]:
     return out
 
 
-def test_the_routers_share_is_its_range_over_both_rungs_and_orders_for_each_router():
+def test_the_routers_share_is_its_range_over_the_rungs_and_orders_for_each_router():
     pa, tf = shares(PROMPT_AWARE), shares(TEXT_FREE)
     assert (
         f"the router's share is {min(pa):.1f}–{max(pa):.1f} % of it with the prompt-aware router and "
-        f"{min(tf):.1f}–{max(tf):.1f} % with the text-free one, depending on the order"
+        f"{min(tf):.1f}–{max(tf):.1f} % with the text-free one, depending on the order in which the parts are "
+        "exchanged and on the budget"
+    ) in paragraph()
+    first, second = pa[0::2], pa[1::2]  # by rung (800, 3,200, 6,400): the router exchanged first, then second
+    assert first == sorted(first) and second == sorted(second), "it grows with the budget"
+    assert (
+        f"({', '.join(f'{x:.1f}' for x in first)} % with the router exchanged first; "
+        f"{', '.join(f'{x:.1f}' for x in second)} % with it exchanged second)"
     ) in paragraph()
 
 
@@ -346,6 +399,11 @@ def rungs(name: str = "gmm_ladder") -> list[dict]:
     return load(f"{name}.json")["rungs"]
 
 
+def subspace_rungs() -> list[tuple[str, dict]]:
+    """The equal-steps subspace rungs in the order of the doc's subspace table: (ladder record, rung)."""
+    return [(name, g) for name in ("gmm_ladder_subspace", "gmm_ladder_subspace_6400") for g in rungs(name)]
+
+
 def rung(label: str, name: str = "gmm_ladder") -> dict:
     (g,) = [g for g in rungs(name) if g["label"] == label]
     return g
@@ -401,7 +459,7 @@ def test_the_ladder_text_and_its_two_tables_are_in_the_doc():
     assert ladder_text().startswith(LADDER_START)
     assert tuple(g["label"] for g in rungs()) == RUNG_LABELS
     assert len(doc_table("| rung (budget, expert steps) |")) == len(rungs())
-    assert len(doc_table("| rung | FM expert (mean over t) |")) == len(rungs("gmm_ladder_subspace")) == 2
+    assert len(doc_table("| rung | FM expert (mean over t) |")) == len(subspace_rungs()) == 3
 
 
 def test_the_rung_tables_rows_are_the_ladder_records_rungs_in_order_named_by_their_budgets():
@@ -683,7 +741,7 @@ def test_the_nano_pilots_excess_losses_fall_and_its_gap_shrinks_at_every_doublin
 
 def test_the_subspace_runs_are_the_nano_rungs_mixture_with_one_rank_8_subspace_per_cluster():
     nano = gmm_name(rung("nano-equal-steps-800")["data"]["dataset"])
-    for g in rungs("gmm_ladder_subspace"):
+    for _, g in subspace_rungs():
         data = manifest(g["label"])["config"]["data"]
         size = gmm_name(g["data"]["dataset"])
         assert {k: v for k, v in size.items() if k != "r"} == {k: v for k, v in nano.items() if k != "r"}
@@ -718,11 +776,11 @@ def test_the_subspace_runs_commands_times_loads_and_date_are_their_records():
 
 def test_each_subspace_table_row_is_its_rungs_excess_losses_and_clusters_where_the_monolith_is_worse():
     rows = doc_table("| rung | FM expert (mean over t) |")
-    for g, cells in zip(rungs("gmm_ladder_subspace"), rows, strict=True):
+    for (name, g), cells in zip(subspace_rungs(), rows, strict=True):
         m, label = g["excess_mean_over_t"], g["label"]
         gap = m["monolith_minus_expert"]
-        expert, monolith = (by_t("gmm_ladder_subspace", label, 0.1, who) for who in ("expert", "monolith"))
-        at = by_t("gmm_ladder_subspace", label, 0.1)
+        expert, monolith = (by_t(name, label, 0.1, who) for who in ("expert", "monolith"))
+        at = by_t(name, label, 0.1)
         per = g["monolith_minus_expert_by_cluster"].values()
         assert cells == [
             f"{num(g['budget']['expert_steps'], 0, sign=False)} steps",
@@ -734,20 +792,31 @@ def test_each_subspace_table_row_is_its_rungs_excess_losses_and_clusters_where_t
         ]
 
 
-def test_between_the_subspace_rungs_the_excess_at_t_01_falls_by_38_and_6_percent():
-    fall = {
-        who: 100
-        * (
-            1
-            - by_t("gmm_ladder_subspace", "3200", 0.1, who)["mean"]
-            / by_t("gmm_ladder_subspace", "800", 0.1, who)["mean"]
-        )
-        for who in ("expert", "monolith")
-    }
-    assert fall["expert"] > fall["monolith"] > 0
+def test_between_the_subspace_rungs_the_excess_at_t_01_falls_by_38_and_6_percent_then_48_and_6():
+    def fall(who: str, a: tuple[str, str], b: tuple[str, str]) -> float:
+        return 100 * (1 - by_t(*b, 0.1, who)["mean"] / by_t(*a, 0.1, who)["mean"])
+
+    first = {who: fall(who, EQUAL_STEPS_LADDER[800], EQUAL_STEPS_LADDER[3200]) for who in ("expert", "monolith")}
+    then = {who: fall(who, EQUAL_STEPS_LADDER[3200], EQUAL_STEPS_LADDER[6400]) for who in ("expert", "monolith")}
+    assert first["expert"] > first["monolith"] > 0 and then["expert"] > then["monolith"] > 0
     assert (
-        f"Between the rungs the experts' excess at t = 0.1 falls by {fall['expert']:.0f} % and the monolith's by "
-        f"{fall['monolith']:.0f} %"
+        f"Between the rungs the experts' excess at t = 0.1 falls by {first['expert']:.0f} % and the monolith's by "
+        f"{first['monolith']:.0f} % (from 3,200 to 6,400 steps by {then['expert']:.0f} % and {then['monolith']:.0f} %):"
+    ) in ladder_text()
+
+
+def test_the_6400_subspace_runs_command_time_load_and_date_are_its_records():
+    record, (g,) = load("gmm_ladder_subspace_6400.json"), rungs("gmm_ladder_subspace_6400")
+    m = manifest(g["label"])
+    assert m["command"] == g["command"] and m["budget"]["expert_steps"] == 6400
+    command = g["command"].replace(g["out"], "OUT")
+    ladder_command = re.sub(r" --threads \d+$", "", record["command"].replace(g["out"], "OUT"))
+    loads = [m["load_average"][when][0] for when in ("start", "end")]
+    assert "AVX-512" in record["machine"] and record["date"][:10] == m["created_at"][:10]
+    assert (
+        f"`{command}`, then `{ladder_command}`; AMD EPYC (AVX-512), 2 cores, a few short test runs beside it "
+        f"(load {min(loads):.1f}–{max(loads):.1f} at its start and end), {m['seconds'] / 60:.1f} min, "
+        f"{m['created_at'][:10]};"
     ) in ladder_text()
 
 
