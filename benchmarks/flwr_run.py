@@ -34,6 +34,9 @@ README_ENV = {
 }
 
 
+PREPARING = "preparing the embedded Twemoji dataset"  # the ServerApp's log line when the dataset is not cached yet
+
+
 def superlink_running() -> bool:
     """Whether a Flower SuperLink process is running on this machine already (``pgrep``)."""
     return subprocess.run(["pgrep", "-f", "flower-superlink"], capture_output=True).returncode == 0
@@ -59,17 +62,20 @@ def summarise(report: dict) -> dict:
 
 
 def render(record: dict) -> str:
-    s = record["report"]
+    s, secs = record["report"], record["report"]["expert_device_seconds"]
+    kid, adherence = s["top2_kid"], s["grid_adherence"]
     return (
         f"# `{record['command']}`\n\n"
-        f"| commit | machine | date | load at start → end | wall time to the report | experts |\n|---|---|---|---|---|---|\n"
+        "| commit | machine | date | load at start → end | wall time to the report | experts |\n|---|---|---|---|---|---|\n"
         f"| {record['commit']} | {record['machine']} | {record['date']} | "
         f"{record['load_average']['start']:.1f} → {record['load_average']['end']:.1f} | "
         f"**{record['seconds']:.1f} s ({record['seconds'] / 60:.1f} min)** | {s['experts']}/{s['num_experts']} |\n\n"
-        f"Experts' device seconds {s['expert_device_seconds']}; the run's own report: top-2 FID {s['top2_fid']:.1f}, "
-        f"KID {s['top2_kid']}, grid adherence {s['grid_adherence']} (its own feature classifier, "
+        + (f"Each expert {secs['min']:.1f}–{secs['max']:.1f} device-seconds; " if secs else "")
+        + f"the run's own report: top-2 FID {s['top2_fid']:.1f}, KID {'–' if kid is None else f'{kid:.2f}'}, grid "
+        f"adherence {'–' if adherence is None else f'{adherence:.3f}'} (its own feature classifier, "
         f"{s['feature_network']}; not comparable across runs). A SuperLink was "
-        f"{'already running and reused' if record['superlink_reused'] else 'started by the command'}.\n"
+        f"{'already running and reused' if record['superlink_reused'] else 'started by the command'}; the embedded "
+        f"dataset was {'prepared in the run (a first use)' if record.get('dataset_prepared_in_run') else 'cached'}.\n"
     )
 
 
@@ -111,6 +117,8 @@ def main() -> None:
         "load_average": {"start": load0, "end": os.getloadavg()[0]},
         "seconds": round(seconds, 1),
         "superlink_reused": reused,
+        # a first use prepares the embedded dataset inside the run (its log says so); later runs find it cached
+        "dataset_prepared_in_run": PREPARING in log_path.read_text(errors="replace"),
         "report": summary,
     }
     write_result(RESULTS / f"{args.name}.json", record)

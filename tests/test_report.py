@@ -170,6 +170,11 @@ def test_the_flwr_run_benchmark_reads_a_real_report_and_refuses_a_used_run_dir(r
         "report": s,
     }
     assert "**532.0 s (8.9 min)** | 2/4 |" in flwr_run.render(record)
+    # the log line by which a record knows the dataset was prepared inside the timed run is the one the core writes
+    from pathlib import Path
+
+    embedded = (Path(flwr_run.ROOT) / "hddm_flower" / "embedded.py").read_text()
+    assert f'log.info("{flwr_run.PREPARING} in %s"' in embedded
     monkeypatch.setattr("sys.argv", ["flwr_run", "--run-dir", str(run)])
     with pytest.raises(SystemExit, match="exists; the figure is for a fresh run directory"):
         flwr_run.main()
