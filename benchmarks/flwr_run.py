@@ -7,8 +7,8 @@ command to the run's report, into a fresh run directory.
 ``report.json`` with every expert; otherwise nothing is written and the exit code is 1. Writes
 ``benchmarks/results/NAME.{json,md}`` with the command, commit, machine, load at the start and end, date, wall
 seconds, the experts' device seconds and the report's top-2 FID, KID and grid adherence (the run's own feature
-classifier: these do not compare across runs). Flower's managed SuperLink keeps running after the command returns;
-a run that finds one already running reuses it (said in the record).
+classifier: these do not compare across runs). It refuses to start while a SuperLink is running (flwr would reuse it:
+its start untimed, its environment not README's) and stops the SuperLink that flwr started when it is done.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -37,15 +38,27 @@ README_ENV = {
 PREPARING = "preparing the embedded Twemoji dataset"  # the ServerApp's log line when the dataset is not cached yet
 
 
-def superlink_running() -> bool:
-    """Whether a Flower SuperLink process is running on this machine already (``pgrep``)."""
-    return subprocess.run(["pgrep", "-f", "flower-superlink"], capture_output=True).returncode == 0
+def superlink_pids() -> list[int]:
+    """The PIDs of Flower SuperLink processes running on this machine (``pgrep -f flower-superlink``)."""
+    out = subprocess.run(["pgrep", "-f", "flower-superlink"], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split() if int(pid) != os.getpid()]
+
+
+def working_tree_clean() -> bool | None:
+    """Whether the checkout's tracked files equal HEAD (None outside a git checkout): the record names HEAD."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() == "" if out.returncode == 0 else None
 
 
 def summarise(report: dict) -> dict:
-    """What the record keeps of a run's report.json."""
-    top2 = report["metrics"]["evaluation"]["modes"].get("top2", {})
-    adherence = report["metrics"]["sampling"]["adherence"]
+    """What the record keeps of a run's report.json (a report with every expert)."""
+    evaluation = report["metrics"].get("evaluation", {}).get("modes", {}).get("top2", {})
+    adherence = report["metrics"].get("sampling", {}).get("adherence", {})
     seconds = [e.get("device_seconds") for e in report["experts"]]
     return {
         "experts": len(report["experts"]),
@@ -53,17 +66,22 @@ def summarise(report: dict) -> dict:
         "missing": report["missing"],
         "objectives": [e["objective"] for e in report["experts"]],
         "expert_steps": sorted({e["steps"] for e in report["experts"]}),
-        "expert_device_seconds": {"min": min(seconds), "max": max(seconds)} if None not in seconds else None,
-        "top2_fid": top2.get("fid"),
-        "top2_kid": top2.get("kid"),
+        "expert_device_seconds": {"min": min(seconds), "max": max(seconds)}
+        if seconds and None not in seconds
+        else None,
+        "top2_fid": evaluation.get("fid"),
+        "top2_kid": evaluation.get("kid"),
         "grid_adherence": adherence.get("mean"),
         "feature_network": report["metrics"].get("feature_network"),
     }
 
 
+def _number(x, spec: str) -> str:
+    return "–" if x is None else format(x, spec)
+
+
 def render(record: dict) -> str:
     s, secs = record["report"], record["report"]["expert_device_seconds"]
-    kid, adherence = s["top2_kid"], s["grid_adherence"]
     return (
         f"# `{record['command']}`\n\n"
         "| commit | machine | date | load at start → end | wall time to the report | experts |\n|---|---|---|---|---|---|\n"
@@ -71,11 +89,12 @@ def render(record: dict) -> str:
         f"{record['load_average']['start']:.1f} → {record['load_average']['end']:.1f} | "
         f"**{record['seconds']:.1f} s ({record['seconds'] / 60:.1f} min)** | {s['experts']}/{s['num_experts']} |\n\n"
         + (f"Each expert {secs['min']:.1f}–{secs['max']:.1f} device-seconds; " if secs else "")
-        + f"the run's own report: top-2 FID {s['top2_fid']:.1f}, KID {'–' if kid is None else f'{kid:.2f}'}, grid "
-        f"adherence {'–' if adherence is None else f'{adherence:.3f}'} (its own feature classifier, "
-        f"{s['feature_network']}; not comparable across runs). A SuperLink was "
-        f"{'already running and reused' if record['superlink_reused'] else 'started by the command'}; the embedded "
-        f"dataset was {'prepared in the run (a first use)' if record.get('dataset_prepared_in_run') else 'cached'}.\n"
+        + f"the run's own report: top-2 FID {_number(s['top2_fid'], '.1f')}, KID {_number(s['top2_kid'], '.2f')}, "
+        f"grid adherence {_number(s['grid_adherence'], '.3f')} (its own feature classifier, {s['feature_network']}; "
+        "not comparable across runs). The command started its own SuperLink; the embedded dataset was "
+        f"{'prepared in the run (a first use)' if record.get('dataset_prepared_in_run') else 'cached'}."
+        + (f" {record['note']}" if record.get("note") else "")
+        + "\n"
     )
 
 
@@ -86,43 +105,60 @@ def main() -> None:
     p.add_argument("--run-config", default="", help="more of flwr's --run-config, e.g. 'expert-steps=20'")
     args = p.parse_args()
     run_dir = Path(args.run_dir).resolve()
+    out_json, out_md = RESULTS / f"{args.name}.json", RESULTS / f"{args.name}.md"
     if run_dir.exists():
         sys.exit(f"--run-dir {run_dir}: exists; the figure is for a fresh run directory")
+    if out_json.exists() or out_md.exists():
+        sys.exit(f"--name {args.name}: {out_json.name} exists; give another --name (a record is never overwritten)")
     if not shutil.which("flwr"):
         sys.exit("flwr: not on PATH (pip install -e . installs it)")
+    if running := superlink_pids():
+        # a running SuperLink would be reused: its start would not be timed and its environment, not README's, would
+        # reach the ServerApp and the ClientApps
+        sys.exit(f"a Flower SuperLink is running already (PID {', '.join(map(str, running))}); stop it first")
     run_config = " ".join(x for x in (f'run-dir="{run_dir}"', args.run_config) if x)
     command = ["flwr", "run", ".", "--stream", "--run-config", run_config]
-    reused, load0, date = superlink_running(), os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load0, date = os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    clean = working_tree_clean()
     log_path = run_dir.with_name(run_dir.name + ".log")
     start = time.monotonic()
-    with open(log_path, "w") as log:
-        rc = subprocess.run(
-            command, cwd=ROOT, env=os.environ | README_ENV, stdout=log, stderr=subprocess.STDOUT
-        ).returncode
-    seconds = time.monotonic() - start
+    try:
+        with open(log_path, "w") as log:
+            rc = subprocess.run(
+                command, cwd=ROOT, env=os.environ | README_ENV, stdout=log, stderr=subprocess.STDOUT
+            ).returncode
+        seconds = time.monotonic() - start  # flwr run returns once the run has ended, after its report
+        load1 = os.getloadavg()[0]
+    finally:  # the SuperLink flwr started (and the run inside it, if flwr was interrupted) goes with this command
+        for pid in superlink_pids():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:  # already gone: the state wanted
+                pass
     report_path = run_dir / "report.json"
     if rc != 0 or not report_path.is_file():
         sys.exit(
             f"flwr run: exit code {rc}, {report_path} {'present' if report_path.is_file() else 'missing'}; log {log_path}"
         )
-    summary = summarise(json.loads(report_path.read_text()))
-    if summary["missing"] or summary["experts"] != summary["num_experts"]:
-        sys.exit(f"flwr run: {summary['experts']} of {summary['num_experts']} experts arrived; log {log_path}")
+    report = json.loads(report_path.read_text())
+    if report["missing"] or len(report["experts"]) != report["num_experts"]:
+        sys.exit(f"flwr run: {len(report['experts'])} of {report['num_experts']} experts arrived; log {log_path}")
     record = {
         "command": " ".join(command[:4]) + f" --run-config '{run_config}'",
         "environment": README_ENV,
         "commit": commit(),
+        "working_tree_clean": clean,
         "machine": machine(),
         "date": date,
-        "load_average": {"start": load0, "end": os.getloadavg()[0]},
+        "load_average": {"start": load0, "end": load1},
         "seconds": round(seconds, 1),
-        "superlink_reused": reused,
         # a first use prepares the embedded dataset inside the run (its log says so); later runs find it cached
         "dataset_prepared_in_run": PREPARING in log_path.read_text(errors="replace"),
-        "report": summary,
+        "report": summarise(report),
     }
-    write_result(RESULTS / f"{args.name}.json", record)
-    (RESULTS / f"{args.name}.md").write_text(md := render(record))
+    md = render(record)  # before anything is written: a record that cannot be rendered leaves no file
+    write_result(out_json, record)
+    out_md.write_text(md)
     print(md)
 
 

@@ -166,7 +166,6 @@ def test_the_flwr_run_benchmark_reads_a_real_report_and_refuses_a_used_run_dir(r
         "date": "d",
         "load_average": {"start": 0.1, "end": 1.2},
         "seconds": 532.04,
-        "superlink_reused": False,
         "report": s,
     }
     assert "**532.0 s (8.9 min)** | 2/4 |" in flwr_run.render(record)
@@ -175,6 +174,15 @@ def test_the_flwr_run_benchmark_reads_a_real_report_and_refuses_a_used_run_dir(r
 
     embedded = (Path(flwr_run.ROOT) / "hddm_flower" / "embedded.py").read_text()
     assert f'log.info("{flwr_run.PREPARING} in %s"' in embedded
+    no_fid = {**record, "report": {**s, "top2_fid": None, "top2_kid": None}}  # a run that did not evaluate top-2
+    assert "top-2 FID –, KID –" in flwr_run.render(no_fid)
     monkeypatch.setattr("sys.argv", ["flwr_run", "--run-dir", str(run)])
     with pytest.raises(SystemExit, match="exists; the figure is for a fresh run directory"):
         flwr_run.main()
+    # a committed record is never overwritten: a name in use is refused before anything runs
+    monkeypatch.setattr(flwr_run, "RESULTS", run.parent)
+    (run.parent / "taken.json").write_text("{}")
+    monkeypatch.setattr("sys.argv", ["flwr_run", "--run-dir", str(run.parent / "fresh"), "--name", "taken"])
+    with pytest.raises(SystemExit, match="taken.json exists; give another --name"):
+        flwr_run.main()
+    assert not (run.parent / "fresh").exists() and (run.parent / "taken.json").read_text() == "{}"
