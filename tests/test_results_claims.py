@@ -29,7 +29,11 @@ EXPERTS_UNDER_EXACT = "empty caption · full: experts share under the exact rout
 
 # The runs behind the paragraph: (router, protocol) → the `hddm reproduce` manifest of each rung (expert steps).
 PROMPT_AWARE = {800: "800-text", 3200: "3200-text", 6400: "6400-text"}  # equal steps, router.conditioning: text
-EQUAL_IMAGES = {800: "ei-800-text", 3200: "ei-3200-text"}  # equal images, router.conditioning: text
+EQUAL_IMAGES = {
+    800: "ei-800-text",
+    3200: "ei-3200-text",
+    6400: "ei-6400-text",
+}  # equal images, router.conditioning: text
 TEXT_FREE = {800: "800", 3200: "3200"}  # equal steps, the text-free router
 
 
@@ -78,6 +82,7 @@ EQUAL_STEPS_LADDER = {
 EQUAL_IMAGES_LADDER = {
     800: ("gmm_ladder_subspace_equal_images", "ei-800"),
     3200: ("gmm_ladder_subspace_equal_images", "ei-3200"),
+    6400: ("gmm_ladder_subspace_equal_images_6400", "ei-6400"),
 }
 
 
@@ -101,7 +106,7 @@ def top2_minus_monolith(protocol: str, steps: int) -> dict:
     """8FM top-2 − monolith, Δ log p, with the prompt-aware router: equal images from the ladder record, equal steps
     from the run's manifest (the ladder records read the text-free runs at 800 and 3,200)."""
     if protocol == "equal images":
-        return ladder("gmm_ladder_subspace_equal_images", f"ei-{steps}", "top2 − monolith")
+        return ladder(*EQUAL_IMAGES_LADDER[steps], "top2 − monolith")
     return paired(PROMPT_AWARE[steps], TOP2_MONOLITH)
 
 
@@ -130,7 +135,7 @@ def test_the_sign_words_in_the_table_agree_with_the_signs_the_table_prints():
     cells = re.findall(
         r"\*\*([+−])[\d,.]+ ± [\d,.]+\*\* \(([^)]*)\)", "\n".join(map(" | ".join, table_rows().values()))
     )
-    assert len(cells) == 5
+    assert len(cells) == 6
     for sign, word in cells:
         assert word == words[sign]
 
@@ -160,6 +165,7 @@ def test_the_table_rows_are_the_budgets_and_routers_they_name():
         ("gmm_ladder_subspace", ("800", "3200")),
         ("gmm_ladder_subspace_6400", ("6400-text",)),
         ("gmm_ladder_subspace_equal_images", ("ei-800",)),
+        ("gmm_ladder_subspace_equal_images_6400", ("ei-6400",)),
     ):
         for label in labels:
             x = ladder(name, label, "top2 − monolith")
@@ -170,17 +176,19 @@ def test_the_equal_images_ladder_copies_its_runs_paired_differences():
     for steps, run in EQUAL_IMAGES.items():
         for comparison in ("top2 − monolith", "top2 − top1", "top2 − full"):
             for metric in ("delta_log_density", "mmd2"):
-                assert ladder("gmm_ladder_subspace_equal_images", f"ei-{steps}", comparison, metric) == paired(
+                assert ladder(*EQUAL_IMAGES_LADDER[steps], comparison, metric) == paired(
                     run, f"8FM: {comparison}", metric
                 )
 
 
 def test_the_prose_verdicts_follow_the_signs_of_the_table():
-    ei = [top2_minus_monolith("equal images", s)["mean"] for s in (800, 3200)]
+    ei = [top2_minus_monolith("equal images", s)["mean"] for s in (800, 3200, 6400)]
     es = [top2_minus_monolith("equal steps", s)["mean"] for s in (800, 3200, 6400)]
-    ei_excess = [excess("gmm_ladder_subspace_equal_images", label)["mean"] for label in ("ei-800", "ei-3200")]
+    ei_excess = [excess(*EQUAL_IMAGES_LADDER[s])["mean"] for s in (800, 3200, 6400)]
     assert ei[0] < 0 < ei[1], "under equal images top-k overtakes the monolith between 800 and 3,200"
     assert ei_excess[0] < 0 < ei_excess[1], "the experts' excess loss crosses the monolith's in the same interval"
+    assert ei[2] > 0 and ei_excess[2] > 0 and top2_minus_monolith("equal images", 6400)["resolved"]
+    assert "crosses the monolith's in the same interval, both still ahead at 6,400;" in paragraph()
     assert min(es) > 0, "under equal steps top-k is ahead at all three rungs tried"
     es_excess = [excess(*EQUAL_STEPS_LADDER[s])["mean"] for s in (3200, 6400)]
     assert es[2] > es[1] and es_excess[1] > es_excess[0], "from 3,200 to 6,400 both leads grow"
@@ -209,14 +217,13 @@ def test_the_text_free_router_gains_are_the_ladders_top2_minus_monolith():
 
 def test_mmd_top2_minus_monolith_is_each_runs_and_its_sign_says_who_is_closer():
     es_3200, es_800, es_6400 = (paired(PROMPT_AWARE[s], TOP2_MONOLITH, "mmd2") for s in (3200, 800, 6400))
-    ei_3200, ei_800 = (
-        ladder("gmm_ladder_subspace_equal_images", f"ei-{s}", "top2 − monolith", "mmd2") for s in (3200, 800)
-    )
-    assert min(es_3200["mean"], es_6400["mean"], ei_3200["mean"], ei_800["mean"]) > 0 > es_800["mean"]  # lower: closer
+    ei_3200, ei_800, ei_6400 = (ladder(*EQUAL_IMAGES_LADDER[s], "top2 − monolith", "mmd2") for s in (3200, 800, 6400))
+    lower = (es_3200, es_6400, ei_3200, ei_6400, ei_800)  # MMD²: lower is closer
+    assert min(x["mean"] for x in lower) > 0 > es_800["mean"] and all(x["resolved"] for x in lower)
     assert (
-        f"the monolith is closer at 3,200 under both protocols ({iv(es_3200, 2, 1e3)} equal steps, "
-        f"{iv(ei_3200, 2, 1e3)} equal images), at 6,400 under equal steps ({iv(es_6400, 2, 1e3)}) and at 800 under "
-        f"equal images ({iv(ei_800, 2, 1e3)}); "
+        f"the monolith is closer at 3,200 and 6,400 under both protocols ({iv(es_3200, 2, 1e3)} and "
+        f"{iv(es_6400, 2, 1e3)} equal steps, {iv(ei_3200, 2, 1e3)} and {iv(ei_6400, 2, 1e3)} equal images) and at "
+        f"800 under equal images ({iv(ei_800, 2, 1e3)}); "
         f"top-2 is closer at 800 under equal steps ({iv(es_800, 2, 1e3)})"
     ) in paragraph()
 
@@ -236,7 +243,7 @@ def test_top2_against_top1_and_full_with_the_prompt_aware_router_are_the_same_un
     assert t1["resolved"] and full["resolved"] and t1["mean"] > 0 > full["mean"]
     assert max(abs(t1["mean"]), abs(full["mean"])) < 0.2  # "their means under a fifth of a nat"
     assert (
-        f"at 6,400 (equal steps) top-2 − top-1 {iv(t1, 2)} and top-2 − full {iv(full, 2)}, both resolved, their means "
+        f"at 6,400 top-2 − top-1 {iv(t1, 2)} and top-2 − full {iv(full, 2)}, both resolved, their means "
         "under a fifth of a nat;"
     ) in paragraph()
 
@@ -251,8 +258,8 @@ def test_both_protocols_share_the_routing_modes_identical_at_800_and_within_0_00
             for u, v in zip(ta, tb)
         )
 
-    assert largest_difference(800) == 0.0
-    assert f"identical at 800, within {largest_difference(3200):.3f} nats at 3,200" in paragraph()
+    assert largest_difference(800) == largest_difference(6400) == 0.0
+    assert f"identical at 800 and 6,400, within {largest_difference(3200):.3f} nats at 3,200" in paragraph()
 
 
 def test_the_text_free_router_modes_top2_beats_top1_and_full_at_800_and_full_edges_top2_at_3200():
@@ -860,3 +867,49 @@ def test_at_high_noise_the_3200_subspace_gap_is_resolved_at_07_only_and_ties_at_
         "steps and the gap nearly closes there "
         f"({iv(gaps[res], 3)} at {res:g}, resolved; ties at {' and '.join(f'{t:g}' for t in ties)})"
     ) in ladder_text()
+
+
+def test_the_6400_step_rungs_bullet_is_its_two_runs_and_ladder_records():
+    """The sub-bullet "the 6,400-step rungs": the equal-images run reuses the equal-steps run (only its monolith
+    trains), its command, minutes and date, and every number, equal steps in brackets."""
+    text = doc_claims.passage("  - **the 6,400-step rungs**", "  - with the text-free router (equal steps): top-2")
+    es, ei = manifest(PROMPT_AWARE[6400]), manifest(EQUAL_IMAGES[6400])
+    assert ei["budget"]["monolith_steps"] == 51200 and ei["budget"]["monolith_batch"] == 32
+    assert ei["timings_s"]["router"] == 0.0 and ei["timings_s"]["training"] > 0.9 * ei["seconds"]  # the monolith
+    assert f"equal steps {es['created_at'][:10]}, equal images {ei['created_at'][:10]}): " in text
+    command = ei["command"].replace(ei["command"].split(" --out ")[1].split()[0], "OUT")
+    command = command.replace(command.split(" --reuse ")[1], "OUT_ES")
+    assert f"equal images `{command}`" in text
+    assert f"(equal steps as in the ladder above ({es['seconds'] / 60:.1f} min)" not in text  # no double bracket
+    assert f"as in the ladder above ({es['seconds'] / 60:.1f} min); " in text
+    assert f"so only the monolith (51,200 × 32) trains ({ei['seconds'] / 60:.1f} min)" in text
+    gain = {p: top2_minus_monolith(p, 6400) for p in ("equal images", "equal steps")}
+    mmd = {
+        p: ladder(*L[6400], "top2 − monolith", "mmd2")
+        for p, L in (("equal images", EQUAL_IMAGES_LADDER), ("equal steps", EQUAL_STEPS_LADDER))
+    }
+    gap = {p: excess(*L[6400]) for p, L in (("equal images", EQUAL_IMAGES_LADDER), ("equal steps", EQUAL_STEPS_LADDER))}
+    assert all(x["resolved"] and x["mean"] > 0 for x in (*gain.values(), *mmd.values()))
+    assert all(x["lo"] > 0 for x in gap.values())
+    assert (
+        f"8FM top-2 − monolith **{iv(gain['equal images'], 1)}** nats (**{iv(gain['equal steps'], 1)}**); MMD² "
+        f"{iv(mmd['equal images'], 2, 1e3)} ×10⁻³ ({iv(mmd['equal steps'], 2, 1e3)}), the monolith closer by that "
+        f"measure under both; monolith − expert excess loss **{iv(gap['equal images'], 3)}** "
+        f"(**{iv(gap['equal steps'], 3)}**)"
+    ) in text
+    clusters = {
+        p: [x["lo"] > 0 for x in rung(L[6400][1], L[6400][0])["monolith_minus_expert_by_cluster"].values()]
+        for p, L in (("equal images", EQUAL_IMAGES_LADDER), ("equal steps", EQUAL_STEPS_LADDER))
+    }
+    assert all(sum(c) == len(c) == 8 for c in clusters.values())
+    assert "above 0 on 8 of 8 clusters under both" in text
+
+    def monolith(run: str) -> str:
+        r = manifest(run)["results"]["monolith (equal compute)"]
+        b = manifest(run)["budget"]
+        return f"{iv(r.get('nested', r['metrics'])['delta_log_density'], 0)} at {num(b['monolith_steps'], 0, sign=False)} × {b['monolith_batch']}"
+
+    levels = [monolith(run) for run in (EQUAL_IMAGES[6400], EQUAL_IMAGES[3200], PROMPT_AWARE[6400], TEXT_FREE[3200])]
+    assert (
+        f"still improves with its steps: {levels[0]} against {levels[1]}, and {levels[2]} against {levels[3]}."
+    ) in text
