@@ -7,8 +7,9 @@ command to the run's report, into a fresh run directory.
 ``report.json`` with every expert; otherwise nothing is written and the exit code is 1. Writes
 ``benchmarks/results/NAME.{json,md}`` with the command, commit, machine, load at the start and end, date, wall
 seconds, the experts' device seconds and the report's top-2 FID, KID and grid adherence (the run's own feature
-classifier: these do not compare across runs). It refuses to start while a SuperLink is running (flwr would reuse it:
-its start untimed, its environment not README's) and stops the SuperLink that flwr started when it is done.
+classifier: these do not compare across runs). It refuses to start while a local SuperLink answers or runs (flwr would
+reuse it: its start untimed, its environment not README's) and stops the SuperLink that flwr started when it is done
+(the ``flower-superlink`` with flwr's local-superlink log file, nothing else).
 """
 
 from __future__ import annotations
@@ -38,17 +39,67 @@ README_ENV = {
 PREPARING = "preparing the embedded Twemoji dataset"  # the ServerApp's log line when the dataset is not cached yet
 
 
-def superlink_pids() -> list[int]:
-    """The PIDs of Flower SuperLink processes running on this machine (``pgrep -f flower-superlink``)."""
-    out = subprocess.run(["pgrep", "-f", "flower-superlink"], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split() if int(pid) != os.getpid()]
+def managed_superlink_pids() -> list[int]:
+    """The PIDs of the SuperLink that ``flwr run`` manages on this machine: a ``flower-superlink`` whose
+    ``--log-file`` is Flower's local-superlink log of this user (how flwr starts it), not any process with the name."""
+    from flwr.supercore.utils import get_flwr_home
+
+    log_file = str(get_flwr_home() / "local-superlink" / "superlink.log")  # where flwr 1.42's managed one logs
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):  # a process gone meanwhile, or not ours to read
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if any(a.endswith("flower-superlink") for a in args[:2]) and log_file in args:
+            pids.append(int(proc.name))
+    return pids
+
+
+def superlink_answers() -> bool:
+    """Whether a local SuperLink answers on flwr's port (flwr's own probe: such a SuperLink would be reused)."""
+    import urllib.request
+
+    from flwr.cli.constant import CONTROL_API_PROBE_TIMEOUT, LOCAL_SUPERLINK_HTTP_API_PORT
+
+    url = f"http://127.0.0.1:{LOCAL_SUPERLINK_HTTP_API_PORT}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=CONTROL_API_PROBE_TIMEOUT) as response:
+            return 200 <= response.status < 300
+    except OSError:  # refused, timed out or an HTTP error: nothing answers there
+        return False
+
+
+def stop(pids: list[int], timeout: float = 30.0) -> list[int]:
+    """SIGTERM ``pids`` and wait up to ``timeout`` s for them to go; returns those still running."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):  # gone already, or not ours: nothing to stop
+            pass
+    deadline = time.monotonic() + timeout
+    while (alive := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return alive
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def working_tree_clean() -> bool | None:
     """Whether the checkout's tracked files equal HEAD (None outside a git checkout): the record names HEAD."""
     try:
         out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+            ["git", "status", "--porcelain"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,  # flwr packages untracked files
         )
     except OSError:
         return None
@@ -93,6 +144,7 @@ def render(record: dict) -> str:
         f"grid adherence {_number(s['grid_adherence'], '.3f')} (its own feature classifier, {s['feature_network']}; "
         "not comparable across runs). The command started its own SuperLink; the embedded dataset was "
         f"{'prepared in the run (a first use)' if record.get('dataset_prepared_in_run') else 'cached'}."
+        + (" The working tree differed from the commit named." if record.get("working_tree_clean") is False else "")
         + (f" {record['note']}" if record.get("note") else "")
         + "\n"
     )
@@ -112,10 +164,10 @@ def main() -> None:
         sys.exit(f"--name {args.name}: {out_json.name} exists; give another --name (a record is never overwritten)")
     if not shutil.which("flwr"):
         sys.exit("flwr: not on PATH (pip install -e . installs it)")
-    if running := superlink_pids():
+    if superlink_answers() or managed_superlink_pids():
         # a running SuperLink would be reused: its start would not be timed and its environment, not README's, would
         # reach the ServerApp and the ClientApps
-        sys.exit(f"a Flower SuperLink is running already (PID {', '.join(map(str, running))}); stop it first")
+        sys.exit(f"a local Flower SuperLink is running already (PIDs {managed_superlink_pids()}); stop it first")
     run_config = " ".join(x for x in (f'run-dir="{run_dir}"', args.run_config) if x)
     command = ["flwr", "run", ".", "--stream", "--run-config", run_config]
     load0, date = os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -130,11 +182,8 @@ def main() -> None:
         seconds = time.monotonic() - start  # flwr run returns once the run has ended, after its report
         load1 = os.getloadavg()[0]
     finally:  # the SuperLink flwr started (and the run inside it, if flwr was interrupted) goes with this command
-        for pid in superlink_pids():
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:  # already gone: the state wanted
-                pass
+        if left := stop(managed_superlink_pids()):
+            print(f"the SuperLink flwr started is still running (PIDs {left})", file=sys.stderr)
     report_path = run_dir / "report.json"
     if rc != 0 or not report_path.is_file():
         sys.exit(

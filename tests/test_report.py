@@ -1,6 +1,7 @@
 """The report of an assembled run (hddm_flower.evaluation.report via the assemble stage) and the ServerApp's summary metrics."""
 
 import json
+import time
 
 import pytest
 
@@ -186,3 +187,37 @@ def test_the_flwr_run_benchmark_reads_a_real_report_and_refuses_a_used_run_dir(r
     with pytest.raises(SystemExit, match="taken.json exists; give another --name"):
         flwr_run.main()
     assert not (run.parent / "fresh").exists() and (run.parent / "taken.json").read_text() == "{}"
+
+
+def test_the_flwr_run_benchmark_stops_flwrs_managed_superlink_and_nothing_else(tmp_path, monkeypatch):
+    """Only a ``flower-superlink`` carrying flwr's local-superlink log file is the benchmark's to stop; a process
+    that merely names flower-superlink in its arguments is left alone."""
+    import subprocess
+    import sys
+
+    import flwr.supercore.utils
+
+    from benchmarks import flwr_run
+
+    log = tmp_path / "local-superlink" / "superlink.log"  # flwr's managed SuperLink logs under FLWR_HOME
+    monkeypatch.setattr(flwr.supercore.utils, "get_flwr_home", lambda: tmp_path)
+    # flwr 1.42 starts its managed SuperLink with this log file: the benchmark's way to recognise it
+    import inspect
+
+    import flwr.cli.local_superlink as local
+
+    assert '"local-superlink"' in inspect.getsource(local) and '"superlink.log"' in inspect.getsource(local)
+    sleeper = f"{sys.executable} -c 'import time; time.sleep(120)'"
+    managed = subprocess.Popen(["bash", "-c", f"exec -a flower-superlink {sleeper} --log-file {log}"])
+    bystander = subprocess.Popen(["bash", "-c", f"exec {sleeper} flower-superlink --log-file {log}"])
+    try:
+        deadline = time.monotonic() + 10
+        while managed.pid not in flwr_run.managed_superlink_pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert flwr_run.managed_superlink_pids() == [managed.pid]
+        assert flwr_run.stop(flwr_run.managed_superlink_pids(), timeout=10) == []
+        assert managed.wait(5) is not None and bystander.poll() is None
+    finally:
+        for p in (managed, bystander):
+            p.kill()
+            p.wait()

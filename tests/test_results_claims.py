@@ -192,11 +192,24 @@ def test_the_prose_verdicts_follow_the_signs_of_the_table():
     assert min(es) > 0, "under equal steps top-k is ahead at all three rungs tried"
     es_excess = [excess(*EQUAL_STEPS_LADDER[s])["mean"] for s in (3200, 6400)]
     assert es[2] > es[1] and es_excess[1] > es_excess[0], "from 3,200 to 6,400 both leads grow"
-    es_excess_800 = excess(*EQUAL_STEPS_LADDER[800])["mean"]
-    assert es[1] < es[0] and es_excess[0] < es_excess_800, "after both shrank from 800 to 3,200"
+    # the changes between rungs, paired by training: top-2's lead from the runs' per-training differences, the
+    # excess-loss lead from each training's mean over clusters and t
+    gain = {s: paired(PROMPT_AWARE[s], TOP2_MONOLITH)["per_training"] for s in (800, 3200, 6400)}
+    lead = {s: excess_per_training(*EQUAL_STEPS_LADDER[s]) for s in (800, 3200, 6400)}
+    for s in (800, 3200, 6400):
+        assert sum(lead[s]) / 3 == pytest.approx(excess(*EQUAL_STEPS_LADDER[s])["mean"])
+
+    def change(x: dict, a: int, b: int) -> dict:
+        return interval([v - u for u, v in zip(x[a], x[b], strict=True)])
+
+    up_gain, up_lead = change(gain, 3200, 6400), change(lead, 3200, 6400)
+    down_gain, down_lead = change(gain, 800, 3200), change(lead, 800, 3200)
+    assert up_gain["lo"] > 0 and up_lead["lo"] > 0 and down_gain["hi"] < 0 and down_lead["lo"] < 0 < down_lead["hi"]
     assert (
         "under equal steps top-k is ahead at all three rungs tried, and from 3,200 to 6,400 steps both its lead and "
-        "the experts' lead in excess loss grow, after both shrank from 800 to 3,200"
+        f"the experts' lead in excess loss grow (paired by training {iv(up_gain, 1)} nats and {iv(up_lead, 3)}), "
+        f"after top-2's lead shrank from 800 to 3,200 ({iv(down_gain, 1)}; the excess-loss lead's change then, "
+        f"{iv(down_lead, 3)}, is a tie)."
     ) in paragraph()
     assert ladder("gmm_ladder_subspace_6400", "6400-text", "top2 − monolith") == paired(
         PROMPT_AWARE[6400], TOP2_MONOLITH
@@ -209,9 +222,9 @@ def test_the_text_free_router_gains_are_the_ladders_top2_minus_monolith():
         assert g == paired(run, TOP2_MONOLITH)
         assert g["mean"] > 0
     assert (
-        f"with the text-free router too at 800 and 3,200, {iv(gains[0], 1)} and {iv(gains[1], 1)}; the text-free router was not run at 6,400)"
-        in paragraph()
-    )
+        f"(with the text-free router too at 800 and 3,200, {iv(gains[0], 1)} and {iv(gains[1], 1)}; the text-free "
+        "router was not run at 6,400)"
+    ) in paragraph()
     assert not (RESULTS / "reproduce-gmm-subspace-6400-manifest.json").exists()  # "not run": no such run committed
 
 
@@ -259,7 +272,13 @@ def test_both_protocols_share_the_routing_modes_identical_at_800_and_within_0_00
         )
 
     assert largest_difference(800) == largest_difference(6400) == 0.0
-    assert f"identical at 800 and 6,400, within {largest_difference(3200):.3f} nats at 3,200" in paragraph()
+    # at 6,400 the equal-images run copied the equal-steps run's rows (--reuse): the same numbers, not a repeat
+    rows = manifest(EQUAL_IMAGES[6400])["results"]
+    assert all(rows[row].get("reused_from") for row in ("8FM · top1", "8FM · top2", "8FM · full"))
+    assert (
+        f"identical at 800, within {largest_difference(3200):.3f} nats at 3,200, and at 6,400 copied from the "
+        "equal-steps run)"
+    ) in paragraph()
 
 
 def test_the_text_free_router_modes_top2_beats_top1_and_full_at_800_and_full_edges_top2_at_3200():
@@ -425,6 +444,16 @@ def doc_table(header: str) -> list[list[str]]:
 
 def rungs(name: str = "gmm_ladder") -> list[dict]:
     return load(f"{name}.json")["rungs"]
+
+
+def excess_per_training(name: str, label: str) -> list[float]:
+    """Each training's monolith − expert excess loss, mean over the clusters and the t grid."""
+    (g,) = [g for g in rungs(name) if g["label"] == label]
+    out = []
+    for training in g["excess"]["per_training"]:
+        gaps = [m - e for c in training.values() for m, e in zip(c["monolith"], c["expert"], strict=True)]
+        out.append(sum(gaps) / len(gaps))
+    return out
 
 
 def subspace_rungs() -> list[tuple[str, dict]]:
@@ -876,11 +905,19 @@ def test_the_6400_step_rungs_bullet_is_its_two_runs_and_ladder_records():
     es, ei = manifest(PROMPT_AWARE[6400]), manifest(EQUAL_IMAGES[6400])
     assert ei["budget"]["monolith_steps"] == 51200 and ei["budget"]["monolith_batch"] == 32
     assert ei["timings_s"]["router"] == 0.0 and ei["timings_s"]["training"] > 0.9 * ei["seconds"]  # the monolith
+    # "copies in the equal-steps run's experts, routers and their rows, so only the monolith trains"
+    mine, theirs = ei["artefacts"], es["artefacts"]
+    assert all(
+        x["reused"] and x["tensor_sha256"] == theirs["experts"][k]["tensor_sha256"] for k, x in mine["experts"].items()
+    )
+    assert mine["router"]["reused_from"] and mine["router"]["tensor_sha256"] == theirs["router"]["tensor_sha256"]
+    assert not mine["monolith"]["reused"]
+    assert all(r.get("reused_from") for name, r in ei["results"].items() if not name.startswith("monolith"))
+    assert "which copies in the equal-steps run's experts, routers and their rows, so only the monolith" in text
     assert f"equal steps {es['created_at'][:10]}, equal images {ei['created_at'][:10]}): " in text
     command = ei["command"].replace(ei["command"].split(" --out ")[1].split()[0], "OUT")
     command = command.replace(command.split(" --reuse ")[1], "OUT_ES")
     assert f"equal images `{command}`" in text
-    assert f"(equal steps as in the ladder above ({es['seconds'] / 60:.1f} min)" not in text  # no double bracket
     assert f"as in the ladder above ({es['seconds'] / 60:.1f} min); " in text
     assert f"so only the monolith (51,200 × 32) trains ({ei['seconds'] / 60:.1f} min)" in text
     gain = {p: top2_minus_monolith(p, 6400) for p in ("equal images", "equal steps")}
