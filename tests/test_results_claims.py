@@ -34,7 +34,7 @@ EQUAL_IMAGES = {
     3200: "ei-3200-text",
     6400: "ei-6400-text",
 }  # equal images, router.conditioning: text
-TEXT_FREE = {800: "800", 3200: "3200"}  # equal steps, the text-free router
+TEXT_FREE = {800: "800", 3200: "3200", 6400: "6400"}  # equal steps, the text-free router
 
 
 @cache
@@ -217,15 +217,14 @@ def test_the_prose_verdicts_follow_the_signs_of_the_table():
 
 
 def test_the_text_free_router_gains_are_the_ladders_top2_minus_monolith():
-    gains = [ladder("gmm_ladder_subspace", label, "top2 − monolith") for label in ("800", "3200")]
-    for g, run in zip(gains, TEXT_FREE.values()):
-        assert g == paired(run, TOP2_MONOLITH)
-        assert g["mean"] > 0
+    for label in ("800", "3200"):
+        assert ladder("gmm_ladder_subspace", label, "top2 − monolith") == paired(TEXT_FREE[int(label)], TOP2_MONOLITH)
+    gains = [paired(TEXT_FREE[s], TOP2_MONOLITH) for s in (800, 3200, 6400)]
+    assert all(g["mean"] > 0 and g["resolved"] for g in gains)
     assert (
-        f"(with the text-free router too at 800 and 3,200, {iv(gains[0], 1)} and {iv(gains[1], 1)}; the text-free "
-        "router was not run at 6,400)"
+        f"(with the text-free router too: {iv(gains[0], 1)}, {iv(gains[1], 1)} and {iv(gains[2], 1)} at 800, 3,200 "
+        "and 6,400)"
     ) in paragraph()
-    assert not (RESULTS / "reproduce-gmm-subspace-6400-manifest.json").exists()  # "not run": no such run committed
 
 
 def test_mmd_top2_minus_monolith_is_each_runs_and_its_sign_says_who_is_closer():
@@ -315,26 +314,35 @@ def test_the_text_free_routers_cost_at_exact_experts_is_one_number_at_both_rungs
     tf = paired(TEXT_FREE[800], ROUTER_AT_EXACT)
     assert iv(paired(TEXT_FREE[3200], ROUTER_AT_EXACT), 1) == iv(tf, 1)
     assert not tf["resolved"]
-    assert f"(prompt-aware) or {iv(tf, 1)} (text-free, {verdict(tf)})" in paragraph()
+    # at 6,400 the text-free router was trained again, on the AVX-512 machine: a number apart
+    later = paired(TEXT_FREE[6400], ROUTER_AT_EXACT)
+    assert not later["resolved"] and iv(later, 1) != iv(tf, 1)
+    assert "AVX-512" in load("gmm_ladder_subspace_6400.json")["machine"]  # the machine of the 6,400 runs
+    assert manifest(TEXT_FREE[6400])["timings_s"]["router"] > 0
+    assert (
+        f"(prompt-aware) or {iv(tf, 1)} (text-free, {verdict(tf)}; {iv(later, 1)} at 6,400, its router retrained on "
+        "another machine)"
+    ) in paragraph()
 
 
 def test_the_routers_cost_at_trained_experts_is_table_4_of_each_run():
     pa_800, pa_3200, pa_6400 = (paired(PROMPT_AWARE[s], ROUTER_AT_TRAINED) for s in (800, 3200, 6400))
-    tf_800, tf_3200 = (paired(TEXT_FREE[s], ROUTER_AT_TRAINED) for s in (800, 3200))
+    tf_800, tf_3200, tf_6400 = (paired(TEXT_FREE[s], ROUTER_AT_TRAINED) for s in (800, 3200, 6400))
     assert pa_800["resolved"] and pa_3200["resolved"] and pa_6400["resolved"]
     assert (
         f"at trained experts {iv(pa_800, 1)} (800), {iv(pa_3200, 1)} (3,200) and {iv(pa_6400, 1)} (6,400) "
         "prompt-aware, all resolved, and "
-        f"{iv(tf_800, 1)} ({verdict(tf_800)}) and {iv(tf_3200, 1)} ({verdict(tf_3200)}) text-free"
+        f"{iv(tf_800, 1)} ({verdict(tf_800)}), {iv(tf_3200, 1)} ({verdict(tf_3200)}) and {iv(tf_6400, 1)} "
+        f"({verdict(tf_6400)}) text-free"
     ) in paragraph()
 
 
 def test_the_whole_gap_on_the_empty_caption_is_table_4_of_each_run():
     pa = [iv(paired(PROMPT_AWARE[s], GAP), 1) for s in (800, 3200, 6400)]
-    tf = [iv(paired(TEXT_FREE[s], GAP), 1) for s in (800, 3200)]
+    tf = [iv(paired(TEXT_FREE[s], GAP), 1) for s in (800, 3200, 6400)]
     assert (
-        f"the whole gap is {pa[0]}, {pa[1]} and {pa[2]} (prompt-aware), {tf[0]} and {tf[1]} (text-free)" in paragraph()
-    )
+        f"the whole gap is {pa[0]}, {pa[1]} and {pa[2]} (prompt-aware), {tf[0]}, {tf[1]} and {tf[2]} (text-free)"
+    ) in paragraph()
 
 
 def shares(runs: dict[int, str]) -> list[float]:
@@ -874,6 +882,15 @@ def test_the_6400_subspace_runs_command_time_load_and_date_are_its_records():
         f"`{command}`, then `{ladder_command}`; AMD EPYC (AVX-512), 2 cores, a few short test runs beside it "
         f"(load {min(loads):.1f}–{max(loads):.1f} at its start and end), {m['seconds'] / 60:.1f} min, "
         f"{m['created_at'][:10]};"
+    ) in ladder_text()
+    # the text-free router at that rung: the same command without the prompt-aware router, reusing that run
+    tf = manifest(TEXT_FREE[6400])
+    assert tf["command"].startswith(m["command"].replace(" --set router.conditioning=text", "").split(" --out ")[0])
+    assert f"--reuse {g['out']}" in tf["command"] and tf["timings_s"]["training"] < 1 and tf["timings_s"]["router"] > 0
+    assert tf["config"]["router"]["conditioning"] != "text"
+    assert (
+        "the text-free router at that rung: the same command without `--set router.conditioning=text`, with "
+        f"`--reuse` of that run (only the router trains), {tf['seconds'] / 60:.1f} min, {tf['created_at'][:10]},"
     ) in ladder_text()
 
 
