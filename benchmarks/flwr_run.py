@@ -93,14 +93,10 @@ def _running(pid: int) -> bool:
 
 
 def working_tree_clean() -> bool | None:
-    """Whether the checkout's tracked files equal HEAD (None outside a git checkout): the record names HEAD."""
+    """Whether the checkout is HEAD with nothing changed or added (None outside a git checkout): the record names
+    HEAD, and ``flwr run .`` packages untracked files too."""
     try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,  # flwr packages untracked files
-        )
+        out = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
     except OSError:
         return None
     return out.stdout.strip() == "" if out.returncode == 0 else None
