@@ -47,9 +47,11 @@ def managed_superlink_pids() -> list[int]:
     log_file = str(get_flwr_home() / "local-superlink" / "superlink.log")  # where flwr 1.42's managed one logs
     pids = []
     for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError):  # a process gone meanwhile, or not ours to read
+        except (FileNotFoundError, ProcessLookupError):  # the process ended since the listing: not a SuperLink now
             continue
         args = [a.decode(errors="replace") for a in argv]
         if any(a.endswith("flower-superlink") for a in args[:2]) and log_file in args:
@@ -76,8 +78,10 @@ def stop(pids: list[int], timeout: float = 30.0) -> list[int]:
     for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):  # gone already, or not ours: nothing to stop
-            pass
+        except ProcessLookupError:  # it ended by itself meanwhile: stopped, as wanted
+            continue
+        except PermissionError as e:  # another user's: said, and returned below as still running
+            print(f"cannot stop PID {pid}: {e.strerror}", file=sys.stderr)
     deadline = time.monotonic() + timeout
     while (alive := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -87,9 +91,10 @@ def stop(pids: list[int], timeout: float = 30.0) -> list[int]:
 def _running(pid: int) -> bool:
     """Whether ``pid`` still runs (a zombie, ended but not yet reaped by its parent, does not)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):  # reaped: gone
         return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def working_tree_clean() -> bool | None:

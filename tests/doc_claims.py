@@ -49,3 +49,18 @@ def resolved(x: dict) -> bool:
         return x["resolved"]
     lo, hi = (x["lo"], x["hi"]) if "lo" in x else (x["mean"] - x["half"], x["mean"] + x["half"])
     return lo > 0 or hi < 0
+
+
+def md_table(text: str, header: str) -> list[list[str]]:
+    """The cells of the markdown table of ``text`` whose header line starts with ``header`` (one such line): the
+    header's cells first, then each body row's, up to the first line that is not a row; the rule is checked."""
+    lines = [line.strip() for line in text.splitlines()]
+    (i,) = [i for i, line in enumerate(lines) if line.startswith(header)]
+    rows = [lines[i]]
+    for line in lines[i + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in rows]
+    assert set(lines[i + 1].strip("|").split("|")) == {"---"}, f"{header}: no rule under the header"
+    return cells

@@ -34,7 +34,7 @@ from scipy import stats
 from hddm_flower.config.io import load_config, parse_overrides
 
 from .doc_claims import DOC as RESULTS_DOC
-from .doc_claims import RESULTS, ROOT, iv, load, num, passage, raw_passage
+from .doc_claims import RESULTS, ROOT, iv, load, md_table, num, passage, raw_passage
 
 DOC = RESULTS_DOC
 START = "## The embedded default run"
@@ -77,16 +77,8 @@ def reduced() -> str:
 def table(start: str, end: str, header: str) -> tuple[list[str], dict[str, list[str]]]:
     """The markdown table of a passage whose header line starts with ``header``: its header cells and its rows by
     their first cell."""
-    lines = [line.strip() for line in raw_passage(start, end, DOC).splitlines()]
-    (i,) = [i for i, line in enumerate(lines) if line.startswith(header)]
-    assert set(lines[i + 1].strip("|").split("|")) == {"---"}
-    rows = {}
-    for line in lines[i + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = cells[1:]
-    return [c.strip() for c in lines[i].strip("|").split("|")], rows
+    head, *body = md_table(raw_passage(start, end, DOC), header)
+    return head, {cells[0]: cells[1:] for cells in body}
 
 
 def level(x: float, digits: int) -> str:
@@ -152,16 +144,10 @@ def md(name: str) -> str:
     return (RESULTS / name).read_text()
 
 
-def md_table(name: str, header: str) -> tuple[list[str], dict[str, list[str]]]:
-    lines = [line.strip() for line in md(name).splitlines()]
-    (i,) = [i for i, line in enumerate(lines) if line.startswith(header)]
-    rows = {}
-    for line in lines[i + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = cells[1:]
-    return [c.strip() for c in lines[i].strip("|").split("|")], rows
+def file_table(name: str, header: str) -> tuple[list[str], dict[str, list[str]]]:
+    """A table of a committed tables.md: its header cells and its rows by their first cell."""
+    head, *body = md_table(md(name), header)
+    return head, {cells[0]: cells[1:] for cells in body}
 
 
 # --- the dataset of both runs (its meta.json, pinned by the sha256 the manifests record)
@@ -566,7 +552,7 @@ TABLE1 = {c: (c, "top2") for c in CONFIGS} | {"monolith (equal compute)": MONO}
 )
 def test_each_table_1_row_is_the_manifests_intervals_over_seeds_with_the_papers_columns(label):
     row = TABLE1[label]
-    paper = md_table(FULL_MD, "| configuration |")[1][label][-2:]
+    paper = file_table(FULL_MD, "| configuration |")[1][label][-2:]
     cells = [level(cell_iv(row, "fid")["mean"], 1) + f" ± {level(cell_iv(row, 'fid')['half'], 1)}"]
     cells.append(level(cell_iv(row, "kid")["mean"], 1) + f" ± {level(cell_iv(row, 'kid')['half'], 1)}")
     cells.append(level(cell_iv(row, "diversity")["mean"], 2) + f" ± {level(cell_iv(row, 'diversity')['half'], 2)}")
@@ -579,7 +565,7 @@ def test_table_1s_rows_are_the_manifests_configurations_and_its_monolith():
 
 
 def test_table_1s_kid_column_is_headed_as_the_raw_kid_its_cells_are():
-    (generated,) = [h for h in md_table(FULL_MD, "| configuration |")[0] if h.startswith("KID")]
+    (generated,) = [h for h in file_table(FULL_MD, "| configuration |")[0] if h.startswith("KID")]
     assert table1()[0][2] == generated
 
 
@@ -598,7 +584,7 @@ TABLE2 = {
 
 def papers(mode: str) -> list[str]:
     """Table 2's paper columns as the doc writes them from the generated table and its footnote."""
-    hddm, ddm = md_table(FULL_MD, "| inference |")[1][mode][-2:]
+    hddm, ddm = file_table(FULL_MD, "| inference |")[1][mode][-2:]
     tables = md(FULL_MD)
     if mode == "threshold":
         (ablation,) = re.findall(r"its threshold ablation, at another scale, gives FID ([\d.]+) at ", tables)
@@ -685,7 +671,7 @@ def test_the_paired_table_holds_the_comparisons_the_section_names():
 
 
 def test_the_paired_tables_kid_column_is_headed_as_the_raw_kid_its_cells_are():
-    (generated,) = [h for h in md_table(SMALL_MD, "| comparison |")[0] if h.startswith("KID")]
+    (generated,) = [h for h in file_table(SMALL_MD, "| comparison |")[0] if h.startswith("KID")]
     assert table3()[0][2] == generated
 
 
@@ -761,7 +747,7 @@ def test_the_router_accuracy_line_is_the_tables_md():
 
 
 def paper(mode: str) -> str:
-    return md_table(FULL_MD, "| inference |")[1][mode][-2]
+    return file_table(FULL_MD, "| inference |")[1][mode][-2]
 
 
 def test_top_2_is_ahead_of_full_routing_on_every_seed_but_not_resolved():
@@ -788,7 +774,7 @@ def test_heterogeneous_vs_homogeneous_is_a_tie_and_the_papers_gap_is_beyond_it()
     f = paired(("2DDPM:6FM", "top2"), ("8FM", "top2"), "fid")
     k = paired(("2DDPM:6FM", "top2"), ("8FM", "top2"), "kid")
     assert not resolved(f) and not resolved(k)
-    hetero = md_table(FULL_MD, "| configuration |")[1]
+    hetero = file_table(FULL_MD, "| configuration |")[1]
     p2, p8 = float(hetero["2DDPM:6FM"][-2]), float(hetero["8FM"][-2])
     assert (p8 - p2) / p8 * cell_iv(("8FM", "top2"), "fid")["mean"] < f["half"]  # the paper's relative gap, here
     assert (
@@ -970,8 +956,8 @@ def test_the_reduced_tables_header_names_the_feature_network_with_its_fingerprin
 
 
 def test_the_reduced_tables_give_kid_fid_adherence_and_diversity_per_row_and_a_floor_row():
-    t1, rows1 = md_table(SMALL_MD, "| configuration |")
-    t2 = md_table(SMALL_MD, "| inference |")[1]
+    t1, rows1 = file_table(SMALL_MD, "| configuration |")
+    t2 = file_table(SMALL_MD, "| inference |")[1]
     assert t1[1:5] == ["KID ↓", "FID ↓", "adherence ↑", "intra-prompt diversity ↑"]
     assert "real (floor)" in rows1 and "real (floor)" in t2
     assert "(KID ↓; FID in brackets; adherence ↑ after the slash)" in md(SMALL_MD)

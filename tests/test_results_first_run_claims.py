@@ -38,7 +38,7 @@ from hddm_flower.cli import build_parser
 from hddm_flower.config.io import load_config, parse_overrides
 
 from .doc_claims import DOC as RESULTS_DOC
-from .doc_claims import RESULTS, ROOT, load, num, resolved
+from .doc_claims import RESULTS, ROOT, load, md_table, num, resolved
 
 DOC = RESULTS_DOC
 README = ROOT / "README.md"
@@ -95,14 +95,7 @@ def readme() -> str:
 
 def table(raw: str, header: str) -> list[list[str]]:
     """The rows of the markdown table of ``raw`` that starts with ``header``, its header and rule left out."""
-    lines = [line.strip() for line in raw.splitlines()]
-    (i,) = [i for i, line in enumerate(lines) if line.startswith(header)]
-    rows = []
-    for line in lines[i + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in line.strip("|").split("|")])
-    return rows
+    return md_table(raw, header)[1:]
 
 
 def top_rows() -> list[list[str]]:
@@ -299,15 +292,7 @@ def shown(x: dict, digits: int) -> str:
 
 
 def md_rows(header: str) -> dict[str, list[str]]:
-    lines = (RESULTS / "first_ten_minutes.md").read_text().splitlines()
-    (i,) = [i for i, line in enumerate(lines) if line.startswith(header)]
-    rows = {}
-    for line in lines[i + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = cells[1:]
-    return rows
+    return {cells[0]: cells[1:] for cells in md_table((RESULTS / "first_ten_minutes.md").read_text(), header)[1:]}
 
 
 # --- where the section is
