@@ -244,8 +244,8 @@ class Deployment:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        except ProcessLookupError:
-            pass
+        except ProcessLookupError:  # the process group had already ended: stopped, which is what was asked
+            return
 
     def close(self) -> None:
         for name in [n for n in self.procs if n != "superlink"] + ["superlink"]:
