@@ -320,6 +320,37 @@ def test_log_density_quantiles_against_closed_forms():
     assert same == {"delta_log_density_median": 0.0, "log_deficit_p90": 0.0}
 
 
+def test_a_stored_rows_key_holds_every_source_file_of_the_package(monkeypatch):
+    """What docs/evaluation.md says of the truth-row store: any change to the package's code samples every row again.
+    The code digest is the sha256 over every ``.py`` file of ``hddm_flower`` (path and bytes), and a row's key
+    changes with it and with the weights of the parts it samples with."""
+    import hashlib
+    from pathlib import Path
+
+    import hddm_flower
+    from hddm_flower.config.io import load_config
+    from hddm_flower.gmm import row_cache
+    from hddm_flower.gmm.evaluate import Row
+
+    root = Path(hddm_flower.__file__).resolve().parent
+    files = sorted(root.rglob("*.py"))
+    assert len(files) > 40 and root / "gmm" / "row_cache.py" in files
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    assert row_cache.code_digest() == h.hexdigest()
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "reproduce-gmm.yaml")
+    row, weights = (
+        Row("8FM · top2", "8FM", "top2"),
+        {"experts": {f"cluster-{k}-fm": str(k) for k in range(8)}, "router": "r"},
+    )
+    key = row_cache.row_key(cfg, row, ["fm"] * 8, weights, {"dataset": "d"})
+    assert key == row_cache.row_key(cfg, row, ["fm"] * 8, weights, {"dataset": "d"})
+    assert key != row_cache.row_key(cfg, row, ["fm"] * 8, weights | {"router": "other"}, {"dataset": "d"})
+    monkeypatch.setattr(row_cache, "code_digest", lambda: "another version of the code")
+    assert key != row_cache.row_key(cfg, row, ["fm"] * 8, weights, {"dataset": "d"})
+
+
 def test_a_damaged_stored_row_is_said_and_not_reused(tmp_path, caplog):
     """The truth-row store: a missing entry is the usual case (nothing said), a damaged one is named with its reason
     and not reused; a sound one with its per-sample file is."""

@@ -31,7 +31,7 @@ def expected_model_config(cfg: Config, dataset: Dataset) -> dict:
 
 
 def checkpoint_limit(cfg: Config, model_config: dict) -> int:
-    """The upload size limit in bytes: ``federation.max_checkpoint_mb``, or the preset's float32 size + 5 %."""
+    """The upload size limit in bytes: ``federation.max_checkpoint_mb``, or the preset's float32 size + 5 % + 1 MiB."""
     if cfg.federation.max_checkpoint_mb:
         return int(cfg.federation.max_checkpoint_mb * 2**20)
     with torch.device("meta"):
