@@ -14,7 +14,9 @@ its reruns with ``--training 1``, ``2`` give independent trainings. Appends one 
 ``WORK/pilot.jsonl`` and prints it. ``--train-only experts`` and ``--train-only monolith`` in two processes train one
 budget's networks on both cores; a call without it then reuses them and scores.
 ``--summarise RECORDS`` trains nothing: it puts the records of ``--label`` side by side over their trainings
-(intervals over the trainings present, :func:`summarise`) in ``benchmarks/results/gmm_capacity_pilot-LABEL.{md,json}``.
+(intervals over the trainings present, :func:`summarise`) in ``benchmarks/results/gmm_capacity_pilot-LABEL.{md,json}``;
+with several labels and ``--name N`` (and ``--steps`` to keep only those budgets) it puts the labels side by side
+(:func:`render_comparison`, e.g. a learning-rate sweep) in ``gmm_capacity_pilot-N.{md,json}``.
 ``--device cuda`` trains on a GPU (scoring stays on the CPU); on an H200 a `nano` expert's step is no faster than
 one CPU core's, the monolith's about 3.5× (docs/performance.md).
 """
@@ -202,6 +204,45 @@ def render_summary(summary: dict, label: str, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_comparison(
+    summaries: dict[str, dict], sets: dict[str, str], name: str, source: str, steps: list[int] | None = None
+) -> str:
+    """Markdown: the labels of ``summaries`` (each a :func:`summarise`; ``sets``: each label's ``--set``) side by
+    side, one row per label and budget:
+    the mean over t and the values at t = 0.1 and 0.7, each a mean over the trainings present (± when more than one),
+    the difference paired by training."""
+
+    def c(x: dict, spec: str = ".3f") -> str:
+        return f"{x['mean']:{spec}}" + (f" ± {x['half']:{spec.lstrip('+')}}" if x["n"] > 1 else "")
+
+    labels = " ".join(summaries)
+    steps = f" --steps {' '.join(map(str, steps))}" if steps else ""
+    lines = [
+        f"# gmm_capacity_pilot, `{name}`: {', '.join(f'`{k}`' for k in summaries)}",
+        "",
+        f"`python -m benchmarks.gmm_capacity_pilot --summarise {source} --label {labels} --name {name}{steps}` on "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}: the records of `{source}` (each names the command, machine and "
+        "date that produced it) of each label, side by side.",
+        "",
+        "Excess loss over Bayes per dimension on the experts' own clusters (mean over the record's clusters), "
+        "mean ± the half-width of the 95 % Student-t interval over the independent trainings (`--training`) "
+        "present (none: one training); `monolith − expert` paired by training.",
+        "",
+        "| label | `--set` | steps | trainings | expert, mean over t | monolith | monolith − expert "
+        "| t = 0.1: expert / monolith | t = 0.7: expert / monolith |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, summary in summaries.items():
+        for steps, row in summary.items():
+            x, lo, hi = row["mean_over_t"], row["t=0.1"], row["t=0.7"]
+            lines.append(
+                f"| {label} | `{sets[label]}` | {steps:,} | {len(row['trainings'])} | {c(x['expert'])} "
+                f"| {c(x['monolith'])} | {c(x['gap'], '+.3f')} | {c(lo['expert'])} / {c(lo['monolith'])} "
+                f"| {c(hi['expert'])} / {c(hi['monolith'])} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config")
@@ -209,13 +250,17 @@ def main() -> None:
         "--summarise",
         metavar="RECORDS",
         help="instead of training: the records of --label in RECORDS (a JSON file with 'records', or a pilot.jsonl) "
-        "over their trainings, written to benchmarks/results/gmm_capacity_pilot-LABEL.{md,json}",
+        "over their trainings, written to benchmarks/results/gmm_capacity_pilot-LABEL.{md,json} (several labels: "
+        "side by side in gmm_capacity_pilot-NAME.{md,json}; --steps: only these budgets)",
     )
     p.add_argument("--set", default="", help='overrides, e.g. "expert.preset=nano data.gmm_rank=12"')
     p.add_argument("--steps", type=int, nargs="+", help="the budgets S (expert.steps)")
     p.add_argument("--clusters", type=int, nargs="+", default=[0])
     p.add_argument("--samples", type=int, default=256, help="x_t per cluster and t for the excess loss")
-    p.add_argument("--label", required=True)
+    p.add_argument(
+        "--label", required=True, nargs="+", help="the records' label; with --summarise, several side by side (--name)"
+    )
+    p.add_argument("--name", help="with --summarise and several labels: the comparison's file name")
     p.add_argument("--work", help="where the pilot's networks and pilot.jsonl go")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--threads", type=int, default=1)
@@ -237,6 +282,23 @@ def main() -> None:
     if args.summarise:
         text = Path(args.summarise).read_text()
         records = json.loads(text)["records"] if args.summarise.endswith(".json") else _jsonl(text)
+        if args.steps:  # only these budgets
+            records = [r for r in records if r["steps"] in args.steps]
+        if len(args.label) > 1 or args.name:
+            if not args.name:
+                p.error(f"--label {' '.join(args.label)}: several labels are compared under a --name")
+            summaries = {label: summarise(records, label) for label in args.label}
+            if empty := [label for label, s in summaries.items() if not s]:
+                p.error(f"--label {' '.join(empty)}: no record of {args.summarise} has this label")
+            sets = {label: next(r.get("set", "") for r in records if r["label"] == label) for label in args.label}
+            md = render_comparison(summaries, sets, args.name, args.summarise, args.steps)
+            out = {"labels": args.label, "sets": sets, "records": args.summarise, "steps": args.steps}
+            out["summaries"] = summaries
+            (RESULTS / f"gmm_capacity_pilot-{args.name}.json").write_text(json.dumps(out, indent=1))
+            (RESULTS / f"gmm_capacity_pilot-{args.name}.md").write_text(md)
+            print(md)
+            return
+        args.label = args.label[0]
         summary = summarise(records, args.label)
         (RESULTS / f"gmm_capacity_pilot-{args.label}.json").write_text(
             json.dumps({"label": args.label, "records": args.summarise, "summary": summary}, indent=1)
@@ -250,6 +312,9 @@ def main() -> None:
         p.error(f"--training {args.training}: a training index is 0 or more")
     if not (args.config and args.steps and args.work):
         p.error("--config, --steps and --work are required to train (or --summarise RECORDS)")
+    if len(args.label) > 1:
+        p.error(f"--label {' '.join(args.label)}: one label to train under")
+    args.label = args.label[0]
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     for steps in args.steps:

@@ -207,6 +207,29 @@ def test_the_capacity_pilot_summary_is_over_trainings_and_its_change_is_per_doub
     assert summarise([*records, record(400, 1, 0.05, 0.20)], "x") == s  # the same scores twice: one record
 
 
+def test_the_capacity_pilots_comparison_puts_labels_side_by_side_each_over_its_own_trainings():
+    """``--summarise RECORDS --label A B --name N``: one row per label and budget, each label's values over its own
+    trainings (± only where there are several, paired by training), its ``--set`` beside it; the command that
+    regenerates the table is in its header."""
+    from benchmarks.gmm_capacity_pilot import TIMES, render_comparison, summarise
+
+    def record(label, training, expert, monolith):
+        per = {"0": {"expert": [expert] * len(TIMES), "monolith": [monolith] * len(TIMES)}}
+        return {"label": label, "steps": 6400, "training": training, "per_cluster": per}
+
+    records = [record("a", 0, 0.07, 0.15), record("a", 1, 0.09, 0.19), record("b", 0, 0.04, 0.13)]
+    summaries = {k: summarise(records, k) for k in ("a", "b")}
+    md = render_comparison(summaries, {"a": "x=1", "b": "x=2"}, "sweep", "RECORDS", [6400])
+    assert "--summarise RECORDS --label a b --name sweep --steps 6400" in md
+    # a over 2 trainings: half = t(0.975, 1) · s / √2 with s = spread / √2, i.e. 12.706 · spread / 2; the gap
+    # paired by training (0.08 and 0.10: spread 0.02), unpaired it would be 0.12 and 0.06; b: one training, no ±
+    h = 12.706204736174707 / 2
+    assert (
+        f"| a | `x=1` | 6,400 | 2 | 0.080 ± {h * 0.02:.3f} | 0.170 ± {h * 0.04:.3f} | +0.090 ± {h * 0.02:.3f} |" in md
+    )
+    assert "| b | `x=2` | 6,400 | 1 | 0.040 | 0.130 | +0.090 | 0.040 / 0.130 | 0.040 / 0.130 |" in md
+
+
 def test_the_capacity_pilots_independent_trainings_are_those_of_hddm_reproduce():
     """What docs/results.md says of the pilot's trainings 1 and 2: at 3,200 steps their networks (monolith and
     the experts of clusters 0, 3, 4) are, tensor for tensor, the ones the committed 3,200-step ``hddm reproduce``
