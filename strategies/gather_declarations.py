@@ -28,7 +28,7 @@ from hddm_flower.federation.declarations import (
     CLAIM,
     DECLARATION,
     DECLARATION_JSON,
-    check_agreement,
+    disagreements,
     institution_objectives,
     parse_declaration,
     write_descriptor,
@@ -85,7 +85,9 @@ def gather_declarations(
 ) -> Institutions:
     """Ask every connected node for its declaration, parse and check them, write the descriptor into
     ``run_dir/institutions`` and derive the objectives (``fixed``: those of experts already in the run directory).
-    Raises when the declarations disagree or none is usable."""
+    A node whose reply is malformed, late, a second claim of an expert, or whose data disagrees with the others'
+    (:func:`~hddm_flower.federation.declarations.disagreements`) is left out and listed in ``refused``; raises
+    when no node is usable."""
     nodes = _wait_for_nodes(grid, cfg)
     config = ConfigRecord({"experiment": json.dumps(cfg.to_dict())})
     messages = [
@@ -108,8 +110,13 @@ def gather_declarations(
             refused[node] = str(e)
     for node in set(nodes) - set(by_node) - set(refused):
         refused[node] = f"no reply within {timeout:g} s"
+    # a node whose data cannot join the others' (input shape, latent space, text encoder) costs only its expert;
+    # decided before the claims, so that such a node cannot hold an expert id another node claims
+    refused |= disagreements({n: d for n, (_, d) in by_node.items()})
     nodes_of: dict[int, int] = {}
     for node, (expert, _) in sorted(by_node.items()):
+        if node in refused:
+            continue
         if expert in nodes_of:
             refused[node] = f"claims expert {expert}, already declared by node {nodes_of[expert]}"
         else:
@@ -119,7 +126,6 @@ def gather_declarations(
     declarations = {k: by_node[n][1] for k, n in nodes_of.items()}
     if not declarations:
         raise RuntimeError(f"no node declared usable data ({len(refused)} refused)")
-    check_agreement({n: by_node[n][1] for n in nodes_of.values()})
     descriptor = write_descriptor(run_dir / DESCRIPTOR, cfg, declarations)
     inst = Institutions(declarations, nodes_of, refused, descriptor)
     fixed = fixed or {}

@@ -12,10 +12,12 @@ from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.config.rules import ConfigError
 from hddm_flower.data import Dataset
 from hddm_flower.federation.declarations import (
-    DeclarationMismatch,
-    check_agreement,
+    CLAIM,
+    DECLARATION,
+    DECLARATION_JSON,
     cluster_details,
     declaration,
+    disagreements,
     institution_objectives,
     parse_declaration,
 )
@@ -58,11 +60,56 @@ def test_a_malformed_declaration_is_refused_naming_the_node_and_field(dataset_di
 
 def test_declarations_that_disagree_name_the_node_and_the_field(dataset_dir):
     d = parse_declaration(json.dumps(declaration(Dataset.open(dataset_dir / "cluster-0"))), 1)
-    check_agreement({1: d, 2: d | {"detail": 0.9}, 3: d})  # statistics may differ
-    with pytest.raises(DeclarationMismatch, match=r"^node 3 declares text_encoder 'clip:other'.*'bert:"):
-        check_agreement({1: d, 2: d, 3: d | {"text_encoder": "clip:other"}})
-    with pytest.raises(DeclarationMismatch, match="node 2 declares channels 1"):
-        check_agreement({1: d, 2: d | {"channels": 1}, 3: d})
+    assert disagreements({1: d, 2: d | {"detail": 0.9}, 3: d}) == {}  # statistics may differ
+    out = disagreements({1: d, 2: d, 3: d | {"text_encoder": "clip:other"}})
+    assert list(out) == [3] and out[3].startswith("declares text_encoder 'clip:other', the other nodes 'bert:")
+    out = disagreements({1: d | {"channels": 1}, 2: d, 3: d})  # the majority decides, not the lowest node
+    assert list(out) == [1] and out[1].startswith("declares channels 1")
+    assert list(disagreements({5: d, 2: d | {"image_size": 8}})) == [5]  # a tie: the lowest node's value
+
+
+class DeclaringGrid:
+    """A Grid whose nodes answer the declare query with the given (claimed expert, declaration) and nothing else."""
+
+    def __init__(self, answers: dict[int, tuple[int, dict]]):
+        from flwr.supercore.task_identity import TaskIdentity  # Message() needs it outside a runtime, as FakeGrid's
+
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+        self.answers = answers
+
+    def get_node_ids(self):
+        return sorted(self.answers)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app import ConfigRecord, Message
+
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            expert, decl = self.answers[node]
+            record = ConfigRecord({CLAIM: expert, DECLARATION_JSON: json.dumps(decl)})
+            reply = Message(RecordDict({DECLARATION: record}), reply_to=msg)
+            reply.metadata.__dict__["_src_node_id"] = node
+            yield reply
+
+
+def test_a_node_whose_data_disagrees_costs_only_its_expert_and_cannot_hold_anothers(
+    tiny_config_path, dataset_dir, tmp_path
+):
+    """One node declares another text encoder and claims expert 0 before (a lower node id than) the node whose
+    data fits: it is left out with its reason, the run goes on with the others, and expert 0 goes to the node that
+    fits; a run in which every node is left out stops with one line."""
+    from strategies.gather_declarations import gather_declarations
+
+    cfg = load_config(tiny_config_path, parse_overrides(f"{INSTITUTION} federation.min_nodes=1"))
+    d = declaration(Dataset.open(dataset_dir / "cluster-0"))
+    answers = {1: (1, d), 2: (0, d | {"text_encoder": "clip:other"}), 3: (0, d), 4: (2, d)}
+    inst = gather_declarations(DeclaringGrid(answers), cfg, tmp_path / "run", timeout=5)
+    assert inst.nodes == {0: 3, 1: 1, 2: 4} and list(inst.refused) == [2]
+    assert inst.refused[2].startswith("declares text_encoder 'clip:other'")
+    assert inst.record()["refused"] == {"2": inst.refused[2]}
+    bad = {n: (k, x | {"version": 99}) for n, (k, x) in answers.items()}
+    with pytest.raises(RuntimeError, match="no node declared usable data"):
+        gather_declarations(DeclaringGrid(bad), cfg, tmp_path / "run2", timeout=5)
 
 
 def test_auto_objectives_rank_the_declared_detail_scores(tiny_config_path):

@@ -35,10 +35,6 @@ DECLARATION_JSON = "declaration-json"  # … holding the declaration as JSON tex
 CLAIM = "expert-id"  # … and the expert id the node claims
 
 
-class DeclarationMismatch(ValueError):
-    """Two nodes declared different values of an :data:`AGREED_FIELDS` field."""
-
-
 def latent_fingerprint(meta: dict) -> str:
     """The latent space of a prepared dataset as one comparable string: ``pixels``, or the VAE's name, scaling
     factor, latent channels and downsampling (its local path differs between nodes and is left out)."""
@@ -97,21 +93,24 @@ def parse_declaration(text: Any, node: int) -> dict[str, Any]:
     return out
 
 
-def check_agreement(declarations: dict[int, dict]) -> None:
-    """Stop when the nodes' declarations (node id → parsed declaration) disagree on a field of
-    :data:`AGREED_FIELDS`: the value most nodes declared (the lowest node's on a tie) is the run's, and the message
-    names the first node that differs, the field and both values."""
+def disagreements(declarations: dict[int, dict]) -> dict[int, str]:
+    """The nodes whose declaration (node id → parsed declaration) differs from the others' on a field of
+    :data:`AGREED_FIELDS`, each with why: the value most nodes declared is the run's (the lowest node's on a tie), so
+    a node that differs costs only its own expert and the run goes on without it. The reason names the field and
+    both values."""
+    out: dict[int, str] = {}
     for field in AGREED_FIELDS:
         values = {n: d[field] for n, d in sorted(declarations.items())}
         counts = Counter(values.values())
         top = max(counts.values(), default=0)
         agreed = next(v for v in values.values() if counts[v] == top) if values else None
         for node, value in values.items():
-            if value != agreed:
-                raise DeclarationMismatch(
-                    f"node {node} declares {field} {value!r}, the other nodes {agreed!r}: the experts of one run must "
-                    f"share it (prepare that node's data like the others')"
+            if value != agreed and node not in out:
+                out[node] = (
+                    f"declares {field} {value!r}, the other nodes {agreed!r}: the experts of one run must share it "
+                    "(prepare that node's data like the others')"
                 )
+    return out
 
 
 def cluster_details(cfg: Config, declarations: dict[int, dict]) -> list[float]:
