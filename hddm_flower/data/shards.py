@@ -14,7 +14,7 @@ from ..text import pooled_caption
 
 IMAGE_MEMBERS = (".latent.npy", ".png", ".json")
 """The only shard members an image stream reads: the image or latent, and the sample's json (its split). Captions
-(``.txt``) and text states (``.emb.npy``, up to 118 KiB a sample at paper scale) are skipped unread."""
+(``.txt``) and text states (``.emb.npy``, up to 116 KiB a sample at paper scale) are skipped unread."""
 CAPTION_MEMBERS = (".txt", ".emb.npy", ".json")
 """The members a caption stream reads (no image)."""
 
