@@ -28,6 +28,7 @@ from hddm_flower.federation.declarations import (
     CLAIM,
     DECLARATION,
     DECLARATION_JSON,
+    claim_refusal,
     disagreements,
     institution_objectives,
     parse_declaration,
@@ -117,7 +118,9 @@ def gather_declarations(
     for node, (expert, _) in sorted(by_node.items()):
         if node in refused:
             continue
-        if expert in nodes_of:
+        if why := claim_refusal(cfg.federation.expert_nodes, node, expert):
+            refused[node] = why
+        elif expert in nodes_of:
             refused[node] = f"claims expert {expert}, already declared by node {nodes_of[expert]}"
         else:
             nodes_of[expert] = node

@@ -24,6 +24,7 @@ from hddm_flower import wire
 from hddm_flower.accept import ExpertStore
 from hddm_flower.checkpoints import CheckpointRejected
 from hddm_flower.choices import OBJECTIVES
+from hddm_flower.federation.declarations import claim_refusal
 from hddm_flower.rundir import incoming_name
 from strategies.spool import SpooledArray, discard, pull_replies, spooled_arrays
 
@@ -88,6 +89,7 @@ class OneShotExperts(Strategy):
         poll_interval: float = 1.0,
         experts: Iterable[int] | None = None,
         present: Iterable[int] = (),
+        expert_nodes: Iterable[int] = (),
     ) -> None:
         bad = [o for o in objectives if o not in OBJECTIVES]
         if bad:
@@ -96,6 +98,7 @@ class OneShotExperts(Strategy):
         self.min_nodes, self.min_experts = min_nodes, min_experts
         self.node_wait_timeout, self.message_ttl, self.cache_dir = node_wait_timeout, message_ttl, cache_dir
         self.poll_interval = poll_interval
+        self.expert_nodes = list(expert_nodes)  # federation.expert_nodes: expert id → the node that alone may train it
         self.targets = sorted(set(range(len(objectives)) if experts is None else experts))
         self.present = set(present)
         out = [k for k in self.targets + sorted(self.present) if not 0 <= k < len(objectives)]
@@ -189,6 +192,8 @@ class OneShotExperts(Strategy):
                         expert_id,
                         self.num_experts - 1,
                     )
+                elif why := claim_refusal(self.expert_nodes, node_id, expert_id):
+                    log(WARNING, "node %d %s; skipped", node_id, why)
                 elif expert_id in taken:
                     log(WARNING, "node %d asks for expert %d, already assigned; skipped", node_id, expert_id)
                 else:

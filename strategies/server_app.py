@@ -117,6 +117,7 @@ def main(grid: Grid, context: Context) -> None:
         cache_dir=cache_dir,
         experts=targets,
         present=present,
+        expert_nodes=f.expert_nodes,
     )
 
     def ensemble_fn(received: dict, missing: dict) -> dict:

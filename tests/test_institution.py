@@ -112,6 +112,26 @@ def test_a_node_whose_data_disagrees_costs_only_its_expert_and_cannot_hold_anoth
         gather_declarations(DeclaringGrid(bad), cfg, tmp_path / "run2", timeout=5)
 
 
+def test_pinned_expert_ids_decide_the_institutions_claims(tiny_config_path, dataset_dir, tmp_path):
+    """federation.expert_nodes gives expert 0 to node 3 and expert 2 to node 1: node 1's claim of expert 0 (a lower
+    node id than node 3's) is refused, node 3 gets it; node 4 claims expert 1, which nobody is pinned to."""
+    from hddm_flower.federation.declarations import claim_refusal
+    from strategies.gather_declarations import gather_declarations
+
+    assert claim_refusal([], 7, 0) is None and claim_refusal([3, 0], 9, 1) is None
+    assert claim_refusal([3, 0], 9, 0) == "claims expert 0, which federation.expert_nodes gives to node 3"
+    assert (
+        claim_refusal([3, 0], 3, 1) == "claims expert 1, but federation.expert_nodes gives this node experts [0] only"
+    )
+    pins = "federation.expert_nodes=[3,0,1,0] federation.min_nodes=1"
+    cfg = load_config(tiny_config_path, parse_overrides(f"{INSTITUTION} {pins}"))
+    d = declaration(Dataset.open(dataset_dir / "cluster-0"))
+    inst = gather_declarations(DeclaringGrid({1: (0, d), 3: (0, d), 4: (1, d)}), cfg, tmp_path / "run", timeout=5)
+    assert inst.nodes == {0: 3, 1: 4} and inst.refused == {1: claim_refusal([3, 0, 1, 0], 1, 0)}
+    with pytest.raises(ConfigError, match="federation.expert_nodes: has 2 entries for 4 experts"):
+        load_config(tiny_config_path, parse_overrides("federation.expert_nodes=[3,0]"))
+
+
 def test_auto_objectives_rank_the_declared_detail_scores(tiny_config_path):
     cfg = load_config(tiny_config_path, parse_overrides("objectives.ddpm_clusters=auto"))
     details = cluster_details(cfg, {0: {"detail": 0.3}, 1: {"detail": 0.1}, 3: {"detail": 0.5}})

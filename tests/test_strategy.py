@@ -74,6 +74,22 @@ def test_one_shot_collects_experts_and_records_failures(tiny_config, dataset_dir
     assert meta["objective"] == "ddpm" and meta["schedule"] == "linear" and meta["objective_assigned"] == "ddpm"
 
 
+def test_pinned_expert_ids_go_to_their_nodes_whatever_the_others_claim(tiny_config, dataset_dir, cache_dir, tmp_path):
+    """federation.expert_nodes: node 101 claims experts 0 and 2 before node 102 (a lower node id) but expert 0 is
+    pinned to 102, and 102, pinned to 0 alone, also claims 1: 101 gets only the unpinned 2, 102 only 0, expert 1
+    nobody. Without pins the lower node id would have taken expert 0 too."""
+    nodes = {101: {"partition-id": 0, "num-partitions": 2}, 102: {"partition-id": 0, "num-partitions": 1}}
+    grid = FakeGrid(client_app, nodes)
+    pins = [102, 0, 0, 0]
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, min_nodes=2, expert_nodes=pins)
+    strategy.discover(grid, timeout=2.0)
+    assert strategy.assignment == {101: [2], 102: [0]}
+    assert "no node was assigned" in strategy.missing[1] and set(strategy.missing) == {1, 3}
+    unpinned = _strategy(tiny_config, tmp_path / "b", cache_dir, dataset_dir, min_nodes=2)
+    unpinned.discover(FakeGrid(client_app, nodes), timeout=2.0)
+    assert unpinned.assignment == {101: [0, 2], 102: [1, 3]}
+
+
 def test_node_override_and_tampered_checkpoint(tiny_config, dataset_dir, cache_dir, tmp_path):
     """A SuperNode may force its objective (metadata records both); a reply with corrupt weights is refused."""
     nodes = {201: {"partition-id": 0, "objective": "ddpm"}, 202: {"partition-id": 1}}

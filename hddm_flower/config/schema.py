@@ -83,6 +83,11 @@ class Config:
             ids = o.ddpm_clusters
             if ids != "auto" and (len(set(ids)) != o.ddpm or not all(0 <= i < k for i in ids)):
                 r.fail("objectives.ddpm_clusters", f"needs {o.ddpm} distinct ids in 0..{k - 1}")
+        pins = self.federation.expert_nodes
+        if pins and len(pins) != k:
+            r.fail(
+                "federation.expert_nodes", f"has {len(pins)} entries for {k} experts (one node id per expert, 0: any)"
+            )
         if self.reproduce.budget == "equal_steps" and self.expert.batch_size % k:
             r.fail(
                 "reproduce.budget",

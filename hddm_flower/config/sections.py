@@ -469,7 +469,10 @@ class FederationConfig:
     min_experts: int = 6  # build the ensemble when at least this many experts arrived
     train_timeout: float = 3600.0  # seconds the server waits for expert replies
     message_ttl: float = 0.0  # TTL of train messages in seconds; 0 = Flower's default (12 h)
-    max_checkpoint_mb: float = 0.0  # refuse larger expert uploads; 0 = the preset's float32 size + 5 %
+    max_checkpoint_mb: float = 0.0  # refuse larger expert uploads; 0 = the preset's float32 size + 5 % + 1 MiB
+    # the node id that alone may train expert k (the id `flwr supernode register` printed for its key), 0 = any;
+    # empty: every expert id goes to the first node that claims it
+    expert_nodes: list[int] = field(default_factory=list)
 
     def validate(self, source: str = "<config>", prefix: str = "federation.") -> FederationConfig:
         r = Rules(self, source, prefix)
@@ -478,4 +481,6 @@ class FederationConfig:
         r.at_least(0, "message_ttl")
         if self.max_checkpoint_mb < 0:
             r.fail("max_checkpoint_mb", "must be ≥ 0 (0 = derived from the preset)")
+        if any(not 0 <= n < 2**64 for n in self.expert_nodes):
+            r.fail("expert_nodes", f"node ids are in 0..2^64 − 1 (0: any node), got {self.expert_nodes}")
         return self

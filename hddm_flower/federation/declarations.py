@@ -93,6 +93,21 @@ def parse_declaration(text: Any, node: int) -> dict[str, Any]:
     return out
 
 
+def claim_refusal(expert_nodes: list[int], node: int, expert: int) -> str | None:
+    """Why ``node`` may not train ``expert`` under ``federation.expert_nodes`` (expert id → the only node id that may
+    train it, 0: any), or None when it may: a pinned expert goes to its node alone, and a pinned node trains only
+    the experts pinned to it, whatever its node config claims."""
+    if not expert_nodes:
+        return None
+    pinned = expert_nodes[expert] if 0 <= expert < len(expert_nodes) else 0
+    if pinned and pinned != node:
+        return f"claims expert {expert}, which federation.expert_nodes gives to node {pinned}"
+    if not pinned and node in expert_nodes:
+        mine = [k for k, n in enumerate(expert_nodes) if n == node]
+        return f"claims expert {expert}, but federation.expert_nodes gives this node experts {mine} only"
+    return None
+
+
 def disagreements(declarations: dict[int, dict]) -> dict[int, str]:
     """The nodes whose declaration (node id → parsed declaration) differs from the others' on a field of
     :data:`AGREED_FIELDS`, each with why: the value most nodes declared is the run's (the lowest node's on a tie), so
