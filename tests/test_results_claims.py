@@ -5,6 +5,7 @@ every number of that paragraph and its table recomputed from ``benchmarks/result
 number, or an edit that moves the text away from the files, fails here."""
 
 import ast
+import json
 import re
 from functools import cache
 
@@ -961,3 +962,80 @@ def test_the_6400_step_rungs_bullet_is_its_two_runs_and_ladder_records():
     assert (
         f"still improves with its steps: {levels[0]} against {levels[1]}, and {levels[2]} against {levels[3]}."
     ) in text
+
+
+# The learning-rate sweep at 6,400 steps (after the pilot's table): "**The learning rate does not close the gap.**" …
+# "the experts more so."
+LR_START = "**The learning rate does not close the gap.**"
+LR_END = "the experts more so."
+LR_LABELS = {  # the sweep's rates as the doc's table writes them → the pilot's labels (2e-3: the configs' own)
+    "1×10⁻³": "clu-r8-nano-lr1e-3",
+    "2×10⁻³": "clu-r8-nano",
+    "4×10⁻³": "clu-r8-nano-lr4e-3",
+    "8×10⁻³": "clu-r8-nano-lr8e-3",
+    "1.6×10⁻²": "clu-r8-nano-lr1.6e-2",
+    "3.2×10⁻²": "clu-r8-nano-lr3.2e-2",
+}
+
+
+def lr_record(label: str, training: int) -> dict:
+    (r,) = [
+        r
+        for r in load("gmm_capacity_pilot.json")["records"]
+        if r["label"] == label and r["steps"] == 6400 and r.get("training", 0) == training
+    ]
+    return r["mean_over_t_and_clusters"]
+
+
+def test_the_learning_rate_sweeps_table_is_training_0_and_each_sides_best_lies_inside_it():
+    text = doc_claims.raw_passage(LR_START, LR_END)
+    header, *rows = doc_claims.md_table(text, "| learning rate |")
+    assert header[1:] == list(LR_LABELS)
+    for row in rows:
+        who = row[0]
+        values = [lr_record(label, 0)[who] for label in LR_LABELS.values()]
+        assert row[1:] == [f"{v:.3f}" for v in values], who
+        best = min(range(len(values)), key=values.__getitem__)
+        assert 0 < best < len(values) - 1  # inside the sweep
+        assert list(LR_LABELS)[best] == {"expert": "8×10⁻³", "monolith": "1.6×10⁻²"}[who]
+        assert f"{list(LR_LABELS)[best]} for the {'experts' if who == 'expert' else 'monolith'}" in " ".join(
+            text.split()
+        )
+    # every label of the sweep: the --set it names, the rate it trained with
+    for rate, label in LR_LABELS.items():
+        sets = {r["set"] for r in load("gmm_capacity_pilot.json")["records"] if r["label"] == label}
+        lr = float(rate.replace("×10⁻", "e-").replace("³", "3").replace("²", "2"))
+        assert sets == {
+            "data.gmm_covariance=cluster data.gmm_rank=8" + (f" expert.optim.lr={label[14:]}" if "lr" in label else "")
+        }
+        assert "lr" not in label or float(label[14:]) == lr
+
+
+def test_the_learning_rate_sweeps_paired_verdicts_are_its_three_trainings():
+    text = doc_claims.passage(LR_START, LR_END)
+    trainings = (0, 1, 2)
+    e8, m16 = LR_LABELS["8×10⁻³"], LR_LABELS["1.6×10⁻²"]
+    default = LR_LABELS["2×10⁻³"]
+    experts = interval([lr_record(m16, t)["expert"] - lr_record(e8, t)["expert"] for t in trainings])
+    monolith = interval([lr_record(m16, t)["monolith"] - lr_record(e8, t)["monolith"] for t in trainings])
+    assert doc_claims.resolved(experts) and experts["mean"] > 0 and not doc_claims.resolved(monolith)
+    assert f"worse than at 8×10⁻³ ({doc_claims.iv(experts, 3)})" in text
+    assert f"two rates tie ({doc_claims.iv(monolith, 3)})" in text
+    gain_e = interval([lr_record(e8, t)["expert"] / lr_record(default, t)["expert"] - 1 for t in trainings])
+    gain_m = interval([lr_record(m16, t)["monolith"] / lr_record(default, t)["monolith"] - 1 for t in trainings])
+    assert f"by {-gain_e['mean'] * 100:.0f} ± {gain_e['half'] * 100:.0f} %" in text
+    assert f"monolith's by {-gain_m['mean'] * 100:.0f} ± {gain_m['half'] * 100:.0f} %" in text
+    best = [lr_record(m16, t)["monolith"] - lr_record(e8, t)["expert"] for t in trainings]
+    shared = [lr_record(default, t)["monolith"] - lr_record(default, t)["expert"] for t in trainings]
+    change = interval([a - b for a, b in zip(best, shared)])
+    assert f"**{doc_claims.iv(interval(best), 3)}**, against {doc_claims.iv(interval(shared), 3)} at 2×10⁻³" in text
+    assert f"the change is {doc_claims.iv(change, 3)}, a tie" in text and not doc_claims.resolved(change)
+    # the committed side-by-side file is what the records give
+    from benchmarks.gmm_capacity_pilot import summarise
+
+    committed = load("gmm_capacity_pilot-lr-sweep-6400.json")
+    records = [r for r in load("gmm_capacity_pilot.json")["records"] if r["steps"] == 6400]
+    assert committed["labels"] == list(LR_LABELS.values()) and committed["steps"] == [6400]
+    for label in LR_LABELS.values():
+        assert committed["summaries"][label] == json.loads(json.dumps(summarise(records, label)))
+    assert [int(k) for k in committed["summaries"][e8]["6400"]["trainings"]] == [0, 1, 2]
