@@ -282,7 +282,9 @@ def main() -> None:
     if args.summarise:
         text = Path(args.summarise).read_text()
         records = json.loads(text)["records"] if args.summarise.endswith(".json") else _jsonl(text)
-        if args.steps:  # only these budgets
+        if args.steps:  # only these budgets, in a comparison of its own (a label's summary holds every budget)
+            if not args.name:
+                p.error("--summarise with --steps: name the comparison (--name) so the label's full summary stays")
             records = [r for r in records if r["steps"] in args.steps]
         if len(args.label) > 1 or args.name:
             if not args.name:
@@ -290,6 +292,7 @@ def main() -> None:
             summaries = {label: summarise(records, label) for label in args.label}
             if empty := [label for label, s in summaries.items() if not s]:
                 p.error(f"--label {' '.join(empty)}: no record of {args.summarise} has this label")
+            # one --set per label (summarise refuses a label whose records differ in it)
             sets = {label: next(r.get("set", "") for r in records if r["label"] == label) for label in args.label}
             md = render_comparison(summaries, sets, args.name, args.summarise, args.steps)
             out = {"labels": args.label, "sets": sets, "records": args.summarise, "steps": args.steps}

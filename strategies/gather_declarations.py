@@ -4,8 +4,9 @@ and the data-free descriptor the ServerApp works from instead of a dataset.
 Before any expert is trained, every connected node gets a ``query.declare`` message (the ClientApp's
 :func:`clients.declare.declare`) and answers with the expert id it claims and what its own data is. A reply
 that is an error, malformed or out of bounds, or claims an expert another node already claimed, costs only that
-node (logged, listed in the report); the accepted declarations must agree on the experts' shapes, latent space
-and text encoder, or the run stops with a one-line message naming the node and the field. The objectives come
+node (logged, listed in the report), and so does one whose data cannot join the run: the experts' shapes, latent
+space and text encoder must be the coordinator's (its text encoder, an earlier run's descriptor) and the largest
+group's (:func:`hddm_flower.federation.declarations.disagreements`). The objectives come
 from the declared detail scores (``objectives.ddpm_clusters: auto``), the router rounds and the reference
 statistics go to the nodes that declared, and the coordinator's descriptor (``run_dir/institutions``) holds
 their shape and statistics but no sample.
@@ -24,11 +25,13 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from hddm_flower.config.schema import Config
+from hddm_flower.data import Dataset
 from hddm_flower.federation.declarations import (
     CLAIM,
     DECLARATION,
     DECLARATION_JSON,
     claim_refusal,
+    coordinator_reference,
     disagreements,
     institution_objectives,
     parse_declaration,
@@ -82,10 +85,17 @@ def _wait_for_nodes(grid: Grid, cfg: Config) -> list[int]:
 
 
 def gather_declarations(
-    grid: Grid, cfg: Config, run_dir: Path, *, timeout: float, fixed: dict[int, str] | None = None
+    grid: Grid,
+    cfg: Config,
+    run_dir: Path,
+    *,
+    timeout: float,
+    fixed: dict[int, str] | None = None,
+    earlier: Dataset | None = None,
 ) -> Institutions:
     """Ask every connected node for its declaration, parse and check them, write the descriptor into
-    ``run_dir/institutions`` and derive the objectives (``fixed``: those of experts already in the run directory).
+    ``run_dir/institutions`` and derive the objectives (``fixed``: those of experts already in the run directory;
+    ``earlier``: the descriptor an earlier run into the directory wrote, whose shared fields the nodes must match).
     A node whose reply is malformed, late, a second claim of an expert, or whose data disagrees with the others'
     (:func:`~hddm_flower.federation.declarations.disagreements`) is left out and listed in ``refused``; raises
     when no node is usable."""
@@ -111,16 +121,19 @@ def gather_declarations(
             refused[node] = str(e)
     for node in set(nodes) - set(by_node) - set(refused):
         refused[node] = f"no reply within {timeout:g} s"
-    # a node whose data cannot join the others' (input shape, latent space, text encoder) costs only its expert;
-    # decided before the claims, so that such a node cannot hold an expert id another node claims
-    refused |= disagreements({n: d for n, (_, d) in by_node.items()})
+    # a claim against federation.expert_nodes, then data that cannot join the run (against what the coordinator
+    # holds, then the others'), each cost only the node; both decided before the claims are granted, so such a node
+    # can neither vote nor hold an expert id another node claims
+    for node, (expert, _) in sorted(by_node.items()):
+        if why := claim_refusal(cfg.federation.expert_nodes, node, expert):
+            refused[node] = why
+    reference = coordinator_reference(cfg, earlier)
+    refused |= disagreements({n: d for n, (_, d) in by_node.items() if n not in refused}, reference)
     nodes_of: dict[int, int] = {}
     for node, (expert, _) in sorted(by_node.items()):
         if node in refused:
             continue
-        if why := claim_refusal(cfg.federation.expert_nodes, node, expert):
-            refused[node] = why
-        elif expert in nodes_of:
+        if expert in nodes_of:
             refused[node] = f"claims expert {expert}, already declared by node {nodes_of[expert]}"
         else:
             nodes_of[expert] = node

@@ -90,6 +90,7 @@ class OneShotExperts(Strategy):
         experts: Iterable[int] | None = None,
         present: Iterable[int] = (),
         expert_nodes: Iterable[int] = (),
+        nodes: dict[int, int] | None = None,
     ) -> None:
         bad = [o for o in objectives if o not in OBJECTIVES]
         if bad:
@@ -99,6 +100,9 @@ class OneShotExperts(Strategy):
         self.node_wait_timeout, self.message_ttl, self.cache_dir = node_wait_timeout, message_ttl, cache_dir
         self.poll_interval = poll_interval
         self.expert_nodes = list(expert_nodes)  # federation.expert_nodes: expert id → the node that alone may train it
+        # expert id → node id decided before this strategy runs (the institutions' checked declarations): the node
+        # configs' claims are then not read, so a node left out there cannot take an expert here
+        self.nodes = None if nodes is None else dict(nodes)
         self.targets = sorted(set(range(len(objectives)) if experts is None else experts))
         self.present = set(present)
         out = [k for k in self.targets + sorted(self.present) if not 0 <= k < len(objectives)]
@@ -142,8 +146,9 @@ class OneShotExperts(Strategy):
         """Wait for nodes, ask each for its node config, and assign expert ids. A node with ``expert-id`` (or a
         ``partition-id`` alone) holds that one expert, as an institution does. A simulated node (Flower gives it
         ``partition-id`` p and ``num-partitions`` n) holds experts p, p + n, p + 2n, … when there are fewer
-        simulated nodes than experts (its data is the shared embedded dataset). Nodes that do not answer get
-        nothing; experts without a node are missing."""
+        simulated nodes than experts (its data is the shared embedded dataset). With ``nodes`` (expert id → node
+        id, decided from the institutions' declarations) each target goes to its node and no claim is read. Nodes
+        that do not answer get nothing; experts without a node are missing."""
         deadline, simulated = time.monotonic() + self.node_wait_timeout, None
         while len(node_ids := sorted(grid.get_node_ids())) < self.min_nodes and time.monotonic() < deadline:
             if node_ids and simulated is None:  # ask one node whether it is simulated, and how many there are
@@ -172,7 +177,12 @@ class OneShotExperts(Strategy):
             if node_info is not None:
                 info[reply.metadata.src_node_id] = node_info
         taken: set[int] = set()
-        for node_id in sorted(info):
+        if self.nodes is not None:
+            for k in self.targets:
+                if self.nodes.get(k) in info:
+                    self.assignment.setdefault(self.nodes[k], []).append(k)
+                    taken.add(k)
+        for node_id in sorted(info) if self.nodes is None else ():
             try:
                 claims = self._claims(info[node_id])
             except Exception as e:  # whatever a node's answer raises costs this node only

@@ -15,6 +15,7 @@ from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.config.rules import ConfigError
 from hddm_flower.config.schema import Config
 from hddm_flower.data import Dataset
+from hddm_flower.data.layout import is_prepared
 from hddm_flower.devices import coordinator_threads
 from hddm_flower.logs import quiet_libraries
 from hddm_flower.rundir import (
@@ -30,7 +31,7 @@ from hddm_flower.stages.expert import expert_spec
 from hddm_flower.stages.prepare import assign_objectives, prepare_data
 from hddm_flower.stages.rounds import finish_federated
 
-from .gather_declarations import gather_declarations
+from .gather_declarations import DESCRIPTOR, gather_declarations
 from .one_shot import OneShotExperts
 from .router_rounds import FlowerRounds
 
@@ -99,7 +100,9 @@ def main(grid: Grid, context: Context) -> None:
     institutions = None
     if cfg.data.partition == "institution":  # the nodes' own data: declarations, no copy on the coordinator
         fixed = {k: o for k, o in enumerate(trained_objectives(run_dir, [""] * cfg.num_experts)) if o}
-        institutions = gather_declarations(grid, cfg, run_dir, timeout=f.train_timeout, fixed=fixed)
+        earlier = run_dir / DESCRIPTOR  # a late joiner's re-run: the nodes must match the run's data as it is
+        earlier = Dataset.open(earlier) if is_prepared(earlier) else None
+        institutions = gather_declarations(grid, cfg, run_dir, timeout=f.train_timeout, fixed=fixed, earlier=earlier)
         dataset, objectives = Dataset.open(institutions.descriptor), institutions.objectives
         targets = [k for k in (range(cfg.num_experts) if targets is None else targets) if k in institutions.nodes]
         targets = [k for k in targets if k not in present]
@@ -118,6 +121,7 @@ def main(grid: Grid, context: Context) -> None:
         experts=targets,
         present=present,
         expert_nodes=f.expert_nodes,
+        nodes=None if institutions is None else institutions.nodes,
     )
 
     def ensemble_fn(received: dict, missing: dict) -> dict:

@@ -471,6 +471,7 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(
 
     common = ["--config", str(tiny_config_path), "--cache-dir", str(cache_dir)]
     three = [*common, "--set", "num_experts=3", "--set", "objectives={ddpm: 1, fm: 2, ddpm_clusters: [1]}"]
+    three += ["--set", "federation.expert_nodes=[11, 12, 13]"]  # a pinned run: the newcomer is pinned to no node
     run = tmp_path / "run"
     for k in range(3):
         assert main(["train-expert", *three, "--expert-id", str(k), "--out", str(run / "experts" / f"expert-{k}")]) == 0
@@ -535,6 +536,8 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(
             "objectives={ddpm: 1, fm: 1, ddpm_clusters: [1]}",
             "--set",
             "federation.min_experts=1",
+            "--set",
+            "federation.expert_nodes=[11, 12]",
         ],
         "outside this run's 0..1 and is not the next",
     )
@@ -569,6 +572,7 @@ def test_a_new_institution_joins_an_assembled_run_with_its_own_cluster(
     assert grown["num_experts"] == 4 and grown["objectives"]["ddpm_clusters"] == [1]
     assert (grown["objectives"]["ddpm"], grown["objectives"]["fm"]) == (1, 3)
     assert grown["data"]["prepared"] == str((run / "dataset-4").resolve())
+    assert grown["federation"]["expert_nodes"] == [11, 12, 13, 0]
     assert yaml.safe_load((run / "config.before-expert-3.yaml").read_text())["num_experts"] == 3
     view = read_meta(run / "dataset-4")
     assert view["num_clusters"] == 4 and view["clusters"][3]["source"] == str(cluster.resolve())

@@ -59,13 +59,26 @@ def test_a_malformed_declaration_is_refused_naming_the_node_and_field(dataset_di
 
 
 def test_declarations_that_disagree_name_the_node_and_the_field(dataset_dir):
+    """The run's data is the largest group that agrees on every shared field among the nodes that match what the
+    coordinator holds; everyone else is left out with the first field that differs."""
     d = parse_declaration(json.dumps(declaration(Dataset.open(dataset_dir / "cluster-0"))), 1)
+    enc = d["text_encoder"]
     assert disagreements({1: d, 2: d | {"detail": 0.9}, 3: d}) == {}  # statistics may differ
     out = disagreements({1: d, 2: d, 3: d | {"text_encoder": "clip:other"}})
-    assert list(out) == [3] and out[3].startswith("declares text_encoder 'clip:other', the other nodes 'bert:")
+    assert list(out) == [3] and out[3].startswith(f"declares text_encoder 'clip:other', the run's is {enc!r}")
     out = disagreements({1: d | {"channels": 1}, 2: d, 3: d})  # the majority decides, not the lowest node
     assert list(out) == [1] and out[1].startswith("declares channels 1")
-    assert list(disagreements({5: d, 2: d | {"image_size": 8}})) == [5]  # a tie: the lowest node's value
+    assert list(disagreements({5: d, 2: d | {"image_size": 8}})) == [5]  # a tie: the group of the lowest node
+    # the coordinator's own text encoder outranks a lower node id and a majority
+    other = d | {"text_encoder": "clip:other"}
+    out = disagreements({1: other, 2: d}, {"text_encoder": enc})
+    assert list(out) == [1] and out[1].startswith(f"declares text_encoder 'clip:other', the coordinator's is {enc!r}")
+    assert list(disagreements({1: other, 2: other, 3: d}, {"text_encoder": enc})) == [1, 2]
+    # groups agree on every field at once: {2, 3} and {4, 5} tie at two, 2 is the lowest node; 1 agrees with 4, 5 on
+    # the encoder and with 2, 3 on the size, with neither group on both
+    a, b = d, d | {"text_encoder": "clip:b"}
+    nodes = {1: a | {"image_size": 8}, 2: b | {"image_size": 8}, 3: b | {"image_size": 8}, 4: a, 5: a}
+    assert sorted(disagreements(nodes)) == [1, 4, 5]
 
 
 class DeclaringGrid:
@@ -105,11 +118,20 @@ def test_a_node_whose_data_disagrees_costs_only_its_expert_and_cannot_hold_anoth
     answers = {1: (1, d), 2: (0, d | {"text_encoder": "clip:other"}), 3: (0, d), 4: (2, d)}
     inst = gather_declarations(DeclaringGrid(answers), cfg, tmp_path / "run", timeout=5)
     assert inst.nodes == {0: 3, 1: 1, 2: 4} and list(inst.refused) == [2]
-    assert inst.refused[2].startswith("declares text_encoder 'clip:other'")
+    assert inst.refused[2].startswith("declares text_encoder 'clip:other', the coordinator's is")
     assert inst.record()["refused"] == {"2": inst.refused[2]}
+    # two nodes, a tie: the one whose text encoder is the coordinator's stays, whatever the node ids
+    two = {1: (0, d | {"text_encoder": "clip:other"}), 2: (1, d)}
+    assert gather_declarations(DeclaringGrid(two), cfg, tmp_path / "run-2", timeout=5).nodes == {1: 2}
+    # a late joiner joins the run as its descriptor has it: another image size is refused even when it is alone
+    late = {7: (3, d | {"image_size": 2 * d["image_size"]})}
+    earlier = Dataset.open(inst.descriptor)
+    with pytest.raises(RuntimeError, match="no node declared usable data"):
+        gather_declarations(DeclaringGrid(late), cfg, tmp_path / "run", timeout=5, earlier=earlier)
+    assert gather_declarations(DeclaringGrid(late), cfg, tmp_path / "run-3", timeout=5).nodes == {3: 7}  # no run yet
     bad = {n: (k, x | {"version": 99}) for n, (k, x) in answers.items()}
     with pytest.raises(RuntimeError, match="no node declared usable data"):
-        gather_declarations(DeclaringGrid(bad), cfg, tmp_path / "run2", timeout=5)
+        gather_declarations(DeclaringGrid(bad), cfg, tmp_path / "run-bad", timeout=5)
 
 
 def test_pinned_expert_ids_decide_the_institutions_claims(tiny_config_path, dataset_dir, tmp_path):
@@ -216,6 +238,41 @@ def test_server_app_with_institution_owned_data(tiny_config_path, dataset_dir, c
     assert report["reference_statistics"]["clusters"] == [0, 1, 2, 3]
     assert sorted(report["feature_net"]["nodes"].values()) == [[0], [1], [2], [3]]
     assert_coordinator_holds_no_sample(coordinator_cache, run_dir)
+
+
+def test_a_node_left_out_by_the_declarations_trains_no_expert(tiny_config_path, dataset_dir, tmp_path, monkeypatch):
+    """End to end (ServerApp over the in-process Grid, real ClientApp): node 2 declares another text encoder and
+    claims expert 0 before node 3 (a lower node id), whose data fits and which claims it too. Node 2 is left out and
+    is sent no train message; node 3 trains expert 0 and the run completes with it."""
+    import clients.declare
+    from strategies.server_app import main as server_main
+
+    real = clients.declare.declaration
+
+    def declaration_of(dataset):  # node 2's shard set is cluster 1's: its declaration names another encoder
+        d = real(dataset)
+        return d | {"text_encoder": "clip:other"} if dataset.own_cluster == 1 else d
+
+    monkeypatch.setattr(clients.declare, "declaration", declaration_of)
+    run_dir = tmp_path / "run"
+    run_config = {
+        "config": str(tiny_config_path),
+        "overrides": f"{INSTITUTION} router.rounds=1 evaluation.feature_steps=2 evaluation.routing_modes=[top2] "
+        "federation.min_nodes=2 federation.min_experts=1",
+        "run-dir": str(run_dir),
+        "cache-dir": str(tmp_path / "coordinator-cache"),
+    }
+    nodes = {
+        2: {"expert-id": 0, "shard-set": str(dataset_dir / "cluster-1")},
+        3: {"expert-id": 0, "shard-set": str(dataset_dir / "cluster-0")},
+    }
+    grid = FakeGrid(client_app, nodes)
+    server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    report = json.loads((run_dir / "report.json").read_text())
+    assert list(report["institutions"]["refused"]) == ["2"]
+    assert "text_encoder 'clip:other'" in report["institutions"]["refused"]["2"]
+    assert [(e["expert_id"], e["node_id"]) for e in report["experts"]] == [(0, 3)]
+    assert not [m for m in grid.sent if m.metadata.dst_node_id == 2 and m.metadata.message_type == "train"]
 
 
 @pytest.mark.simulation

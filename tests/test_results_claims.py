@@ -1023,8 +1023,26 @@ def test_the_learning_rate_sweeps_paired_verdicts_are_its_three_trainings():
     assert f"two rates tie ({doc_claims.iv(monolith, 3)})" in text
     gain_e = interval([lr_record(e8, t)["expert"] / lr_record(default, t)["expert"] - 1 for t in trainings])
     gain_m = interval([lr_record(m16, t)["monolith"] / lr_record(default, t)["monolith"] - 1 for t in trainings])
-    assert f"by {-gain_e['mean'] * 100:.0f} ± {gain_e['half'] * 100:.0f} %" in text
-    assert f"monolith's by {-gain_m['mean'] * 100:.0f} ± {gain_m['half'] * 100:.0f} %" in text
+    assert f"by {-gain_e['mean'] * 100:.1f} ± {gain_e['half'] * 100:.1f} %" in text
+    assert f"monolith's by {-gain_m['mean'] * 100:.1f} ± {gain_m['half'] * 100:.1f} %" in text
+    # where each column ran: the new rates on the AVX-512 machine, 2×10⁻³ the pilot's own earlier records
+    for rate, label in LR_LABELS.items():
+        for t in trainings if label in (e8, m16, default) else (0,):
+            (r,) = [
+                r
+                for r in load("gmm_capacity_pilot.json")["records"]
+                if r["label"] == label and r["steps"] == 6400 and r.get("training", 0) == t
+            ]
+            if label == default:
+                assert r["date"].startswith({0: "2026-12-02", 1: "2026-12-04", 2: "2026-12-04"}[t])
+                assert t == 0 or "AVX2" in r["machine"]
+            else:
+                assert r["date"].startswith("2026-12-06") and "AVX-512" in r["machine"], (rate, t)
+    assert "training 0 of 2026-12-02, trainings 1 and 2 on the AVX2 machine of 2026-12-04" in text
+    from hddm_flower.config.io import load_config
+
+    (config,) = {r["config"] for r in load("gmm_capacity_pilot.json")["records"] if r["label"] == default}
+    assert load_config(ROOT / config).expert.optim.lr == 2e-3  # the 2×10⁻³ column is the config's own rate
     best = [lr_record(m16, t)["monolith"] - lr_record(e8, t)["expert"] for t in trainings]
     shared = [lr_record(default, t)["monolith"] - lr_record(default, t)["expert"] for t in trainings]
     change = interval([a - b for a, b in zip(best, shared)])

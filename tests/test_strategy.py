@@ -90,6 +90,18 @@ def test_pinned_expert_ids_go_to_their_nodes_whatever_the_others_claim(tiny_conf
     assert unpinned.assignment == {101: [0, 2], 102: [1, 3]}
 
 
+def test_experts_decided_before_the_strategy_go_to_their_nodes_and_no_claim_is_read(
+    tiny_config, dataset_dir, cache_dir, tmp_path
+):
+    """``nodes`` (the institutions' checked declarations): node 102 claims expert 0 with a lower id than node 103,
+    to which the declarations gave it; 103 trains it, 102 trains nothing, and an expert given to a node that does
+    not answer is missing."""
+    nodes = {102: {"expert-id": 0}, 103: {"expert-id": 0}}
+    strategy = _strategy(tiny_config, tmp_path, cache_dir, dataset_dir, min_nodes=2, nodes={0: 103, 1: 104})
+    strategy.discover(FakeGrid(client_app, nodes), timeout=2.0)
+    assert strategy.assignment == {103: [0]} and set(strategy.missing) == {1, 2, 3}
+
+
 def test_node_override_and_tampered_checkpoint(tiny_config, dataset_dir, cache_dir, tmp_path):
     """A SuperNode may force its objective (metadata records both); a reply with corrupt weights is refused."""
     nodes = {201: {"partition-id": 0, "objective": "ddpm"}, 202: {"partition-id": 1}}

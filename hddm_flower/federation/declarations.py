@@ -6,8 +6,8 @@ Each node's own prepared data is its cluster. A node declares the properties eve
 (image shape, channels, latent space, text encoder and its token count) and two statistics of its own data (the
 number of images and the mean detail score that ``objectives.ddpm_clusters: auto`` ranks). Nothing else leaves
 the node at this stage: no image, latent, caption or text state. The coordinator parses every declaration with
-bounds (a malformed one costs only its node), stops the run when the accepted ones disagree (naming the node and
-the field), and writes a *descriptor*: a ``meta.json`` with the shape of a prepared dataset but no shard, plus the
+bounds (a malformed one costs only its node), leaves out a node whose data cannot join the others' (naming the
+field; :func:`disagreements`), and writes a *descriptor*: a ``meta.json`` with the shape of a prepared dataset but no shard, plus the
 empty caption's text states computed by its own copy of the text encoder. The descriptor is what the coordinator's
 code reads where it would otherwise read the dataset's metadata.
 """
@@ -15,7 +15,6 @@ code reads where it would otherwise read the dataset's metadata.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -108,23 +107,45 @@ def claim_refusal(expert_nodes: list[int], node: int, expert: int) -> str | None
     return None
 
 
-def disagreements(declarations: dict[int, dict]) -> dict[int, str]:
-    """The nodes whose declaration (node id → parsed declaration) differs from the others' on a field of
-    :data:`AGREED_FIELDS`, each with why: the value most nodes declared is the run's (the lowest node's on a tie), so
-    a node that differs costs only its own expert and the run goes on without it. The reason names the field and
-    both values."""
+def coordinator_reference(cfg: Config, earlier: Dataset | None = None) -> dict[str, Any]:
+    """The :data:`AGREED_FIELDS` values the coordinator holds before any node answers: its text encoder's name and
+    width (``data.text_encoder``, which encodes the empty caption), ``pixels`` when it has no VAE (``data.vae``), and
+    every field of an earlier run's descriptor ``earlier`` (a late joiner joins the run as it is)."""
+    from ..text import TextEncoder
+
+    encoder = TextEncoder(cfg.data.text_encoder or None)
+    out: dict[str, Any] = {"text_encoder": encoder.name, "text_dim": encoder.dim}
+    if not cfg.data.vae:
+        out["latent"] = "pixels"
+    if earlier is not None:
+        meta = earlier.meta
+        out |= {f: meta[f] for f in AGREED_FIELDS if f != "latent"} | {"latent": latent_fingerprint(meta)}
+    return out
+
+
+def disagreements(declarations: dict[int, dict], reference: dict | None = None) -> dict[int, str]:
+    """The nodes whose declaration (node id → parsed declaration) cannot join the run, each with why. A node must
+    match ``reference`` (the :data:`AGREED_FIELDS` values the coordinator already holds: its text encoder, an
+    earlier run's descriptor) on every field it names; among the nodes that do, the largest group that agrees on
+    all of :data:`AGREED_FIELDS` is the run's (on a tie the group of the lowest node id), and every other node is
+    left out, costing only its own expert. The reason names the first field that differs and both values."""
+    reference = reference or {}
+    key = lambda d: tuple(d[f] for f in AGREED_FIELDS)  # noqa: E731
+    fits = {n: d for n, d in sorted(declarations.items()) if all(d[f] == v for f, v in reference.items())}
+    groups: dict[tuple, list[int]] = {}
+    for n, d in fits.items():
+        groups.setdefault(key(d), []).append(n)
+    run = max(groups.values(), key=lambda nodes: (len(nodes), -nodes[0]), default=[])
+    agreed = reference | (dict(zip(AGREED_FIELDS, key(declarations[run[0]]))) if run else {})
     out: dict[int, str] = {}
-    for field in AGREED_FIELDS:
-        values = {n: d[field] for n, d in sorted(declarations.items())}
-        counts = Counter(values.values())
-        top = max(counts.values(), default=0)
-        agreed = next(v for v in values.values() if counts[v] == top) if values else None
-        for node, value in values.items():
-            if value != agreed and node not in out:
-                out[node] = (
-                    f"declares {field} {value!r}, the other nodes {agreed!r}: the experts of one run must share it "
-                    "(prepare that node's data like the others')"
-                )
+    for n, d in sorted(declarations.items()):
+        if n not in run:
+            f = next(f for f in AGREED_FIELDS if f in agreed and d[f] != agreed[f])
+            whose = "the coordinator's" if f in reference else "the run's"
+            out[n] = (
+                f"declares {f} {d[f]!r}, {whose} is {agreed[f]!r}: the experts of one run must share it (prepare "
+                "that node's data like the others')"
+            )
     return out
 
 

@@ -120,6 +120,9 @@ def add_expert(
                     "per_expert": None,
                 },
                 "data": cfg.to_dict()["data"] | {"prepared": str(view.resolve())},
+                # the new expert is pinned to no node (a pinned run keeps one entry per expert)
+                "federation": cfg.to_dict()["federation"]
+                | {"expert_nodes": cfg.federation.expert_nodes + [0] if cfg.federation.expert_nodes else []},
             },
             f"{run_dir} + expert {expert_id}",
         )
