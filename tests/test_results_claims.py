@@ -1057,3 +1057,26 @@ def test_the_learning_rate_sweeps_paired_verdicts_are_its_three_trainings():
     for label in LR_LABELS.values():
         assert committed["summaries"][label] == json.loads(json.dumps(summarise(records, label)))
     assert [int(k) for k in committed["summaries"][e8]["6400"]["trainings"]] == [0, 1, 2]
+
+
+def test_the_tuned_rate_carried_to_25600_steps_is_training_0s_records():
+    from benchmarks.gmm_capacity_pilot import summarise
+
+    text = doc_claims.passage(LR_START, LR_END)
+    records = load("gmm_capacity_pilot.json")["records"]
+    s = summarise(records, LR_LABELS["8×10⁻³"])
+    assert load("gmm_capacity_pilot-clu-r8-nano-lr8e-3.json")["summary"] == json.loads(json.dumps(s))
+    assert s[12800]["trainings"] == [0] and s[25600]["trainings"] == [0]
+    falls = [-s[k]["mean_over_t"]["monolith_change_per_doubling"]["mean"] * 100 for k in (12800, 25600)]
+    assert all(f > 0 for f in falls)
+    assert f"falls {falls[0]:.0f} and {falls[1]:.0f} % per doubling" in text
+    gaps = [num(s[k]["mean_over_t"]["gap"]["mean"], 3) for k in (12800, 25600)]
+    assert f"the gap holds ({gaps[0]}, {gaps[1]})" in text
+    pilot = summarise(records, "clu-r8-nano")
+    same, next_ = (pilot[k]["mean_over_t"]["monolith"] for k in (25600, 51200))
+    tuned = s[25600]["mean_over_t"]["monolith"]["mean"]
+    assert abs(tuned - next_["mean"]) < abs(tuned - same["mean"]) / 3  # "about one doubling": near the next budget's
+    assert (
+        f"({tuned:.3f} at 25,600 steps, where the shared rate gives {same['mean']:.3f} ± {same['half']:.3f} at 25,600 "
+        f"and {next_['mean']:.3f} ± {next_['half']:.3f} at 51,200)" in text
+    )
