@@ -100,8 +100,9 @@ def main(grid: Grid, context: Context) -> None:
     institutions = None
     if cfg.data.partition == "institution":  # the nodes' own data: declarations, no copy on the coordinator
         fixed = {k: o for k, o in enumerate(trained_objectives(run_dir, [""] * cfg.num_experts)) if o}
-        earlier = run_dir / DESCRIPTOR  # a late joiner's re-run: the nodes must match the run's data as it is
-        earlier = Dataset.open(earlier) if is_prepared(earlier) else None
+        # a re-run into a run that has experts (a late joiner): the nodes must match the run's data as it is
+        earlier = run_dir / DESCRIPTOR
+        earlier = Dataset.open(earlier) if present and is_prepared(earlier) else None
         institutions = gather_declarations(grid, cfg, run_dir, timeout=f.train_timeout, fixed=fixed, earlier=earlier)
         dataset, objectives = Dataset.open(institutions.descriptor), institutions.objectives
         targets = [k for k in (range(cfg.num_experts) if targets is None else targets) if k in institutions.nodes]

@@ -79,6 +79,7 @@ def test_declarations_that_disagree_name_the_node_and_the_field(dataset_dir):
     a, b = d, d | {"text_encoder": "clip:b"}
     nodes = {1: a | {"image_size": 8}, 2: b | {"image_size": 8}, 3: b | {"image_size": 8}, 4: a, 5: a}
     assert sorted(disagreements(nodes)) == [1, 4, 5]
+    assert sorted(disagreements(nodes, weights={2: 0.5, 3: 0.5})) == [1, 2, 3]  # 2 and 3 share one vote
 
 
 class DeclaringGrid:
@@ -125,6 +126,14 @@ def test_a_node_whose_data_disagrees_costs_only_its_expert_and_cannot_hold_anoth
     assert gather_declarations(DeclaringGrid(two), cfg, tmp_path / "run-2", timeout=5).nodes == {1: 2}
     # a late joiner joins the run as its descriptor has it: another image size is refused even when it is alone
     late = {7: (3, d | {"image_size": 2 * d["image_size"]})}
+    # extra claimants of one expert id share its vote: three nodes claiming expert 2 do not outvote two others
+    small = d | {"image_size": d["image_size"] // 2}
+    crowd = {2: (0, d), 4: (1, d), 9: (2, small), 10: (2, small), 11: (2, small)}
+    assert gather_declarations(DeclaringGrid(crowd), cfg, tmp_path / "run-4", timeout=5).nodes == {0: 2, 1: 4}
+    # more caption tokens than the coordinator's text encoder takes: refused, not a run that fails to encode
+    long = {1: (0, d | {"max_caption_tokens": 4096}), 2: (1, d)}
+    inst_long = gather_declarations(DeclaringGrid(long), cfg, tmp_path / "run-5", timeout=5)
+    assert inst_long.nodes == {1: 2} and "max_caption_tokens 4096, more than" in inst_long.refused[1]
     earlier = Dataset.open(inst.descriptor)
     with pytest.raises(RuntimeError, match="no node declared usable data"):
         gather_declarations(DeclaringGrid(late), cfg, tmp_path / "run", timeout=5, earlier=earlier)
@@ -150,6 +159,10 @@ def test_pinned_expert_ids_decide_the_institutions_claims(tiny_config_path, data
     d = declaration(Dataset.open(dataset_dir / "cluster-0"))
     inst = gather_declarations(DeclaringGrid({1: (0, d), 3: (0, d), 4: (1, d)}), cfg, tmp_path / "run", timeout=5)
     assert inst.nodes == {0: 3, 1: 4} and inst.refused == {1: claim_refusal([3, 0, 1, 0], 1, 0)}
+    # a node the pins refuse does not vote: node 1 (another image size, a lower id) would otherwise tie with node 3
+    other = d | {"image_size": d["image_size"] // 2}
+    inst = gather_declarations(DeclaringGrid({1: (0, other), 3: (0, d)}), cfg, tmp_path / "run-b", timeout=5)
+    assert inst.nodes == {0: 3} and list(inst.refused) == [1] and "gives to node 3" in inst.refused[1]
     with pytest.raises(ConfigError, match="federation.expert_nodes: has 2 entries for 4 experts"):
         load_config(tiny_config_path, parse_overrides("federation.expert_nodes=[3,0]"))
 

@@ -107,35 +107,45 @@ def claim_refusal(expert_nodes: list[int], node: int, expert: int) -> str | None
     return None
 
 
-def coordinator_reference(cfg: Config, earlier: Dataset | None = None) -> dict[str, Any]:
-    """The :data:`AGREED_FIELDS` values the coordinator holds before any node answers: its text encoder's name and
-    width (``data.text_encoder``, which encodes the empty caption), ``pixels`` when it has no VAE (``data.vae``), and
-    every field of an earlier run's descriptor ``earlier`` (a late joiner joins the run as it is)."""
+def coordinator_reference(cfg: Config, earlier: Dataset | None = None) -> tuple[dict[str, Any], int]:
+    """The :data:`AGREED_FIELDS` values the coordinator holds before any node answers, and the most caption tokens
+    its text encoder takes: its text encoder's name and width (``data.text_encoder``, which encodes the empty
+    caption), its latent space (``data.vae``'s fingerprint, else ``pixels``), and every field of an earlier run's
+    descriptor ``earlier`` (a late joiner joins the run as it is)."""
     from ..text import TextEncoder
 
     encoder = TextEncoder(cfg.data.text_encoder or None)
-    out: dict[str, Any] = {"text_encoder": encoder.name, "text_dim": encoder.dim}
-    if not cfg.data.vae:
-        out["latent"] = "pixels"
+    out: dict[str, Any] = {"text_encoder": encoder.name, "text_dim": encoder.dim, "latent": "pixels"}
+    if cfg.data.vae:
+        from ..encoders import LatentCodec
+
+        codec = LatentCodec(cfg.data.vae)
+        c = codec.vae.config
+        latent = {"name": codec.name, "scaling_factor": codec.scaling_factor, "channels": int(c.latent_channels)}
+        out["latent"] = latent_fingerprint({"latent": latent | {"downsample": codec.downsample}})
     if earlier is not None:
         meta = earlier.meta
         out |= {f: meta[f] for f in AGREED_FIELDS if f != "latent"} | {"latent": latent_fingerprint(meta)}
-    return out
+    return out, int(encoder.model.config.max_position_embeddings)
 
 
-def disagreements(declarations: dict[int, dict], reference: dict | None = None) -> dict[int, str]:
+def disagreements(
+    declarations: dict[int, dict], reference: dict | None = None, weights: dict[int, float] | None = None
+) -> dict[int, str]:
     """The nodes whose declaration (node id → parsed declaration) cannot join the run, each with why. A node must
-    match ``reference`` (the :data:`AGREED_FIELDS` values the coordinator already holds: its text encoder, an
-    earlier run's descriptor) on every field it names; among the nodes that do, the largest group that agrees on
-    all of :data:`AGREED_FIELDS` is the run's (on a tie the group of the lowest node id), and every other node is
-    left out, costing only its own expert. The reason names the first field that differs and both values."""
-    reference = reference or {}
+    match ``reference`` (the :data:`AGREED_FIELDS` values the coordinator already holds: its text encoder and latent
+    space, an earlier run's descriptor) on every field it names; among the nodes that do, the group that agrees on
+    all of :data:`AGREED_FIELDS` with the most votes is the run's (``weights``: each node's vote, 1 unless given;
+    on a tie the group of the lowest node id), and every other node is left out, costing only its own expert. The
+    reason names the first field that differs and both values."""
+    reference, weights = reference or {}, weights or {}
     key = lambda d: tuple(d[f] for f in AGREED_FIELDS)  # noqa: E731
     fits = {n: d for n, d in sorted(declarations.items()) if all(d[f] == v for f, v in reference.items())}
     groups: dict[tuple, list[int]] = {}
     for n, d in fits.items():
         groups.setdefault(key(d), []).append(n)
-    run = max(groups.values(), key=lambda nodes: (len(nodes), -nodes[0]), default=[])
+    votes = lambda nodes: round(sum(weights.get(n, 1.0) for n in nodes), 9)  # noqa: E731
+    run = max(groups.values(), key=lambda nodes: (votes(nodes), -nodes[0]), default=[])
     agreed = reference | (dict(zip(AGREED_FIELDS, key(declarations[run[0]]))) if run else {})
     out: dict[int, str] = {}
     for n, d in sorted(declarations.items()):
