@@ -471,7 +471,7 @@ class FederationConfig:
     message_ttl: float = 0.0  # TTL of train messages in seconds; 0 = Flower's default (12 h)
     max_checkpoint_mb: float = 0.0  # refuse larger expert uploads; 0 = the preset's float32 size + 5 % + 1 MiB
     # the node id that alone may train expert k (the id `flwr supernode register` printed for its key), 0 = any;
-    # empty: every expert id goes to the first node that claims it
+    # empty: every expert id goes to the lowest node id that claims it
     expert_nodes: list[int] = field(default_factory=list)
 
     def validate(self, source: str = "<config>", prefix: str = "federation.") -> FederationConfig:

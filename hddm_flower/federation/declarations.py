@@ -7,8 +7,8 @@ Each node's own prepared data is its cluster. A node declares the properties eve
 number of images and the mean detail score that ``objectives.ddpm_clusters: auto`` ranks). Nothing else leaves
 the node at this stage: no image, latent, caption or text state. The coordinator parses every declaration with
 bounds (a malformed one costs only its node), leaves out a node whose data cannot join the others' (naming the
-field; :func:`disagreements`), and writes a *descriptor*: a ``meta.json`` with the shape of a prepared dataset but no shard, plus the
-empty caption's text states computed by its own copy of the text encoder. The descriptor is what the coordinator's
+field; :func:`disagreements`), and writes a *descriptor*: a ``meta.json`` with the shape of a prepared dataset but
+no shard, plus the empty caption's text states computed by its own copy of the text encoder. The descriptor is what the coordinator's
 code reads where it would otherwise read the dataset's metadata.
 """
 
