@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
@@ -31,8 +30,8 @@ from hddm_flower.federation.declarations import (
     CLAIM,
     DECLARATION,
     DECLARATION_JSON,
+    CoordinatorReference,
     claim_refusal,
-    coordinator_reference,
     disagreements,
     institution_objectives,
     parse_declaration,
@@ -125,18 +124,17 @@ def gather_declarations(
     # a claim against federation.expert_nodes, then data that cannot join the run (against what the coordinator
     # holds, then the others'), each cost only the node; both decided before the claims are granted, so such a node
     # can neither vote nor hold an expert id another node claims
-    reference, max_tokens = coordinator_reference(cfg, earlier)
+    reference = CoordinatorReference(cfg, earlier)
     for node, (expert, d) in sorted(by_node.items()):
         if why := claim_refusal(cfg.federation.expert_nodes, node, expert):
             refused[node] = why
-        elif d["max_caption_tokens"] > max_tokens:
-            refused[node] = (
-                f"declares max_caption_tokens {d['max_caption_tokens']}, more than the coordinator's text encoder takes ({max_tokens})"
-            )
-    # one vote per expert id: the nodes claiming one id share its vote, so extra claimants cannot outvote the others
+        elif not reference.takes_tokens(d["max_caption_tokens"]):
+            n = d["max_caption_tokens"]
+            refused[node] = f"declares max_caption_tokens {n}, which the coordinator's text encoder cannot take"
+    # one vote per expert id: the matching nodes claiming one id share its vote, so extra claimants cannot outvote
+    # the others
     voters = {n: d for n, (_, d) in by_node.items() if n not in refused}
-    claims = Counter(by_node[n][0] for n in voters)
-    refused |= disagreements(voters, reference, {n: 1 / claims[by_node[n][0]] for n in voters})
+    refused |= disagreements(voters, reference.fields, {n: by_node[n][0] for n in voters})
     nodes_of: dict[int, int] = {}
     for node, (expert, _) in sorted(by_node.items()):
         if node in refused:

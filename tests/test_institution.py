@@ -79,7 +79,7 @@ def test_declarations_that_disagree_name_the_node_and_the_field(dataset_dir):
     a, b = d, d | {"text_encoder": "clip:b"}
     nodes = {1: a | {"image_size": 8}, 2: b | {"image_size": 8}, 3: b | {"image_size": 8}, 4: a, 5: a}
     assert sorted(disagreements(nodes)) == [1, 4, 5]
-    assert sorted(disagreements(nodes, weights={2: 0.5, 3: 0.5})) == [1, 2, 3]  # 2 and 3 share one vote
+    assert sorted(disagreements(nodes, claims={1: 1, 2: 7, 3: 7, 4: 4, 5: 5})) == [1, 2, 3]  # 2, 3 share a vote
 
 
 class DeclaringGrid:
@@ -130,10 +130,16 @@ def test_a_node_whose_data_disagrees_costs_only_its_expert_and_cannot_hold_anoth
     small = d | {"image_size": d["image_size"] // 2}
     crowd = {2: (0, d), 4: (1, d), 9: (2, small), 10: (2, small), 11: (2, small)}
     assert gather_declarations(DeclaringGrid(crowd), cfg, tmp_path / "run-4", timeout=5).nodes == {0: 2, 1: 4}
-    # more caption tokens than the coordinator's text encoder takes: refused, not a run that fails to encode
-    long = {1: (0, d | {"max_caption_tokens": 4096}), 2: (1, d)}
+    # nodes the coordinator rules out do not split a vote: two of them claiming the honest nodes' ids would turn
+    # 2 votes against 1 into a tie that the lower node id (the attacker's) wins
+    bogus = d | {"text_encoder": "clip:bogus"}
+    split = {2: (0, d), 3: (1, d), 1: (2, small), 7: (0, bogus), 8: (1, bogus)}
+    assert gather_declarations(DeclaringGrid(split), cfg, tmp_path / "run-6", timeout=5).nodes == {0: 2, 1: 3}
+    # more caption tokens than the coordinator's text encoder takes (MiniLM: 512): refused, not a run that fails to
+    # encode; the limit itself is taken
+    long = {1: (0, d | {"max_caption_tokens": 513}), 2: (1, d | {"max_caption_tokens": 512})}
     inst_long = gather_declarations(DeclaringGrid(long), cfg, tmp_path / "run-5", timeout=5)
-    assert inst_long.nodes == {1: 2} and "max_caption_tokens 4096, more than" in inst_long.refused[1]
+    assert inst_long.nodes == {1: 2} and "max_caption_tokens 513, which the coordinator" in inst_long.refused[1]
     earlier = Dataset.open(inst.descriptor)
     with pytest.raises(RuntimeError, match="no node declared usable data"):
         gather_declarations(DeclaringGrid(late), cfg, tmp_path / "run", timeout=5, earlier=earlier)

@@ -15,6 +15,7 @@ code reads where it would otherwise read the dataset's metadata.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -107,50 +108,69 @@ def claim_refusal(expert_nodes: list[int], node: int, expert: int) -> str | None
     return None
 
 
-def coordinator_reference(cfg: Config, earlier: Dataset | None = None) -> tuple[dict[str, Any], int]:
-    """The :data:`AGREED_FIELDS` values the coordinator holds before any node answers, and the most caption tokens
-    its text encoder takes: its text encoder's name and width (``data.text_encoder``, which encodes the empty
-    caption), its latent space (``data.vae``'s fingerprint, else ``pixels``), and every field of an earlier run's
-    descriptor ``earlier`` (a late joiner joins the run as it is)."""
-    from ..text import TextEncoder
+class CoordinatorReference:
+    """What the coordinator holds before any node answers: the :data:`AGREED_FIELDS` values it knows (``fields``:
+    its text encoder's name and width from ``data.text_encoder``, which encodes the empty caption; its latent space
+    and latent channels from ``data.vae``, else ``pixels``; every field of an earlier run's descriptor ``earlier``,
+    so that a late joiner joins the run as it is), and whether its text encoder takes a declared token count."""
 
-    encoder = TextEncoder(cfg.data.text_encoder or None)
-    out: dict[str, Any] = {"text_encoder": encoder.name, "text_dim": encoder.dim, "latent": "pixels"}
-    if cfg.data.vae:
-        from ..encoders import LatentCodec
+    def __init__(self, cfg: Config, earlier: Dataset | None = None):
+        from ..text import TextEncoder
 
-        codec = LatentCodec(cfg.data.vae)
-        c = codec.vae.config
-        latent = {"name": codec.name, "scaling_factor": codec.scaling_factor, "channels": int(c.latent_channels)}
-        out["latent"] = latent_fingerprint({"latent": latent | {"downsample": codec.downsample}})
-    if earlier is not None:
-        meta = earlier.meta
-        out |= {f: meta[f] for f in AGREED_FIELDS if f != "latent"} | {"latent": latent_fingerprint(meta)}
-    return out, int(encoder.model.config.max_position_embeddings)
+        self.encoder = TextEncoder(cfg.data.text_encoder or None)
+        self.fields: dict[str, Any] = {"text_encoder": self.encoder.name, "text_dim": self.encoder.dim}
+        self.fields["latent"] = "pixels"
+        if cfg.data.vae:
+            from ..encoders import LatentCodec
+
+            codec = LatentCodec(cfg.data.vae)
+            channels = int(codec.vae.config.latent_channels)
+            latent = {"name": codec.name, "scaling_factor": codec.scaling_factor, "channels": channels}
+            self.fields |= {"latent": latent_fingerprint({"latent": latent | {"downsample": codec.downsample}})}
+            self.fields |= {"channels": channels}
+        if earlier is not None:
+            meta = earlier.meta
+            self.fields |= {f: meta[f] for f in AGREED_FIELDS if f != "latent"} | {"latent": latent_fingerprint(meta)}
+        self._tokens: dict[int, bool] = {}
+
+    def takes_tokens(self, n: int) -> bool:
+        """Whether the coordinator's text encoder encodes the empty caption at ``n`` tokens (what the descriptor
+        needs): tried once per count, since the usable length is not always the model's position count."""
+        if n not in self._tokens:
+            self.encoder.max_length = n
+            try:
+                self.encoder.encode([""])
+                self._tokens[n] = True
+            except Exception:  # whatever the model raises at a length it cannot take
+                self._tokens[n] = False
+        return self._tokens[n]
 
 
 def disagreements(
-    declarations: dict[int, dict], reference: dict | None = None, weights: dict[int, float] | None = None
+    declarations: dict[int, dict], reference: dict | None = None, claims: dict[int, int] | None = None
 ) -> dict[int, str]:
     """The nodes whose declaration (node id → parsed declaration) cannot join the run, each with why. A node must
     match ``reference`` (the :data:`AGREED_FIELDS` values the coordinator already holds: its text encoder and latent
     space, an earlier run's descriptor) on every field it names; among the nodes that do, the group that agrees on
-    all of :data:`AGREED_FIELDS` with the most votes is the run's (``weights``: each node's vote, 1 unless given;
+    all of :data:`AGREED_FIELDS` with the most votes is the run's (
     on a tie the group of the lowest node id), and every other node is left out, costing only its own expert. The
-    reason names the first field that differs and both values."""
-    reference, weights = reference or {}, weights or {}
+    reason names the first field that differs and both values. ``claims`` (node id → the expert id it claims): one
+    vote per expert id, shared by the matching nodes that claim it; without it every node has a vote."""
+    reference, claims = reference or {}, claims or {}
     key = lambda d: tuple(d[f] for f in AGREED_FIELDS)  # noqa: E731
     fits = {n: d for n, d in sorted(declarations.items()) if all(d[f] == v for f, v in reference.items())}
     groups: dict[tuple, list[int]] = {}
     for n, d in fits.items():
         groups.setdefault(key(d), []).append(n)
-    votes = lambda nodes: round(sum(weights.get(n, 1.0) for n in nodes), 9)  # noqa: E731
+    claimants = Counter(claims[n] for n in fits if n in claims)  # over the matching nodes only
+    votes = lambda nodes: round(sum(1 / claimants[claims[n]] if n in claims else 1.0 for n in nodes), 9)  # noqa: E731
     run = max(groups.values(), key=lambda nodes: (votes(nodes), -nodes[0]), default=[])
     agreed = reference | (dict(zip(AGREED_FIELDS, key(declarations[run[0]]))) if run else {})
     out: dict[int, str] = {}
     for n, d in sorted(declarations.items()):
-        if n not in run:
-            f = next(f for f in AGREED_FIELDS if f in agreed and d[f] != agreed[f])
+        if n not in run:  # the coordinator's fields first: the reason names what rules the node out
+            order = [*(f for f in AGREED_FIELDS if f in reference), *(f for f in AGREED_FIELDS if f not in reference)]
+            f = next(f for f in order if f in agreed and d[f] != agreed[f])
             whose = "the coordinator's" if f in reference else "the run's"
             out[n] = (
                 f"declares {f} {d[f]!r}, {whose} is {agreed[f]!r}: the experts of one run must share it (prepare "
