@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from logging import INFO
 from pathlib import Path
 
@@ -84,6 +85,14 @@ def summary_metrics(report: dict) -> dict[str, float]:
     return out
 
 
+def earlier_descriptor(run_dir: Path, present: Iterable[int]) -> Dataset | None:
+    """The descriptor an earlier run into ``run_dir`` wrote, when that run left experts (``present``): a late
+    joiner's re-run must match the run's data as it is. A run without experts binds nothing (its nodes may have
+    prepared their data again)."""
+    folder = run_dir / DESCRIPTOR
+    return Dataset.open(folder) if list(present) and is_prepared(folder) else None
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg, path, run_dir, cache_dir = resolve_run(dict(context.run_config), context.run_id)
@@ -100,9 +109,7 @@ def main(grid: Grid, context: Context) -> None:
     institutions = None
     if cfg.data.partition == "institution":  # the nodes' own data: declarations, no copy on the coordinator
         fixed = {k: o for k, o in enumerate(trained_objectives(run_dir, [""] * cfg.num_experts)) if o}
-        # a re-run into a run that has experts (a late joiner): the nodes must match the run's data as it is
-        earlier = run_dir / DESCRIPTOR
-        earlier = Dataset.open(earlier) if present and is_prepared(earlier) else None
+        earlier = earlier_descriptor(run_dir, present)
         institutions = gather_declarations(grid, cfg, run_dir, timeout=f.train_timeout, fixed=fixed, earlier=earlier)
         dataset, objectives = Dataset.open(institutions.descriptor), institutions.objectives
         targets = [k for k in (range(cfg.num_experts) if targets is None else targets) if k in institutions.nodes]

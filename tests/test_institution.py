@@ -144,6 +144,12 @@ def test_a_node_whose_data_disagrees_costs_only_its_expert_and_cannot_hold_anoth
     with pytest.raises(RuntimeError, match="no node declared usable data"):
         gather_declarations(DeclaringGrid(late), cfg, tmp_path / "run", timeout=5, earlier=earlier)
     assert gather_declarations(DeclaringGrid(late), cfg, tmp_path / "run-3", timeout=5).nodes == {3: 7}  # no run yet
+    # the ServerApp binds a re-run to the earlier descriptor only when the earlier run left experts
+    from strategies.server_app import earlier_descriptor
+
+    assert earlier_descriptor(tmp_path / "run", present=[0]).meta == earlier.meta
+    assert earlier_descriptor(tmp_path / "run", present=[]) is None  # its nodes may have prepared their data again
+    assert earlier_descriptor(tmp_path / "no-run", present=[0]) is None
     bad = {n: (k, x | {"version": 99}) for n, (k, x) in answers.items()}
     with pytest.raises(RuntimeError, match="no node declared usable data"):
         gather_declarations(DeclaringGrid(bad), cfg, tmp_path / "run-bad", timeout=5)
