@@ -102,7 +102,8 @@ def working_tree_clean() -> bool | None:
     HEAD, and ``flwr run .`` packages untracked files too."""
     try:
         out = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
-    except OSError:
+    except OSError as e:  # no git here: the record says None, and why is printed
+        print(f"flwr_run: the working tree's state is not recorded: {e}", file=sys.stderr)
         return None
     return out.stdout.strip() == "" if out.returncode == 0 else None
 

@@ -128,9 +128,8 @@ def gather_declarations(
     for node, (expert, d) in sorted(by_node.items()):
         if why := claim_refusal(cfg.federation.expert_nodes, node, expert):
             refused[node] = why
-        elif not reference.takes_tokens(d["max_caption_tokens"]):
-            n = d["max_caption_tokens"]
-            refused[node] = f"declares max_caption_tokens {n}, which the coordinator's text encoder cannot take"
+        elif why := reference.token_error(n := d["max_caption_tokens"]):
+            refused[node] = f"declares max_caption_tokens {n}, which the coordinator's text encoder cannot take ({why})"
     # one vote per expert id: the matching nodes claiming one id share its vote, so extra claimants cannot outvote
     # the others
     voters = {n: d for n, (_, d) in by_node.items() if n not in refused}

@@ -28,6 +28,16 @@ INSTITUTION = "data.partition=institution router.training=federated evaluation.r
 SAMPLE_SUFFIXES = (".tar", ".png", ".npy", ".jpg", ".jpeg", ".webp")
 
 
+def institution_run_config(config, run_dir, coordinator_cache, overrides: str) -> dict:
+    """The ServerApp's run config for institution-owned data (:data:`INSTITUTION` plus ``overrides``)."""
+    return {
+        "config": str(config),
+        "overrides": f"{INSTITUTION} {overrides}",
+        "run-dir": str(run_dir),
+        "cache-dir": str(coordinator_cache),
+    }
+
+
 def sample_files(root):
     """Files under ``root`` that hold samples of a cluster: shards, images, latents."""
     return [p for p in root.rglob("*") if p.is_file() and p.name.endswith(SAMPLE_SUFFIXES)]
@@ -140,6 +150,7 @@ def test_a_node_whose_data_disagrees_costs_only_its_expert_and_cannot_hold_anoth
     long = {1: (0, d | {"max_caption_tokens": 513}), 2: (1, d | {"max_caption_tokens": 512})}
     inst_long = gather_declarations(DeclaringGrid(long), cfg, tmp_path / "run-5", timeout=5)
     assert inst_long.nodes == {1: 2} and "max_caption_tokens 513, which the coordinator" in inst_long.refused[1]
+    assert "(RuntimeError: " in inst_long.refused[1]  # what the encoder raised, in the reason
     earlier = Dataset.open(inst.descriptor)
     with pytest.raises(RuntimeError, match="no node declared usable data"):
         gather_declarations(DeclaringGrid(late), cfg, tmp_path / "run", timeout=5, earlier=earlier)
@@ -224,13 +235,13 @@ def test_server_app_with_institution_owned_data(tiny_config_path, dataset_dir, c
     coordinator_cache = tmp_path / "coordinator-cache"
     coordinator_cache.mkdir()
     run_dir = tmp_path / "run"
-    run_config = {
-        "config": str(tiny_config_path),
-        "overrides": f"{INSTITUTION} objectives.ddpm_clusters=auto router.rounds=2 evaluation.feature_steps=2 "
+    run_config = institution_run_config(
+        tiny_config_path,
+        run_dir,
+        coordinator_cache,
+        "objectives.ddpm_clusters=auto router.rounds=2 evaluation.feature_steps=2 "
         "evaluation.routing_modes=[top2,oracle] federation.min_nodes=3 federation.min_experts=3",
-        "run-dir": str(run_dir),
-        "cache-dir": str(coordinator_cache),
-    }
+    )
     nodes = {n: {"partition-id": n - 1, "cache-dir": str(cache_dir)} for n in range(1, 4)}  # simulated institutions
     grid = FakeGrid(client_app, nodes)
     server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
@@ -280,13 +291,13 @@ def test_a_node_left_out_by_the_declarations_trains_no_expert(tiny_config_path, 
 
     monkeypatch.setattr(clients.declare, "declaration", declaration_of)
     run_dir = tmp_path / "run"
-    run_config = {
-        "config": str(tiny_config_path),
-        "overrides": f"{INSTITUTION} router.rounds=1 evaluation.feature_steps=2 evaluation.routing_modes=[top2] "
-        "federation.min_nodes=2 federation.min_experts=1",
-        "run-dir": str(run_dir),
-        "cache-dir": str(tmp_path / "coordinator-cache"),
-    }
+    run_config = institution_run_config(
+        tiny_config_path,
+        run_dir,
+        tmp_path / "coordinator-cache",
+        "router.rounds=1 evaluation.feature_steps=2 evaluation.routing_modes=[top2] federation.min_nodes=2 "
+        "federation.min_experts=1",
+    )
     nodes = {
         2: {"expert-id": 0, "shard-set": str(dataset_dir / "cluster-1")},
         3: {"expert-id": 0, "shard-set": str(dataset_dir / "cluster-0")},

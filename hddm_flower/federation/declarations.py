@@ -131,18 +131,19 @@ class CoordinatorReference:
         if earlier is not None:
             meta = earlier.meta
             self.fields |= {f: meta[f] for f in AGREED_FIELDS if f != "latent"} | {"latent": latent_fingerprint(meta)}
-        self._tokens: dict[int, bool] = {}
+        self._tokens: dict[int, str | None] = {}
 
-    def takes_tokens(self, n: int) -> bool:
-        """Whether the coordinator's text encoder encodes the empty caption at ``n`` tokens (what the descriptor
-        needs): tried once per count, since the usable length is not always the model's position count."""
+    def token_error(self, n: int) -> str | None:
+        """Why the coordinator's text encoder cannot encode the empty caption at ``n`` tokens (what the descriptor
+        needs), or None when it can: tried once per count, since the usable length is not always the model's
+        position count."""
         if n not in self._tokens:
             self.encoder.max_length = n
             try:
                 self.encoder.encode([""])
-                self._tokens[n] = True
-            except Exception:  # whatever the model raises at a length it cannot take
-                self._tokens[n] = False
+                self._tokens[n] = None
+            except Exception as e:  # whatever the model raises at a length it cannot take: kept as the reason
+                self._tokens[n] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         return self._tokens[n]
 
 
