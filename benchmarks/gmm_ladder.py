@@ -47,26 +47,34 @@ METRICS = {"delta_log_density": ("Δ log p", ".1f", 1.0), "mmd2": ("MMD² ×10³
 
 
 @torch.no_grad()
+def cluster_draws(ref, k: int, samples: int, seed: int):
+    """Per t of :data:`TIMES`: ``(i, t, x_t, tt, cond, comps, v_star)`` on cluster k — its components' x_t (samples,
+    C, S, S), t per sample, their captions and components, and the exact velocity: the draws every excess loss of
+    the ladder and the capacity pilot is taken on (seeded by ``seed``, k and t, so the same in every training)."""
+    C, S, _ = ref.shape
+    truth = ExactNet(ref, k, "fm")
+    members = (ref.cluster_of == k).nonzero().squeeze(1)
+    for i, t in enumerate(TIMES):
+        g = torch.Generator().manual_seed(seed + 1000 * k + 17 * i)
+        x0, comps = draw_x0(ref, members, samples, g)
+        x_t = ((1 - t) * x0 + t * torch.randn(x0.shape, generator=g, dtype=torch.float64)).reshape(samples, C, S, S)
+        tt = torch.full((samples,), t, dtype=torch.float64)
+        cond = caption_cond(ref, comps, samples)
+        yield i, t, x_t, tt, cond, comps, truth(x_t, 999.0 * tt, cond).double()
+
+
 def excess_loss(cfg, ref, root: Path, samples: int, seed: int) -> dict[str, dict[str, list[float]]]:
     """Per FM cluster k and t: the excess loss per dimension of ``cluster-k-fm`` and of the monolith on cluster k's
-    ``x_t`` and captions (the same draws for both)."""
-    C, S, _ = ref.shape
+    ``x_t`` and captions (the same draws for both, :func:`cluster_draws`)."""
     mono = load_eval_expert(root / "monolith", {})
     out: dict[str, dict[str, list[float]]] = {}
     for k in range(cfg.num_experts):
         folder = root / "experts" / f"cluster-{k}-fm"
         if not folder.is_dir():
             continue
-        expert, truth = load_eval_expert(folder, {}), ExactNet(ref, k, "fm")
-        members = (ref.cluster_of == k).nonzero().squeeze(1)
+        expert = load_eval_expert(folder, {})
         rows: dict[str, list[float]] = {"expert": [], "monolith": []}
-        for i, t in enumerate(TIMES):
-            g = torch.Generator().manual_seed(seed + 1000 * k + 17 * i)
-            x0, comps = draw_x0(ref, members, samples, g)
-            x_t = ((1 - t) * x0 + t * torch.randn(x0.shape, generator=g, dtype=torch.float64)).reshape(samples, C, S, S)
-            tt = torch.full((samples,), t, dtype=torch.float64)
-            cond = caption_cond(ref, comps, samples)
-            v_star = truth(x_t, 999.0 * tt, cond).double()
+        for _, _, x_t, tt, cond, _, v_star in cluster_draws(ref, k, samples, seed):
             for name, net in (("expert", expert), ("monolith", mono)):
                 v = net.velocity(x_t.float(), tt.float(), cond).double()
                 rows[name].append(float(((v - v_star) ** 2).flatten(1).mean(1).mean()))

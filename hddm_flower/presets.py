@@ -5,6 +5,9 @@ so the configuration names them without importing the models (:mod:`hddm_flower.
 # shapes (4×32×32 latents, CLIP ViT-L/14 text states of width 768) XL/2 has 607M parameters (paper: 605M).
 EXPERT_PRESETS: dict[str, dict] = {
     "test": dict(num_layers=1, num_attention_heads=2, attention_head_dim=16, patch_size=2),
+    # femto and pico: one block of width 8 and 16, the narrow end of the GMM capacity map (docs/results.md)
+    "femto": dict(num_layers=1, num_attention_heads=1, attention_head_dim=8, patch_size=2),
+    "pico": dict(num_layers=1, num_attention_heads=2, attention_head_dim=8, patch_size=2),
     "nano": dict(num_layers=2, num_attention_heads=2, attention_head_dim=16, patch_size=2),  # the GMM capacity rung
     "mini": dict(num_layers=2, num_attention_heads=2, attention_head_dim=32, patch_size=2),  # 8×8 toy data
     "tiny": dict(num_layers=4, num_attention_heads=4, attention_head_dim=32, patch_size=2),

@@ -156,7 +156,7 @@ def _expert_parameters(preset: str, sample_size: int, in_channels: int, caption_
     return n + 2 * w + w * p * p * C + p * p * C  # output table and projection
 
 
-@pytest.mark.parametrize("preset", ["test", "nano", "mini", "tiny"])
+@pytest.mark.parametrize("preset", ["test", "femto", "pico", "nano", "mini", "tiny"])
 @pytest.mark.parametrize("shape", [(8, 3, 384), (12, 3, 384), (16, 1, 24)])
 def test_small_presets_have_their_closed_form_parameter_counts(preset, shape):
     """Nothing about the image size enters the count (positions are fixed sin-cos); the width does, squared."""

@@ -1,0 +1,57 @@
+"""Closed-form yardsticks for a trained network's excess loss over Bayes on a Gaussian mixture: the excess of a
+denoiser that knows each caption's mean but not its covariance.
+
+A caption that names component j fixes its target ``N(μ_j, Σ_j)``. On the FM path ``x = a·x0 + s·ε`` (``a = 1 − t``,
+``s = t``) the exact velocity is affine in x (:mod:`hddm_flower.gmm.mixture` with one component):
+``v*(x) = M_Σ (x − aμ_j) − μ_j`` with ``M_Σ = (s·I − a·Σ) S⁻¹`` and ``S = a²Σ + s²I`` (Σ and S commute). A denoiser
+with the right mean and another covariance Σ' errs by ``(M_Σ' − M_Σ)(x − aμ_j)``, and ``x − aμ_j ~ N(0, S)``, so its
+excess loss per dimension is ``tr(ΔM S ΔMᵀ) / d``. No division by a or s: at t = 0 (``M = −I``) and t = 1
+(``M = I``) every such denoiser is exact, and the excess is 0.
+
+Two levels, each with one covariance for every caption (:func:`mean_only_levels`):
+
+* ``isotropic``: ``σ̄²·I``, σ̄² the mixture's average within-component variance per dimension — a per-pixel shrink
+  towards the caption's mean, what a network reaches once it has learnt the means and nothing of the covariances;
+* ``pooled``: the mixture's average within-component covariance ``Σ̄ = Σ_j π_j Σ_j``.
+
+A network between ``isotropic`` and 0 has learnt part of its captions' own covariances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .mixture import GaussianMixture
+
+
+def velocity_gain(cov: Tensor, t: float) -> Tensor:
+    """``M_Σ = (t·I − (1 − t)·Σ) S⁻¹``, ``S = (1 − t)²Σ + t²I``: the exact FM velocity of ``N(μ, Σ)`` is
+    ``M_Σ (x − (1 − t)μ) − μ``."""
+    a, s = 1.0 - t, t
+    eye = torch.eye(cov.shape[0], dtype=cov.dtype)
+    return torch.linalg.solve(a * a * cov + s * s * eye, s * eye - a * cov)
+
+
+def covariance_excess(true_cov: Tensor, used_cov: Tensor, t: float) -> float:
+    """The excess loss per dimension, on ``x_t`` of ``N(μ, true_cov)``, of the velocity that takes ``used_cov`` for
+    the covariance (and the right mean) against the exact one."""
+    a, s = 1.0 - t, t
+    delta = velocity_gain(used_cov, t) - velocity_gain(true_cov, t)
+    S = a * a * true_cov + s * s * torch.eye(true_cov.shape[0], dtype=true_cov.dtype)
+    return float(torch.einsum("ij,jk,ik->", delta, S, delta)) / true_cov.shape[0]
+
+
+def mean_only_levels(mixture: GaussianMixture, members: Tensor, times: Sequence[float]) -> dict[str, list[float]]:
+    """Per t of ``times``: the excess loss per dimension of the ``isotropic`` and ``pooled`` denoisers (module
+    docstring) on the components ``members`` (one cluster's), weighted as the mixture weighs them."""
+    cov = mixture.covariance()
+    pooled = torch.einsum("j,jde->de", mixture.weights, cov)
+    isotropic = torch.eye(mixture.dim, dtype=cov.dtype) * torch.diagonal(pooled).mean()
+    w = mixture.weights[members] / mixture.weights[members].sum()
+    return {
+        name: [sum(float(wi) * covariance_excess(cov[j], used, t) for wi, j in zip(w, members.tolist())) for t in times]
+        for name, used in (("isotropic", isotropic), ("pooled", pooled))
+    }
