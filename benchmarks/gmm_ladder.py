@@ -63,6 +63,7 @@ def cluster_draws(ref, k: int, samples: int, seed: int):
         yield i, t, x_t, tt, cond, comps, truth(x_t, 999.0 * tt, cond).double()
 
 
+@torch.no_grad()
 def excess_loss(cfg, ref, root: Path, samples: int, seed: int) -> dict[str, dict[str, list[float]]]:
     """Per FM cluster k and t: the excess loss per dimension of ``cluster-k-fm`` and of the monolith on cluster k's
     ``x_t`` and captions (the same draws for both, :func:`cluster_draws`)."""

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hddm_flower.gmm.mixture import GaussianMixture
-from hddm_flower.gmm.yardsticks import covariance_excess, mean_only_levels, velocity_gain
+from hddm_flower.gmm.yardsticks import covariance_excess, mean_only_covariances, mean_only_levels, velocity_gain
 
 TIMES = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 
@@ -106,3 +106,27 @@ def test_the_levels_benchmark_estimates_on_the_pilots_draws_what_the_closed_form
     assert mean == [
         (x + y) / 2 for x, y in zip(out["per_cluster"]["0"]["isotropic"], out["per_cluster"]["2"]["isotropic"])
     ]
+
+
+def test_the_levels_take_the_mixture_weighted_covariances_and_weigh_a_clusters_components_within_it():
+    f64 = torch.float64
+    g = torch.Generator().manual_seed(9)
+    weights = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=f64)
+    m = GaussianMixture(
+        weights,
+        torch.randn(4, 3, generator=g, dtype=f64),
+        torch.randn(4, 3, 2, generator=g, dtype=f64),
+        0.1 + torch.rand(4, 3, generator=g, dtype=f64),
+    )
+    cov = [m.covariance()[j] for j in range(4)]
+    pooled = sum(float(w) * c for w, c in zip(weights, cov))  # Σ_j π_j Σ_j, by hand
+    sigma2 = sum(float(w) * float(torch.trace(c)) / 3 for w, c in zip(weights, cov))
+    used = mean_only_covariances(m)
+    torch.testing.assert_close(used["pooled"], pooled, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(used["isotropic"], sigma2 * torch.eye(3, dtype=f64), rtol=1e-12, atol=1e-12)
+    # a proper subset of the components: each weighted by its weight within the subset (0.2 and 0.4 → 1/3, 2/3)
+    for t in (0.3, 0.7):
+        levels = mean_only_levels(m, torch.tensor([1, 3]), (t,))
+        for name in ("isotropic", "pooled"):
+            hand = covariance_excess(cov[1], used[name], t) / 3 + 2 * covariance_excess(cov[3], used[name], t) / 3
+            assert levels[name][0] == pytest.approx(hand, rel=1e-12)

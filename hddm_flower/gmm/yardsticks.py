@@ -8,13 +8,15 @@ with the right mean and another covariance Σ' errs by ``(M_Σ' − M_Σ)(x − 
 excess loss per dimension is ``tr(ΔM S ΔMᵀ) / d``. No division by a or s: at t = 0 (``M = −I``) and t = 1
 (``M = I``) every such denoiser is exact, and the excess is 0.
 
-Two levels, each with one covariance for every caption (:func:`mean_only_levels`):
+Two levels, each with one covariance for every caption (:func:`mean_only_covariances`, :func:`mean_only_levels`):
 
-* ``isotropic``: ``σ̄²·I``, σ̄² the mixture's average within-component variance per dimension — a per-pixel shrink
-  towards the caption's mean, what a network reaches once it has learnt the means and nothing of the covariances;
-* ``pooled``: the mixture's average within-component covariance ``Σ̄ = Σ_j π_j Σ_j``.
+* ``isotropic``: ``σ̄²·I``, σ̄² the mixture's average within-component variance per dimension — one scalar shrink
+  towards the caption's mean for every pixel, the best such denoiser;
+* ``pooled``: the mixture's average within-component covariance ``Σ̄ = Σ_j π_j Σ_j``, the best affine denoiser that
+  knows the caption's mean and takes one gain for every caption.
 
-A network between ``isotropic`` and 0 has learnt part of its captions' own covariances.
+They locate a trained network's excess; an equal excess does not say how the network got there (errors in the
+means and in the covariances add, and differ by t).
 """
 
 from __future__ import annotations
@@ -44,14 +46,19 @@ def covariance_excess(true_cov: Tensor, used_cov: Tensor, t: float) -> float:
     return float(torch.einsum("ij,jk,ik->", delta, S, delta)) / true_cov.shape[0]
 
 
+def mean_only_covariances(mixture: GaussianMixture) -> dict[str, Tensor]:
+    """The one covariance each level takes for every caption: ``pooled`` ``Σ_j π_j Σ_j`` and ``isotropic`` its
+    average variance per dimension times I."""
+    pooled = torch.einsum("j,jde->de", mixture.weights, mixture.covariance())
+    return {"isotropic": torch.eye(mixture.dim, dtype=pooled.dtype) * torch.diagonal(pooled).mean(), "pooled": pooled}
+
+
 def mean_only_levels(mixture: GaussianMixture, members: Tensor, times: Sequence[float]) -> dict[str, list[float]]:
     """Per t of ``times``: the excess loss per dimension of the ``isotropic`` and ``pooled`` denoisers (module
-    docstring) on the components ``members`` (one cluster's), weighted as the mixture weighs them."""
+    docstring) on the components ``members`` (one cluster's), weighted as the mixture weighs them within them."""
     cov = mixture.covariance()
-    pooled = torch.einsum("j,jde->de", mixture.weights, cov)
-    isotropic = torch.eye(mixture.dim, dtype=cov.dtype) * torch.diagonal(pooled).mean()
     w = mixture.weights[members] / mixture.weights[members].sum()
     return {
         name: [sum(float(wi) * covariance_excess(cov[j], used, t) for wi, j in zip(w, members.tolist())) for t in times]
-        for name, used in (("isotropic", isotropic), ("pooled", pooled))
+        for name, used in mean_only_covariances(mixture).items()
     }
