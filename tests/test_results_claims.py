@@ -1080,3 +1080,232 @@ def test_the_tuned_rate_carried_to_25600_steps_is_training_0s_records():
         f"({tuned:.3f} at 25,600 steps, where the shared rate gives {same['mean']:.3f} ± {same['half']:.3f} at 25,600 "
         f"and {next_['mean']:.3f} ± {next_['half']:.3f} at 51,200)" in text
     )
+
+
+LEVEL_START = "**Where the monolith waits: the mean-only level.**"
+LEVEL_END = "a stall at the mean-only level cannot show it."
+LEVEL_ROWS = {  # the table's mixtures → the levels' entry and the pilot's nano label
+    "shared structure, rank 4": ("pattern-r4", "base-nano-cos-lr2.0e-3"),
+    "a subspace per cluster, rank 8": ("clu-r8", "clu-r8-nano"),
+    "rank 16": ("clu-r16", "clu-r16-nano"),
+    "rank 32": ("clu-r32", "clu-r32-nano"),
+    "rank 64": ("clu-r64", "clu-r64-nano"),
+}
+WIDTHS = ("femto", "pico", "nano", "mini")
+
+
+def cell(values: list[float], digits: int = 3, sign: bool = False) -> str:
+    """One training's value, or the interval over several, as the doc writes it."""
+    x = interval(values)
+    if x["n"] == 1:
+        return num(x["mean"], digits, sign=sign)
+    return doc_claims.iv(x, digits) if sign else level(x, digits)
+
+
+def test_the_mean_only_levels_are_what_the_yardstick_computes_for_the_pilots_mixture(tmp_path):
+    from benchmarks.gmm_levels import levels_of
+    from hddm_flower.config.io import load_config, parse_overrides
+    from hddm_flower.gmm.dataset import load_reference
+    from hddm_flower.stages.prepare import prepare_data
+
+    entries = load("gmm_levels.json")["entries"]
+    e = entries["clu-r8"]
+    cfg = load_config(ROOT / e["config"], parse_overrides(e["set"]))
+    ref = load_reference(prepare_data(cfg, tmp_path))
+    out = levels_of(ref, [int(k) for k in e["per_cluster"]], e["samples"], cfg.evaluation.seed)
+    assert json.loads(json.dumps(out)) == {k: e[k] for k in out}
+    # every entry is the mixture of its pilot label (the same data section), on its clusters and its number of draws
+    for name, label in LEVEL_ROWS.values():
+        records = [r for r in load("gmm_capacity_pilot.json")["records"] if r["label"] == label]
+        assert records and {tuple(r["per_cluster"]) for r in records} == {tuple(entries[name]["per_cluster"])}
+        assert {r.get("samples", 256) for r in records} == {entries[name]["samples"]}
+        ((config, sets),) = {(r["config"], r["set"]) for r in records}
+        mine = load_config(ROOT / entries[name]["config"], parse_overrides(entries[name]["set"])).data
+        assert mine == load_config(ROOT / config, parse_overrides(sets)).data, name
+
+
+def inner(record: dict, who: str) -> float:
+    """``who``'s excess loss over the inner t (0 < t < 1) and the record's clusters."""
+    from benchmarks.gmm_ladder import TIMES
+
+    idx = [i for i, t in enumerate(TIMES) if 0 < t < 1]
+    per = record["per_cluster"].values()
+    return sum(sum(v[who][i] for i in idx) / len(idx) for v in per) / len(per)
+
+
+def pilot_records(label: str, steps: int) -> list[dict]:
+    """The records of ``label`` at ``steps``, by training."""
+    runs = {
+        r.get("training", 0): r
+        for r in load("gmm_capacity_pilot.json")["records"]
+        if r["label"] == label and r["steps"] == steps
+    }
+    return [runs[k] for k in sorted(runs)]
+
+
+def inner_level(name: str, which: str = "isotropic_on_the_draws") -> float:
+    return load("gmm_levels.json")["entries"][name]["mean_over_inner_t_and_clusters"][which]
+
+
+def below(name: str, label: str, steps: int, who: str) -> dict:
+    """1 − network / isotropic level, in %, over the inner t: an interval over the trainings present."""
+    return interval([100 * (1 - inner(r, who) / inner_level(name)) for r in pilot_records(label, steps)])
+
+
+def pct(x: dict) -> str:
+    return level(x, 0) if x["n"] > 1 else num(x["mean"], 0, sign=False)
+
+
+def test_the_mean_only_table_is_the_levels_and_the_pilots_3200_step_records():
+    text = doc_claims.raw_passage(LEVEL_START, LEVEL_END)
+    header, *rows = doc_claims.md_table(text, "| mixture | isotropic level |")
+    assert [r[0] for r in rows] == list(LEVEL_ROWS)
+    for row in rows:
+        name, label = LEVEL_ROWS[row[0]]
+        records = pilot_records(label, 3200)
+        assert row[1:3] == [f"{inner_level(name, w):.3f}" for w in ("isotropic", "pooled")]
+        assert row[3:] == [cell([inner(r, who) for r in records]) for who in ("monolith", "expert")], row[0]
+    assert len(pilot_records("clu-r8-nano", 3200)) == 3
+
+
+def test_the_monolith_is_near_the_isotropic_level_then_leaves_it_later_the_more_directions_a_cluster_has():
+    text = doc_claims.passage(LEVEL_START, LEVEL_END)
+    rows = list(LEVEL_ROWS.values())
+    m3 = {name: below(name, label, 3200, "monolith") for name, label in rows[1:]}
+    e3 = {name: below(name, label, 3200, "expert") for name, label in rows[1:]}
+    assert m3["clu-r8"]["n"] == 3 and doc_claims.resolved(m3["clu-r8"]) and m3["clu-r8"]["mean"] < 5
+    assert all(abs(m3[n]["mean"]) < 2 for n in ("clu-r16", "clu-r32", "clu-r64"))
+    assert (
+        f"{pct(m3['clu-r8'])} % below it at rank 8 (three trainings) and within 2 % of it at ranks 16, 32 and 64"
+        in text
+    )
+    assert (
+        f"the experts are {pct(e3['clu-r8'])} %, {pct(e3['clu-r16'])}, {pct(e3['clu-r32'])} and {pct(e3['clu-r64'])} % below"
+        in text
+    )
+    # the shared-structure mixture: the pooled level and the monolith below it
+    (shared,) = pilot_records("base-nano-cos-lr2.0e-3", 3200)
+    assert inner(shared, "monolith") < inner_level("pattern-r4", "pooled")
+    assert (
+        f"within {inner_level('pattern-r4', 'pooled'):.3f} of Bayes (against {inner_level('pattern-r4', 'isotropic'):.3f} "
+        "for the isotropic level) and the monolith is below even that" in text
+    )
+    # rank 8 over four trainings
+    r8 = {s: {w: below("clu-r8", "clu-r8-nano", s, w) for w in ("monolith", "expert")} for s in (6400, 51200)}
+    assert all(x["n"] == 4 for v in r8.values() for x in v.values())
+    assert (
+        f"the monolith is {pct(r8[6400]['monolith'])} % below it at 6,400 steps and {pct(r8[51200]['monolith'])} % "
+        f"at 51,200, the experts {pct(r8[6400]['expert'])} % and {pct(r8[51200]['expert'])} %" in text
+    )
+    m51 = interval([inner(r, "monolith") for r in pilot_records("clu-r8-nano", 51200)])
+    assert m51["mean"] - m51["half"] > inner_level("clu-r8", "pooled")
+    assert f"({level(m51)} against {inner_level('clu-r8', 'pooled'):.3f})" in text
+    # rank 32 over its trainings at 6,400 and 12,800 steps
+    r32 = {s: pilot_records("clu-r32-nano", s) for s in (6400, 12800)}
+    (trainings,) = {tuple(r.get("training", 0) for r in v) for v in r32.values()}
+    assert len(trainings) == 3 and "At rank 32, over three trainings" in text
+    b32 = {s: {w: below("clu-r32", "clu-r32-nano", s, w) for w in ("monolith", "expert")} for s in (6400, 12800)}
+    assert (
+        f"the monolith is {pct(b32[6400]['monolith'])} % below it at 6,400 steps and {pct(b32[12800]['monolith'])} % "
+        f"at 12,800, the experts {pct(b32[6400]['expert'])} % and {pct(b32[12800]['expert'])} %" in text
+    )
+    gaps = [interval([inner(r, "monolith") - inner(r, "expert") for r in r32[s]]) for s in (6400, 12800)]
+    growth = interval(
+        [
+            (inner(b, "monolith") - inner(b, "expert")) - (inner(a, "monolith") - inner(a, "expert"))
+            for a, b in zip(r32[6400], r32[12800], strict=True)
+        ]
+    )
+    assert doc_claims.resolved(growth) and growth["mean"] > 0
+    assert f"the gap grows from {doc_claims.iv(gaps[0], 3)} to {doc_claims.iv(gaps[1], 3)}" in text
+    r64 = {w: below("clu-r64", "clu-r64-nano", 6400, w) for w in ("monolith", "expert")}
+    assert (
+        f"At rank 64, at 6,400 steps, the monolith is {pct(r64['monolith'])} % and the experts {pct(r64['expert'])} % below it"
+        in text
+    )
+    # "both sides leave it less the more directions each cluster has", at 6,400 steps
+    order = [r8[6400], b32[6400], r64]
+    for who in ("monolith", "expert"):
+        assert order[0][who]["mean"] > order[1][who]["mean"] > order[2][who]["mean"], who
+    assert doc_claims.resolved(
+        interval(
+            [
+                a - b
+                for a, b in zip(
+                    [
+                        100 * (1 - inner(r, "monolith") / inner_level("clu-r8"))
+                        for r in pilot_records("clu-r8-nano", 6400)[:3]
+                    ],
+                    [100 * (1 - inner(r, "monolith") / inner_level("clu-r32")) for r in r32[6400]],
+                )
+            ]
+        )
+    )
+    assert (
+        f"(the monolith {pct(r8[6400]['monolith'])} %, {pct(b32[6400]['monolith'])} % and {pct(r64['monolith'])} % below "
+        f"it at ranks 8, 32 and 64, the experts {pct(r8[6400]['expert'])} %, {pct(b32[6400]['expert'])} % and "
+        f"{pct(r64['expert'])} %; rank 64 one training)" in text
+    )
+
+
+def test_the_width_table_is_the_pilots_6400_step_records_of_each_preset():
+    text = doc_claims.raw_passage(LEVEL_START, LEVEL_END)
+    header, *rows = doc_claims.md_table(text, "| preset (parameters) |")
+    records = load("gmm_capacity_pilot.json")["records"]
+    params = {p: {r["train_seconds"]["parameters"] for r in records if r["label"] == f"clu-r8-{p}"} for p in WIDTHS}
+    assert all(len(v) == 1 for v in params.values())
+    params = {p: v.pop() for p, v in params.items()}
+    for preset, head in zip(WIDTHS, header[1:], strict=True):
+        label = f"clu-r8-{preset}"
+        assert head == f"{preset} ({params[preset] / 1000:.0f}k)"
+        ours = [r for r in records if r["label"] == label]
+        if preset != "nano":
+            assert {r["set"] for r in ours} == {f"data.gmm_covariance=cluster data.gmm_rank=8 expert.preset={preset}"}
+        assert {r["preset"] for r in ours} == {preset}
+        runs = pilot_records(label, 6400)
+        values = {
+            "expert": cell([r["mean_over_t_and_clusters"]["expert"] for r in runs]),
+            "monolith": cell([r["mean_over_t_and_clusters"]["monolith"] for r in runs]),
+            "monolith − expert": cell(
+                [r["mean_over_t_and_clusters"]["monolith"] - r["mean_over_t_and_clusters"]["expert"] for r in runs],
+                sign=True,
+            ),
+        }
+        for row in rows:
+            assert row[1 + WIDTHS.index(preset)] == values[row[0]], (preset, row[0])
+    folded = doc_claims.passage(LEVEL_START, LEVEL_END)
+    iso = inner_level("clu-r8")
+    narrow = {p: pilot_records(f"clu-r8-{p}", 6400)[0] for p in ("femto", "pico")}
+    assert all(inner(r, w) > iso for r in narrow.values() for w in ("expert", "monolith"))
+    assert (
+        f"(over the inner t, {inner_level('clu-r8', 'isotropic'):.3f}: femto {inner(narrow['femto'], 'expert'):.3f} and "
+        f"{inner(narrow['femto'], 'monolith'):.3f}, pico {inner(narrow['pico'], 'expert'):.3f} and "
+        f"{inner(narrow['pico'], 'monolith'):.3f}, expert and monolith)" in folded
+    )
+    gaps = [pilot_records("clu-r8-pico", s)[0]["mean_over_t_and_clusters"] for s in (1600, 6400, 12800, 25600)]
+    written = [num(g["monolith"] - g["expert"], 3) for g in gaps]
+    assert (
+        f"(+{written[0][1:]}, {written[1]}, {written[2]} and {written[3]} at 1,600, 6,400, 12,800 and 25,600" in folded
+    )
+    assert max(g["monolith"] - g["expert"] for g in gaps[1:]) < gaps[0]["monolith"] - gaps[0]["expert"]
+    mini = pilot_records("clu-r8-mini", 6400)[0]["mean_over_t_and_clusters"]
+    nano = interval([r["mean_over_t_and_clusters"]["expert"] for r in pilot_records("clu-r8-nano", 6400)])
+    assert mini["monolith"] > nano["mean"] + nano["half"]
+    assert f"with {params['mini'] / params['nano']:.1f}× nano's parameters" in folded
+    assert f"({mini['monolith']:.3f} against {level(nano)})" in folded
+
+
+def test_the_rank_and_width_comparisons_committed_are_the_records_summaries():
+    from benchmarks.gmm_capacity_pilot import summarise
+
+    records = load("gmm_capacity_pilot.json")["records"]
+    for name, labels, steps in (
+        ("rank", ["clu-r8-nano", "clu-r16-nano", "clu-r32-nano", "clu-r64-nano"], [3200, 6400, 12800]),
+        ("width-6400", [f"clu-r8-{p}" for p in WIDTHS], [6400]),
+    ):
+        committed = load(f"gmm_capacity_pilot-{name}.json")
+        assert committed["labels"] == labels and committed["steps"] == steps
+        kept = [r for r in records if r["steps"] in steps]
+        for label in labels:
+            assert committed["summaries"][label] == json.loads(json.dumps(summarise(kept, label))), (name, label)
+    assert "--name rank" in (RESULTS / "gmm_capacity_pilot-rank.md").read_text()
