@@ -11,9 +11,12 @@ excess loss per dimension is ``tr(ΔM S ΔMᵀ) / d``. No division by a or s: at
 Two levels, each with one covariance for every caption (:func:`mean_only_covariances`, :func:`mean_only_levels`):
 
 * ``isotropic``: ``σ̄²·I``, σ̄² the mixture's average within-component variance per dimension — one scalar shrink
-  towards the caption's mean for every pixel, the best such denoiser;
-* ``pooled``: the mixture's average within-component covariance ``Σ̄ = Σ_j π_j Σ_j``, the best affine denoiser that
-  knows the caption's mean and takes one gain for every caption.
+  towards the caption's mean for every pixel, the best such denoiser over the whole mixture;
+* ``pooled``: the mixture's average within-component covariance ``Σ̄ = Σ_j π_j Σ_j``, the best affine denoiser over
+  the whole mixture that knows the caption's mean and takes one gain for every caption.
+
+Both are evaluated on one cluster's components at a time (:func:`mean_only_levels`), with the whole mixture's
+covariance: what one network that serves every caption would reach there.
 
 They locate a trained network's excess; an equal excess does not say how the network got there (errors in the
 means and in the covariances add, and differ by t).
