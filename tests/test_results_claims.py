@@ -1177,6 +1177,15 @@ def test_the_mean_only_table_is_the_levels_and_the_pilots_3200_step_records():
         assert row[1:3] == [f"{inner_level(name, w):.3f}" for w in ("isotropic", "pooled")]
         assert row[3:] == [cell([inner(r, who) for r in records]) for who in ("monolith", "expert")], row[0]
     assert len(pilot_records("clu-r8-nano", 3200)) == 3
+    # where and when they ran, as the passage says
+    records = load("gmm_capacity_pilot.json")["records"]
+    for label in ("clu-r32-nano", "clu-r64-nano", "clu-r8-femto", "clu-r8-pico", "clu-r8-mini"):
+        mine = [r for r in records if r["label"] == label]
+        assert mine and all(r["date"].startswith("2026-12-06") and "AVX-512" in r["machine"] for r in mine), label
+    for label in ("clu-r16-nano", "base-nano-cos-lr2.0e-3"):
+        assert {r["date"][:10] for r in records if r["label"] == label} == {"2026-12-02"}, label
+    folded = doc_claims.passage(LEVEL_START, LEVEL_END)
+    assert "machine on 2026-12-06 (rank 16 on 2026-12-02; the shared-structure row is the label" in folded
 
 
 def test_the_monolith_is_near_the_isotropic_level_then_leaves_it_later_the_more_directions_a_cluster_has():
