@@ -17,7 +17,9 @@ budget's networks on both cores; a call without it then reuses them and scores.
 (intervals over the trainings present, :func:`summarise`) in ``benchmarks/results/gmm_capacity_pilot-LABEL.{md,json}``;
 with several labels and ``--name N`` (and ``--steps`` to keep only those budgets) it puts the labels side by side
 (:func:`render_comparison`, e.g. a learning-rate sweep) in ``gmm_capacity_pilot-N.{md,json}``.
-``--device cuda`` trains on a GPU (scoring stays on the CPU); on an H200 a `nano` expert's step is no faster than
+``--target exact`` trains every network on the exact velocity instead of the data (a capacity probe:
+:mod:`benchmarks.gmm_exact_target`); its labels' records say so (``target``) and are never summarised with the
+data's. ``--device cuda`` trains on a GPU (scoring stays on the CPU); on an H200 a `nano` expert's step is no faster than
 one CPU core's, the monolith's about 3.5× (docs/performance.md).
 """
 
@@ -35,6 +37,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import RESULTS, machine
+from benchmarks.gmm_exact_target import ExactTarget, train_on_exact
 from benchmarks.gmm_ladder import TIMES, excess_loss
 from hddm_flower.budget import budget_of
 from hddm_flower.budget import expert_config as budget_expert_config
@@ -43,17 +46,20 @@ from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.gmm.dataset import load_reference
 from hddm_flower.gmm.truth import interval
 from hddm_flower.reproduce.training import tensor_sha256, train_monolith
-from hddm_flower.stages.expert import train_one_expert
+from hddm_flower.stages.expert import build_expert, train_one_expert
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.training_seeds import training_config
 
 SECONDS = "pilot_seconds.json"  # beside each network: its training time, read back when a later call reuses it
 
 
-def train(cfg, dataset, root: Path, clusters: list[int], only: str | None = None, device: str = "cpu") -> dict:
+def train(
+    cfg, dataset, root: Path, clusters: list[int], only: str | None = None, device: str = "cpu", target: str = "data"
+) -> dict:
     """Train (or reuse from ``root``) the FM experts of ``clusters`` and the monolith (``only``: just the
     ``experts`` or just the ``monolith``) on ``device``; returns each network's training seconds, the parameter
-    count and what trained them (``trained_on``: the device and torch of each network)."""
+    count and what trained them (``trained_on``: the device and torch of each network). ``target="exact"``: each
+    network is trained on the exact velocity instead of the data (:mod:`benchmarks.gmm_exact_target`, on the CPU)."""
     seconds, trained_on = {}, {}
     cfg = dataclasses.replace(cfg, coordinator=dataclasses.replace(cfg.coordinator, device=device))  # the monolith's
     jobs = [(f"experts/cluster-{k}-fm", k) for k in clusters] + [("monolith", None)]
@@ -63,7 +69,9 @@ def train(cfg, dataset, root: Path, clusters: list[int], only: str | None = None
         folder = root / name
         if not (folder / META).exists():
             t0 = time.perf_counter()
-            if k is None:
+            if target == "exact":
+                state, model_config, meta = _train_on_exact(cfg, dataset, k)
+            elif k is None:
                 state, model_config, meta = train_monolith(cfg, dataset)
             else:
                 state, model_config, meta = train_one_expert(budget_expert_config(cfg), dataset, k, "fm", device=device)
@@ -82,6 +90,29 @@ def train(cfg, dataset, root: Path, clusters: list[int], only: str | None = None
     return seconds | ({"trained_on": trained_on} if trained_on else {})
 
 
+def _train_on_exact(cfg, dataset, k: int | None) -> tuple[dict, dict, dict]:
+    """Expert ``k`` (``None``: the monolith) trained on the exact velocity, with the weight initialisation, seed,
+    batch and steps ``hddm reproduce`` gives it under ``reproduce.budget``."""
+    ref = load_reference(dataset)
+    b = budget_of(cfg)
+    if k is None:
+        members, batch, steps, seed = torch.arange(len(ref.cluster_of)), b.monolith_batch, b.monolith_steps, 1000
+    else:
+        members, batch, steps, seed = (ref.cluster_of == k).nonzero().squeeze(1), b.expert_batch, b.expert_steps, k
+    torch.manual_seed(cfg.expert.seed + seed)  # weight init, as train_one_expert and train_monolith seed it
+    expert, model_config, meta = build_expert(cfg, dataset.meta, "fm", expert_id=0 if k is None else k)
+    name = "monolith [fm, exact target]" if k is None else f"expert {k} [fm, exact target]"
+    stats = train_on_exact(
+        expert, ExactTarget(ref, members), cfg.expert, batch=batch, steps=steps, seed=cfg.expert.seed + seed, name=name
+    )
+    meta |= {"expert_id": 0 if k is None else k, "cluster_id": "all" if k is None else k, "monolith": k is None}
+    meta |= {"target": "exact", "steps": steps, "batch_size": batch, "final_loss": stats.final_loss}
+    meta |= {"device_seconds": round(stats.device_seconds, 3), "seed": cfg.expert.seed + seed}
+    meta |= {"loss_curve": stats.loss_curve, "images_seen": stats.images_seen, "lr": cfg.expert.optim.lr}
+    state = {n: v.detach().cpu() for n, v in expert.net.transformer.state_dict().items()}
+    return state, model_config, meta
+
+
 def network_hashes(root: Path) -> dict[str, str]:
     """The :func:`~hddm_flower.reproduce.training.tensor_sha256` of every network in ``root`` (``monolith``,
     ``experts/cluster-k-fm``): what a manifest of ``hddm reproduce`` records for the same networks."""
@@ -89,10 +120,12 @@ def network_hashes(root: Path) -> dict[str, str]:
     return {f.relative_to(root).as_posix(): tensor_sha256(f / WEIGHTS) for f in folders if (f / WEIGHTS).exists()}
 
 
-def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int, device: str = "cpu") -> dict:
+def pilot(
+    cfg, dataset, root: Path, clusters: list[int], samples: int, device: str = "cpu", target: str = "data"
+) -> dict:
     """Train (or reuse from ``root``) the experts of ``clusters`` and the monolith; their excess losses and the
     networks' tensor hashes."""
-    seconds = train(cfg, dataset, root, clusters, device=device)
+    seconds = train(cfg, dataset, root, clusters, device=device, target=target)
     ref = load_reference(dataset)
     per_cluster = excess_loss(cfg, ref, root, samples, seed=cfg.evaluation.seed)
     mean = {who: _at_t(per_cluster, who, None) for who in ("expert", "monolith")}
@@ -104,19 +137,21 @@ def pilot(cfg, dataset, root: Path, clusters: list[int], samples: int, device: s
     }
 
 
-SAME = ("config", "set", "preset", "samples")  # what every record of one label must share (besides its clusters)
+SAME = ("config", "set", "preset", "samples", "target")  # what every record of one label shares (and its clusters)
+DEFAULTS = {"samples": 256, "target": "data"}  # what a record without the key had
 
 
 def _by_training(records: list[dict], label: str) -> dict[int, dict[int, dict]]:
     """``{steps: {training: record}}`` of ``label`` (a record without ``training`` is training 0, without
-    ``samples`` one of the default 256). Raises when the label's records differ in :data:`SAME` or in their clusters,
-    or when one budget and training has two records with different scores (the same scores twice: one)."""
+    ``samples`` one of the default 256, without ``target`` one trained on the data). Raises when the label's
+    records differ in :data:`SAME` or in their clusters, or when one budget and training has two records with
+    different scores (the same scores twice: one)."""
     out: dict[int, dict[int, dict]] = {}
     first = None
     for r in records:
         if r["label"] != label:
             continue
-        shape = {k: r.get(k, 256 if k == "samples" else None) for k in SAME} | {"clusters": sorted(r["per_cluster"])}
+        shape = {k: r.get(k, DEFAULTS.get(k)) for k in SAME} | {"clusters": sorted(r["per_cluster"])}
         first = first or (shape, r)
         if shape != first[0]:
             diff = [k for k in shape if shape[k] != first[0][k]]
@@ -273,12 +308,21 @@ def main() -> None:
     )
     p.add_argument("--device", default="cpu", help="where the networks train (cpu, cuda, cuda:N); scoring is on cpu")
     p.add_argument(
+        "--target",
+        choices=("data", "exact"),
+        default="data",
+        help="what the networks regress: the data's FM target (data, as hddm reproduce trains them) or the exact "
+        "velocity on fresh draws of the mixture (exact: the capacity probe of benchmarks.gmm_exact_target, on cpu)",
+    )
+    p.add_argument(
         "--train-only",
         choices=("experts", "monolith"),
         help="train just these networks into WORK and stop (a later call without it reuses them and scores): the "
         "experts and the monolith of one budget in two processes",
     )
     args = p.parse_args()
+    if args.target == "exact" and args.device != "cpu":
+        p.error(f"--target exact --device {args.device}: the exact target trains on the cpu")
     if args.summarise:
         text = Path(args.summarise).read_text()
         records = json.loads(text)["records"] if args.summarise.endswith(".json") else _jsonl(text)
@@ -327,9 +371,9 @@ def main() -> None:
         cfg = training_config(cfg, args.training)
         root = work / args.label / (f"steps-{steps}" + (f"-training-{args.training}" if args.training else ""))
         if args.train_only:
-            print(train(cfg, dataset, root, args.clusters, args.train_only, args.device), flush=True)
+            print(train(cfg, dataset, root, args.clusters, args.train_only, args.device, args.target), flush=True)
             continue
-        result = pilot(cfg, dataset, root, args.clusters, args.samples, args.device)
+        result = pilot(cfg, dataset, root, args.clusters, args.samples, args.device, args.target)
         record = {
             "label": args.label,
             "command": "python -m benchmarks.gmm_capacity_pilot " + " ".join(sys.argv[1:]),
@@ -338,6 +382,7 @@ def main() -> None:
             "steps": steps,
             "training": args.training,
             "samples": args.samples,
+            "target": args.target,
             "budget": dataclasses.asdict(budget_of(cfg)),
             "preset": cfg.expert.preset,
             "dataset": dataset.root.name,

@@ -202,6 +202,9 @@ def test_the_capacity_pilot_summary_is_over_trainings_and_its_change_is_per_doub
         summarise([*records, record(800, 0, 0.1, 0.1) | {"per_cluster": {"0": records[0]["per_cluster"]["0"]}}], "x")
     with pytest.raises(ValueError, match="in \\['samples'\\]"):
         summarise([*records, record(800, 0, 0.1, 0.1, samples=64)], "x")
+    with pytest.raises(ValueError, match="in \\['target'\\]"):  # a probe's networks never mix with the data's
+        summarise([*records, record(800, 0, 0.1, 0.1, target="exact")], "x")
+    assert list(summarise([*records, record(800, 0, 0.1, 0.1, target="data")], "x")) == [100, 200, 400, 800]
     with pytest.raises(ValueError, match="two different records of 400 steps, training 1"):
         summarise([*records, record(400, 1, 0.07, 0.2)], "x")
     assert summarise([*records, record(400, 1, 0.05, 0.20)], "x") == s  # the same scores twice: one record

@@ -1,0 +1,87 @@
+"""A capacity probe for the Gaussian mixture: a network trained on the exact velocity instead of the data.
+
+The FM loss regresses ``ε − x_0``, whose variance given ``x_t`` is the Bayes loss (about one per dimension at low
+noise), so a network's excess loss over Bayes falls only as fast as it averages that noise out: a gap between two
+networks at a finite budget can be learning speed, not room. Here the target is the exact velocity
+``v*(x_t, t, c)`` of the mixture, in closed form, on fresh draws of the mixture at every step: the loss *is* the
+excess loss (per dimension, on the training distribution), with no noise to average, and where it stops falling
+is what the network can hold (up to the optimiser). An expert is probed on its cluster's components, the monolith
+on all of them, each with its captions and the empty caption at the config's ``expert.caption_dropout`` (whose
+target is then the velocity of all the network's components), at the batch and steps of ``reproduce.budget``,
+with the experts' optimiser (:func:`hddm_flower.training.fit`) and weight initialisation: what
+``benchmarks.gmm_capacity_pilot --target exact`` trains instead of the data's networks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from benchmarks.ddpm_profile import caption_cond, draw_x0
+from hddm_flower.experts import Expert
+from hddm_flower.gmm.dataset import GMMReference
+from hddm_flower.gmm.exact import CaptionIndex
+from hddm_flower.models import TextCond
+from hddm_flower.training import fit
+
+
+class ExactTarget:
+    """``v*(x_t, t, c)`` of the mixture restricted to the components ``members`` (an expert: its cluster's; the
+    monolith: all), given the caption: the members whose caption it is, or every member for the empty caption (or
+    a caption no member has). On one cluster's members it is :class:`~hddm_flower.gmm.exact.ExactNet`'s velocity."""
+
+    def __init__(self, ref: GMMReference, members: Tensor):
+        self.ref = ref
+        self.members = torch.sort(torch.as_tensor(members, dtype=torch.long)).values
+        self.mixture = ref.mixture.subset(self.members)
+        self.captions = CaptionIndex(ref)
+
+    @torch.no_grad()
+    def __call__(self, x_t: Tensor, t: Tensor, cond: TextCond) -> Tensor:
+        from hddm_flower.text import pooled_caption
+
+        mask = self.captions.compatible(pooled_caption(cond.states.float(), cond.mask.float()))[:, self.members]
+        mask = mask | ~mask.any(-1, keepdim=True)
+        flat, t = x_t.reshape(x_t.shape[0], -1).double(), t.double()
+        # rows grouped by their components (a caption names one): the masked softmax over all members is the
+        # softmax over the mask's own, and per-row times make each call's cost (rows × components × d × rank)
+        out = torch.empty_like(flat)
+        patterns, which = torch.unique(mask, dim=0, return_inverse=True)
+        for i, pattern in enumerate(patterns):
+            rows = which == i
+            out[rows] = self.mixture.subset(pattern.nonzero().squeeze(1)).fm_velocity(flat[rows], t[rows])
+        return out.reshape(x_t.shape)
+
+    def batch(self, expert: Expert, n: int, caption_dropout: float, g: torch.Generator):
+        """``n`` fresh draws ``(x_t, t, cond, v*)`` (float32; v* computed in float64): x_0 from the members by their
+        weights with its component's caption (the empty caption with probability ``caption_dropout``), t as the
+        expert's training draws it, x_t on the FM path."""
+        C, S, _ = self.ref.shape
+        x0, comps = draw_x0(self.ref, self.members, n, g)
+        t = expert.training_times(n, g, x0)
+        eps = torch.randn(x0.shape, generator=g, dtype=torch.float64)
+        x_t = ((1 - t[:, None]) * x0 + t[:, None] * eps).reshape(n, C, S, S)
+        cond = caption_cond(self.ref, comps, n)
+        drop = torch.rand(n, generator=g) < caption_dropout
+        if drop.any():
+            u = caption_cond(self.ref, None, n)
+            cond = TextCond(
+                torch.where(drop[:, None, None], u.states, cond.states), torch.where(drop[:, None], u.mask, cond.mask)
+            )
+        return x_t.float(), t.float(), cond, self(x_t, t, cond).float()
+
+
+def train_on_exact(expert: Expert, target: ExactTarget, options, *, batch: int, steps: int, seed: int, name: str):
+    """Train ``expert`` for ``steps`` steps of ``batch`` fresh draws on ``target``'s exact velocity with
+    ``options`` (an ``expert`` config section: its optimiser, caption dropout and logging); returns the
+    :class:`~hddm_flower.training.TrainStats` (its ``final_loss``: the smoothed excess loss of the last steps)."""
+    expert.train()
+
+    def loss_fn(g: torch.Generator) -> Tensor:
+        x_t, t, cond, v = target.batch(expert, batch, options.caption_dropout, g)
+        return torch.mean((expert.velocity(x_t, t, cond) - v) ** 2)
+
+    stats, _ = fit(expert, loss_fn, options.optim, steps=steps, seed=seed, log_every=options.log_every, name=name)
+    expert.eval()
+    stats.images_seen = steps * batch
+    return stats
