@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import RESULTS, machine
-from benchmarks.gmm_exact_target import ExactTarget, train_on_exact
+from benchmarks.gmm_exact_target import train_network
 from benchmarks.gmm_ladder import TIMES, excess_loss
 from hddm_flower.budget import budget_of
 from hddm_flower.budget import expert_config as budget_expert_config
@@ -46,7 +46,7 @@ from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.gmm.dataset import load_reference
 from hddm_flower.gmm.truth import interval
 from hddm_flower.reproduce.training import tensor_sha256, train_monolith
-from hddm_flower.stages.expert import build_expert, train_one_expert
+from hddm_flower.stages.expert import train_one_expert
 from hddm_flower.stages.prepare import prepare_data
 from hddm_flower.training_seeds import training_config
 
@@ -70,7 +70,7 @@ def train(
         if not (folder / META).exists():
             t0 = time.perf_counter()
             if target == "exact":
-                state, model_config, meta = _train_on_exact(cfg, dataset, k)
+                state, model_config, meta = train_network(cfg, dataset, k)
             elif k is None:
                 state, model_config, meta = train_monolith(cfg, dataset)
             else:
@@ -88,29 +88,6 @@ def train(
             seconds[name], seconds["parameters"] = took["seconds"], took["parameters"]
             trained_on[name] = f"{took.get('device', 'device not recorded')}, torch {took.get('torch', 'not recorded')}"
     return seconds | ({"trained_on": trained_on} if trained_on else {})
-
-
-def _train_on_exact(cfg, dataset, k: int | None) -> tuple[dict, dict, dict]:
-    """Expert ``k`` (``None``: the monolith) trained on the exact velocity, with the weight initialisation, seed,
-    batch and steps ``hddm reproduce`` gives it under ``reproduce.budget``."""
-    ref = load_reference(dataset)
-    b = budget_of(cfg)
-    if k is None:
-        members, batch, steps, seed = torch.arange(len(ref.cluster_of)), b.monolith_batch, b.monolith_steps, 1000
-    else:
-        members, batch, steps, seed = (ref.cluster_of == k).nonzero().squeeze(1), b.expert_batch, b.expert_steps, k
-    torch.manual_seed(cfg.expert.seed + seed)  # weight init, as train_one_expert and train_monolith seed it
-    expert, model_config, meta = build_expert(cfg, dataset.meta, "fm", expert_id=0 if k is None else k)
-    name = "monolith [fm, exact target]" if k is None else f"expert {k} [fm, exact target]"
-    stats = train_on_exact(
-        expert, ExactTarget(ref, members), cfg.expert, batch=batch, steps=steps, seed=cfg.expert.seed + seed, name=name
-    )
-    meta |= {"expert_id": 0 if k is None else k, "cluster_id": "all" if k is None else k, "monolith": k is None}
-    meta |= {"target": "exact", "steps": steps, "batch_size": batch, "final_loss": stats.final_loss}
-    meta |= {"device_seconds": round(stats.device_seconds, 3), "seed": cfg.expert.seed + seed}
-    meta |= {"loss_curve": stats.loss_curve, "images_seen": stats.images_seen, "lr": cfg.expert.optim.lr}
-    state = {n: v.detach().cpu() for n, v in expert.net.transformer.state_dict().items()}
-    return state, model_config, meta
 
 
 def network_hashes(root: Path) -> dict[str, str]:

@@ -18,10 +18,12 @@ import torch
 from torch import Tensor
 
 from benchmarks.ddpm_profile import caption_cond, draw_x0
+from hddm_flower.budget import budget_of
 from hddm_flower.experts import Expert
-from hddm_flower.gmm.dataset import GMMReference
+from hddm_flower.gmm.dataset import GMMReference, load_reference
 from hddm_flower.gmm.exact import CaptionIndex
 from hddm_flower.models import TextCond
+from hddm_flower.stages.expert import build_expert
 from hddm_flower.training import fit
 
 
@@ -85,3 +87,28 @@ def train_on_exact(expert: Expert, target: ExactTarget, options, *, batch: int, 
     expert.eval()
     stats.images_seen = steps * batch
     return stats
+
+
+def train_network(cfg, dataset, k: int | None) -> tuple[dict, dict, dict]:
+    """Expert ``k`` (``None``: the monolith) of a ``data.name: gmm`` ``dataset`` trained on the exact velocity
+    (:func:`train_on_exact`), with the weight initialisation, seed, batch and steps ``hddm reproduce`` gives it
+    under ``reproduce.budget``; returns what :func:`~hddm_flower.stages.expert.train_one_expert` does (the
+    transformer's state dict, its diffusers config and the checkpoint metadata, which says ``target: exact``)."""
+    ref = load_reference(dataset)
+    b = budget_of(cfg)
+    if k is None:
+        members, batch, steps, seed = torch.arange(len(ref.cluster_of)), b.monolith_batch, b.monolith_steps, 1000
+    else:
+        members, batch, steps, seed = (ref.cluster_of == k).nonzero().squeeze(1), b.expert_batch, b.expert_steps, k
+    torch.manual_seed(cfg.expert.seed + seed)  # weight init, as train_one_expert and train_monolith seed it
+    expert, model_config, meta = build_expert(cfg, dataset.meta, "fm", expert_id=0 if k is None else k)
+    name = "monolith [fm, exact target]" if k is None else f"expert {k} [fm, exact target]"
+    stats = train_on_exact(
+        expert, ExactTarget(ref, members), cfg.expert, batch=batch, steps=steps, seed=cfg.expert.seed + seed, name=name
+    )
+    meta |= {"expert_id": 0 if k is None else k, "cluster_id": "all" if k is None else k, "monolith": k is None}
+    meta |= {"target": "exact", "steps": steps, "batch_size": batch, "final_loss": stats.final_loss}
+    meta |= {"device_seconds": round(stats.device_seconds, 3), "seed": cfg.expert.seed + seed}
+    meta |= {"loss_curve": stats.loss_curve, "images_seen": stats.images_seen, "lr": cfg.expert.optim.lr}
+    state = {n: v.detach().cpu() for n, v in expert.net.transformer.state_dict().items()}
+    return state, model_config, meta

@@ -1322,3 +1322,23 @@ def test_the_rank_and_width_comparisons_committed_are_the_records_summaries():
         for label in labels:
             assert committed["summaries"][label] == json.loads(json.dumps(summarise(kept, label))), (name, label)
     assert "--name rank" in (RESULTS / "gmm_capacity_pilot-rank.md").read_text()
+
+
+def test_pico_at_a_higher_rate_still_falls_on_both_sides_from_6400_to_51200_steps():
+    folded = doc_claims.passage(LEVEL_START, LEVEL_END)
+    (other,) = pilot_records("clu-r8-pico-lr3.2e-2", 6400)
+    (a,), (b,) = (pilot_records("clu-r8-pico-lr8e-3", s) for s in (6400, 51200))
+    for r, lr in ((a, "8e-3"), (b, "8e-3"), (other, "3.2e-2")):
+        assert r["set"] == f"data.gmm_covariance=cluster data.gmm_rank=8 expert.preset=pico expert.optim.lr={lr}"
+        assert r["training"] == 0 and r.get("target", "data") == "data"
+    m = {r["steps"]: r["mean_over_t_and_clusters"] for r in (a, b)}
+    o = other["mean_over_t_and_clusters"]
+    change = {w: 100 * ((m[51200][w] / m[6400][w]) ** (1 / 3) - 1) for w in ("expert", "monolith")}
+    assert all(c < -5 for c in change.values())  # still falling, on both sides
+    assert (
+        f"(label `clu-r8-pico-lr8e-3`, training 0; at 3.2×10⁻² and 6,400 steps {o['expert']:.3f} and "
+        f"{o['monolith']:.3f}), pico is {m[6400]['expert']:.3f} and {m[6400]['monolith']:.3f} at 6,400 steps and "
+        f"{m[51200]['expert']:.3f} and {m[51200]['monolith']:.3f} at 51,200 (expert and monolith; "
+        f"{num(m[6400]['monolith'] - m[6400]['expert'], 3)} and {num(m[51200]['monolith'] - m[51200]['expert'], 3)}), "
+        f"both still falling, by {-change['expert']:.0f} and {-change['monolith']:.0f} % per doubling" in folded
+    )
