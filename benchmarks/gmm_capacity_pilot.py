@@ -67,7 +67,10 @@ def train(
         if only and (only == "monolith") != (k is None):
             continue
         folder = root / name
-        if not (folder / META).exists():
+        if (folder / META).exists():  # reused: only if the same target trained it
+            if (found := json.loads((folder / META).read_text()).get("target", "data")) != target:
+                raise ValueError(f"{folder}: trained on the {found} target, not the {target} one: use another label")
+        else:
             t0 = time.perf_counter()
             if target == "exact":
                 state, model_config, meta = train_network(cfg, dataset, k)
@@ -217,10 +220,16 @@ def render_summary(summary: dict, label: str, source: str) -> str:
 
 
 def render_comparison(
-    summaries: dict[str, dict], sets: dict[str, str], name: str, source: str, steps: list[int] | None = None
+    summaries: dict[str, dict],
+    sets: dict[str, str],
+    name: str,
+    source: str,
+    steps: list[int] | None = None,
+    targets: dict[str, str] | None = None,
 ) -> str:
-    """Markdown: the labels of ``summaries`` (each a :func:`summarise`; ``sets``: each label's ``--set``) side by
-    side, one row per label and budget:
+    """Markdown: the labels of ``summaries`` (each a :func:`summarise`; ``sets``: each label's ``--set``;
+    ``targets``: each label's target, named beside a label of the exact one) side by side, one row per label and
+    budget:
     the mean over t and the values at t = 0.1 and 0.7, each a mean over the trainings present (± when more than one),
     the difference paired by training."""
 
@@ -247,8 +256,9 @@ def render_comparison(
     for label, summary in summaries.items():
         for steps, row in summary.items():
             x, lo, hi = row["mean_over_t"], row["t=0.1"], row["t=0.7"]
+            exact = " (exact target)" if (targets or {}).get(label) == "exact" else ""
             lines.append(
-                f"| {label} | `{sets[label]}` | {steps:,} | {len(row['trainings'])} | {c(x['expert'])} "
+                f"| {label}{exact} | `{sets[label]}` | {steps:,} | {len(row['trainings'])} | {c(x['expert'])} "
                 f"| {c(x['monolith'])} | {c(x['gap'], '+.3f')} | {c(lo['expert'])} / {c(lo['monolith'])} "
                 f"| {c(hi['expert'])} / {c(hi['monolith'])} |"
             )
@@ -313,10 +323,13 @@ def main() -> None:
             summaries = {label: summarise(records, label) for label in args.label}
             if empty := [label for label, s in summaries.items() if not s]:
                 p.error(f"--label {' '.join(empty)}: no record of {args.summarise} has this label")
-            # one --set per label (summarise refuses a label whose records differ in it)
-            sets = {label: next(r.get("set", "") for r in records if r["label"] == label) for label in args.label}
-            md = render_comparison(summaries, sets, args.name, args.summarise, args.steps)
+            # one --set per label (summarise refuses a label whose records differ in it, or in the target)
+            first = {label: next(r for r in records if r["label"] == label) for label in args.label}
+            sets = {label: r.get("set", "") for label, r in first.items()}
+            targets = {label: r.get("target", "data") for label, r in first.items()}
+            md = render_comparison(summaries, sets, args.name, args.summarise, args.steps, targets)
             out = {"labels": args.label, "sets": sets, "records": args.summarise, "steps": args.steps}
+            out |= {"targets": targets} if "exact" in targets.values() else {}
             out["summaries"] = summaries
             (RESULTS / f"gmm_capacity_pilot-{args.name}.json").write_text(json.dumps(out, indent=1))
             (RESULTS / f"gmm_capacity_pilot-{args.name}.md").write_text(md)

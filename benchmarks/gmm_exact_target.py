@@ -1,15 +1,17 @@
 """A capacity probe for the Gaussian mixture: a network trained on the exact velocity instead of the data.
 
 The FM loss regresses ``ε − x_0``, whose variance given ``x_t`` is the Bayes loss (about one per dimension at low
-noise), so a network's excess loss over Bayes falls only as fast as it averages that noise out: a gap between two
-networks at a finite budget can be learning speed, not room. Here the target is the exact velocity
-``v*(x_t, t, c)`` of the mixture, in closed form, on fresh draws of the mixture at every step: the loss *is* the
-excess loss (per dimension, on the training distribution), with no noise to average, and where it stops falling
-is what the network can hold (up to the optimiser). An expert is probed on its cluster's components, the monolith
-on all of them, each with its captions and the empty caption at the config's ``expert.caption_dropout`` (whose
-target is then the velocity of all the network's components), at the batch and steps of ``reproduce.budget``,
-with the experts' optimiser (:func:`hddm_flower.training.fit`) and weight initialisation: what
-``benchmarks.gmm_capacity_pilot --target exact`` trains instead of the data's networks.
+noise), on a finite training split, so a network's excess loss over Bayes falls only as fast as it averages that
+noise out, and can fit the split's draws rather than the density: a gap between two networks at a finite budget
+can be either of these. Here the target is the exact velocity ``v*(x_t, t, c)`` of the mixture, in closed form,
+on fresh draws of the mixture at every step: the loss *is* the excess loss (per dimension, on the training
+distribution; each batch's draws still vary, its target no longer does), and no draw is seen twice. An expert is
+probed on its cluster's components, the monolith on all of them, each with its captions and, at the config's
+``expert.caption_dropout``, the empty caption (as the reference stores it, float16-rounded, within 1e-3 of the
+dataset's; its target is then the velocity of all the network's components), at the batch and steps of
+``reproduce.budget``, with the experts' weight initialisation and optimiser (:func:`hddm_flower.training.fit`:
+AdamW, warm-up, schedule, clipping); EMA, gradient accumulation and mixed precision are refused, resuming is not
+offered. What ``benchmarks.gmm_capacity_pilot --target exact`` trains instead of the data's networks.
 """
 
 from __future__ import annotations
@@ -75,8 +77,16 @@ class ExactTarget:
 
 def train_on_exact(expert: Expert, target: ExactTarget, options, *, batch: int, steps: int, seed: int, name: str):
     """Train ``expert`` for ``steps`` steps of ``batch`` fresh draws on ``target``'s exact velocity with
-    ``options`` (an ``expert`` config section: its optimiser, caption dropout and logging); returns the
+    ``options`` (an ``expert`` config section: its optimiser, caption dropout and logging; EMA, accumulation and
+    mixed precision are refused, one-line ValueError); returns the
     :class:`~hddm_flower.training.TrainStats` (its ``final_loss``: the smoothed excess loss of the last steps)."""
+    unsupported = {
+        "ema_decay": options.ema_decay,
+        "grad_accumulation": options.grad_accumulation != 1 and options.grad_accumulation,
+        "mixed_precision": options.mixed_precision != "no" and options.mixed_precision,
+    }
+    if bad := [f"expert.{k}={v}" for k, v in unsupported.items() if v]:
+        raise ValueError(f"the exact-target probe trains without {', '.join(bad)}: set them to their defaults")
     expert.train()
 
     def loss_fn(g: torch.Generator) -> Tensor:
@@ -109,6 +119,7 @@ def train_network(cfg, dataset, k: int | None) -> tuple[dict, dict, dict]:
     meta |= {"expert_id": 0 if k is None else k, "cluster_id": "all" if k is None else k, "monolith": k is None}
     meta |= {"target": "exact", "steps": steps, "batch_size": batch, "final_loss": stats.final_loss}
     meta |= {"device_seconds": round(stats.device_seconds, 3), "seed": cfg.expert.seed + seed}
+    meta |= {"caption_dropout": cfg.expert.caption_dropout, "members": len(members)}
     meta |= {"loss_curve": stats.loss_curve, "images_seen": stats.images_seen, "lr": cfg.expert.optim.lr}
     state = {n: v.detach().cpu() for n, v in expert.net.transformer.state_dict().items()}
     return state, model_config, meta

@@ -231,6 +231,9 @@ def test_the_capacity_pilots_comparison_puts_labels_side_by_side_each_over_its_o
         f"| a | `x=1` | 6,400 | 2 | 0.080 ± {h * 0.02:.3f} | 0.170 ± {h * 0.04:.3f} | +0.090 ± {h * 0.02:.3f} |" in md
     )
     assert "| b | `x=2` | 6,400 | 1 | 0.040 | 0.130 | +0.090 | 0.040 / 0.130 | 0.040 / 0.130 |" in md
+    # a label trained on the exact velocity says so beside its name
+    marked = render_comparison(summaries, {"a": "x=1", "b": "x=2"}, "sweep", "R", None, {"a": "exact", "b": "data"})
+    assert "| a (exact target) | `x=1` |" in marked and "| b | `x=2` |" in marked
 
 
 def test_the_capacity_pilots_independent_trainings_are_those_of_hddm_reproduce():

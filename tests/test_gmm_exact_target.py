@@ -136,3 +136,109 @@ def test_a_network_trained_on_the_exact_target_comes_closer_to_it(gmm, tiny_conf
     stats = train_on_exact(expert, target, options, batch=32, steps=60, seed=0, name="test")
     assert stats.images_seen == 60 * 32 and not expert.training
     assert excess() < 0.2 * before  # (1.34 → 0.11 when written)
+
+
+class _Fixed:
+    """An adapter whose training draws every t at ``t``."""
+
+    def __init__(self, t: float):
+        self.t = t
+
+    def training_times(self, n, generator, like):
+        return torch.full((n,), self.t, dtype=like.dtype)
+
+
+def test_a_batch_puts_its_members_draws_at_t_0_and_pure_noise_at_t_1_with_the_experts_own_times(gmm):
+    # x_t = (1 − t)·x0 + t·ε at the times the adapter draws: at t = 0 the members' own draws (each in the component
+    # its caption names), at t = 1 standard normal noise whatever the data
+    ref, _ = gmm
+    members = (ref.cluster_of == 1).nonzero().squeeze(1)
+    target = ExactTarget(ref, members)
+    x_t, t, cond, _ = target.batch(_Fixed(0.0), 2000, 0.0, torch.Generator().manual_seed(5))
+    assert bool((t == 0).all())
+    named = CaptionIndex(ref)(cond)
+    nearest = ref.mixture.component_of(x_t.double().reshape(len(x_t), -1))
+    assert set(named.tolist()) == set(members.tolist())
+    # (the tiny mixture's components overlap: 0.71 of the draws are nearest their own and 0.97 in the cluster; pure
+    # noise gives 0.03 and 0.09, draws of every component 0.26 and 0.44)
+    assert float((nearest == named).float().mean()) > 0.6 and float(torch.isin(nearest, members).float().mean()) > 0.9
+    x_t, t, _, v = target.batch(_Fixed(1.0), 4000, 0.0, torch.Generator().manual_seed(6))
+    flat = x_t.double().reshape(len(x_t), -1)
+    assert bool((t == 1).all()) and float(flat.mean(0).abs().max()) < 0.1 and abs(float(flat.var(0).mean()) - 1) < 0.05
+
+
+def test_the_probes_networks_start_where_the_datas_do_at_their_budget_with_their_seeds(gmm, tiny_config, monkeypatch):
+    """train_network against train_one_expert and train_monolith (equal steps, training 1): the same initial weights,
+    seed, batch and steps for each expert and the monolith; only what they regress differs."""
+    import benchmarks.gmm_exact_target as probe
+    import hddm_flower.reproduce.training as monolith_path
+    import hddm_flower.stages.expert as expert_path
+    from hddm_flower.budget import budget_of
+    from hddm_flower.budget import expert_config as budget_expert_config
+    from hddm_flower.config.io import config_from_dict
+    from hddm_flower.training import TrainStats
+    from hddm_flower.training_seeds import training_config
+
+    ref, dataset = gmm
+    d = tiny_config.to_dict()
+    d |= {"num_experts": 3, "objectives": {"ddpm": 0, "fm": 3}}
+    d["expert"] |= {"steps": 5, "batch_size": 12}
+    d["reproduce"] |= {"budget": "equal_steps"}
+    cfg = training_config(config_from_dict(d, "test"), 1)
+    seen = {}
+
+    def capture(kind):
+        def fake(expert, *args, **kw):
+            first = {n: v.clone() for n, v in expert.net.transformer.state_dict().items()}
+            if kind == "probe":
+                target = args[0]
+                seen[kind] = (first, kw["seed"], kw["batch"], kw["steps"], target.members.tolist())
+            else:
+                o = args[2]
+                seen[kind] = (first, kw["seed"], o.batch_size, o.steps)
+            return TrainStats()
+
+        return fake
+
+    monkeypatch.setattr(probe, "train_on_exact", capture("probe"))
+    monkeypatch.setattr(expert_path, "train_expert", capture("data"))
+    monkeypatch.setattr(monolith_path, "train_expert", capture("data"))
+    b = budget_of(cfg)
+    for k in (None, 0, 2):
+        _, _, meta = probe.train_network(cfg, dataset, k)
+        if k is None:
+            monolith_path.train_monolith(cfg, dataset)
+            members, batch, steps = list(range(len(ref.cluster_of))), b.monolith_batch, b.monolith_steps
+        else:
+            expert_path.train_one_expert(budget_expert_config(cfg), dataset, k, "fm")
+            members = (ref.cluster_of == k).nonzero().squeeze(1).tolist()
+            batch, steps = b.expert_batch, b.expert_steps
+        weights, seed, *rest = seen["probe"]
+        data_weights, data_seed, *data_rest = seen["data"]
+        assert rest == [batch, steps, members] and data_rest == [batch, steps], k
+        assert seed == data_seed and all(torch.equal(weights[n], data_weights[n]) for n in data_weights), k
+        assert meta["target"] == "exact" and meta["batch_size"] == batch and meta["steps"] == steps
+    assert (b.expert_batch, b.monolith_batch, b.expert_steps, b.monolith_steps) == (4, 12, 5, 5)
+
+
+def test_the_probe_refuses_what_it_does_not_train_with(gmm, tiny_config):
+    ref, _ = gmm
+    target = ExactTarget(ref, (ref.cluster_of == 0).nonzero().squeeze(1))
+    for change, what in (({"ema_decay": 0.99}, "ema_decay"), ({"mixed_precision": "bf16"}, "mixed_precision")):
+        options = dataclasses.replace(tiny_config.expert, **change)
+        with pytest.raises(ValueError, match=f"expert.{what}="):
+            train_on_exact(None, target, options, batch=2, steps=1, seed=0, name="x")
+
+
+def test_the_pilot_reuses_a_network_only_for_the_target_that_trained_it(tmp_path, tiny_config):
+    import json
+
+    from benchmarks.gmm_capacity_pilot import train
+    from hddm_flower.checkpoints import META
+
+    for found, asked in (("exact", "data"), (None, "exact")):
+        root = tmp_path / str(found)
+        (root / "monolith").mkdir(parents=True)
+        (root / "monolith" / META).write_text(json.dumps({} if found is None else {"target": found}))
+        with pytest.raises(ValueError, match=f"trained on the {found or 'data'} target, not the {asked} one"):
+            train(tiny_config, None, root, [], only="monolith", target=asked)
