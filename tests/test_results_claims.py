@@ -1324,6 +1324,117 @@ def test_the_rank_and_width_comparisons_committed_are_the_records_summaries():
     assert "--name rank" in (RESULTS / "gmm_capacity_pilot-rank.md").read_text()
 
 
+PROBE_START = "**Not the target's noise: the exact-velocity probe.**"
+PROBE_END = "so at these budgets the probe cannot tell those"
+PROBE = "exact-clu-r8-nano"  # the probe's label; its networks are clu-r8-nano's, trained on the exact velocity
+PROBE_STEPS = (6400, 12800)
+
+
+def probe_pairs(steps: int) -> tuple[list[dict], list[dict]]:
+    """The probe's records at ``steps`` and the data pilot's records of the same trainings, in training order."""
+    probe = pilot_records(PROBE, steps)
+    data = {r.get("training", 0): r for r in pilot_records("clu-r8-nano", steps)}
+    return probe, [data[r["training"]] for r in probe]
+
+
+def over_t(r: dict, who: str) -> float:
+    return r["mean_over_t_and_clusters"][who]
+
+
+def test_the_probe_trains_the_data_pilots_networks_on_the_exact_velocity_three_times_at_each_budget():
+    records = load("gmm_capacity_pilot.json")["records"]
+    probe = [r for r in records if r["label"] == PROBE]
+    data = [r for r in records if r["label"] == "clu-r8-nano"]
+    assert {r["target"] for r in probe} == {"exact"} and {r.get("target", "data") for r in data} == {"data"}
+
+    def shape(r):
+        return r["config"], r["set"], r["preset"], r.get("samples", 256), tuple(sorted(r["per_cluster"]))
+
+    assert {shape(r) for r in probe} == {shape(r) for r in data}  # the same mixture, networks, clusters and draws
+    assert sorted((r["steps"], r["training"]) for r in probe) == [(s, i) for s in PROBE_STEPS for i in range(3)]
+    assert all(r["date"].startswith("2026-12-06") and "AVX-512" in r["machine"] for r in probe)
+    for steps in PROBE_STEPS:  # the budget of each side, as hddm reproduce gives it
+        p, d = probe_pairs(steps)
+        assert all(a["budget"] == b["budget"] for a, b in zip(p, d, strict=True))
+    assert "--target exact" in probe[0]["command"] and f"--label {PROBE}" in probe[0]["command"]
+
+
+def test_the_probes_table_is_its_records_paired_by_training_with_the_datas():
+    text = doc_claims.raw_passage(PROBE_START, PROBE_END)
+    header, *rows = doc_claims.md_table(text, "| steps | trainings |")
+    assert [r[0] for r in rows] == [f"{s:,}" for s in PROBE_STEPS]
+    for row, steps in zip(rows, PROBE_STEPS, strict=True):
+        p, d = probe_pairs(steps)
+        cells = [f"{steps:,}", str(len(p))]
+        for who in ("expert", "monolith"):
+            exact, data = [over_t(r, who) for r in p], [over_t(r, who) for r in d]
+            diff = interval([a - b for a, b in zip(exact, data, strict=True)])
+            cells += [level(interval(exact)), level(interval(data)), sign_word(diff, doc_claims.iv(diff, 3))]
+        for rs in (p, d):
+            cells.append(doc_claims.iv(interval([over_t(r, "monolith") - over_t(r, "expert") for r in rs]), 3))
+        assert row == cells, steps
+
+
+def sign_word(x: dict, written: str) -> str:
+    return f"**{written}**" if doc_claims.resolved(x) else written
+
+
+def test_without_the_noise_the_experts_come_closer_the_monolith_does_not_and_it_still_falls():
+    text = doc_claims.passage(PROBE_START, PROBE_END)
+    closer, growth = {}, {}
+    for steps in PROBE_STEPS:
+        p, d = probe_pairs(steps)
+        for who in ("expert", "monolith"):
+            closer[steps, who] = interval([100 * (1 - over_t(a, who) / over_t(b, who)) for a, b in zip(p, d)])
+        growth[steps] = interval(
+            [
+                (over_t(a, "monolith") - over_t(a, "expert")) - (over_t(b, "monolith") - over_t(b, "expert"))
+                for a, b in zip(p, d)
+            ]
+        )
+        e, m = closer[steps, "expert"], closer[steps, "monolith"]
+        assert doc_claims.resolved(e) and e["mean"] > 0 and not doc_claims.resolved(m)  # "(ties)"
+    assert doc_claims.resolved(growth[6400]) and growth[6400]["mean"] > 0 and not doc_claims.resolved(growth[12800])
+    assert (
+        f"the experts come {pct(closer[6400, 'expert'])} and {pct(closer[12800, 'expert'])} % closer to the exact "
+        f"velocity at 6,400 and 12,800 steps, the monolith {pct(closer[6400, 'monolith'])} and "
+        f"{pct(closer[12800, 'monolith'])} % (ties), and the gap grows by {doc_claims.iv(growth[6400], 3)} at 6,400 "
+        f"steps and by {doc_claims.iv(growth[12800], 3)} (a tie) at 12,800" in text
+    )
+    p, d = probe_pairs(12800)
+
+    def at(rs, who, t):  # at TIMES[t], mean over the record's clusters, over the trainings
+        return level(interval([sum(v[who][t] for v in r["per_cluster"].values()) / len(r["per_cluster"]) for r in rs]))
+
+    assert (
+        f"the monolith is at {at(p, 'monolith', 1)} on the exact target against {at(d, 'monolith', 1)} on the data at "
+        f"12,800 steps, its experts at {at(p, 'expert', 1)} against {at(d, 'expert', 1)}" in text
+    )
+
+    def change(label, who):  # per doubling from 6,400 to 12,800 steps, paired by training (trainings 0-2)
+        a, b = ({r.get("training", 0): r for r in pilot_records(label, s)} for s in PROBE_STEPS)
+        return pct(interval([100 * (over_t(b[k], who) / over_t(a[k], who) - 1) for k in (0, 1, 2)]))
+
+    assert (
+        f"still changes by {change(PROBE, 'monolith')} % per doubling from 6,400 to 12,800 steps (the experts' by "
+        f"{change(PROBE, 'expert')} %; on the data {change('clu-r8-nano', 'monolith')} and "
+        f"{change('clu-r8-nano', 'expert')} %)" in text
+    )
+
+
+def test_the_probes_summaries_committed_are_its_records():
+    from benchmarks.gmm_capacity_pilot import summarise
+
+    records = load("gmm_capacity_pilot.json")["records"]
+    mine = load(f"gmm_capacity_pilot-{PROBE}.json")
+    assert mine["label"] == PROBE and mine["summary"] == json.loads(json.dumps(summarise(records, PROBE)))
+    both = load("gmm_capacity_pilot-exact-target.json")
+    assert both["labels"] == ["clu-r8-nano", PROBE] and both["targets"] == {"clu-r8-nano": "data", PROBE: "exact"}
+    kept = [r for r in records if r["steps"] in PROBE_STEPS]
+    for label in both["labels"]:
+        assert both["summaries"][label] == json.loads(json.dumps(summarise(kept, label)))
+
+
 def test_pico_at_a_higher_rate_halves_its_gap_at_6400_steps_and_is_lower_on_both_sides_at_51200():
     folded = doc_claims.passage(LEVEL_START, LEVEL_END)
     (other,) = pilot_records("clu-r8-pico-lr3.2e-2", 6400)
