@@ -26,7 +26,8 @@ from hddm_flower.gmm.dataset import GMMReference, load_reference
 from hddm_flower.gmm.exact import CaptionIndex
 from hddm_flower.models import TextCond
 from hddm_flower.stages.expert import build_expert
-from hddm_flower.training import fit
+from hddm_flower.text import pooled_caption
+from hddm_flower.training import drop_captions, fit
 
 
 class ExactTarget:
@@ -42,8 +43,6 @@ class ExactTarget:
 
     @torch.no_grad()
     def __call__(self, x_t: Tensor, t: Tensor, cond: TextCond) -> Tensor:
-        from hddm_flower.text import pooled_caption
-
         mask = self.captions.compatible(pooled_caption(cond.states.float(), cond.mask.float()))[:, self.members]
         mask = mask | ~mask.any(-1, keepdim=True)
         flat, t = x_t.reshape(x_t.shape[0], -1).double(), t.double()
@@ -65,13 +64,7 @@ class ExactTarget:
         t = expert.training_times(n, g, x0)
         eps = torch.randn(x0.shape, generator=g, dtype=torch.float64)
         x_t = ((1 - t[:, None]) * x0 + t[:, None] * eps).reshape(n, C, S, S)
-        cond = caption_cond(self.ref, comps, n)
-        drop = torch.rand(n, generator=g) < caption_dropout
-        if drop.any():
-            u = caption_cond(self.ref, None, n)
-            cond = TextCond(
-                torch.where(drop[:, None, None], u.states, cond.states), torch.where(drop[:, None], u.mask, cond.mask)
-            )
+        cond = drop_captions(caption_cond(self.ref, comps, n), self.ref.uncond, caption_dropout, g)  # as training does
         return x_t.float(), t.float(), cond, self(x_t, t, cond).float()
 
 

@@ -54,7 +54,7 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _drop_captions(cond: TextCond, uncond: TextCond, p: float, generator: torch.Generator) -> TextCond:
+def drop_captions(cond: TextCond, uncond: TextCond, p: float, generator: torch.Generator) -> TextCond:
     """Replace each row's caption by the empty caption with probability p (classifier-free guidance training)."""
     drop = torch.rand(len(cond.mask), generator=generator) < p
     if not drop.any():
@@ -243,7 +243,7 @@ def train_expert(
         idx = torch.randint(0, len(data), (batch_size,), generator=g)
         x0, cond = data.batch(idx)
         cond = TextCond(cond.states.to(device), cond.mask.to(device))
-        return expert.training_loss(x0.to(device), _drop_captions(cond, uncond, caption_dropout, g), generator=g)
+        return expert.training_loss(x0.to(device), drop_captions(cond, uncond, caption_dropout, g), generator=g)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
