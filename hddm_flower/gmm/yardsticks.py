@@ -65,3 +65,25 @@ def mean_only_levels(mixture: GaussianMixture, members: Tensor, times: Sequence[
         name: [sum(float(wi) * covariance_excess(cov[j], used, t) for wi, j in zip(w, members.tolist())) for t in times]
         for name, used in mean_only_covariances(mixture).items()
     }
+
+
+def affine_floor(
+    mixture: GaussianMixture, fitted_on: Tensor, evaluated_on: Tensor, times: Sequence[float]
+) -> list[float]:
+    """Per t of ``times``: the excess loss per dimension, on the components ``evaluated_on`` (weighted as the mixture
+    weighs them within them), of the best velocity over the components ``fitted_on`` (weighted alike) among those
+    affine in x with one gain for every caption and a shift of each caption's own (a caption naming one component).
+
+    For a gain A the best shift of component j is ``E[v* − A x | j]``, which leaves ``tr((A − M_j) S_j (A − M_j)ᵀ)``;
+    its minimum over A solves ``Σ_j π_j (A − M_j) S_j = 0``, and since ``M_j S_j = s·I − a·Σ_j`` that is
+    ``A = (s·I − a·Σ̄)(a²Σ̄ + s²I)⁻¹ = M_Σ̄`` with Σ̄ the ``fitted_on`` components' weighted covariance: the
+    ``pooled`` level of those components. ``fitted_on`` = all components is what one network for every caption
+    reaches at best in this class; ``fitted_on`` = ``evaluated_on`` = one cluster's, what that cluster's expert does."""
+    cov = mixture.covariance()
+    fitted_on, evaluated_on = torch.as_tensor(fitted_on), torch.as_tensor(evaluated_on)
+    wf = mixture.weights[fitted_on] / mixture.weights[fitted_on].sum()
+    pooled = torch.einsum("j,jde->de", wf, cov[fitted_on])
+    we = mixture.weights[evaluated_on] / mixture.weights[evaluated_on].sum()
+    return [
+        sum(float(w) * covariance_excess(cov[j], pooled, t) for w, j in zip(we, evaluated_on.tolist())) for t in times
+    ]

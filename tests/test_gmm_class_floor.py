@@ -1,0 +1,156 @@
+"""Capacity at convergence of a class with a known optimum (hddm_flower.gmm.yardsticks.affine_floor and
+benchmarks/gmm_class_floor.py): the affine floor against the normal equations solved by hand and against the mean-only
+pooled level, in float64 over a grid of t with both endpoints; the least-squares fit recovers it from draws; the
+summary's arithmetic."""
+
+import pytest
+import torch
+
+from hddm_flower.gmm.mixture import GaussianMixture
+from hddm_flower.gmm.yardsticks import affine_floor, covariance_excess, mean_only_levels, velocity_gain
+
+TIMES = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
+f64 = torch.float64
+
+
+def _mixture(j: int = 5, d: int = 4, seed: int = 0) -> GaussianMixture:
+    g = torch.Generator().manual_seed(seed)
+    return GaussianMixture(
+        torch.softmax(torch.randn(j, generator=g, dtype=f64), 0),
+        torch.randn(j, d, generator=g, dtype=f64),
+        torch.randn(j, d, 2, generator=g, dtype=f64),
+        0.05 + torch.rand(j, d, generator=g, dtype=f64),
+    )
+
+
+@pytest.mark.parametrize("t", TIMES)
+def test_the_affine_floor_is_the_minimum_of_the_shared_gain_objective_solved_by_hand(t):
+    # Σ_j π_j tr((A − M_j) S_j (A − M_j)ᵀ) is minimised by A = (Σ π_j M_j S_j)(Σ π_j S_j)⁻¹ (the normal equations,
+    # no commuting assumed); its value there, per dimension and weighted over the evaluated components, is the floor
+    m, fitted, evaluated = _mixture(), torch.tensor([0, 1, 3, 4]), torch.tensor([1, 3])
+    cov, d, a, s = m.covariance(), m.dim, 1 - t, t
+    S = {j: a * a * cov[j] + s * s * torch.eye(d, dtype=f64) for j in range(5)}
+    M = {j: velocity_gain(cov[j], t) for j in range(5)}
+    w = m.weights[fitted] / m.weights[fitted].sum()
+    num = sum(float(wj) * M[j] @ S[j] for wj, j in zip(w, fitted.tolist()))
+    den = sum(float(wj) * S[j] for wj, j in zip(w, fitted.tolist()))
+    A = torch.linalg.solve(den.T, num.T).T
+    we = m.weights[evaluated] / m.weights[evaluated].sum()
+
+    def objective(B):
+        return sum(
+            float(wj) * float(torch.trace((B - M[j]) @ S[j] @ (B - M[j]).T)) / d
+            for wj, j in zip(we, evaluated.tolist())
+        )
+
+    floor = affine_floor(m, fitted, evaluated, (t,))[0]
+    assert floor == pytest.approx(objective(A), rel=1e-10, abs=1e-14)
+    if t in (0.0, 1.0):  # M = −I and I for every covariance: the class is exact
+        assert abs(floor) < 1e-20
+    else:
+        assert floor > 1e-4
+
+        # and A is the minimiser over fitted: no direction lowers the fitted components' objective
+        def fit_obj(B):
+            return sum(
+                float(wj) * float(torch.trace((B - M[j]) @ S[j] @ (B - M[j]).T)) for wj, j in zip(w, fitted.tolist())
+            )
+
+        D = torch.randn(d, d, generator=torch.Generator().manual_seed(1), dtype=f64)
+        assert min(fit_obj(A + e * D) for e in (-1e-3, 1e-3)) > fit_obj(A)
+
+
+def test_the_affine_floor_over_all_components_is_the_pooled_level_and_one_covariance_has_none():
+    m = _mixture()
+    every, members = torch.arange(5), torch.tensor([0, 2])
+    pooled = mean_only_levels(m, members, TIMES)["pooled"]
+    assert affine_floor(m, every, members, TIMES) == pytest.approx(pooled, rel=1e-12, abs=1e-20)
+    cov = m.covariance()
+    own = [covariance_excess(cov[0], cov[0], t) for t in TIMES]  # one component fitted on itself: exact
+    assert (
+        max(abs(x) for x in affine_floor(m, torch.tensor([0]), torch.tensor([0]), TIMES)) < 1e-12 and max(own) < 1e-12
+    )
+    same = GaussianMixture(m.weights, m.means, m.factors[:1].expand(5, -1, -1), m.diag[:1].expand(5, -1))
+    assert max(abs(x) for x in affine_floor(same, every, members, TIMES)) < 1e-12
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    from hddm_flower.data import Dataset
+    from hddm_flower.gmm.dataset import GMMSpec, load_reference, prepare_gmm
+
+    spec = GMMSpec(3, 2, image_size=4, channels=1, rank=2, num_samples=90, covariance="cluster")
+    return load_reference(Dataset.open(prepare_gmm(tmp_path_factory.mktemp("floor"), spec, max_caption_tokens=8)))
+
+
+@pytest.mark.parametrize("t", (0.1, 0.5, 0.9))
+def test_the_fit_without_features_recovers_the_closed_form_floor_and_gain(ref, t):
+    from benchmarks.gmm_class_floor import fit
+
+    every, members = torch.arange(6), (ref.cluster_of == 1).nonzero().squeeze(1)
+    for fitted_on in (every, members):
+        net, in_sample = fit(ref, fitted_on, t, 0, seed=3, draws_per_feature=400)
+        d = ref.mixture.dim
+        A = net.W[:d].T  # the readout of x is the shared gain
+        pooled = torch.einsum(
+            "j,jde->de",
+            ref.mixture.weights[fitted_on] / ref.mixture.weights[fitted_on].sum(),
+            ref.mixture.covariance()[fitted_on],
+        )
+        closed = affine_floor(ref.mixture, fitted_on, fitted_on, (t,))[0]
+        # the fitted gain's own cost over the optimum, tr(ΔA S̄ ΔAᵀ)/d with S̄ the draws' average x covariance about
+        # each caption's mean: a few per cent of the floor (a gain is poorly determined only where x barely varies)
+        delta = A - velocity_gain(pooled, t)
+        S = (1 - t) ** 2 * pooled + t * t * torch.eye(d, dtype=f64)
+        assert float(torch.trace(delta @ S @ delta.T)) / d < 0.05 * closed
+        assert in_sample == pytest.approx(closed, rel=0.1)
+        # scored on fresh draws of one cluster: the closed form for that cluster
+        g = torch.Generator().manual_seed(11)
+        from benchmarks.ddpm_profile import draw_x0
+        from benchmarks.gmm_class_floor import component_velocity
+
+        x0, comps = draw_x0(ref, members, 20_000, g)
+        x = (1 - t) * x0 + t * torch.randn(x0.shape, generator=g, dtype=f64)
+        held = float(((net(x, comps) - component_velocity(ref, t, members)(x, comps)) ** 2).mean())
+        assert held == pytest.approx(affine_floor(ref.mixture, fitted_on, members, (t,))[0], rel=0.1)
+
+
+def test_random_features_lower_the_monoliths_floor_and_a_foreign_caption_is_refused(ref):
+    from benchmarks.gmm_class_floor import fit
+
+    every, members = torch.arange(6), (ref.cluster_of == 0).nonzero().squeeze(1)
+    _, none = fit(ref, every, 0.3, 0, seed=5, draws_per_feature=64)
+    _, some = fit(ref, every, 0.3, 64, seed=5, draws_per_feature=64)
+    assert some < 0.8 * none  # the features hold what one shared gain cannot
+    net, _ = fit(ref, members, 0.3, 8, seed=5, draws_per_feature=16)
+    with pytest.raises(ValueError, match="not fitted on"):
+        net(torch.zeros(1, ref.mixture.dim, dtype=f64), torch.tensor([5]))
+
+
+def _record(n, training, expert, monolith):
+    cl = {
+        "0": {"expert": [expert] * 5, "monolith": [monolith] * 5},
+        "1": {"expert": [expert] * 5, "monolith": [monolith + 0.2] * 5},
+    }
+    return {"features": n, "training": training, "per_cluster": cl}
+
+
+def test_the_summary_is_over_trainings_and_pairs_the_monolith_at_8n_with_the_experts_at_n():
+    from benchmarks.gmm_class_floor import render, summarise
+
+    records = [_record(8, i, 0.1 + 0.01 * i, 0.3 + 0.01 * i) for i in range(3)]
+    records += [_record(64, i, 0.05, 0.1 + 0.02 * i) for i in range(3)]
+    entry = {
+        "name": "x",
+        "clusters": [0, 1],
+        "records": records,
+        "meta": dict.fromkeys(("command", "machine", "commit", "date"), "?"),
+    }
+    rows = summarise(entry)["rows"]
+    assert rows["8"]["expert"]["mean"] == pytest.approx(0.11) and rows["8"]["expert"]["n"] == 3
+    assert rows["8"]["gap"]["mean"] == pytest.approx(0.3) and rows["8"]["gap"]["half"] == pytest.approx(0, abs=1e-12)
+    assert rows["8"]["monolith"]["mean"] == pytest.approx(0.41)
+    # the monolith at 64 against the experts at 8, training by training: 0.2 + 0.02i − (0.1 + 0.01i)
+    assert rows["8"]["monolith_8n_minus_expert"]["mean"] == pytest.approx(0.11)
+    assert "monolith_8n_minus_expert" not in rows["64"] and rows["8"]["clusters_monolith_worse"] == [2, 2, 2]
+    assert "| 8 | 3 |" in render(entry, summarise(entry))
