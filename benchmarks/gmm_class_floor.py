@@ -207,7 +207,7 @@ def summarise(entry: dict) -> dict:
         row["clusters_monolith_worse"] = [
             sum(_mean(c["monolith"]) > _mean(c["expert"]) for c in runs[i]["per_cluster"].values()) for i in trainings
         ]
-        if 8 * n in by_n and set(trainings) <= set(by_n[8 * n]):
+        if n and 8 * n in by_n and set(trainings) <= set(by_n[8 * n]):
             big = by_n[8 * n]
             row["monolith_8n_minus_expert"] = interval(
                 [side(big[i], "monolith") - side(runs[i], "expert") for i in trainings]
@@ -219,8 +219,8 @@ def summarise(entry: dict) -> dict:
     return {"name": entry["name"], "rows": rows}
 
 
-def _cell(iv: dict) -> str:
-    return f"{iv['mean']:.4f}" + (f" ± {iv['half']:.4f}" if iv["n"] > 1 else "")
+def _cell(iv: dict, sign: str = "") -> str:
+    return f"{iv['mean']:{sign}.4g}" + (f" ± {iv['half']:.2g}" if iv["n"] > 1 else "")
 
 
 def render(entry: dict, summary: dict) -> str:
@@ -240,11 +240,11 @@ def render(entry: dict, summary: dict) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for n, row in summary["rows"].items():
-        eq = _cell(row["monolith_8n_minus_expert"]) if "monolith_8n_minus_expert" in row else ""
-        by_t = " / ".join(f"{g['mean']:+.4f}" for g in row["gap_by_t"])
+        eq = _cell(row["monolith_8n_minus_expert"], "+") if "monolith_8n_minus_expert" in row else ""
+        by_t = " / ".join(f"{g['mean']:+.4g}" for g in row["gap_by_t"])
         lines.append(
             f"| {n} | {len(row['trainings'])} | {_cell(row['expert'])} | {_cell(row['monolith'])} | "
-            f"{_cell(row['gap'])} | {by_t} | "
+            f"{_cell(row['gap'], '+')} | {by_t} | "
             f"{', '.join(map(str, row['clusters_monolith_worse']))} of {len(entry['clusters'])} | {eq} |"
         )
     if "0" in summary["rows"]:

@@ -140,6 +140,10 @@ def test_the_summary_is_over_trainings_and_pairs_the_monolith_at_8n_with_the_exp
 
     records = [_record(8, i, 0.1 + 0.01 * i, 0.3 + 0.01 * i) for i in range(3)]
     records += [_record(64, i, 0.05, 0.1 + 0.02 * i) for i in range(3)]
+    records += [_record(0, i, 0.2, 0.4) for i in range(3)]  # N = 0: 8N is itself, no pair
+    for r in records[-3:]:
+        for c in r["per_cluster"].values():
+            c |= {"expert_closed_form": [0.19] * 5, "monolith_closed_form": [0.39] * 5}
     entry = {
         "name": "x",
         "clusters": [0, 1],
@@ -152,5 +156,7 @@ def test_the_summary_is_over_trainings_and_pairs_the_monolith_at_8n_with_the_exp
     assert rows["8"]["monolith"]["mean"] == pytest.approx(0.41)
     # the monolith at 64 against the experts at 8, training by training: 0.2 + 0.02i − (0.1 + 0.01i)
     assert rows["8"]["monolith_8n_minus_expert"]["mean"] == pytest.approx(0.11)
+    assert "monolith_8n_minus_expert" not in rows["0"]
     assert "monolith_8n_minus_expert" not in rows["64"] and rows["8"]["clusters_monolith_worse"] == [2, 2, 2]
+    assert rows["0"]["closed_form"] == pytest.approx({"expert": 0.19, "monolith": 0.39})
     assert "| 8 | 3 |" in render(entry, summarise(entry))
