@@ -1,26 +1,31 @@
 """Capacity at convergence, where convergence can be computed: on the Gaussian mixture, one denoiser for every
-caption against an expert of one cluster, each the global optimum of the same class of a known size.
+caption against an expert of one cluster, each the optimum of the same class of a known size.
 
 At each t the class is ``v̂(x, c) = A·x + b_c + W·relu(R·x̃ + q_c + β)``: an affine map whose gain A is shared by
 every caption and whose shift b_c is the caption's own, plus N random ReLU features of the standardised ``x̃`` and the
 caption (R, q, β drawn once from a seed and frozen: a two-layer network whose first layer is not trained). Only A,
 b and W are fitted, by least squares against the exact velocity on fresh draws of the network's components (a caption
-names one component; no caption dropout): a convex problem, so the fit *is* the class's optimum, up to the finite
-draws (about 1 + P/M on the held-out excess for P coefficients per output and M draws; ``--draws-per-feature``
-sets M/P). With N = 0 the optimum is known in closed form — the pooled level of the components fitted on
-(:func:`hddm_flower.gmm.yardsticks.affine_floor`) — which checks the fit; with N → ∞ the class holds any velocity.
+names one component; no caption dropout): a convex problem, so the fit is the class's optimum up to the finite
+draws — its held-out excess lies above the optimum by about P/M, for P coefficients per output and M draws
+(``--draws-per-feature`` sets M/P). With N = 0 the optimum is known in closed form — the pooled level of the
+components fitted on (:func:`hddm_flower.gmm.yardsticks.affine_floor`) — which checks the fit; with N → ∞ the class
+holds any velocity.
 
 The monolith is fitted on all components, an expert on its cluster's, each with N features; both are scored on the
 expert's cluster with the draws the capacity pilot scores its networks on (``benchmarks.gmm_ladder.cluster_draws``),
-at the inner t (at t = 0 and 1 the velocity is affine and every fit exact). A *training* draws the features and the
-fitting draws from its own seed; the ± of the summary is over trainings.
+at the inner t (at t = 0 and 1 the velocity is affine and every fit exact). With the same features an expert is no
+worse on its cluster by construction (the monolith restricted to the cluster's captions is a member of the expert's
+class); what is measured is by how much, and whether a monolith with as many coefficients as all the experts
+together (``--monolith-only N``: the monolith alone, at a larger N) comes down to them. A *training* draws the
+features and the fitting draws from its own seed; the ± of the summary is over trainings.
 
     python -m benchmarks.gmm_class_floor --config configs/reproduce-gmm-nano.yaml \\
         --set "data.gmm_covariance=cluster data.gmm_rank=8" --clusters 0 3 4 --features 0 64 256 512 2048 \\
-        --training 0 --name clu-r8
+        --monolith-only 4096 --training 0 1 2 --name clu-r8
 
 appends one record per (training, N) to ``benchmarks/results/gmm_class_floor.json`` (a record already there is
-kept, unless ``--replace``) and writes ``gmm_class_floor-NAME.{md,json}``, the summary over the trainings present.
+kept, unless ``--replace``; with neither ``--features`` nor ``--monolith-only`` nothing is fitted) and writes
+``gmm_class_floor-NAME.{md,json}``, the summary over the trainings present.
 """
 
 from __future__ import annotations
@@ -112,7 +117,8 @@ def fit(ref: GMMReference, members: Tensor, t: float, n: int, seed: int, draws_p
         return x, comps, velocity(x, comps)
 
     x, comps, v = rows(chunk)
-    features = Features(members, ref.mixture.dim, n, seed + 1, x.mean(0), float(x.std()))
+    shift = x.mean(0)
+    features = Features(members, ref.mixture.dim, n, seed + 1, shift, float((x - shift).std()))
     total, P = draws_per_feature * features.size, features.size
     G, B, vv, seen = torch.zeros(P, P, dtype=f64), torch.zeros(P, v.shape[1], dtype=f64), 0.0, 0
     while True:
@@ -140,27 +146,36 @@ def excess(net: Fitted, ref: GMMReference, k: int, samples: int, seed: int) -> l
     return out
 
 
-def record(ref, clusters: list[int], n: int, training: int, args) -> dict:
-    """One training at N = ``n``: per cluster the expert's and the monolith's excess by inner t, and the fits'
-    in-sample excess; at N = 0 the closed forms beside them."""
+FIT_SEEDS = 2**40  # the fits' generator seeds start here: far from the scoring draws' (evaluation.seed + small)
+
+
+def coefficients(ref: GMMReference, n: int) -> dict[str, int]:
+    """Fitted coefficients per output: the monolith's, and every cluster's expert's added up (each its own gain)."""
+    d, counts = ref.mixture.dim, torch.bincount(ref.cluster_of).tolist()
+    return {"monolith": d + len(ref.cluster_of) + n, "experts_together": sum(d + j + n for j in counts)}
+
+
+def record(ref, clusters: list[int], n: int, training: int, args, experts: bool = True) -> dict:
+    """One training at N = ``n``: per cluster the monolith's and (where ``experts``) the expert's excess by inner t,
+    and the fits' in-sample excess (the monolith's over all its components); at N = 0 the closed forms beside them."""
     every = torch.arange(len(ref.cluster_of))
-    base = 1_000_003 * training + 7919 * n
+    base = FIT_SEEDS + 1_000_003 * training + 7919 * n
     start = time.perf_counter()
-    mono, in_sample = {}, {"monolith": [], **{str(k): [] for k in clusters}}
+    mono, in_sample = {}, {"monolith": []}
     for i, t in enumerate(INNER):
         mono[t], e = fit(ref, every, t, n, base + 101 * i, args.draws_per_feature)
         in_sample["monolith"].append(e)
     per_cluster = {}
     for k in clusters:
         members = (ref.cluster_of == k).nonzero().squeeze(1)
-        expert = {}
+        per_cluster[str(k)] = {"monolith": excess(mono, ref, k, args.samples, args.eval_seed)}
+        if not experts:
+            continue
+        expert, in_sample[str(k)] = {}, []
         for i, t in enumerate(INNER):
             expert[t], e = fit(ref, members, t, n, base + 101 * i + 13 * (k + 1), args.draws_per_feature)
             in_sample[str(k)].append(e)
-        per_cluster[str(k)] = {
-            "expert": excess(expert, ref, k, args.samples, args.eval_seed),
-            "monolith": excess(mono, ref, k, args.samples, args.eval_seed),
-        }
+        per_cluster[str(k)]["expert"] = excess(expert, ref, k, args.samples, args.eval_seed)
         if n == 0:
             per_cluster[str(k)] |= {
                 "expert_closed_form": affine_floor(ref.mixture, members, members, INNER),
@@ -168,6 +183,8 @@ def record(ref, clusters: list[int], n: int, training: int, args) -> dict:
             }
     return {
         "features": n,
+        "experts": experts,
+        "coefficients": coefficients(ref, n),
         "training": training,
         "times": list(INNER),
         "per_cluster": per_cluster,
@@ -183,18 +200,22 @@ def _mean(values: list[float]) -> float:
 
 
 def summarise(entry: dict) -> dict:
-    """Per N, over the trainings present: expert, monolith and monolith − expert (mean over inner t and clusters),
-    the monolith at 8N against the experts at N (equal parameters in all) where both were fitted, per-t gaps."""
-    by_n: dict[int, dict[int, dict]] = {}
+    """Over the trainings present, paired by training: per N with experts, the expert, the monolith and
+    monolith − expert (mean over inner t and clusters; and by t); per N the monolith alone; and each monolith against
+    the experts of the largest N whose coefficients all together are no more than its own (``equal_coefficients``)."""
+    full: dict[int, dict[int, dict]] = {}
+    mono: dict[int, dict[int, dict]] = {}
     for r in entry["records"]:
-        by_n.setdefault(r["features"], {})[r["training"]] = r
+        if r.get("experts", True):
+            full.setdefault(r["features"], {})[r["training"]] = r
+        mono.setdefault(r["features"], {})[r["training"]] = r
 
     def side(r: dict, who: str, i: int | None = None) -> float:
         cl = r["per_cluster"].values()
         return _mean([c[who][i] if i is not None else _mean(c[who]) for c in cl])
 
     rows = {}
-    for n, runs in sorted(by_n.items()):
+    for n, runs in sorted(full.items()):
         trainings = sorted(runs)
         row = {"trainings": trainings}
         for who in ("expert", "monolith"):
@@ -204,19 +225,32 @@ def summarise(entry: dict) -> dict:
             interval([side(runs[i], "monolith", j) - side(runs[i], "expert", j) for i in trainings])
             for j in range(len(INNER))
         ]
-        row["clusters_monolith_worse"] = [
-            sum(_mean(c["monolith"]) > _mean(c["expert"]) for c in runs[i]["per_cluster"].values()) for i in trainings
-        ]
-        if n and 8 * n in by_n and set(trainings) <= set(by_n[8 * n]):
-            big = by_n[8 * n]
-            row["monolith_8n_minus_expert"] = interval(
-                [side(big[i], "monolith") - side(runs[i], "expert") for i in trainings]
-            )
         if n == 0:
             r = runs[trainings[0]]
             row["closed_form"] = {w: side(r, f"{w}_closed_form") for w in ("expert", "monolith")}
         rows[str(n)] = row
-    return {"name": entry["name"], "rows": rows}
+    monolith = {str(n): interval([side(runs[i], "monolith") for i in sorted(runs)]) for n, runs in sorted(mono.items())}
+    equal = []
+    for n_m, runs in sorted(mono.items()):
+        own = next(iter(runs.values()))["coefficients"]["monolith"]
+        fewer = [n for n, r in full.items() if next(iter(r.values()))["coefficients"]["experts_together"] <= own]
+        if not fewer:
+            continue
+        n_e = max(fewer)
+        trainings = sorted(set(runs) & set(full[n_e]))
+        equal.append(
+            {
+                "monolith_features": n_m,
+                "expert_features": n_e,
+                "monolith_coefficients": own,
+                "experts_coefficients": next(iter(full[n_e].values()))["coefficients"]["experts_together"],
+                "trainings": trainings,
+                "monolith_minus_expert": interval(
+                    [side(runs[i], "monolith") - side(full[n_e][i], "expert") for i in trainings]
+                ),
+            }
+        )
+    return {"name": entry["name"], "rows": rows, "monolith": monolith, "equal_coefficients": equal}
 
 
 def _cell(iv: dict, sign: str = "") -> str:
@@ -228,31 +262,35 @@ def render(entry: dict, summary: dict) -> str:
     lines = [
         f"# gmm_class_floor: {entry['name']}",
         "",
-        f"`{head['command']}`; {head['machine']}; commit {head['commit']}; {head['date']}.",
+        f"`{head['command']}` (the last command; each record names its own commit, machine and date); "
+        f"{head['machine']}; commit {head['commit']}; {head['date']}.",
         "",
-        "Excess loss over Bayes per dimension at the class's optimum (least squares on fresh exact-velocity draws), "
-        "mean over the inner t and the clusters; ± : 95 % Student-t half-width over trainings (feature and draw "
-        "seeds). `monolith(8N) − expert(N)`: the monolith with 8× the features, as many as the 8 experts together.",
+        "Excess loss over Bayes per dimension of the class's least-squares fit on fresh exact-velocity draws, held "
+        "out: above the class's optimum by about P/M (P coefficients per output, M draws), which the intervals do "
+        "not include. Mean over the inner t and the clusters; ± : 95 % Student-t half-width over trainings (feature "
+        "and draw seeds; the scoring draws are the same in every training).",
         "",
         "| N features | trainings | expert | monolith | monolith − expert | by t ("
         + ", ".join(map(str, INNER))
-        + ") | clusters where the monolith is worse | monolith(8N) − expert(N) |",
-        "|---|---|---|---|---|---|---|---|",
+        + ") |",
+        "|---|---|---|---|---|---|",
     ]
     for n, row in summary["rows"].items():
-        eq = _cell(row["monolith_8n_minus_expert"], "+") if "monolith_8n_minus_expert" in row else ""
         by_t = " / ".join(f"{g['mean']:+.4g}" for g in row["gap_by_t"])
         lines.append(
             f"| {n} | {len(row['trainings'])} | {_cell(row['expert'])} | {_cell(row['monolith'])} | "
-            f"{_cell(row['gap'], '+')} | {by_t} | "
-            f"{', '.join(map(str, row['clusters_monolith_worse']))} of {len(entry['clusters'])} | {eq} |"
+            f"{_cell(row['gap'], '+')} | {by_t} |"
+        )
+    lines += ["", "The monolith alone, by N: " + ", ".join(f"{n}: {_cell(v)}" for n, v in summary["monolith"].items())]
+    for e in summary["equal_coefficients"]:
+        lines.append(
+            f"- the monolith at N = {e['monolith_features']} ({e['monolith_coefficients']} coefficients per output) − "
+            f"the experts at N = {e['expert_features']} ({e['experts_coefficients']} together): "
+            f"{_cell(e['monolith_minus_expert'], '+')}"
         )
     if "0" in summary["rows"]:
         cf = summary["rows"]["0"]["closed_form"]
-        lines += [
-            "",
-            f"Closed form at N = 0 (the pooled levels): expert {cf['expert']:.4f}, monolith {cf['monolith']:.4f}.",
-        ]
+        lines += ["", f"Closed form at N = 0: expert {cf['expert']:.4g}, monolith {cf['monolith']:.4g}."]
     return "\n".join(lines) + "\n"
 
 
@@ -261,7 +299,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--config", required=True)
     p.add_argument("--set", default="", help='overrides, as the capacity pilot\'s --set: "data.gmm_rank=8 …"')
     p.add_argument("--clusters", type=int, nargs="+", required=True)
-    p.add_argument("--features", type=int, nargs="+", required=True, help="N: the random features of each network")
+    p.add_argument("--features", type=int, nargs="*", default=[], help="N: the random features of each network")
+    p.add_argument("--monolith-only", type=int, nargs="*", default=[], help="N at which only the monolith is fitted")
     p.add_argument("--training", type=int, nargs="+", default=[0])
     p.add_argument("--draws-per-feature", type=int, default=32, help="M / P: fitting draws per coefficient")
     p.add_argument("--samples", type=int, default=2048, help="scoring x_t per cluster and t")
@@ -269,11 +308,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--replace", action="store_true", help="refit records already in the results file")
     p.add_argument("--results", default=str(OUT))
     args = p.parse_args(argv)
-    if min(args.features) < 0 or args.draws_per_feature < 2:
-        p.error("--features must be ≥ 0 and --draws-per-feature ≥ 2")
+    if min(args.features + args.monolith_only, default=0) < 0 or args.draws_per_feature < 2:
+        p.error("--features and --monolith-only must be ≥ 0 and --draws-per-feature ≥ 2")
     cfg = load_config(args.config, parse_overrides(args.set))
     if cfg.data.name != "gmm":
         p.error(f"{args.config}: data.name is {cfg.data.name!r}; the class floor needs the Gaussian mixture (gmm)")
+    if cfg.data.gmm_captions != "pattern":  # a colour caption names a component of every cluster, not one
+        p.error(f"data.gmm_captions is {cfg.data.gmm_captions!r}; the class floor needs one caption per component")
     ref = load_reference(prepare_data(cfg))
     if bad := [k for k in args.clusters if not 0 <= k < ref.num_clusters]:
         p.error(f"--clusters {bad}: the mixture has clusters 0–{ref.num_clusters - 1}")
@@ -291,12 +332,13 @@ def main(argv: list[str] | None = None) -> dict:
     if entry.get("setting", same) != same:
         p.error(f"--name {args.name}: its records were fitted with {entry['setting']}; use another name")
     entry["setting"] = same
-    done = {(r["features"], r["training"]) for r in entry["records"]}
+    done = {(r["features"], r["training"]): r.get("experts", True) for r in entry["records"]}
+    todo = [(n, True) for n in args.features] + [(n, False) for n in args.monolith_only if n not in args.features]
     for training in args.training:
-        for n in args.features:
-            if (n, training) in done and not args.replace:
-                continue
-            r = record(ref, args.clusters, n, training, args)
+        for n, experts in todo:
+            if (n, training) in done and (done[n, training] or not experts) and not args.replace:
+                continue  # a record with experts holds the monolith too
+            r = record(ref, args.clusters, n, training, args, experts)
             r |= {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d")}
             entry["records"] = [x for x in entry["records"] if (x["features"], x["training"]) != (n, training)] + [r]
             store[args.name] = entry

@@ -127,36 +127,46 @@ def test_random_features_lower_the_monoliths_floor_and_a_foreign_caption_is_refu
         net(torch.zeros(1, ref.mixture.dim, dtype=f64), torch.tensor([5]))
 
 
-def _record(n, training, expert, monolith):
+def _record(n, training, expert, monolith, experts=True):
     cl = {
         "0": {"expert": [expert] * 5, "monolith": [monolith] * 5},
         "1": {"expert": [expert] * 5, "monolith": [monolith + 0.2] * 5},
     }
-    return {"features": n, "training": training, "per_cluster": cl}
+    if not experts:
+        cl = {k: {"monolith": v["monolith"]} for k, v in cl.items()}
+    d, per_expert = 192, 4  # 8 clusters of 4 components: the coefficients the benchmark records
+    coefficients = {"monolith": d + 32 + n, "experts_together": 8 * (d + per_expert + n)}
+    return {"features": n, "training": training, "per_cluster": cl, "experts": experts, "coefficients": coefficients}
 
 
-def test_the_summary_is_over_trainings_and_pairs_the_monolith_at_8n_with_the_experts_at_n():
+def test_the_summary_is_over_trainings_and_pairs_a_monolith_with_the_experts_of_no_more_coefficients():
     from benchmarks.gmm_class_floor import render, summarise
 
     records = [_record(8, i, 0.1 + 0.01 * i, 0.3 + 0.01 * i) for i in range(3)]
     records += [_record(64, i, 0.05, 0.1 + 0.02 * i) for i in range(3)]
-    records += [_record(0, i, 0.2, 0.4) for i in range(3)]  # N = 0: 8N is itself, no pair
+    records += [_record(0, i, 0.2, 0.4) for i in range(3)]
     for r in records[-3:]:
         for c in r["per_cluster"].values():
             c |= {"expert_closed_form": [0.19] * 5, "monolith_closed_form": [0.39] * 5}
+    records += [_record(2048, i, None, 0.07 + 0.01 * i, experts=False) for i in range(3)]
     entry = {
         "name": "x",
         "clusters": [0, 1],
         "records": records,
         "meta": dict.fromkeys(("command", "machine", "commit", "date"), "?"),
     }
-    rows = summarise(entry)["rows"]
+    summary = summarise(entry)
+    rows = summary["rows"]
+    assert sorted(rows, key=int) == ["0", "8", "64"]  # the monolith-only N has no row with experts
     assert rows["8"]["expert"]["mean"] == pytest.approx(0.11) and rows["8"]["expert"]["n"] == 3
     assert rows["8"]["gap"]["mean"] == pytest.approx(0.3) and rows["8"]["gap"]["half"] == pytest.approx(0, abs=1e-12)
     assert rows["8"]["monolith"]["mean"] == pytest.approx(0.41)
-    # the monolith at 64 against the experts at 8, training by training: 0.2 + 0.02i − (0.1 + 0.01i)
-    assert rows["8"]["monolith_8n_minus_expert"]["mean"] == pytest.approx(0.11)
-    assert "monolith_8n_minus_expert" not in rows["0"]
-    assert "monolith_8n_minus_expert" not in rows["64"] and rows["8"]["clusters_monolith_worse"] == [2, 2, 2]
     assert rows["0"]["closed_form"] == pytest.approx({"expert": 0.19, "monolith": 0.39})
-    assert "| 8 | 3 |" in render(entry, summarise(entry))
+    assert summary["monolith"]["2048"]["mean"] == pytest.approx(0.18)  # (0.07 + 0.01i and +0.2 on cluster 1)/2
+    # 2048 + 224 = 2272 coefficients ≥ the experts' 8 × (196 + 64) = 2080 at N = 64 (not 8 × 196 + … at more);
+    # N = 0, 8 and 64 monoliths have fewer than any experts' together, so only the one pair
+    (pair,) = summary["equal_coefficients"]
+    assert (pair["monolith_features"], pair["expert_features"]) == (2048, 64)
+    assert (pair["monolith_coefficients"], pair["experts_coefficients"]) == (2272, 2080)
+    assert pair["monolith_minus_expert"]["mean"] == pytest.approx(0.18 - 0.05)
+    assert "| 8 | 3 |" in render(entry, summary) and "N = 2048 (2272 coefficients" in render(entry, summary)

@@ -81,6 +81,8 @@ def affine_floor(
     reaches at best in this class; ``fitted_on`` = ``evaluated_on`` = one cluster's, what that cluster's expert does."""
     cov = mixture.covariance()
     fitted_on, evaluated_on = torch.as_tensor(fitted_on), torch.as_tensor(evaluated_on)
+    if not set(evaluated_on.tolist()) <= set(fitted_on.tolist()):  # a caption the network never had has no shift
+        raise ValueError(f"affine_floor: evaluated_on {evaluated_on.tolist()} is not within fitted_on")
     wf = mixture.weights[fitted_on] / mixture.weights[fitted_on].sum()
     pooled = torch.einsum("j,jde->de", wf, cov[fitted_on])
     we = mixture.weights[evaluated_on] / mixture.weights[evaluated_on].sum()
