@@ -12,10 +12,11 @@ components fitted on (:func:`hddm_flower.gmm.yardsticks.affine_floor`) — which
 holds any velocity.
 
 The monolith is fitted on all components, an expert on its cluster's, each with N features; both are scored on the
-expert's cluster with the draws the capacity pilot scores its networks on (``benchmarks.gmm_ladder.cluster_draws``),
-at the inner t (at t = 0 and 1 the velocity is affine and every fit exact). With the same features an expert is no
-worse on its cluster by construction (the monolith restricted to the cluster's captions is a member of the expert's
-class); what is measured is by how much, and whether a monolith with as many coefficients as all the experts
+expert's cluster with the capacity pilot's scoring seeds and procedure (``benchmarks.gmm_ladder.cluster_draws``; at
+its default ``--samples`` 256 the pilot's draws are not a subset of these 2,048), at the inner t (at t = 0 and 1 the
+velocity is affine and every fit exact). Each network standardises x_t about its own components' draws. With equal
+features an expert would be no worse on its cluster by construction (the monolith restricted to the cluster's
+captions is then a member of the expert's class); what is measured is by how much, and whether a monolith with as many coefficients as all the experts
 together (``--monolith-only N``: the monolith alone, at a larger N) comes down to them. A *training* draws the
 features and the fitting draws from its own seed; the ± of the summary is over trainings.
 
