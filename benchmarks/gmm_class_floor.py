@@ -106,9 +106,19 @@ class Fitted:
         return self.features(x, comps) @ self.W
 
 
-def fit(ref: GMMReference, members: Tensor, t: float, n: int, seed: int, draws_per_feature: int, chunk: int = 4096):
+def fit(
+    ref: GMMReference,
+    members: Tensor,
+    t: float,
+    n: int,
+    seed: int,
+    draws_per_feature: int,
+    chunk: int = 4096,
+    input_scale: float = 1.0,
+):
     """The least-squares optimum of the class with ``n`` features over ``members`` at time t (fresh draws of them
-    by their weights, seeded by ``seed``; M = ``draws_per_feature`` × P), and the fit's in-sample excess."""
+    by their weights, seeded by ``seed``; M = ``draws_per_feature`` × P), and the fit's in-sample excess. The
+    features see ``input_scale`` × the standardised x_t (1: unit spread about the draws' mean)."""
     g = torch.Generator().manual_seed(seed)
     velocity = component_velocity(ref, t, members)
 
@@ -119,7 +129,7 @@ def fit(ref: GMMReference, members: Tensor, t: float, n: int, seed: int, draws_p
 
     x, comps, v = rows(chunk)
     shift = x.mean(0)
-    features = Features(members, ref.mixture.dim, n, seed + 1, shift, float((x - shift).std()))
+    features = Features(members, ref.mixture.dim, n, seed + 1, shift, float((x - shift).std()) / input_scale)
     total, P = draws_per_feature * features.size, features.size
     G, B, vv, seen = torch.zeros(P, P, dtype=f64), torch.zeros(P, v.shape[1], dtype=f64), 0.0, 0
     while True:
@@ -164,7 +174,7 @@ def record(ref, clusters: list[int], n: int, training: int, args, experts: bool 
     start = time.perf_counter()
     mono, in_sample = {}, {"monolith": []}
     for i, t in enumerate(INNER):
-        mono[t], e = fit(ref, every, t, n, base + 101 * i, args.draws_per_feature)
+        mono[t], e = fit(ref, every, t, n, base + 101 * i, args.draws_per_feature, input_scale=args.input_scale)
         in_sample["monolith"].append(e)
     per_cluster = {}
     for k in clusters:
@@ -174,7 +184,8 @@ def record(ref, clusters: list[int], n: int, training: int, args, experts: bool 
             continue
         expert, in_sample[str(k)] = {}, []
         for i, t in enumerate(INNER):
-            expert[t], e = fit(ref, members, t, n, base + 101 * i + 13 * (k + 1), args.draws_per_feature)
+            seed = base + 101 * i + 13 * (k + 1)
+            expert[t], e = fit(ref, members, t, n, seed, args.draws_per_feature, input_scale=args.input_scale)
             in_sample[str(k)].append(e)
         per_cluster[str(k)]["expert"] = excess(expert, ref, k, args.samples, args.eval_seed)
         if n == 0:
@@ -305,10 +316,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--training", type=int, nargs="+", default=[0])
     p.add_argument("--draws-per-feature", type=int, default=32, help="M / P: fitting draws per coefficient")
     p.add_argument("--samples", type=int, default=2048, help="scoring x_t per cluster and t")
+    p.add_argument("--input-scale", type=float, default=1.0, help="× the standardised x_t the features see")
     p.add_argument("--name", required=True)
     p.add_argument("--replace", action="store_true", help="refit records already in the results file")
     p.add_argument("--results", default=str(OUT))
     args = p.parse_args(argv)
+    if not args.input_scale > 0:
+        p.error(f"--input-scale {args.input_scale}: must be > 0")
     if min(args.features + args.monolith_only, default=0) < 0 or args.draws_per_feature < 2:
         p.error("--features and --monolith-only must be ≥ 0 and --draws-per-feature ≥ 2")
     cfg = load_config(args.config, parse_overrides(args.set))
@@ -329,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
         "clusters": args.clusters,
         "samples": args.samples,
         "draws_per_feature": args.draws_per_feature,
-    }
+    } | ({"input_scale": args.input_scale} if args.input_scale != 1.0 else {})
     if entry.get("setting", same) != same:
         p.error(f"--name {args.name}: its records were fitted with {entry['setting']}; use another name")
     entry["setting"] = same

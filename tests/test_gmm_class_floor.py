@@ -130,7 +130,7 @@ def test_a_record_scores_each_side_on_its_cluster_against_its_own_closed_form(re
 
     from benchmarks.gmm_class_floor import record
 
-    args = SimpleNamespace(draws_per_feature=1000, samples=10_000, eval_seed=0)
+    args = SimpleNamespace(draws_per_feature=1000, samples=10_000, eval_seed=0, input_scale=1.0)
     r = record(ref, [0, 2], 0, 0, args)
     assert r["coefficients"] == {"monolith": 16 + 6 + 0, "experts_together": 3 * (16 + 2)}
     for k, c in r["per_cluster"].items():
@@ -161,6 +161,17 @@ def test_the_caption_offsets_of_the_features_matter(ref, monkeypatch):
     monkeypatch.setattr(floor.Features, "__init__", no_offsets)
     _, without = floor.fit(ref, every, 0.3, 32, seed=5, draws_per_feature=64)
     assert with_q < 0.95 * without
+
+
+def test_the_input_scale_moves_only_the_features(ref):
+    from benchmarks.gmm_class_floor import fit
+
+    every = torch.arange(6)
+    affine = [fit(ref, every, 0.3, 0, seed=5, draws_per_feature=64, input_scale=s)[1] for s in (1.0, 3.0)]
+    assert affine[0] == pytest.approx(affine[1], rel=1e-9)  # no features: the scale is not used
+    net, e1 = fit(ref, every, 0.3, 32, seed=5, draws_per_feature=64)
+    wide, e3 = fit(ref, every, 0.3, 32, seed=5, draws_per_feature=64, input_scale=3.0)
+    assert wide.features.scale == pytest.approx(net.features.scale / 3) and e1 != e3
 
 
 def _record(n, training, expert, monolith, experts=True):
