@@ -218,3 +218,28 @@ def test_the_summary_of_the_section_names_the_class_floor_and_what_it_does_not_s
     assert "one network for every caption stays above the experts on the mixture whose clusters share nothing" in p
     assert "at the two sizes measured, with as many coefficients as all eight together" in p
     assert "for the transformers a limit at convergence is not shown" in p
+
+
+def test_the_features_scale_moves_the_gap_by_what_the_passage_says():
+    parts = []
+    for scale in ("0.3", "3"):
+        e = entry(f"clu-r8-input{scale}")
+        assert e["setting"]["input_scale"] == float(scale) and e["setting"]["set"] == SETS["clu-r8"]
+        assert sorted((r["features"], r["training"]) for r in e["records"]) == [
+            (n, i) for n in (256, 512) for i in range(3)
+        ]
+        assert {r["date"] for r in e["records"]} == {"2026-12-06"} and all(
+            "AVX-512" in r["machine"] for r in e["records"]
+        )
+        assert doc_claims.load(f"gmm_class_floor-clu-r8-input{scale}.json") == summarise(e)
+        cells = []
+        for n in (256, 512):
+
+            def gap(name: str) -> list[float]:
+                return [m - x for m, x in zip(per_training(name, n, "monolith"), per_training(name, n, "expert"))]
+
+            pct = interval([100 * (a / b - 1) for a, b in zip(gap(f"clu-r8-input{scale}"), gap("clu-r8"))])
+            assert abs(pct["mean"]) + pct["half"] < 6  # "a few per cent"
+            cells.append(f"{doc_claims.num(pct['mean'], 1)} ± {pct['half']:.1f}")
+        parts.append(f"{cells[0]} and {cells[1]} % ({scale}×)")
+    assert f"by {parts[0]} and {parts[1]} at N = 256 and 512" in text()
