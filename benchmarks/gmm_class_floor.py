@@ -26,7 +26,7 @@ features and the fitting draws from its own seed; the ± of the summary is over 
 
 appends one record per (training, N) to ``benchmarks/results/gmm_class_floor.json`` (a record already there is
 kept, unless ``--replace``; with neither ``--features`` nor ``--monolith-only`` nothing is fitted) and writes
-``gmm_class_floor-NAME.{md,json}``, the summary over the trainings present.
+``gmm_class_floor-NAME.{md,json}`` beside it (``--results`` moves both), the summary over the trainings present.
 """
 
 from __future__ import annotations
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--input-scale", type=float, default=1.0, help="× the standardised x_t the features see")
     p.add_argument("--name", required=True)
     p.add_argument("--replace", action="store_true", help="refit records already in the results file")
-    p.add_argument("--results", default=str(OUT))
+    p.add_argument("--results", default=str(OUT), help="the records' file; the summaries are written beside it")
     args = p.parse_args(argv)
     if not args.input_scale > 0:
         p.error(f"--input-scale {args.input_scale}: must be > 0")
@@ -370,8 +370,8 @@ def main(argv: list[str] | None = None) -> dict:
     store[args.name] = entry
     write_result(path, store)
     summary = summarise(entry)
-    write_result(RESULTS / f"gmm_class_floor-{args.name}.json", summary)
-    (RESULTS / f"gmm_class_floor-{args.name}.md").write_text(render(entry, summary))
+    write_result(path.parent / f"gmm_class_floor-{args.name}.json", summary)  # beside the records they summarise
+    (path.parent / f"gmm_class_floor-{args.name}.md").write_text(render(entry, summary))
     return summary
 
 

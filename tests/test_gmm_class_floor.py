@@ -217,3 +217,40 @@ def test_the_summary_is_over_trainings_and_pairs_a_monolith_with_the_experts_of_
     assert (pair["monolith_coefficients"], pair["experts_coefficients"]) == (2272, 2080)
     assert pair["monolith_minus_expert"]["mean"] == pytest.approx(0.18 - 0.05)
     assert "| 8 | 3 |" in render(entry, summary) and "N = 2048 (2272 coefficients" in render(entry, summary)
+
+
+def test_the_command_writes_records_and_summaries_beside_results_and_refuses_colour_captions(tmp_path, monkeypatch):
+    import benchmarks.gmm_class_floor as floor
+    from hddm_flower.data import Dataset
+    from hddm_flower.gmm.dataset import GMMSpec, load_reference, prepare_gmm
+
+    spec = GMMSpec(3, 2, image_size=4, channels=1, rank=2, num_samples=90, covariance="cluster")
+    small = load_reference(Dataset.open(prepare_gmm(tmp_path / "cache", spec, max_caption_tokens=8)))
+    monkeypatch.setattr(floor, "prepare_data", lambda cfg: None)
+    monkeypatch.setattr(floor, "load_reference", lambda dataset: small)
+    out = tmp_path / "out" / "floor.json"
+    argv = ["--config", "configs/reproduce-gmm-nano.yaml", "--clusters", "0", "2", "--features", "0", "4"]
+    argv += [
+        "--training",
+        "0",
+        "1",
+        "--draws-per-feature",
+        "8",
+        "--samples",
+        "64",
+        "--name",
+        "x",
+        "--results",
+        str(out),
+    ]
+    summary = floor.main(argv)
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "floor.json",
+        "gmm_class_floor-x.json",
+        "gmm_class_floor-x.md",
+    ]
+    assert set(summary["rows"]) == {"0", "4"} and summary["rows"]["4"]["expert"]["n"] == 2
+    with pytest.raises(SystemExit):
+        floor.main([*argv[:2], "--set", "data.gmm_captions=colour", *argv[2:]])
+    with pytest.raises(SystemExit):  # another setting under the same name
+        floor.main([*argv[:-4], "--samples", "32", "--name", "x", "--results", str(out)])
