@@ -57,6 +57,7 @@ def test_the_records_are_three_trainings_at_each_n_of_the_setting_the_passage_na
         assert keys == sorted(want)
         assert {r["date"] for r in e["records"]} == {"2026-12-06"}
         assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in e["records"])
+        assert {r["commit"] for r in e["records"]} <= {"8cb7886", "84f0747"} and "8cb7886 and 84f0747" in t
         minutes = sum(r["seconds"] for r in e["records"]) / 60
         assert f"{minutes:.0f} min ({name})" in t, (name, minutes)
     assert "--features 0 64 256 512 2048" in t and "--monolith-only 4096" in t and "--training 0 1 2" in t
