@@ -148,7 +148,8 @@ def fit(
 
 
 def excess(net: Fitted, ref: GMMReference, k: int, samples: int, seed: int) -> list[float]:
-    """The excess per dimension of ``net`` on cluster k at each inner t (the capacity pilot's draws)."""
+    """The excess per dimension of ``net`` on cluster k at each inner t, on draws made as the capacity pilot makes
+    its own (:func:`benchmarks.gmm_ladder.cluster_draws`, the same seed; ``samples`` of them)."""
     out = []
     for _, t, x_t, _, _, comps, v_star in cluster_draws(ref, k, samples, seed):
         if t in INNER:
