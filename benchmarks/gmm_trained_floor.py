@@ -1,0 +1,251 @@
+"""Capacity with trained features: the class floor's networks (:mod:`benchmarks.gmm_class_floor`) with every weight
+trained, the monolith against an expert of the same size, at budgets that double, to see where each settles.
+
+At one t the network is ``v̂(x, c) = A·x + b_c + W·relu(R·x̃ + q_c + β)`` with N hidden units, as in the class floor,
+but R, q and β are trained with A, b and W: a two-layer network whose caption enters as a shift of its hidden units
+(so a unit can be kept for some captions and switched off for others). Each network starts at the class floor's
+least-squares optimum for its own random features (the fit of :func:`benchmarks.gmm_class_floor.fit`, the same
+seeds) and is trained by Adam against the exact velocity on fresh draws of its components, the learning rate
+decayed to 0 over the budget (cosine; float32). Every budget trains from that start, so the excess at 2S against S is
+the change per doubling; the record also holds the start's excess. Scoring is the class floor's (the capacity pilot's
+draws, float64).
+
+On the mixture whose clusters share nothing (``data.gmm_covariance=cluster``), given its caption the exact velocity
+is affine in x_t up to the components' small differences within a cluster: an expert needs about r hidden units to
+hold its cluster's rank-r subspace, the monolith about K·r for K clusters. So the monolith is capacity-limited
+below that size and need not be above it.
+
+    python -m benchmarks.gmm_trained_floor --config configs/reproduce-gmm-nano.yaml \\
+        --set "data.gmm_covariance=cluster data.gmm_rank=8" --clusters 0 3 4 --features 64 --times 0.1 \\
+        --steps 2000 4000 8000 16000 --training 0 1 2 --name clu-r8
+
+appends one record per (training, N, t, budget) to ``benchmarks/results/gmm_trained_floor.json`` (a record already
+there is kept unless ``--replace``) and writes ``gmm_trained_floor-NAME.{md,json}`` beside it, the summary over the
+trainings present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import RESULTS, commit, machine, write_result
+from benchmarks.ddpm_profile import draw_x0
+from benchmarks.gmm_class_floor import FIT_SEEDS, INNER, Fitted, component_velocity, excess, fit
+from hddm_flower.config.io import load_config, parse_overrides
+from hddm_flower.gmm.dataset import GMMReference, load_reference
+from hddm_flower.gmm.truth import interval
+from hddm_flower.stages.prepare import prepare_data
+
+OUT = RESULTS / "gmm_trained_floor.json"
+TRAIN_SEEDS = 2**41  # the training draws' generator seeds: apart from the fits' (2**40+) and the scoring draws'
+f64 = torch.float64
+
+
+def train(ref: GMMReference, members, t: float, n: int, seed: int, args) -> tuple[Fitted, Fitted, float]:
+    """The network of N = ``n`` units over ``members`` at time t: its start (the least-squares fit on random features)
+    and the same network after ``args.steps_now`` Adam steps of ``args.batch`` fresh draws; and the training loss
+    (excess per dimension) over its last tenth of steps."""
+    start, _ = fit(ref, members, t, n, seed, args.draws_per_feature)
+    f = start.features
+    R, q, beta, W = (p.float().clone().requires_grad_() for p in (f.R, f.q, f.beta, start.W))
+    shift, scale, steps = f.shift.float(), f.scale, args.steps_now
+    opt = torch.optim.Adam([R, q, beta, W], lr=args.lr)
+    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps)))
+    g = torch.Generator().manual_seed(TRAIN_SEEDS + seed)
+    velocity, tail, chunk = component_velocity(ref, t, members), [], max(args.batch, 8192 // args.batch * args.batch)
+    for i in range(steps):
+        if i % (chunk // args.batch) == 0:  # fresh draws, a chunk at a time
+            x0, comps = draw_x0(ref, members, chunk, g)
+            x = (1 - t) * x0 + t * torch.randn(x0.shape, generator=g, dtype=f64)
+            rows = (x.float(), f.local[comps], velocity(x, comps).float())
+        j = (i % (chunk // args.batch)) * args.batch
+        xb, cb, vb = (r[j : j + args.batch] for r in rows)
+        hidden = torch.relu((xb - shift) / scale @ R + q[cb] + beta)
+        onehot = torch.nn.functional.one_hot(cb, len(f.members)).float()
+        loss = ((torch.cat([xb, onehot, hidden], 1) @ W - vb) ** 2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        decay.step()
+        if i >= steps - max(1, steps // 10):
+            tail.append(loss.item())
+    trained = copy.copy(f)  # the same captions and standardisation, the trained first layer
+    trained.R, trained.q, trained.beta = R.detach().double(), q.detach().double(), beta.detach().double()
+    return start, Fitted(trained, W.detach().double()), sum(tail) / len(tail)
+
+
+def record(ref, clusters: list[int], n: int, t: float, steps: int, training: int, args) -> dict:
+    """One training at N = ``n``, time t and budget ``steps``: per cluster the monolith's and the expert's excess
+    at the start and trained, and each network's training loss over its last tenth."""
+    every = torch.arange(len(ref.cluster_of))
+    i = INNER.index(t)
+    base = FIT_SEEDS + 1_000_003 * training + 7919 * n + 101 * i  # the class floor's seeds for this t
+    args.steps_now, begin = steps, time.perf_counter()
+
+    def scored(net: Fitted, k: int) -> float:
+        return excess({t: net}, ref, k, args.samples, args.eval_seed)[0]
+
+    start, mono, loss = train(ref, every, t, n, base, args)
+    per_cluster, losses = {}, {"monolith": loss}
+    for k in clusters:
+        members = (ref.cluster_of == k).nonzero().squeeze(1)
+        e_start, expert, losses[str(k)] = train(ref, members, t, n, base + 13 * (k + 1), args)
+        per_cluster[str(k)] = {
+            "monolith": scored(mono, k),
+            "expert": scored(expert, k),
+            "monolith_start": scored(start, k),
+            "expert_start": scored(e_start, k),
+        }
+    return {
+        "features": n,
+        "t": t,
+        "steps": steps,
+        "training": training,
+        "per_cluster": per_cluster,
+        "training_loss": losses,
+        "seconds": round(time.perf_counter() - begin, 1),
+    }
+
+
+def summarise(entry: dict) -> dict:
+    """Per (N, t, budget), over the trainings present: the expert's, the monolith's and monolith − expert (mean over
+    the clusters; and at the start); per (N, t) and doubling, each side's change in per cent, paired by training."""
+    runs: dict[tuple, dict[int, dict]] = {}
+    for r in entry["records"]:
+        runs.setdefault((r["features"], r["t"], r["steps"]), {})[r["training"]] = r
+
+    def side(r: dict, who: str) -> float:
+        return sum(c[who] for c in r["per_cluster"].values()) / len(r["per_cluster"])
+
+    rows = []
+    for (n, t, s), by in sorted(runs.items()):
+        tr = sorted(by)
+        row = {"features": n, "t": t, "steps": s, "trainings": tr}
+        for who in ("expert", "monolith", "expert_start", "monolith_start"):
+            row[who] = interval([side(by[i], who) for i in tr])
+        row["gap"] = interval([side(by[i], "monolith") - side(by[i], "expert") for i in tr])
+        before = runs.get((n, t, s // 2))
+        if s % 2 == 0 and before:
+            both = sorted(set(tr) & set(before))
+            row["change_per_doubling_pct"] = {
+                who: interval([100 * (side(by[i], who) / side(before[i], who) - 1) for i in both])
+                for who in ("expert", "monolith")
+            }
+        rows.append(row)
+    return {"name": entry["name"], "rows": rows}
+
+
+def _cell(iv: dict, fmt: str = ".4g") -> str:
+    return f"{iv['mean']:{fmt}}" + (f" ± {iv['half']:.2g}" if iv["n"] > 1 else "")
+
+
+def render(entry: dict, summary: dict) -> str:
+    head = entry["meta"]
+    lines = [
+        f"# gmm_trained_floor: {entry['name']}",
+        "",
+        f"`{head['command']}` (the last command; each record names its own commit, machine and date); "
+        f"{head['machine']}; commit {head['commit']}; {head['date']}.",
+        "",
+        "Excess loss over Bayes per dimension, held out, mean over the clusters scored; start: the least-squares fit "
+        "on the network's random features, before training. ± : 95 % Student-t half-width over trainings (feature, "
+        "fit and training seeds; the scoring draws are the same in every training); change per doubling: against the "
+        "budget half as large, paired by training.",
+        "",
+        "| N | t | steps | trainings | expert (start) | monolith (start) | monolith − expert | change per doubling: "
+        "expert / monolith (%) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary["rows"]:
+        ch = r.get("change_per_doubling_pct")
+        change = f"{_cell(ch['expert'], '+.1f')} / {_cell(ch['monolith'], '+.1f')}" if ch else ""
+        lines.append(
+            f"| {r['features']} | {r['t']} | {r['steps']} | {len(r['trainings'])} | {_cell(r['expert'])} "
+            f"({r['expert_start']['mean']:.4g}) | {_cell(r['monolith'])} ({r['monolith_start']['mean']:.4g}) | "
+            f"{_cell(r['gap'], '+.4g')} | {change} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", default="", help='overrides, as the capacity pilot\'s --set: "data.gmm_rank=8 …"')
+    p.add_argument("--clusters", type=int, nargs="+", required=True)
+    p.add_argument("--features", type=int, nargs="+", required=True, help="N: the hidden units of each network")
+    p.add_argument("--times", type=float, nargs="+", required=True, help=f"t, of the inner ones {INNER}")
+    p.add_argument("--steps", type=int, nargs="+", required=True, help="budgets: Adam steps per network")
+    p.add_argument("--training", type=int, nargs="+", default=[0])
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--draws-per-feature", type=int, default=32, help="the start's fit: M / P, as the class floor's")
+    p.add_argument("--samples", type=int, default=2048, help="scoring x_t per cluster and t")
+    p.add_argument("--name", required=True)
+    p.add_argument("--replace", action="store_true", help="retrain records already in the results file")
+    p.add_argument("--results", default=str(OUT), help="the records' file; the summaries are written beside it")
+    args = p.parse_args(argv)
+    if bad := [t for t in args.times if t not in INNER]:
+        p.error(f"--times {bad}: t must be one of the inner times {INNER}")
+    if min(args.features) < 1 or min(args.steps) < 1 or args.batch < 1 or not args.lr > 0:
+        p.error("--features, --steps and --batch must be ≥ 1 and --lr > 0")
+    cfg = load_config(args.config, parse_overrides(args.set))
+    if cfg.data.name != "gmm" or cfg.data.gmm_captions != "pattern":
+        p.error(f"{args.config}: needs the Gaussian mixture (data.name gmm) with one caption per component (pattern)")
+    ref = load_reference(prepare_data(cfg))
+    if bad := [k for k in args.clusters if not 0 <= k < ref.num_clusters]:
+        p.error(f"--clusters {bad}: the mixture has clusters 0–{ref.num_clusters - 1}")
+    args.eval_seed = cfg.evaluation.seed
+    path = Path(args.results)
+    store = json.loads(path.read_text()) if path.exists() else {}
+    entry = store.get(args.name) or {"name": args.name, "records": []}
+    same = {"config": args.config, "set": args.set, "clusters": args.clusters, "samples": args.samples}
+    same |= {"lr": args.lr, "batch": args.batch, "draws_per_feature": args.draws_per_feature}
+    if entry.get("setting", same) != same:
+        p.error(f"--name {args.name}: its records were trained with {entry['setting']}; use another name")
+    entry["setting"] = same
+    for training in args.training:
+        for n in args.features:
+            for t in args.times:
+                for steps in args.steps:
+                    key = (n, t, steps, training)
+                    if not args.replace and any(
+                        (r["features"], r["t"], r["steps"], r["training"]) == key for r in entry["records"]
+                    ):
+                        continue
+                    r = record(ref, args.clusters, n, t, steps, training, args)
+                    r |= {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d")}
+                    entry["records"] = [
+                        x for x in entry["records"] if (x["features"], x["t"], x["steps"], x["training"]) != key
+                    ] + [r]
+                    store[args.name] = entry
+                    write_result(path, store)  # after each record: an interrupted run keeps what it trained
+                    print(
+                        f"N={n} t={t} steps={steps} training {training}: {r['seconds']} s", file=sys.stderr, flush=True
+                    )
+    entry["meta"] = {
+        "command": shlex.join(
+            ["python", "-m", "benchmarks.gmm_trained_floor", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "machine": machine(),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    store[args.name] = entry
+    write_result(path, store)
+    summary = summarise(entry)
+    write_result(path.parent / f"gmm_trained_floor-{args.name}.json", summary)
+    (path.parent / f"gmm_trained_floor-{args.name}.md").write_text(render(entry, summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
