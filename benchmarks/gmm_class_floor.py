@@ -148,11 +148,11 @@ def fit(
 
 
 def excess(net: Fitted, ref: GMMReference, k: int, samples: int, seed: int) -> list[float]:
-    """The excess per dimension of ``net`` (a network per t) on cluster k at each t it holds, on draws made as the
-    capacity pilot makes its own (:func:`benchmarks.gmm_ladder.cluster_draws`, the same seed; ``samples`` of them)."""
+    """The excess per dimension of ``net`` on cluster k at each inner t, on draws made as the capacity pilot makes
+    its own (:func:`benchmarks.gmm_ladder.cluster_draws`, the same seed; ``samples`` of them)."""
     out = []
     for _, t, x_t, _, _, comps, v_star in cluster_draws(ref, k, samples, seed):
-        if t in net:
+        if t in INNER:
             x = x_t.reshape(samples, -1)
             out.append(float(((net[t](x, comps) - v_star.reshape(samples, -1)) ** 2).mean()))
     return out

@@ -7,8 +7,8 @@ but R, q and β are trained with A, b and W: a two-layer network whose caption e
 least-squares optimum for its own random features (the fit of :func:`benchmarks.gmm_class_floor.fit`, the same
 seeds) and is trained by Adam against the exact velocity on fresh draws of its components, the learning rate
 decayed to 0 over the budget (cosine; float32). Every budget trains from that start, so the excess at 2S against S is
-the change per doubling; the record also holds the start's excess. Scoring is the class floor's (the capacity pilot's
-draws, float64).
+the change per doubling; the record also holds the start's excess. Scoring is the class floor's: the capacity pilot's
+draws (:func:`benchmarks.gmm_ladder.cluster_draws`) at t, float64.
 
 On the mixture whose clusters share nothing (``data.gmm_covariance=cluster``), given its caption the exact velocity
 is affine in x_t up to the components' small differences within a cluster: an expert needs about r hidden units to
@@ -39,7 +39,8 @@ import torch
 
 from benchmarks.common import RESULTS, commit, machine, write_result
 from benchmarks.ddpm_profile import draw_x0
-from benchmarks.gmm_class_floor import FIT_SEEDS, INNER, Fitted, component_velocity, excess, fit
+from benchmarks.gmm_class_floor import FIT_SEEDS, INNER, Fitted, component_velocity, fit
+from benchmarks.gmm_ladder import cluster_draws
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.gmm.dataset import GMMReference, load_reference
 from hddm_flower.gmm.truth import interval
@@ -91,20 +92,20 @@ def record(ref, clusters: list[int], n: int, t: float, steps: int, training: int
     base = FIT_SEEDS + 1_000_003 * training + 7919 * n + 101 * i  # the class floor's seeds for this t
     args.steps_now, begin = steps, time.perf_counter()
 
-    def scored(net: Fitted, k: int) -> float:
-        return excess({t: net}, ref, k, args.samples, args.eval_seed)[0]
+    def scored(nets: dict[str, Fitted], k: int) -> dict[str, float]:  # on the class floor's draws at t
+        for _, tt, x_t, _, _, comps, v_star in cluster_draws(ref, k, args.samples, args.eval_seed):
+            if tt == t:
+                x, v = x_t.reshape(len(comps), -1), v_star.reshape(len(comps), -1)
+                return {who: float(((net(x, comps) - v) ** 2).mean()) for who, net in nets.items()}
+        raise AssertionError(f"t = {t} is not among the scoring times")
 
     start, mono, loss = train(ref, every, t, n, base, args)
     per_cluster, losses = {}, {"monolith": loss}
     for k in clusters:
         members = (ref.cluster_of == k).nonzero().squeeze(1)
         e_start, expert, losses[str(k)] = train(ref, members, t, n, base + 13 * (k + 1), args)
-        per_cluster[str(k)] = {
-            "monolith": scored(mono, k),
-            "expert": scored(expert, k),
-            "monolith_start": scored(start, k),
-            "expert_start": scored(e_start, k),
-        }
+        nets = {"monolith": mono, "expert": expert, "monolith_start": start, "expert_start": e_start}
+        per_cluster[str(k)] = scored(nets, k)
     return {
         "features": n,
         "t": t,
