@@ -118,8 +118,8 @@ def record(ref, clusters: list[int], n: int, t: float, steps: int, training: int
 
 
 def summarise(entry: dict) -> dict:
-    """Per (N, t, budget), over the trainings present: the expert's, the monolith's and monolith − expert (mean over
-    the clusters; and at the start); per (N, t) and doubling, each side's change in per cent, paired by training."""
+    """Per (N, t, budget), over the trainings present: the expert's, the monolith's, monolith − expert and monolith /
+    expert (mean over the clusters; and each side at the start); per (N, t) and doubling, each side's change in per cent, paired by training."""
     runs: dict[tuple, dict[int, dict]] = {}
     for r in entry["records"]:
         runs.setdefault((r["features"], r["t"], r["steps"]), {})[r["training"]] = r
@@ -134,6 +134,7 @@ def summarise(entry: dict) -> dict:
         for who in ("expert", "monolith", "expert_start", "monolith_start"):
             row[who] = interval([side(by[i], who) for i in tr])
         row["gap"] = interval([side(by[i], "monolith") - side(by[i], "expert") for i in tr])
+        row["ratio"] = interval([side(by[i], "monolith") / side(by[i], "expert") for i in tr])
         before = runs.get((n, t, s // 2))
         if s % 2 == 0 and before:
             both = sorted(set(tr) & set(before))
@@ -162,9 +163,9 @@ def render(entry: dict, summary: dict) -> str:
         "fit and training seeds; the scoring draws are the same in every training); change per doubling: against the "
         "budget half as large, paired by training.",
         "",
-        "| N | t | steps | trainings | expert (start) | monolith (start) | monolith − expert | change per doubling: "
-        "expert / monolith (%) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| N | t | steps | trainings | expert (start) | monolith (start) | monolith − expert | monolith / expert | "
+        "change per doubling: expert / monolith (%) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary["rows"]:
         ch = r.get("change_per_doubling_pct")
@@ -172,7 +173,7 @@ def render(entry: dict, summary: dict) -> str:
         lines.append(
             f"| {r['features']} | {r['t']} | {r['steps']} | {len(r['trainings'])} | {_cell(r['expert'])} "
             f"({r['expert_start']['mean']:.4g}) | {_cell(r['monolith'])} ({r['monolith_start']['mean']:.4g}) | "
-            f"{_cell(r['gap'], '+.4g')} | {change} |"
+            f"{_cell(r['gap'], '+.4g')} | {_cell(r['ratio'], '.3g')} | {change} |"
         )
     return "\n".join(lines) + "\n"
 

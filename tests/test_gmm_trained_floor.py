@@ -75,6 +75,7 @@ def test_the_summary_pairs_each_budget_with_the_one_half_as_large_by_training():
     rows = {r["steps"]: r for r in summarise(entry)["rows"]}
     assert rows[1000]["monolith"]["mean"] == pytest.approx(0.51) and rows[1000]["monolith"]["n"] == 3
     assert rows[1000]["gap"]["mean"] == pytest.approx(0.41) and rows[1000]["expert_start"]["mean"] == 1.0
+    assert rows[1000]["ratio"]["mean"] == pytest.approx(sum((0.5 + 0.01 * i) / 0.1 for i in range(3)) / 3)
     assert "change_per_doubling_pct" not in rows[1000] and "change_per_doubling_pct" not in rows[3000]
     change = rows[2000]["change_per_doubling_pct"]
     assert change["expert"]["mean"] == pytest.approx(-50) and change["expert"]["half"] == pytest.approx(0, abs=1e-9)
