@@ -11,9 +11,10 @@ the change per doubling; the record also holds the start's excess. Scoring is th
 draws (:func:`benchmarks.gmm_ladder.cluster_draws`) at t, float64.
 
 On the mixture whose clusters share nothing (``data.gmm_covariance=cluster``), given its caption the exact velocity
-is affine in x_t up to the components' small differences within a cluster: an expert needs about r hidden units to
-hold its cluster's rank-r subspace, the monolith about K·r for K clusters. So the monolith is capacity-limited
-below that size and need not be above it.
+is affine in x_t with its component's gain, which differs from one shared gain mostly within the cluster's rank-r
+subspace: an expert needs about r hidden units, the monolith about K·r for K clusters. The closed form of that is the
+width floor (:func:`hddm_flower.gmm.yardsticks.width_floor`), below which no network of N hidden units goes, however
+trained; the summary sets it beside the experts' excess and the monolith's training loss (over every component).
 
     python -m benchmarks.gmm_trained_floor --config configs/reproduce-gmm-nano.yaml \\
         --set "data.gmm_covariance=cluster data.gmm_rank=8" --clusters 0 3 4 --features 64 --times 0.1 \\
@@ -44,6 +45,7 @@ from benchmarks.gmm_ladder import cluster_draws
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.gmm.dataset import GMMReference, load_reference
 from hddm_flower.gmm.truth import interval
+from hddm_flower.gmm.yardsticks import width_floor
 from hddm_flower.stages.prepare import prepare_data
 
 OUT = RESULTS / "gmm_trained_floor.json"
@@ -119,7 +121,9 @@ def record(ref, clusters: list[int], n: int, t: float, steps: int, training: int
 
 def summarise(entry: dict) -> dict:
     """Per (N, t, budget), over the trainings present: the expert's, the monolith's, monolith − expert and monolith /
-    expert (mean over the clusters; and each side at the start); per (N, t) and doubling, each side's change in per cent, paired by training."""
+    expert (mean over the clusters; and each side at the start); the monolith's training loss over its last tenth
+    (fresh draws of every component) and, where the entry holds them, the width floors (the monolith's over every
+    component, the experts' mean over the clusters); per (N, t) and doubling, each side's change in per cent, paired by training."""
     runs: dict[tuple, dict[int, dict]] = {}
     for r in entry["records"]:
         runs.setdefault((r["features"], r["t"], r["steps"]), {})[r["training"]] = r
@@ -135,6 +139,13 @@ def summarise(entry: dict) -> dict:
             row[who] = interval([side(by[i], who) for i in tr])
         row["gap"] = interval([side(by[i], "monolith") - side(by[i], "expert") for i in tr])
         row["ratio"] = interval([side(by[i], "monolith") / side(by[i], "expert") for i in tr])
+        row["monolith_training_loss"] = interval([by[i]["training_loss"]["monolith"] for i in tr])
+        if floor := entry.get("width_floor", {}).get(f"{n}@{t}"):
+            clusters = by[tr[0]]["per_cluster"]
+            row["width_floor"] = {
+                "monolith": floor["monolith"],
+                "expert": sum(floor[k] for k in clusters) / len(clusters),
+            }
         before = runs.get((n, t, s // 2))
         if s % 2 == 0 and before:
             both = sorted(set(tr) & set(before))
@@ -164,8 +175,9 @@ def render(entry: dict, summary: dict) -> str:
         "budget half as large, paired by training.",
         "",
         "| N | t | steps | trainings | expert (start) | monolith (start) | monolith − expert | monolith / expert | "
-        "change per doubling: expert / monolith (%) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "change per doubling: expert / monolith (%) | width floor: expert | monolith's training loss, every component "
+        "(its width floor) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary["rows"]:
         ch = r.get("change_per_doubling_pct")
@@ -173,7 +185,10 @@ def render(entry: dict, summary: dict) -> str:
         lines.append(
             f"| {r['features']} | {r['t']} | {r['steps']} | {len(r['trainings'])} | {_cell(r['expert'])} "
             f"({r['expert_start']['mean']:.4g}) | {_cell(r['monolith'])} ({r['monolith_start']['mean']:.4g}) | "
-            f"{_cell(r['gap'], '+.4g')} | {_cell(r['ratio'], '.3g')} | {change} |"
+            f"{_cell(r['gap'], '+.4g')} | {_cell(r['ratio'], '.3g')} | {change} | "
+            + (f"{r['width_floor']['expert']:.4g} | " if "width_floor" in r else " | ")
+            + _cell(r["monolith_training_loss"])
+            + (f" ({r['width_floor']['monolith']:.4g}) |" if "width_floor" in r else " |")
         )
     return "\n".join(lines) + "\n"
 
@@ -233,6 +248,15 @@ def main(argv: list[str] | None = None) -> dict:
                     print(
                         f"N={n} t={t} steps={steps} training {training}: {r['seconds']} s", file=sys.stderr, flush=True
                     )
+    every = torch.arange(len(ref.cluster_of))
+    entry["width_floor"] = {  # what no network of N hidden units can go below (closed form, per N and t)
+        f"{n}@{t}": {"monolith": width_floor(ref.mixture, every, (t,), n)[0]}
+        | {
+            str(k): width_floor(ref.mixture, (ref.cluster_of == k).nonzero().squeeze(1), (t,), n)[0]
+            for k in args.clusters
+        }
+        for n, t in sorted({(r["features"], r["t"]) for r in entry["records"]})
+    }
     entry["meta"] = {
         "command": shlex.join(
             ["python", "-m", "benchmarks.gmm_trained_floor", *(sys.argv[1:] if argv is None else argv)]

@@ -1,11 +1,111 @@
-"""Capacity with trained features (benchmarks/gmm_trained_floor.py): training starts at the class floor's
-least-squares fit and goes below it; a monolith with units enough for every cluster's subspace comes down to the
+"""Capacity with trained features: the width floor (hddm_flower.gmm.yardsticks.width_floor) against the objective
+solved by hand and against draws, in float64 over a grid of t with both endpoints; and benchmarks/gmm_trained_floor.py:
+training starts at the class floor's least-squares fit and goes below it; a monolith with units enough for every cluster's subspace comes down to the
 experts and one with too few does not; the summary's arithmetic; the command's files and refusals."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+from hddm_flower.gmm.mixture import GaussianMixture
+from hddm_flower.gmm.yardsticks import affine_floor, velocity_gain, width_floor
+
+TIMES = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
+f64 = torch.float64
+
+
+def _mixture(j: int = 5, d: int = 6, seed: int = 0) -> GaussianMixture:
+    g = torch.Generator().manual_seed(seed)
+    return GaussianMixture(
+        torch.softmax(torch.randn(j, generator=g, dtype=f64), 0),
+        torch.randn(j, d, generator=g, dtype=f64),
+        torch.randn(j, d, 2, generator=g, dtype=f64),
+        0.05 + torch.rand(j, d, generator=g, dtype=f64),
+    )
+
+
+def _objective(m: GaussianMixture, fitted: torch.Tensor, t: float, A: torch.Tensor, P: torch.Tensor) -> float:
+    # Σ_j π_j tr((I − P)(M_j − A) S_j (M_j − A)ᵀ(I − P)) / d: what the span of P cannot hold of each component
+    w = m.weights[fitted] / m.weights[fitted].sum()
+    cov, eye = m.covariance(), torch.eye(m.dim, dtype=f64)
+    total = 0.0
+    for wj, j in zip(w.tolist(), fitted.tolist()):
+        D = (eye - P) @ (velocity_gain(cov[j], t) - A)
+        total += wj * float(torch.trace(D @ ((1 - t) ** 2 * cov[j] + t * t * eye) @ D.T))
+    return total / m.dim
+
+
+@pytest.mark.parametrize("t", TIMES)
+def test_the_width_floor_is_the_least_of_the_objective_over_gains_and_spans_of_that_width(t):
+    m, fitted = _mixture(), torch.tensor([0, 1, 3, 4])
+    d, g = m.dim, torch.Generator().manual_seed(1)
+    floors = [width_floor(m, fitted, (t,), n)[0] for n in range(d + 2)]
+    assert floors[0] == pytest.approx(affine_floor(m, fitted, fitted, (t,))[0], rel=1e-10, abs=1e-14)
+    assert floors[d] == floors[d + 1] == 0  # a span of every direction holds everything
+    assert all(a >= b - 1e-15 for a, b in zip(floors, floors[1:]))  # wider is never worse
+    if t in (0.0, 1.0):  # M = −I and I for every covariance: one gain is exact
+        assert max(floors) < 1e-20
+        return
+    assert floors[2] > 1e-4
+    pooled = torch.einsum("j,jde->de", m.weights[fitted] / m.weights[fitted].sum(), m.covariance()[fitted])
+    A = velocity_gain(pooled, t)
+    for n in (1, 2, 4):
+        # the span of the top n eigenvectors of C attains the floor; no other span or gain goes below it
+        w = m.weights[fitted] / m.weights[fitted].sum()
+        C = sum(
+            wj
+            * (velocity_gain(m.covariance()[j], t) - A)
+            @ ((1 - t) ** 2 * m.covariance()[j] + t * t * torch.eye(d, dtype=f64))
+            @ (velocity_gain(m.covariance()[j], t) - A).T
+            for wj, j in zip(w.tolist(), fitted.tolist())
+        )
+        U = torch.linalg.eigh(C).eigenvectors[:, -n:]
+        assert _objective(m, fitted, t, A, U @ U.T) == pytest.approx(floors[n], rel=1e-9)
+        for _ in range(5):
+            Q = torch.linalg.qr(torch.randn(d, n, generator=g, dtype=f64))[0]
+            B = A + 0.1 * torch.randn(d, d, generator=g, dtype=f64)
+            assert _objective(m, fitted, t, B, Q @ Q.T) >= floors[n] * (1 - 1e-12)
+            assert _objective(m, fitted, t, B, U @ U.T) >= floors[n] * (1 - 1e-12)
+
+
+def test_the_width_floor_is_attained_on_draws_by_a_network_whose_hidden_part_is_free():
+    # v̂(x, j) = A*·x + b_j + P·(M_j − A*)(x − E[x | j]), b_j making each component's mean right: its excess on
+    # draws against the exact velocity is the floor; and a network of that width but another span is above it
+    from benchmarks.ddpm_profile import draw_x0
+    from benchmarks.gmm_class_floor import component_velocity
+
+    m, fitted, t, n = _mixture(d=6), torch.tensor([0, 1, 3, 4]), 0.3, 2
+    ref = SimpleNamespace(mixture=m)
+    cov, mu, a, eye = m.covariance(), m.means, 1 - t, torch.eye(m.dim, dtype=f64)
+    pooled = torch.einsum("j,jde->de", m.weights[fitted] / m.weights[fitted].sum(), cov[fitted])
+    A = velocity_gain(pooled, t)
+    C = sum(
+        float(w) * (velocity_gain(cov[j], t) - A) @ (a * a * cov[j] + t * t * eye) @ (velocity_gain(cov[j], t) - A).T
+        for w, j in zip(m.weights[fitted] / m.weights[fitted].sum(), fitted.tolist())
+    )
+    g = torch.Generator().manual_seed(3)
+    x0, comps = draw_x0(ref, fitted, 400_000, g)
+    x = a * x0 + t * torch.randn(x0.shape, generator=g, dtype=f64)
+    v = component_velocity(ref, t, fitted)(x, comps)
+    for P, exact in (
+        ((lambda U: U @ U.T)(torch.linalg.eigh(C).eigenvectors[:, -n:]), True),
+        (
+            (lambda Q: Q @ Q.T)(torch.linalg.qr(torch.randn(m.dim, n, generator=g, dtype=f64))[0]),
+            False,
+        ),
+    ):
+        out = torch.empty_like(x)
+        for j in fitted.tolist():
+            rows = comps == j
+            M, centred = velocity_gain(cov[j], t), x[rows] - a * mu[j]
+            out[rows] = -mu[j] + centred @ (A + P @ (M - A)).T  # E[v* | j] = −μ_j, plus the gains
+        excess = float(((out - v) ** 2).mean())
+        floor = width_floor(m, fitted, (t,), n)[0]
+        if exact:
+            assert excess == pytest.approx(floor, rel=0.02)
+        else:
+            assert excess > 1.2 * floor
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +162,8 @@ def _rec(n, t, steps, training, expert, monolith):
         k: {"expert": expert, "monolith": monolith + d, "expert_start": 1.0, "monolith_start": 2.0}
         for k, d in (("0", 0.0), ("3", 0.2))
     }
-    return {"features": n, "t": t, "steps": steps, "training": training, "per_cluster": cl}
+    loss = {"monolith": monolith + 0.05 * training}
+    return {"features": n, "t": t, "steps": steps, "training": training, "per_cluster": cl, "training_loss": loss}
 
 
 def test_the_summary_pairs_each_budget_with_the_one_half_as_large_by_training():
@@ -72,6 +173,7 @@ def test_the_summary_pairs_each_budget_with_the_one_half_as_large_by_training():
     records += [_rec(64, 0.1, 2000, i, 0.05, 0.2 + 0.005 * i) for i in range(3)]
     records += [_rec(64, 0.1, 3000, 0, 0.04, 0.2)]  # no budget half as large: no change per doubling
     entry = {"name": "x", "records": records, "meta": dict.fromkeys(("command", "machine", "commit", "date"), "?")}
+    entry["width_floor"] = {"64@0.1": {"monolith": 0.3, "0": 0.01, "3": 0.03}}
     rows = {r["steps"]: r for r in summarise(entry)["rows"]}
     assert rows[1000]["monolith"]["mean"] == pytest.approx(0.51) and rows[1000]["monolith"]["n"] == 3
     assert rows[1000]["gap"]["mean"] == pytest.approx(0.41) and rows[1000]["expert_start"]["mean"] == 1.0
@@ -82,7 +184,9 @@ def test_the_summary_pairs_each_budget_with_the_one_half_as_large_by_training():
     # per training: (0.3 + 0.005 i) / (0.5 + 0.01 i) − 1, averaged over i = 0, 1, 2
     expected = sum(100 * ((0.3 + 0.005 * i) / (0.5 + 0.01 * i) - 1) for i in range(3)) / 3
     assert change["monolith"]["mean"] == pytest.approx(expected)
-    assert "| 64 | 0.1 | 2000 | 3 |" in render(entry, summarise(entry))
+    assert rows[2000]["width_floor"] == {"monolith": 0.3, "expert": pytest.approx(0.02)}
+    assert rows[1000]["monolith_training_loss"]["mean"] == pytest.approx(0.41 + 0.05)
+    assert "| 64 | 0.1 | 2000 | 3 |" in render(entry, summarise(entry)) and "(0.3) |" in render(entry, summarise(entry))
 
 
 def test_the_command_writes_records_and_summaries_beside_results_and_refuses_bad_input(ref, tmp_path, monkeypatch):
@@ -100,7 +204,14 @@ def test_the_command_writes_records_and_summaries_beside_results_and_refuses_bad
         "t.json",
     ]
     assert [r["steps"] for r in summary["rows"]] == [20, 40] and "change_per_doubling_pct" in summary["rows"][1]
-    records = trained.json.loads(out.read_text())["x"]["records"]
+    stored = trained.json.loads(out.read_text())["x"]
+    records, members = stored["records"], (ref.cluster_of == 0).nonzero().squeeze(1)
+    assert stored["width_floor"] == {  # the closed forms for the N and t trained
+        "2@0.5": {
+            "monolith": width_floor(ref.mixture, torch.arange(6), (0.5,), 2)[0],
+            "0": width_floor(ref.mixture, members, (0.5,), 2)[0],
+        }
+    }
     assert trained.main(argv) == summary and trained.json.loads(out.read_text())["x"]["records"] == records  # kept
     for bad in (["--times", "0.2"], ["--set", "data.gmm_captions=colour"], ["--lr", "0"], ["--clusters", "7"]):
         with pytest.raises(SystemExit):

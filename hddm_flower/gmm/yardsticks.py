@@ -89,3 +89,31 @@ def affine_floor(
     return [
         sum(float(w) * covariance_excess(cov[j], pooled, t) for w, j in zip(we, evaluated_on.tolist())) for t in times
     ]
+
+
+def width_floor(mixture: GaussianMixture, fitted_on: Tensor, times: Sequence[float], width: int) -> list[float]:
+    """Per t of ``times``: a lower bound on the excess loss per dimension, over the components ``fitted_on``
+    (weighted as the mixture weighs them within them), of every velocity ``v̂(x, c) = A·x + b_c + W·h(x, c)`` whose W
+    has ``width`` columns, whatever h is: any first layers, activation or training (a caption naming one component).
+
+    The part of v̂ that depends on x beyond one gain A for every caption lies in the span of W; off it, with P the
+    projector onto that span, the residual of component j is at least ``(I − P)(M_j − A)(x − E[x | j])``, whose mean
+    square ``tr((I − P)(M_j − A) S_j (M_j − A)ᵀ)`` is the whole bound. Over A its weighted sum is least at the same
+    gain for every P, ``A* = M_Σ̄`` (:func:`affine_floor`), and over P of rank ``width`` it is the sum of all but the
+    ``width`` largest eigenvalues of ``C = Σ_j π_j (M_j − A*) S_j (M_j − A*)ᵀ`` (Ky Fan). With ``width`` = 0 it is
+    :func:`affine_floor` over ``fitted_on``; an h free to be any function of x and c attains it."""
+    cov, d = mixture.covariance(), mixture.dim
+    fitted_on = torch.as_tensor(fitted_on)
+    wf = mixture.weights[fitted_on] / mixture.weights[fitted_on].sum()
+    pooled = torch.einsum("j,jde->de", wf, cov[fitted_on])
+    eye = torch.eye(d, dtype=cov.dtype)
+    out = []
+    for t in times:
+        A = velocity_gain(pooled, t)
+        C = torch.zeros(d, d, dtype=cov.dtype)
+        for w, j in zip(wf.tolist(), fitted_on.tolist()):
+            D = velocity_gain(cov[j], t) - A
+            C += w * D @ ((1 - t) ** 2 * cov[j] + t * t * eye) @ D.T
+        eig = torch.linalg.eigvalsh((C + C.T) / 2)  # ascending: the d − width smallest are what P cannot hold
+        out.append(float(eig[: max(d - width, 0)].clamp(min=0).sum()) / d)
+    return out
