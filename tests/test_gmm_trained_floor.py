@@ -1,7 +1,9 @@
-"""Capacity with trained features: the width floor (hddm_flower.gmm.yardsticks.width_floor) against the objective
-solved by hand and against draws, in float64 over a grid of t with both endpoints; and benchmarks/gmm_trained_floor.py:
-training starts at the class floor's least-squares fit and goes below it; a monolith with units enough for every cluster's subspace comes down to the
-experts and one with too few does not; the summary's arithmetic; the command's files and refusals."""
+"""Capacity with trained features: the width floor (hddm_flower.gmm.yardsticks.width_floor) against its objective
+evaluated by hand at its minimiser and at other gains and spans, against the normal equations and against draws, in
+float64 over a grid of t with both endpoints; and benchmarks/gmm_trained_floor.py: a record starts from the class
+floor's fit and scores on its draws, training goes below that start held out, a monolith too narrow for every
+cluster's subspace is trained to near its width floor while a wide one falls by more than 95 %; the summary's
+arithmetic; the command's files and refusals."""
 
 from types import SimpleNamespace
 
@@ -50,9 +52,18 @@ def test_the_width_floor_is_the_least_of_the_objective_over_gains_and_spans_of_t
     assert floors[2] > 1e-4
     pooled = torch.einsum("j,jde->de", m.weights[fitted] / m.weights[fitted].sum(), m.covariance()[fitted])
     A = velocity_gain(pooled, t)
+    w = m.weights[fitted] / m.weights[fitted].sum()
+    # A* solves the normal equations Σ_j π_j (M_j − A) S_j = 0, so the objective's gradient in A,
+    # −2 (I − P) Σ_j π_j (M_j − A) S_j, is 0 at A* whatever the span P: the best gain does not depend on the span
+    normal = sum(
+        wj
+        * (velocity_gain(m.covariance()[j], t) - A)
+        @ ((1 - t) ** 2 * m.covariance()[j] + t * t * torch.eye(d, dtype=f64))
+        for wj, j in zip(w.tolist(), fitted.tolist())
+    )
+    assert float(normal.abs().max()) < 1e-12
     for n in (1, 2, 4):
         # the span of the top n eigenvectors of C attains the floor; no other span or gain goes below it
-        w = m.weights[fitted] / m.weights[fitted].sum()
         C = sum(
             wj
             * (velocity_gain(m.covariance()[j], t) - A)
@@ -138,23 +149,45 @@ def test_training_starts_at_the_least_squares_fit_and_goes_below_it(ref):
     assert 0 < loss < before
 
 
-def test_a_monolith_with_units_for_every_subspace_comes_down_and_one_with_too_few_does_not(ref):
-    # given its caption the exact velocity is affine in x_t with its cluster's gain: an expert holds its rank-2
-    # subspace in ~2 units, the monolith all three in ~6. With 1 unit the monolith must leave clusters out.
+def test_a_monolith_too_narrow_for_every_subspace_stays_near_its_width_floor_and_a_wide_one_falls(ref):
+    # the monolith's floor is mostly the three clusters' rank-2 subspaces (K·r = 6 units hold them); with 1 unit it
+    # cannot go below its width floor and training takes it close to it; with 24 it falls by more than 95 %
     from benchmarks.gmm_trained_floor import record
 
     args = SimpleNamespace(steps_now=0, lr=1e-2, batch=256, draws_per_feature=32, samples=1024, eval_seed=0)
     small = record(ref, [0, 1, 2], 1, 0.3, 500, 0, args)
     big = record(ref, [0, 1, 2], 24, 0.3, 500, 0, args)
+    every = torch.arange(6)
+    floor = width_floor(ref.mixture, every, (0.3,), 1)[0]
+    assert floor > 0.5 * width_floor(ref.mixture, every, (0.3,), 0)[0] > 0  # one unit holds little
+    assert floor * 0.98 < small["training_loss"]["monolith"] < 1.3 * floor  # trained to near its floor, not below
+    for k in "012":
+        members = (ref.cluster_of == int(k)).nonzero().squeeze(1)
+        assert small["training_loss"][k] > 0.98 * width_floor(ref.mixture, members, (0.3,), 1)[0]
 
     def mean(r, who):
         return sum(c[who] for c in r["per_cluster"].values()) / 3
 
-    assert mean(small, "monolith") > 0.6 * mean(small, "monolith_start")  # too few units: most of the gap stays
     assert mean(small, "monolith") > 100 * mean(small, "expert")
-    assert mean(big, "monolith") < 0.05 * mean(big, "monolith_start")  # enough: it falls by more than 95 %
+    assert mean(big, "monolith") < 0.05 * mean(big, "monolith_start")  # units enough: it falls by more than 95 %
     assert mean(big, "expert") < mean(big, "expert_start")  # the experts are trained too
     assert set(big["training_loss"]) == {"monolith", "0", "1", "2"} and big["steps"] == 500
+
+
+def test_a_record_starts_from_the_class_floors_fit_and_scores_on_its_draws(ref):
+    # the same seeds and scoring draws as benchmarks/gmm_class_floor.py: the start's excess is the class floor's
+    from benchmarks.gmm_class_floor import INNER
+    from benchmarks.gmm_class_floor import record as floor_record
+    from benchmarks.gmm_trained_floor import record
+
+    args = SimpleNamespace(steps_now=0, lr=1e-2, batch=64, draws_per_feature=16, samples=512, eval_seed=3)
+    mine = record(ref, [0, 2], 4, 0.5, 5, 1, args)
+    theirs = floor_record(ref, [0, 2], 4, 1, SimpleNamespace(**vars(args), input_scale=1.0))
+    for k in ("0", "2"):
+        for who in ("monolith", "expert"):
+            assert mine["per_cluster"][k][f"{who}_start"] == theirs["per_cluster"][k][who][INNER.index(0.5)]
+    with pytest.raises(ValueError, match="width"):
+        width_floor(ref.mixture, torch.arange(6), (0.5,), -1)
 
 
 def _rec(n, t, steps, training, expert, monolith):
@@ -162,7 +195,7 @@ def _rec(n, t, steps, training, expert, monolith):
         k: {"expert": expert, "monolith": monolith + d, "expert_start": 1.0, "monolith_start": 2.0}
         for k, d in (("0", 0.0), ("3", 0.2))
     }
-    loss = {"monolith": monolith + 0.05 * training}
+    loss = {"monolith": monolith + 0.05 * training, "0": expert, "3": expert + 0.02}
     return {"features": n, "t": t, "steps": steps, "training": training, "per_cluster": cl, "training_loss": loss}
 
 
@@ -186,6 +219,7 @@ def test_the_summary_pairs_each_budget_with_the_one_half_as_large_by_training():
     assert change["monolith"]["mean"] == pytest.approx(expected)
     assert rows[2000]["width_floor"] == {"monolith": 0.3, "expert": pytest.approx(0.02)}
     assert rows[1000]["monolith_training_loss"]["mean"] == pytest.approx(0.41 + 0.05)
+    assert rows[1000]["expert_training_loss"]["mean"] == pytest.approx(0.11)
     assert "| 64 | 0.1 | 2000 | 3 |" in render(entry, summarise(entry)) and "(0.3) |" in render(entry, summarise(entry))
 
 

@@ -102,6 +102,8 @@ def width_floor(mixture: GaussianMixture, fitted_on: Tensor, times: Sequence[flo
     gain for every P, ``A* = M_Σ̄`` (:func:`affine_floor`), and over P of rank ``width`` it is the sum of all but the
     ``width`` largest eigenvalues of ``C = Σ_j π_j (M_j − A*) S_j (M_j − A*)ᵀ`` (Ky Fan). With ``width`` = 0 it is
     :func:`affine_floor` over ``fitted_on``; an h free to be any function of x and c attains it."""
+    if width < 0:
+        raise ValueError(f"width_floor: width {width} must be ≥ 0")
     cov, d = mixture.covariance(), mixture.dim
     fitted_on = torch.as_tensor(fitted_on)
     wf = mixture.weights[fitted_on] / mixture.weights[fitted_on].sum()
