@@ -218,7 +218,7 @@ def test_the_summary_of_the_section_names_the_class_floor_and_what_it_does_not_s
     p = paragraph()
     assert "one network for every caption stays above the experts on the mixture whose clusters share nothing" in p
     assert "at the two sizes measured, with as many coefficients as all eight together" in p
-    assert "for the transformers a limit at convergence is not shown" in p
+    assert "For the transformers a limit at convergence is not shown" in p
 
 
 def test_the_features_scale_moves_the_gap_by_what_the_passage_says():
