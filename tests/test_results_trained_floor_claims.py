@@ -73,7 +73,7 @@ def test_the_records_are_the_trainings_and_setting_the_passage_names():
     assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in e["records"])
     assert {r["commit"] for r in e["records"]} == set(COMMITS) and ", ".join(COMMITS[:-1]) + " and " + COMMITS[-1] in t
     assert doc_claims.load("gmm_trained_floor-clu-r8.json") == summarise(e)  # the committed summary is the records'
-    assert f"{sum(r['seconds'] for r in e['records']) / 60:.0f} min of training in all" in t
+    assert f"{sum(r['seconds'] for r in e['records']) / 60:.0f} min summed over the records" in t
 
 
 def test_the_width_floors_are_the_closed_form_of_the_mixture(tmp_path):
@@ -104,11 +104,20 @@ def test_the_width_floors_are_the_closed_form_of_the_mixture(tmp_path):
     weighted = sum(float(mass[k]) * floor[k] for k in range(8)) / float(mass.sum())
     mono = width_floor(ref.mixture, every, (0.1,), 16)[0]
     assert f"are {floor[0] * SCALE:.2f} (cluster 0) and {floor[3] * SCALE:.2f} (cluster 3)" in t
-    assert f"weigh {weighted * SCALE:.2f} over all eight clusters, {mono / weighted:.0f}× less" in t
+    assert (
+        f"average {weighted * SCALE:.2f} over all eight clusters, weighted as the mixture weighs them, so the monolith's floor is {mono / weighted:.0f}× theirs"
+        in t
+    )
     assert f"{weighted * SCALE:.2f} over all eight clusters weighted" in t
     from .test_results_claims import paragraph
 
-    assert f"at {mono / weighted:.0f}× the experts' floors at that width" in paragraph()
+    assert f"at no less than {mono / weighted:.0f}× the experts' floors at that width" in paragraph()
+    f64 = {k: width_floor(ref.mixture, (ref.cluster_of == k).nonzero().squeeze(1), (0.1,), 64)[0] for k in range(8)}
+    assert (
+        f"{sum(float(mass[k]) * f64[k] for k in range(8)) / float(mass.sum()) * SCALE:.2f} over all eight, weighted"
+        in t
+    )
+    assert width_floor(ref.mixture, every, (0.1,), 192)[0] == 0 and "at N ≥ 192, the dimension, it is 0" in t
     assert (
         f"at N = 128, as many units as eight experts of 16, is {width_floor(ref.mixture, every, (0.1,), 128)[0] * SCALE:.2f}"
         in t
@@ -122,40 +131,95 @@ def test_every_row_of_the_training_table_is_the_records_summary():
     assert [c for c in cells[1:]] == [row_cells(r) for r in s["rows"]]
 
 
-def test_the_bullets_numbers_are_the_summarys_and_the_floors():
-    t = text()
-    rows = {(r["features"], r["steps"]): r for r in summarise(entry())["rows"]}
-    last, floors = rows[16, 16000], entry()["width_floor"]
-    mono, exp = last["monolith_training_loss"], last["expert_training_loss"]
-    assert (
-        f"comes to {level(mono)} against that floor ({100 * (mono['mean'] / floors['16@0.1']['monolith'] - 1):.1f} % above it)"
-        in t
-    )
-    assert f"the experts' to {level(exp)} against theirs, {last['width_floor']['expert'] * SCALE:.2f}" in t
-    ch = last["change_per_doubling_pct"]
-    for x in ch.values():  # "neither changes by a resolved amount"
-        assert not doc_claims.resolved(x)
-    assert f"the experts {change(ch['expert'])}, the monolith {change(ch['monolith'])}" in t
-    assert f"the monolith stays {ratio(last['ratio'])} the experts" in t
-    assert f"below {floors['16@0.1']['monolith'] * SCALE:.2f} over every component" in t
-    # the In-short sentence's "within 6 %" and "within 3 %"
-    assert 100 * (mono["mean"] / floors["16@0.1"]["monolith"] - 1) < 6
-    assert 100 * (exp["mean"] / last["width_floor"]["expert"] - 1) < 3
+def _pct(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def test_the_bullets_numbers_are_the_records_and_the_floors():
+    from hddm_flower.gmm.truth import interval
+
     from .test_results_claims import paragraph
 
+    t, e = text(), entry()
+    rows = {(r["features"], r["steps"]): r for r in summarise(e)["rows"]}
+    by = {(r["features"], r["steps"], r["training"]): r for r in e["records"]}
+    f16, f64 = e["width_floor"]["16@0.1"], e["width_floor"]["64@0.1"]
+
+    def experts(losses: dict, floor: dict | None = None) -> float:
+        return (losses["0"] + losses["3"]) / 2 / (1 if floor is None else (floor["0"] + floor["3"]) / 2)
+
+    # 16 units, 16,000 steps: each training's training loss above its floor
+    mono = [100 * (by[16, 16000, i]["training_loss"]["monolith"] / f16["monolith"] - 1) for i in range(3)]
+    exp = [100 * (experts(by[16, 16000, i]["training_loss"], f16) - 1) for i in range(3)]
     assert (
-        "the monolith to within 6 % of its floor and the experts to within 3 % of theirs (three trainings)"
+        f"lies {_pct(mono[0])}, {_pct(mono[1])} and {_pct(mono[2])} % above its floor in the three trainings ({doc_claims.iv(interval(mono), 1)[1:]} %)"
+        in t
+    )
+    assert f"and {_pct(exp[2])} % above theirs ({doc_claims.iv(interval(exp), 1)[1:]} %)" in t
+    assert f"clusters 0 and 3) {_pct(exp[0])}, {_pct(exp[1])}" in t
+    assert (
+        f"the trained monoliths lie {_pct(min(mono))}–{_pct(max(mono))} % above that floor and the experts of clusters 0 and 3 {_pct(min(exp))}–{_pct(max(exp))} % above theirs (three trainings)"
         in paragraph()
+    )
+    tl = [
+        100 * (by[16, 16000, i]["training_loss"]["monolith"] / by[16, 8000, i]["training_loss"]["monolith"] - 1)
+        for i in range(3)
+    ]
+    over = [
+        100
+        * (
+            (by[16, 16000, i]["training_loss"]["monolith"] - f16["monolith"])
+            / (by[16, 8000, i]["training_loss"]["monolith"] - f16["monolith"])
+            - 1
+        )
+        for i in range(3)
+    ]
+    assert not doc_claims.resolved(interval(tl)) and not doc_claims.resolved(interval(over))
+    assert f"training loss changes by {doc_claims.iv(interval(tl), 1)} %" in t
+    assert f"but its excess over the floor by {doc_claims.iv(interval(over), 1)} %" in t
+    ch = rows[16, 16000]["change_per_doubling_pct"]
+    assert all(not doc_claims.resolved(x) for x in ch.values())
+    assert f"the experts {change(ch['expert'])}, the monolith {change(ch['monolith'])}" in t
+    assert f"the monolith is {ratio(rows[16, 16000]['ratio'])} the experts" in t
+    c3 = [by[16, 16000, i]["per_cluster"]["3"]["monolith"] * SCALE for i in range(3)]
+    assert max(c3) < f16["monolith"] * SCALE and f"on cluster 3, {min(c3):.1f}–{max(c3):.1f} held out" in t
+    # 64 units
+    assert f"is {f64['monolith'] * SCALE:.2f}, the experts' {(f64['0'] + f64['3']) / 2 * SCALE:.2f}" in t
+    assert (
+        f"the floors are {f64['monolith'] / ((f64['0'] + f64['3']) / 2):.1f}× apart" in t
+        and "floors are 1.3× apart" in paragraph()
     )
     r64 = rows[64, 16000]
     assert (
         doc_claims.resolved(r64["change_per_doubling_pct"]["monolith"])
         and r64["change_per_doubling_pct"]["monolith"]["mean"] < 0
     )
-    assert f"still falls ({change(r64['change_per_doubling_pct']['monolith'])} per doubling at the last doubling)" in t
-    assert f"falls from {ratio(rows[64, 2000]['ratio'])} at 2,000 steps to {ratio(r64['ratio'])} at 16,000" in t
-    assert f"({level(r64['monolith_training_loss'])} at 16,000 steps)" in t
+    assert (
+        f"({level(r64['monolith_training_loss'])} at 16,000 steps) and still falls ({change(r64['change_per_doubling_pct']['monolith'])} per doubling"
+        in t
+    )
+    assert f"the experts change by {change(r64['change_per_doubling_pct']['expert'])}" in t
+    above = [100 * (by[64, 16000, i]["training_loss"][k] / f64[k] - 1) for i in range(3) for k in ("0", "3")]
+    mean_above = [100 * (experts(by[64, 16000, i]["training_loss"], f64) - 1) for i in range(3)]
+    assert 13 < min(above) and max(mean_above) < 23 and 15 <= min(mean_above) and "lie 15–23 % above their floor" in t
+
+    def held(n: int, s: int, i: int) -> float:
+        c = by[n, s, i]["per_cluster"]
+        return sum(x["monolith"] for x in c.values()) / sum(x["expert"] for x in c.values())
+
+    drop = interval([held(64, 2000, i) - held(64, 16000, i) for i in range(3)])
+    assert (
+        doc_claims.resolved(drop)
+        and f"to {ratio(r64['ratio'])} at 16,000 (by {doc_claims.iv(drop, 1)[1:]}, paired by training)" in t
+    )
+    assert f"falls from {ratio(rows[64, 2000]['ratio'])} at 2,000 steps" in t
+    # 256 units
     r256 = rows[256, 8000]
-    assert f"from {ratio(rows[256, 2000]['ratio'])} at 2,000 steps to {ratio(r256['ratio'])} at 8,000" in t
+    grow = interval([held(256, 8000, i) - held(256, 2000, i) for i in range(3)])
+    assert doc_claims.resolved(grow)
+    assert (
+        f"from {ratio(rows[256, 2000]['ratio'])} at 2,000 steps to {ratio(r256['ratio'])} at 8,000 (by {doc_claims.iv(grow, 1)[1:]}, paired by"
+        in t
+    )
     ch = r256["change_per_doubling_pct"]
     assert f"({change(ch['expert'])} per doubling at the last doubling, the monolith {change(ch['monolith'])})" in t
