@@ -14,15 +14,15 @@ On the mixture whose clusters share nothing (``data.gmm_covariance=cluster``), g
 is affine in x_t with its component's gain. What one gain for every caption leaves of it is, for the monolith, mostly
 each cluster's rank-r subspace (about K·r hidden units for K clusters hold it); for an expert it is the small
 difference between its components' noise levels, full-rank, which N units barely reduce at small t. The closed form
-is the width floor (:func:`hddm_flower.gmm.yardsticks.width_floor`): no network of N hidden units goes below it in
-expectation, however trained. The summary sets it beside each side's training loss over the last tenth of its steps
+is the width floor (:func:`hddm_flower.gmm.yardsticks.width_floor`): no network of this form with N hidden units goes
+below it in expectation, however trained. The summary sets it beside each side's training loss over the last tenth of its steps
 (fresh draws of its own components: the expectation the floor bounds, averaged over those iterates, in float32); the
-held-out excess is on one fixed set of scoring draws, whose sampling error (a few per cent at 2,048 draws) the ±
-over trainings does not include.
+held-out excess is on one fixed set of scoring draws, whose sampling error the ± over trainings
+does not include.
 
     python -m benchmarks.gmm_trained_floor --config configs/reproduce-gmm-nano.yaml \\
-        --set "data.gmm_covariance=cluster data.gmm_rank=8" --clusters 0 3 4 --features 64 --times 0.1 \\
-        --steps 2000 4000 8000 16000 --training 0 1 2 --name clu-r8
+        --set "data.gmm_covariance=cluster data.gmm_rank=8" --clusters 0 3 --features 16 64 --times 0.1 \\
+        --steps 2000 4000 8000 16000 --training 0 1 2 --lr 1e-2 --name clu-r8
 
 appends one record per (training, N, t, budget) to ``benchmarks/results/gmm_trained_floor.json`` (a record already
 there is kept unless ``--replace``) and writes ``gmm_trained_floor-NAME.{md,json}`` beside it, the summary over the
