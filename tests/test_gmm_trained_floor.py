@@ -252,3 +252,28 @@ def test_the_command_writes_records_and_summaries_beside_results_and_refuses_bad
             trained.main([*argv, *bad])
     with pytest.raises(SystemExit):  # another setting under the same name
         trained.main([*argv, "--batch", "16"])
+
+
+def test_the_fit_the_training_and_the_scoring_draw_from_generators_of_their_own(ref, monkeypatch):
+    import benchmarks.gmm_class_floor as floor
+    import benchmarks.gmm_ladder as ladder
+    import benchmarks.gmm_trained_floor as trained
+    from benchmarks.ddpm_profile import draw_x0
+
+    seeds: dict[str, set] = {"fit": set(), "train": set(), "score": set()}
+
+    def spy(kind):
+        def draw(ref, members, n, g):
+            seeds[kind].add(g.initial_seed())
+            return draw_x0(ref, members, n, g)
+
+        return draw
+
+    for module, kind in ((floor, "fit"), (trained, "train"), (ladder, "score")):
+        monkeypatch.setattr(module, "draw_x0", spy(kind))
+    args = SimpleNamespace(steps_now=0, lr=1e-2, batch=64, draws_per_feature=16, samples=256, eval_seed=0)
+    for training in (0, 1):
+        trained.record(ref, [0, 2], 4, 0.5, 3, training, args)
+    assert all(seeds.values())
+    assert not (seeds["fit"] & seeds["train"] or seeds["fit"] & seeds["score"] or seeds["train"] & seeds["score"])
+    assert len(seeds["train"]) == 2 * 3  # each network of each training: its own training draws
