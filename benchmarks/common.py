@@ -9,6 +9,7 @@ import platform
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +72,11 @@ def module_command(module: str, *args: str) -> list[str]:
     """The command line that runs the benchmark ``module`` (``benchmarks.NAME``) in a fresh Python process; run it
     with ``cwd=ROOT``."""
     return [sys.executable, "-m", module, *args]
+
+
+def stamp() -> dict[str, str]:
+    """Where and when a result was made: this machine, the checkout's commit and today's date."""
+    return {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d")}
 
 
 def write_result(path: str | os.PathLike, record: dict, *, indent: int = 2) -> Path:

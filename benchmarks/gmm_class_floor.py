@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from benchmarks.common import RESULTS, commit, machine, write_result
+from benchmarks.common import RESULTS, stamp, write_result
 from benchmarks.ddpm_profile import draw_x0
 from benchmarks.gmm_ladder import TIMES, cluster_draws
 from hddm_flower.config.io import load_config, parse_overrides
@@ -355,19 +355,13 @@ def main(argv: list[str] | None = None) -> dict:
             if (n, training) in done and (done[n, training] or not experts) and not args.replace:
                 continue  # a record with experts holds the monolith too
             r = record(ref, args.clusters, n, training, args, experts)
-            r |= {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d")}
+            r |= stamp()
             entry["records"] = [x for x in entry["records"] if (x["features"], x["training"]) != (n, training)] + [r]
             store[args.name] = entry
             write_result(path, store)  # after each record: an interrupted run keeps what it fitted
             print(f"N={n} training {training}: {r['seconds']} s", file=sys.stderr, flush=True)
-    entry["meta"] = {
-        "command": shlex.join(
-            ["python", "-m", "benchmarks.gmm_class_floor", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "machine": machine(),
-        "commit": commit(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    command = ["python", "-m", "benchmarks.gmm_class_floor", *(sys.argv[1:] if argv is None else argv)]
+    entry["meta"] = {"command": shlex.join(command)} | stamp()
     store[args.name] = entry
     write_result(path, store)
     summary = summarise(entry)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import RESULTS, commit, machine, write_result
+from benchmarks.common import RESULTS, stamp, write_result
 from benchmarks.ddpm_profile import draw_x0
 from benchmarks.gmm_class_floor import FIT_SEEDS, INNER, Fitted, component_velocity, fit
 from benchmarks.gmm_ladder import cluster_draws
@@ -57,14 +57,14 @@ TRAIN_SEEDS = 2**41  # the training draws' generator seeds: apart from the fits'
 f64 = torch.float64
 
 
-def train(ref: GMMReference, members, t: float, n: int, seed: int, args) -> tuple[Fitted, Fitted, float]:
+def train(ref: GMMReference, members, t: float, n: int, seed: int, steps: int, args) -> tuple[Fitted, Fitted, float]:
     """The network of N = ``n`` units over ``members`` at time t: its start (the least-squares fit on random features)
-    and the same network after ``args.steps_now`` Adam steps of ``args.batch`` fresh draws; and the training loss
+    and the same network after ``steps`` Adam steps of ``args.batch`` fresh draws; and the training loss
     (excess per dimension) over its last tenth of steps."""
     start, _ = fit(ref, members, t, n, seed, args.draws_per_feature)
     f = start.features
     R, q, beta, W = (p.float().clone().requires_grad_() for p in (f.R, f.q, f.beta, start.W))
-    shift, scale, steps = f.shift.float(), f.scale, args.steps_now
+    shift, scale = f.shift.float(), f.scale
     opt = torch.optim.Adam([R, q, beta, W], lr=args.lr)
     decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps)))
     g = torch.Generator().manual_seed(TRAIN_SEEDS + seed)
@@ -96,7 +96,7 @@ def record(ref, clusters: list[int], n: int, t: float, steps: int, training: int
     every = torch.arange(len(ref.cluster_of))
     i = INNER.index(t)
     base = FIT_SEEDS + 1_000_003 * training + 7919 * n + 101 * i  # the class floor's seeds for this t
-    args.steps_now, begin = steps, time.perf_counter()
+    begin = time.perf_counter()
 
     def scored(nets: dict[str, Fitted], k: int) -> dict[str, float]:  # on the class floor's draws at t
         for _, tt, x_t, _, _, comps, v_star in cluster_draws(ref, k, args.samples, args.eval_seed):
@@ -105,11 +105,11 @@ def record(ref, clusters: list[int], n: int, t: float, steps: int, training: int
                 return {who: float(((net(x, comps) - v) ** 2).mean()) for who, net in nets.items()}
         raise AssertionError(f"t = {t} is not among the scoring times")
 
-    start, mono, loss = train(ref, every, t, n, base, args)
+    start, mono, loss = train(ref, every, t, n, base, steps, args)
     per_cluster, losses = {}, {"monolith": loss}
     for k in clusters:
         members = (ref.cluster_of == k).nonzero().squeeze(1)
-        e_start, expert, losses[str(k)] = train(ref, members, t, n, base + 13 * (k + 1), args)
+        e_start, expert, losses[str(k)] = train(ref, members, t, n, base + 13 * (k + 1), steps, args)
         nets = {"monolith": mono, "expert": expert, "monolith_start": start, "expert_start": e_start}
         per_cluster[str(k)] = scored(nets, k)
     return {
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
                     ):
                         continue
                     r = record(ref, args.clusters, n, t, steps, training, args)
-                    r |= {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d")}
+                    r |= stamp()
                     entry["records"] = [
                         x for x in entry["records"] if (x["features"], x["t"], x["steps"], x["training"]) != key
                     ] + [r]
@@ -269,14 +269,8 @@ def main(argv: list[str] | None = None) -> dict:
         }
         for n, t in sorted({(r["features"], r["t"]) for r in entry["records"]})
     }
-    entry["meta"] = {
-        "command": shlex.join(
-            ["python", "-m", "benchmarks.gmm_trained_floor", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "machine": machine(),
-        "commit": commit(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    command = ["python", "-m", "benchmarks.gmm_trained_floor", *(sys.argv[1:] if argv is None else argv)]
+    entry["meta"] = {"command": shlex.join(command)} | stamp()
     store[args.name] = entry
     write_result(path, store)
     summary = summarise(entry)

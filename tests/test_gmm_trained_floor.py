@@ -13,18 +13,10 @@ import torch
 from hddm_flower.gmm.mixture import GaussianMixture
 from hddm_flower.gmm.yardsticks import affine_floor, velocity_gain, width_floor
 
+from .test_gmm_class_floor import _mixture
+
 TIMES = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 f64 = torch.float64
-
-
-def _mixture(j: int = 5, d: int = 6, seed: int = 0) -> GaussianMixture:
-    g = torch.Generator().manual_seed(seed)
-    return GaussianMixture(
-        torch.softmax(torch.randn(j, generator=g, dtype=f64), 0),
-        torch.randn(j, d, generator=g, dtype=f64),
-        torch.randn(j, d, 2, generator=g, dtype=f64),
-        0.05 + torch.rand(j, d, generator=g, dtype=f64),
-    )
 
 
 def _objective(m: GaussianMixture, fitted: torch.Tensor, t: float, A: torch.Tensor, P: torch.Tensor) -> float:
@@ -40,7 +32,7 @@ def _objective(m: GaussianMixture, fitted: torch.Tensor, t: float, A: torch.Tens
 
 @pytest.mark.parametrize("t", TIMES)
 def test_the_width_floor_is_the_least_of_the_objective_over_gains_and_spans_of_that_width(t):
-    m, fitted = _mixture(), torch.tensor([0, 1, 3, 4])
+    m, fitted = _mixture(d=6), torch.tensor([0, 1, 3, 4])
     d, g = m.dim, torch.Generator().manual_seed(1)
     floors = [width_floor(m, fitted, (t,), n)[0] for n in range(d + 2)]
     assert floors[0] == pytest.approx(affine_floor(m, fitted, fitted, (t,))[0], rel=1e-10, abs=1e-14)
@@ -135,8 +127,8 @@ def test_training_starts_at_the_least_squares_fit_and_goes_below_it(ref):
     from benchmarks.gmm_trained_floor import train
 
     every = torch.arange(6)
-    args = SimpleNamespace(steps_now=600, lr=1e-2, batch=256, draws_per_feature=32, samples=4096, eval_seed=0)
-    start, trained, loss = train(ref, every, 0.3, 8, seed=7, args=args)
+    args = SimpleNamespace(lr=1e-2, batch=256, draws_per_feature=32, samples=4096, eval_seed=0)
+    start, trained, loss = train(ref, every, 0.3, 8, seed=7, steps=600, args=args)
     lsq, _ = fit(ref, every, 0.3, 8, 7, 32)
     assert torch.equal(start.W, lsq.W) and torch.equal(start.features.R, lsq.features.R)  # the class floor's fit
     assert not torch.equal(trained.features.R, start.features.R)  # the first layer is trained (a copy, not the start)
@@ -154,7 +146,7 @@ def test_a_monolith_too_narrow_for_every_subspace_stays_near_its_width_floor_and
     # cannot go below its width floor and training takes it close to it; with 24 it falls by more than 95 %
     from benchmarks.gmm_trained_floor import record
 
-    args = SimpleNamespace(steps_now=0, lr=1e-2, batch=256, draws_per_feature=32, samples=1024, eval_seed=0)
+    args = SimpleNamespace(lr=1e-2, batch=256, draws_per_feature=32, samples=1024, eval_seed=0)
     small = record(ref, [0, 1, 2], 1, 0.3, 500, 0, args)
     big = record(ref, [0, 1, 2], 24, 0.3, 500, 0, args)
     every = torch.arange(6)
@@ -180,7 +172,7 @@ def test_a_record_starts_from_the_class_floors_fit_and_scores_on_its_draws(ref):
     from benchmarks.gmm_class_floor import record as floor_record
     from benchmarks.gmm_trained_floor import record
 
-    args = SimpleNamespace(steps_now=0, lr=1e-2, batch=64, draws_per_feature=16, samples=512, eval_seed=3)
+    args = SimpleNamespace(lr=1e-2, batch=64, draws_per_feature=16, samples=512, eval_seed=3)
     mine = record(ref, [0, 2], 4, 0.5, 5, 1, args)
     theirs = floor_record(ref, [0, 2], 4, 1, SimpleNamespace(**vars(args), input_scale=1.0))
     for k in ("0", "2"):
@@ -271,7 +263,7 @@ def test_the_fit_the_training_and_the_scoring_draw_from_generators_of_their_own(
 
     for module, kind in ((floor, "fit"), (trained, "train"), (ladder, "score")):
         monkeypatch.setattr(module, "draw_x0", spy(kind))
-    args = SimpleNamespace(steps_now=0, lr=1e-2, batch=64, draws_per_feature=16, samples=256, eval_seed=0)
+    args = SimpleNamespace(lr=1e-2, batch=64, draws_per_feature=16, samples=256, eval_seed=0)
     for training in (0, 1):
         trained.record(ref, [0, 2], 4, 0.5, 3, training, args)
     assert all(seeds.values())

@@ -128,7 +128,7 @@ def test_the_width_floors_are_the_closed_form_of_the_mixture(tmp_path):
 def test_every_row_of_the_training_table_is_the_records_summary():
     s = summarise(entry())
     cells = doc_claims.md_table(doc_claims.raw_passage(START, END), "| N | steps | trainings | expert |")
-    assert [c for c in cells[1:]] == [row_cells(r) for r in s["rows"]]
+    assert cells[1:] == [row_cells(r) for r in s["rows"]]
 
 
 def _pct(x: float) -> str:
