@@ -11,16 +11,6 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 
-def pytest_configure(config):
-    """Under README's command each of the two xdist workers gets one torch thread: two workers of two threads each
-    on two cores wait on each other's spinning threads, which made the matmul-bound tests several times slower than
-    alone. Processes a test starts (simulations, the deployment) choose their own threads."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        import torch
-
-        torch.set_num_threads(1)
-
-
 def pytest_collection_modifyitems(config, items):
     """For README's command, which runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): the
     loopback deployment first, since it is the longest test and spends most of its time waiting on its SuperLink,
