@@ -90,6 +90,15 @@ def train(ref: GMMReference, members, t: float, n: int, seed: int, steps: int, a
     return start, Fitted(trained, W.detach().double()), sum(tail) / len(tail)
 
 
+def held_out(net, x, comps, v) -> tuple[float, float]:
+    """A network's excess per dimension on scoring draws ``x`` (one row per draw) against their exact velocity
+    ``v``: the mean over the draws and its standard error (the draws' sampling error, which the ± over trainings
+    leaves out because every training is scored on the same draws)."""
+    squared = (net(x, comps) - v) ** 2
+    per_sample = squared.mean(1)
+    return float(squared.mean()), float(per_sample.std() / math.sqrt(len(per_sample)))
+
+
 def record(ref, clusters: list[int], n: int, t: float, steps: int, training: int, args) -> dict:
     """One training at N = ``n``, time t and budget ``steps``: per cluster the monolith's and the expert's excess
     at the start and trained, and each network's training loss over its last tenth."""
@@ -102,7 +111,10 @@ def record(ref, clusters: list[int], n: int, t: float, steps: int, training: int
         for _, tt, x_t, _, _, comps, v_star in cluster_draws(ref, k, args.samples, args.eval_seed):
             if tt == t:
                 x, v = x_t.reshape(len(comps), -1), v_star.reshape(len(comps), -1)
-                return {who: float(((net(x, comps) - v) ** 2).mean()) for who, net in nets.items()}
+                out = {}
+                for who, net in nets.items():
+                    out[who], out[f"{who}_se"] = held_out(net, x, comps, v)
+                return out
         raise AssertionError(f"t = {t} is not among the scoring times")
 
     start, mono, loss = train(ref, every, t, n, base, steps, args)
@@ -151,6 +163,11 @@ def summarise(entry: dict) -> dict:
                 "monolith": floor["monolith"],
                 "expert": sum(floor[k] for k in clusters) / len(clusters),
             }
+        weights = entry.get("cluster_weights", {})
+        if weights and set(by[tr[0]]["per_cluster"]) == set(weights):  # every cluster: weighted, every component
+            row["every_component"] = _every_component([by[i] for i in tr], weights, row.get("width_floor"))
+            if "width_floor" in row:
+                row["width_floor"]["experts_weighted"] = sum(w * floor[k] for k, w in weights.items())
         before = runs.get((n, t, s // 2))
         both = sorted(set(tr) & set(before or {}))
         if s % 2 == 0 and both:
@@ -160,6 +177,21 @@ def summarise(entry: dict) -> dict:
             }
         rows.append(row)
     return {"name": entry["name"], "rows": rows}
+
+
+def _every_component(records: list[dict], weights: dict[str, float], floor: dict | None) -> dict:
+    """Over trainings, each cluster's value weighted by its share π_k of the mixture — the expectation over every
+    component, which is what the monolith's width floor bounds: the experts' (each on its own cluster, as oracle
+    routing uses them), the monolith's, their ratio, and the monolith's width floor over the experts'."""
+
+    def weighted(r: dict, who: str) -> float:
+        return sum(w * r["per_cluster"][k][who] for k, w in weights.items())
+
+    out = {who: interval([weighted(r, who) for r in records]) for who in ("expert", "monolith")}
+    out["ratio"] = interval([weighted(r, "monolith") / weighted(r, "expert") for r in records])
+    if floor:
+        out["monolith_floor_over_expert"] = interval([floor["monolith"] / weighted(r, "expert") for r in records])
+    return out
 
 
 def _mean_experts(losses: dict[str, float]) -> float:
@@ -202,6 +234,28 @@ def render(entry: dict, summary: dict) -> str:
             )
             + " |"
         )
+    weighted = [r for r in summary["rows"] if "every_component" in r]
+    if weighted:
+        lines += [
+            "",
+            "Every cluster scored: each value weighted by its cluster's share of the mixture (the expectation over "
+            "every component, which the monolith's width floor bounds; the experts each on their own cluster).",
+            "",
+            "| N | t | steps | trainings | experts (their width floor) | monolith (its width floor) | "
+            "monolith / experts | monolith's width floor / experts |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in weighted:
+            e, fl = r["every_component"], r.get("width_floor")
+            lines.append(
+                f"| {r['features']} | {r['t']} | {r['steps']} | {len(r['trainings'])} | {_cell(e['expert'])}"
+                + (f" ({fl['experts_weighted']:.4g})" if fl else "")
+                + f" | {_cell(e['monolith'])}"
+                + (f" ({fl['monolith']:.4g})" if fl else "")
+                + f" | {_cell(e['ratio'], '.3g')} | "
+                + (_cell(e["monolith_floor_over_expert"], ".3g") if fl else "")
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -261,6 +315,10 @@ def main(argv: list[str] | None = None) -> dict:
                         f"N={n} t={t} steps={steps} training {training}: {r['seconds']} s", file=sys.stderr, flush=True
                     )
     every = torch.arange(len(ref.cluster_of))
+    if len(set(args.clusters)) == ref.num_clusters:  # every cluster scored: the summary weighs them
+        entry["cluster_weights"] = {
+            str(k): float(ref.mixture.weights[ref.cluster_of == k].sum()) for k in range(ref.num_clusters)
+        }
     entry["width_floor"] = {  # what no network of N hidden units can go below (closed form, per N and t)
         f"{n}@{t}": {"monolith": width_floor(ref.mixture, every, (t,), n)[0]}
         | {

@@ -178,8 +178,23 @@ def test_a_record_starts_from_the_class_floors_fit_and_scores_on_its_draws(ref):
     for k in ("0", "2"):
         for who in ("monolith", "expert"):
             assert mine["per_cluster"][k][f"{who}_start"] == theirs["per_cluster"][k][who][INNER.index(0.5)]
+        assert mine["per_cluster"][k]["monolith_se"] > 0 and set(mine["per_cluster"][k]) == {
+            f"{who}{what}" for who in ("monolith", "expert") for what in ("", "_start", "_se", "_start_se")
+        }
     with pytest.raises(ValueError, match="width"):
         width_floor(ref.mixture, torch.arange(6), (0.5,), -1)
+
+
+def test_the_held_out_excess_is_a_mean_over_draws_with_its_standard_error():
+    # a network off by s_i in every dimension of draw i: excess s_i² per draw, its mean and std / √n, in float64
+    from benchmarks.gmm_trained_floor import held_out
+
+    g = torch.Generator().manual_seed(0)
+    x, v, s = (torch.randn(shape, generator=g, dtype=f64) for shape in ((500, 6), (500, 6), (500,)))
+    mean, se = held_out(lambda x_, c: v + s[:, None], x, torch.zeros(500, dtype=torch.long), v)
+    assert mean == pytest.approx(float((s**2).mean()), rel=1e-12)
+    assert se == pytest.approx(float((s**2).std() / 500**0.5), rel=1e-12)
+    assert held_out(lambda x_, c: v + 0.5, x, None, v) == pytest.approx((0.25, 0.0), abs=1e-15)
 
 
 def _rec(n, t, steps, training, expert, monolith):
@@ -213,6 +228,22 @@ def test_the_summary_pairs_each_budget_with_the_one_half_as_large_by_training():
     assert rows[1000]["monolith_training_loss"]["mean"] == pytest.approx(0.41 + 0.05)
     assert rows[1000]["expert_training_loss"]["mean"] == pytest.approx(0.11)
     assert "| 64 | 0.1 | 2000 | 3 |" in render(entry, summarise(entry)) and "(0.3) |" in render(entry, summarise(entry))
+    assert "every_component" not in rows[1000]  # no cluster weights: not every cluster known to be scored
+
+    # every cluster scored: each weighted by its share of the mixture, the monolith's floor over the experts'
+    entry["cluster_weights"] = {"0": 0.25, "3": 0.75}
+    rows = {r["steps"]: r for r in summarise(entry)["rows"]}
+    every = rows[2000]["every_component"]
+    assert every["expert"]["mean"] == pytest.approx(0.05)
+    assert every["monolith"]["mean"] == pytest.approx(sum(0.2 + 0.005 * i + 0.75 * 0.2 for i in range(3)) / 3)
+    assert every["ratio"]["mean"] == pytest.approx(sum((0.35 + 0.005 * i) / 0.05 for i in range(3)) / 3)
+    assert every["monolith_floor_over_expert"]["mean"] == pytest.approx(0.3 / 0.05)
+    assert rows[2000]["width_floor"]["experts_weighted"] == pytest.approx(0.25 * 0.01 + 0.75 * 0.03)
+    assert " (0.025) | 0.355 ± 0.012 (0.3) | 7.1 ± 0.25 | 6" in render(entry, summarise(entry))
+    del entry["width_floor"]  # no floor stored: the weighted values without it
+    assert "monolith_floor_over_expert" not in summarise(entry)["rows"][0]["every_component"]
+    entry["cluster_weights"] = {"0": 0.2, "3": 0.3, "5": 0.5}  # a cluster not scored: no weighted row
+    assert all("every_component" not in r for r in summarise(entry)["rows"])
 
 
 def test_the_command_writes_records_and_summaries_beside_results_and_refuses_bad_input(ref, tmp_path, monkeypatch):
@@ -239,6 +270,16 @@ def test_the_command_writes_records_and_summaries_beside_results_and_refuses_bad
         }
     }
     assert trained.main(argv) == summary and trained.json.loads(out.read_text())["x"]["records"] == records  # kept
+    assert "cluster_weights" not in stored  # one cluster of three scored
+    every = ["--clusters", "0", "1", "2", "--steps", "20", "--name", "every"]
+    weighted = trained.main([*argv, *every])["rows"][0]["every_component"]
+    stored = trained.json.loads(out.read_text())["every"]
+    shares = [float(ref.mixture.weights[ref.cluster_of == k].sum()) for k in range(3)]
+    assert stored["cluster_weights"] == {str(k): pytest.approx(w) for k, w in enumerate(shares)}
+    (r,) = stored["records"]
+    assert weighted["expert"]["mean"] == pytest.approx(
+        sum(w * r["per_cluster"][str(k)]["expert"] for k, w in enumerate(shares))
+    )
     for bad in (["--times", "0.2"], ["--set", "data.gmm_captions=colour"], ["--lr", "0"], ["--clusters", "7"]):
         with pytest.raises(SystemExit):
             trained.main([*argv, *bad])
