@@ -94,9 +94,8 @@ def held_out(net, x, comps, v) -> tuple[float, float]:
     """A network's excess per dimension on scoring draws ``x`` (one row per draw) against their exact velocity
     ``v``: the mean over the draws and its standard error (the draws' sampling error, which the ± over trainings
     leaves out because every training is scored on the same draws)."""
-    squared = (net(x, comps) - v) ** 2
-    per_sample = squared.mean(1)
-    return float(squared.mean()), float(per_sample.std() / math.sqrt(len(per_sample)))
+    per_sample = ((net(x, comps) - v) ** 2).mean(1)
+    return float(per_sample.mean()), float(per_sample.std() / math.sqrt(len(per_sample)))
 
 
 def record(ref, clusters: list[int], n: int, t: float, steps: int, training: int, args) -> dict:

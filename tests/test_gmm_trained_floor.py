@@ -177,7 +177,8 @@ def test_a_record_starts_from_the_class_floors_fit_and_scores_on_its_draws(ref):
     theirs = floor_record(ref, [0, 2], 4, 1, SimpleNamespace(**vars(args), input_scale=1.0))
     for k in ("0", "2"):
         for who in ("monolith", "expert"):
-            assert mine["per_cluster"][k][f"{who}_start"] == theirs["per_cluster"][k][who][INNER.index(0.5)]
+            start = theirs["per_cluster"][k][who][INNER.index(0.5)]  # a mean over draws of per-draw means here
+            assert mine["per_cluster"][k][f"{who}_start"] == pytest.approx(start, rel=1e-12, abs=0)
         assert mine["per_cluster"][k]["monolith_se"] > 0 and set(mine["per_cluster"][k]) == {
             f"{who}{what}" for who in ("monolith", "expert") for what in ("", "_start", "_se", "_start_se")
         }
