@@ -2,6 +2,8 @@
 and the closed form: its width-floor table is recomputed from the mixture, every cell of its training table from the
 records, and its setting, machine and commits are the records'."""
 
+import re
+
 import pytest
 import torch
 
@@ -76,14 +78,20 @@ def test_the_records_are_the_trainings_and_setting_the_passage_names():
     assert f"{sum(r['seconds'] for r in e['records']) / 60:.0f} min summed over the records" in t
 
 
-def test_the_width_floors_are_the_closed_form_of_the_mixture(tmp_path):
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    """The mixture both entries were trained on (the same config and overrides)."""
     from hddm_flower.config.io import load_config, parse_overrides
     from hddm_flower.gmm.dataset import load_reference
     from hddm_flower.stages.prepare import prepare_data
 
     e = entry()
     cfg = load_config(doc_claims.ROOT / e["setting"]["config"], parse_overrides(e["setting"]["set"]))
-    ref = load_reference(prepare_data(cfg, tmp_path))
+    return load_reference(prepare_data(cfg, tmp_path_factory.mktemp("gmm")))
+
+
+def test_the_width_floors_are_the_closed_form_of_the_mixture(ref):
+    e = entry()
     every = torch.arange(len(ref.cluster_of))
     for key, floors in e["width_floor"].items():
         n, t = int(key.split("@")[0]), float(key.split("@")[1])
@@ -223,3 +231,114 @@ def test_the_bullets_numbers_are_the_records_and_the_floors():
     )
     ch = r256["change_per_doubling_pct"]
     assert f"({change(ch['expert'])} per doubling at the last doubling, the monolith {change(ch['monolith'])})" in t
+
+
+# every t, all eight clusters (the bullet "Every t, all eight clusters")
+EVERY_T = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+def every_entry() -> dict:
+    return doc_claims.load("gmm_trained_floor.json")["clu-r8-every"]
+
+
+def g3(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def test_the_every_cluster_records_are_the_setting_and_trainings_the_bullet_names(ref):
+    e, t = every_entry(), text()
+    assert e["setting"] == entry()["setting"] | {"clusters": list(range(8))}
+    keys = sorted((r["features"], r["t"], r["steps"], r["training"]) for r in e["records"])
+    assert keys == sorted((16, x, 2000, i) for x in EVERY_T for i in range(3))
+    assert {r["date"] for r in e["records"]} == {"2026-12-06"}
+    assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in e["records"])
+    assert {r["commit"] for r in e["records"]} == {"597f5a0", "ed4b70a"} and "name commits 597f5a0 and ed4b70a" in t
+    assert f"{sum(r['seconds'] for r in e['records']) / 60:.0f} min summed over the records" in t
+    assert "--clusters 0 1 2 3 4 5 6 7 --features 16 --times 0.1 0.3 0.5 0.7 0.9 --steps 2000 --training 0 1 2" in t
+    assert e["meta"]["command"].endswith(
+        "--clusters 0 1 2 3 4 5 6 7 --features 16 --times 0.1 0.3 0.5 0.7 0.9 --steps 2000 --training 0 1 2 "
+        "--lr 1e-2 --name clu-r8-every"
+    )
+    assert doc_claims.load("gmm_trained_floor-clu-r8-every.json") == summarise(e)
+    # the weights are the clusters' shares of the mixture, the floors its closed form
+    for k, w in e["cluster_weights"].items():
+        assert w == pytest.approx(float(ref.mixture.weights[ref.cluster_of == int(k)].sum()), rel=1e-12)
+    every = torch.arange(len(ref.cluster_of))
+    for x in EVERY_T:
+        floors = e["width_floor"][f"16@{x}"]
+        assert floors["monolith"] == pytest.approx(width_floor(ref.mixture, every, (x,), 16)[0], rel=1e-9)
+        for k in range(8):
+            members = (ref.cluster_of == k).nonzero().squeeze(1)
+            assert floors[str(k)] == pytest.approx(width_floor(ref.mixture, members, (x,), 16)[0], rel=1e-9)
+
+
+def _weighted(r: dict, w: dict, who: str = "expert") -> float:
+    return sum(w[k] * r["per_cluster"][k][who] for k in w)
+
+
+def test_the_every_t_table_and_its_bullet_are_the_records(ref):
+    import math
+
+    from .test_results_claims import paragraph
+
+    e, t = every_entry(), text()
+    w, rows = e["cluster_weights"], {r["t"]: r for r in summarise(e)["rows"]}
+    by = {(r["t"], r["training"]): r for r in e["records"]}
+
+    def cell(x: dict) -> str:
+        return f"{x['mean'] * SCALE:.3g} ± {x['half'] * SCALE:.2g}"
+
+    expected, factors, above, plus_2se, rel_se, over_own = [], {}, [], [], [], []
+    for x in EVERY_T:
+        r, floor = rows[x], rows[x]["width_floor"]
+        runs = [by[x, i] for i in range(3)]
+        mono_above = [100 * (q["training_loss"]["monolith"] / floor["monolith"] - 1) for q in runs]
+        factors[x] = [floor["monolith"] / _weighted(q, w) for q in runs]
+        ses = [math.sqrt(sum((w[k] * q["per_cluster"][k]["expert_se"]) ** 2 for k in w)) for q in runs]
+        rel_se += [s / _weighted(q, w) for s, q in zip(ses, runs)]
+        rel_se += [
+            math.sqrt(sum((w[k] * q["per_cluster"][k]["monolith_se"]) ** 2 for k in w)) / _weighted(q, w, "monolith")
+            for q in runs
+        ]
+        plus_2se += [floor["monolith"] / (_weighted(q, w) + 2 * s) for s, q in zip(ses, runs)]
+        above += mono_above
+        if x >= 0.5:
+            over_own.append(r["every_component"]["expert"]["mean"] / floor["experts_weighted"])
+        expected.append(
+            [
+                str(x),
+                g3(floor["monolith"] * SCALE),
+                f"{cell(r['monolith_training_loss'])} ({', '.join(f'{a:.1f}' for a in mono_above)} %)",
+                f"{cell(r['every_component']['expert'])} ({g3(floor['experts_weighted'] * SCALE)})",
+                ", ".join(g3(f) for f in factors[x]),
+            ]
+        )
+    cells = doc_claims.md_table(doc_claims.raw_passage(START, END), "| t | monolith's width floor, N = 16 |")
+    assert cells[1:] == expected
+    # the bullet's numbers
+    assert f"{min(factors[0.1]):.0f}" == f"{max(factors[0.1]):.0f}" == "30" and "by 30× at t = 0.1" in t
+    rest = min(f for x in EVERY_T[1:] for f in factors[x])
+    assert f"and by {rest:.1f}× or more at the other times" in t
+    assert f"at most {100 * max(rel_se):.1f} % of them" in t and f"still {min(plus_2se):.1f} or more" in t
+    assert f"they lie {min(over_own):.1f}× to {max(over_own):.0f}× above their own floors" in t
+    assert f"lies {min(above):.1f}–{max(above):.1f} % above its floor by training loss" in t
+    # the widths at which the bound stops forcing the gap
+    every = torch.arange(len(ref.cluster_of))
+    widest = {}
+    for x in EVERY_T:
+        worst = max(_weighted(by[x, i], w) for i in range(3))
+        lo, hi = 16, 192  # the floor never increases with N (tests/test_gmm_trained_floor.py): bisect
+        assert width_floor(ref.mixture, every, (x,), lo)[0] > worst >= width_floor(ref.mixture, every, (x,), hi)[0]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if width_floor(ref.mixture, every, (x,), mid)[0] > worst else (lo, mid)
+        widest[x] = lo
+    assert {widest[x] for x in EVERY_T[:-1]} == {63} and widest[0.9] == 60
+    assert "weighted expert excess is 63 at t ≤ 0.7 and 60 at t = 0.9" in t
+    # the In-short sentence and the Not-shown item
+    p = paragraph()
+    assert f"by 30× at t = 0.1 and by {rest:.1f}× or more at the other times, in each of three trainings" in p
+    assert f"It stops doing so from about {min(widest.values()) + 1}–{max(widest.values()) + 1} units." in p
+    assert f"(at 16 units, 2,000 steps, {min(above):.1f}–{max(above):.1f} % above its floor;" in re.sub(
+        r"\s+", " ", doc_claims.DOC.read_text()
+    )
