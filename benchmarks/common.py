@@ -74,9 +74,30 @@ def module_command(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def stamp() -> dict[str, str]:
-    """Where and when a result was made: this machine, the checkout's commit and today's date."""
-    return {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%d")}
+def uncommitted() -> list[str] | str:
+    """The tracked files whose content differs from the checkout's HEAD (``[]`` when it is clean), or ``unknown``
+    outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sorted(line[3:] for line in out.splitlines() if line.strip())
+
+
+def stamp() -> dict:
+    """Where and when a result was made: this machine, the checkout's commit, the tracked files that differed from it
+    (the code that ran is the commit only where that list is empty), today's date, and torch's thread count where
+    torch is loaded."""
+    out = {"machine": machine(), "commit": commit(), "uncommitted": uncommitted(), "date": time.strftime("%Y-%m-%d")}
+    if (torch := sys.modules.get("torch")) is not None:
+        out["torch_threads"] = torch.get_num_threads()
+    return out
 
 
 def write_result(path: str | os.PathLike, record: dict, *, indent: int = 2) -> Path:

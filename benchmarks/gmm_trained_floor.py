@@ -156,16 +156,17 @@ def summarise(entry: dict) -> dict:
         row["ratio"] = interval([side(by[i], "monolith") / side(by[i], "expert") for i in tr])
         row["monolith_training_loss"] = interval([by[i]["training_loss"]["monolith"] for i in tr])
         row["expert_training_loss"] = interval([_mean_experts(by[i]["training_loss"]) for i in tr])
-        if floor := entry.get("width_floor", {}).get(f"{n}@{t}"):
+        floor = entry.get("width_floor", {}).get(f"{n}@{t}")
+        if floor:
             clusters = by[tr[0]]["per_cluster"]
             row["width_floor"] = {
                 "monolith": floor["monolith"],
                 "expert": sum(floor[k] for k in clusters) / len(clusters),
             }
         weights = entry.get("cluster_weights", {})
-        if weights and set(by[tr[0]]["per_cluster"]) == set(weights):  # every cluster: weighted, every component
-            row["every_component"] = _every_component([by[i] for i in tr], weights, row.get("width_floor"))
-            if "width_floor" in row:
+        if weights and all(set(by[i]["per_cluster"]) == set(weights) for i in tr):  # every cluster, every training
+            row["every_component"] = _every_component({i: by[i] for i in tr}, weights, floor)
+            if floor:
                 row["width_floor"]["experts_weighted"] = sum(w * floor[k] for k, w in weights.items())
         before = runs.get((n, t, s // 2))
         both = sorted(set(tr) & set(before or {}))
@@ -178,18 +179,36 @@ def summarise(entry: dict) -> dict:
     return {"name": entry["name"], "rows": rows}
 
 
-def _every_component(records: list[dict], weights: dict[str, float], floor: dict | None) -> dict:
-    """Over trainings, each cluster's value weighted by its share π_k of the mixture — the expectation over every
-    component, which is what the monolith's width floor bounds: the experts' (each on its own cluster, as oracle
-    routing uses them), the monolith's, their ratio, and the monolith's width floor over the experts'."""
+def _every_component(records: dict[int, dict], weights: dict[str, float], floor: dict | None) -> dict:
+    """Over the trainings (``records`` by training), each cluster's value weighted by its share π_k of the mixture —
+    the expectation over every component, which is what the monolith's width floor bounds: the experts' (each on its
+    own cluster, as oracle routing uses them), the monolith's, their ratio and the monolith's width floor over the
+    experts'; and per training the weighted values with their standard errors over the scoring draws (the clusters'
+    draws are independent: in quadrature), and the floor over the experts' excess with two standard errors added."""
 
     def weighted(r: dict, who: str) -> float:
         return sum(w * r["per_cluster"][k][who] for k, w in weights.items())
 
-    out = {who: interval([weighted(r, who) for r in records]) for who in ("expert", "monolith")}
-    out["ratio"] = interval([weighted(r, "monolith") / weighted(r, "expert") for r in records])
+    def se(r: dict, who: str) -> float | None:
+        if any(f"{who}_se" not in c for c in r["per_cluster"].values()):
+            return None  # records made before the standard errors were kept
+        return math.sqrt(sum((w * r["per_cluster"][k][f"{who}_se"]) ** 2 for k, w in weights.items()))
+
+    runs = records.values()
+    out = {who: interval([weighted(r, who) for r in runs]) for who in ("expert", "monolith")}
+    out["ratio"] = interval([weighted(r, "monolith") / weighted(r, "expert") for r in runs])
     if floor:
-        out["monolith_floor_over_expert"] = interval([floor["monolith"] / weighted(r, "expert") for r in records])
+        out["monolith_floor_over_expert"] = interval([floor["monolith"] / weighted(r, "expert") for r in runs])
+    out["per_training"] = {}
+    for i, r in records.items():
+        one = {who: weighted(r, who) for who in ("expert", "monolith")} | {
+            f"{who}_se": se(r, who) for who in ("expert", "monolith")
+        }
+        if floor:
+            one["floor_over_expert"] = floor["monolith"] / one["expert"]
+            if one["expert_se"] is not None:
+                one["floor_over_expert_plus_2se"] = floor["monolith"] / (one["expert"] + 2 * one["expert_se"])
+        out["per_training"][str(i)] = one
     return out
 
 
@@ -201,6 +220,17 @@ def _mean_experts(losses: dict[str, float]) -> float:
 
 def _cell(iv: dict, fmt: str = ".4g") -> str:
     return f"{iv['mean']:{fmt}}" + (f" ± {iv['half']:.2g}" if iv["n"] > 1 else "")
+
+
+_PER_TRAINING = ("floor_over_expert", "floor_over_expert_plus_2se", "largest_relative_se")
+
+
+def _per_training(runs: dict[str, dict], key: str) -> str:
+    """A cell of the weighted table: a value per training, or the largest relative standard error of any."""
+    if key == "largest_relative_se":
+        rel = [r[f"{who}_se"] / r[who] for r in runs.values() for who in ("expert", "monolith") if r[f"{who}_se"]]
+        return f"{100 * max(rel):.2g}" if rel else ""
+    return ", ".join(f"{r[key]:.3g}" for r in runs.values() if key in r)
 
 
 def render(entry: dict, summary: dict) -> str:
@@ -241,8 +271,9 @@ def render(entry: dict, summary: dict) -> str:
             "every component, which the monolith's width floor bounds; the experts each on their own cluster).",
             "",
             "| N | t | steps | trainings | experts (their width floor) | monolith (its width floor) | "
-            "monolith / experts | monolith's width floor / experts |",
-            "|---|---|---|---|---|---|---|---|",
+            "monolith / experts | monolith's width floor / experts, per training | the same, two standard errors "
+            "added to the experts | largest standard error, % of its value |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in weighted:
             e, fl = r["every_component"], r.get("width_floor")
@@ -252,7 +283,7 @@ def render(entry: dict, summary: dict) -> str:
                 + f" | {_cell(e['monolith'])}"
                 + (f" ({fl['monolith']:.4g})" if fl else "")
                 + f" | {_cell(e['ratio'], '.3g')} | "
-                + (_cell(e["monolith_floor_over_expert"], ".3g") if fl else "")
+                + " | ".join(_per_training(e["per_training"], key) for key in _PER_TRAINING)
                 + " |"
             )
     return "\n".join(lines) + "\n"
@@ -277,8 +308,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if bad := [t for t in args.times if t not in INNER]:
         p.error(f"--times {bad}: t must be one of the inner times {INNER}")
-    if min(args.features) < 1 or min(args.steps) < 1 or args.batch < 1 or not args.lr > 0:
-        p.error("--features, --steps and --batch must be ≥ 1 and --lr > 0")
+    if min(args.features) < 1 or min(args.steps) < 1 or args.batch < 1 or not args.lr > 0 or args.samples < 2:
+        p.error("--features, --steps and --batch must be ≥ 1, --samples ≥ 2 (a standard error) and --lr > 0")
     cfg = load_config(args.config, parse_overrides(args.set))
     if cfg.data.name != "gmm" or cfg.data.gmm_captions != "pattern":
         p.error(f"{args.config}: needs the Gaussian mixture (data.name gmm) with one caption per component (pattern)")

@@ -243,6 +243,22 @@ def test_the_summary_pairs_each_budget_with_the_one_half_as_large_by_training():
     assert " (0.025) | 0.355 ± 0.012 (0.3) | 7.1 ± 0.25 | 6" in render(entry, summarise(entry))
     del entry["width_floor"]  # no floor stored: the weighted values without it
     assert "monolith_floor_over_expert" not in summarise(entry)["rows"][0]["every_component"]
+    entry["width_floor"] = {"64@0.1": {"monolith": 0.3, "0": 0.01, "3": 0.03}}
+    per = summarise(entry)["rows"][1]["every_component"]["per_training"]
+    assert per["2"]["floor_over_expert"] == pytest.approx(6) and per["2"]["expert_se"] is None  # no errors kept
+    assert "floor_over_expert_plus_2se" not in per["2"]
+    for r in entry["records"]:  # standard errors kept: in quadrature over the clusters, weighted
+        for k, c in r["per_cluster"].items():
+            c["expert_se"], c["monolith_se"] = (0.001, 0.002) if k == "0" else (0.003, 0.004)
+    per = summarise(entry)["rows"][1]["every_component"]["per_training"]
+    se = (0.25**2 * 0.001**2 + 0.75**2 * 0.003**2) ** 0.5
+    assert per["1"]["expert_se"] == pytest.approx(se)
+    assert per["1"]["floor_over_expert_plus_2se"] == pytest.approx(0.3 / (0.05 + 2 * se))
+    largest = (0.25**2 * 0.002**2 + 0.75**2 * 0.004**2) ** 0.5 / (0.2 + 0.15)  # the monolith's, training 0
+    assert f"| 6, 6, 6 | {0.3 / (0.05 + 2 * se):.3g}, " in render(entry, summarise(entry))
+    assert f" | {100 * max(se / 0.05, largest):.2g} |" in render(entry, summarise(entry))
+    entry["records"][0]["per_cluster"].pop("3")  # a training without a cluster: no weighted row
+    assert "every_component" not in summarise(entry)["rows"][0]
     entry["cluster_weights"] = {"0": 0.2, "3": 0.3, "5": 0.5}  # a cluster not scored: no weighted row
     assert all("every_component" not in r for r in summarise(entry)["rows"])
 
@@ -281,7 +297,8 @@ def test_the_command_writes_records_and_summaries_beside_results_and_refuses_bad
     assert weighted["expert"]["mean"] == pytest.approx(
         sum(w * r["per_cluster"][str(k)]["expert"] for k, w in enumerate(shares))
     )
-    for bad in (["--times", "0.2"], ["--set", "data.gmm_captions=colour"], ["--lr", "0"], ["--clusters", "7"]):
+    bad_input = (["--times", "0.2"], ["--set", "data.gmm_captions=colour"], ["--lr", "0"], ["--clusters", "7"])
+    for bad in (*bad_input, ["--samples", "1"]):
         with pytest.raises(SystemExit):
             trained.main([*argv, *bad])
     with pytest.raises(SystemExit):  # another setting under the same name
@@ -311,3 +328,29 @@ def test_the_fit_the_training_and_the_scoring_draw_from_generators_of_their_own(
     assert all(seeds.values())
     assert not (seeds["fit"] & seeds["train"] or seeds["fit"] & seeds["score"] or seeds["train"] & seeds["score"])
     assert len(seeds["train"]) == 2 * 3  # each network of each training: its own training draws
+
+
+def test_a_stamp_names_the_files_that_differed_from_the_commit_and_the_torch_threads(tmp_path, monkeypatch):
+    # the code that made a record is its commit only where nothing tracked had changed: a git repository of one file
+    import subprocess
+
+    import benchmarks.common as common
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 1\n")
+    git("add", "a.py", "b.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    clean = common.stamp()
+    assert (
+        clean["uncommitted"] == [] and len(clean["commit"]) >= 7 and clean["torch_threads"] == torch.get_num_threads()
+    )
+    (tmp_path / "b.py").write_text("y = 2\n")
+    (tmp_path / "new.py").write_text("")  # untracked: not code the commit names, not listed
+    assert common.stamp()["uncommitted"] == ["b.py"] and common.stamp()["commit"] == clean["commit"]
+    monkeypatch.setattr(common, "ROOT", tmp_path / "nowhere")
+    assert common.uncommitted() == "unknown"
