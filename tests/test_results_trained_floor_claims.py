@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from benchmarks.gmm_trained_floor import summarise
+from benchmarks.gmm_trained_floor import render, summarise
 from hddm_flower.gmm.yardsticks import width_floor
 
 from . import doc_claims
@@ -233,7 +233,7 @@ def test_the_bullets_numbers_are_the_records_and_the_floors():
     assert f"({change(ch['expert'])} per doubling at the last doubling, the monolith {change(ch['monolith'])})" in t
 
 
-# every t, all eight clusters (the bullet "Every t, all eight clusters")
+# five t, all eight clusters (the bullet "Five t, all eight clusters")
 EVERY_T = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
@@ -260,6 +260,9 @@ def test_the_every_cluster_records_are_the_setting_and_trainings_the_bullet_name
         "--lr 1e-2 --name clu-r8-every"
     )
     assert doc_claims.load("gmm_trained_floor-clu-r8-every.json") == summarise(e)
+    md = (doc_claims.RESULTS / "gmm_trained_floor-clu-r8-every.md").read_text()
+    assert md == render(e, summarise(e))  # the committed table is the records' (the last command's stamp)
+    assert "From 05e7b85 on a record also lists the tracked files that differed from its commit" in t
     # the weights are the clusters' shares of the mixture, the floors its closed form
     for k, w in e["cluster_weights"].items():
         assert w == pytest.approx(float(ref.mixture.weights[ref.cluster_of == int(k)].sum()), rel=1e-12)
@@ -301,6 +304,14 @@ def test_the_every_t_table_and_its_bullet_are_the_records(ref):
             for q in runs
         ]
         plus_2se += [floor["monolith"] / (_weighted(q, w) + 2 * s) for s, q in zip(ses, runs)]
+        per = r["every_component"]["per_training"]  # the summary's per-training values: the same, computed apart
+        assert [per[str(i)]["floor_over_expert"] for i in range(3)] == pytest.approx(factors[x], rel=1e-12)
+        assert [per[str(i)]["floor_over_expert_plus_2se"] for i in range(3)] == pytest.approx(plus_2se[-3:], rel=1e-12)
+        assert [per[str(i)]["expert_se"] for i in range(3)] == pytest.approx(ses, rel=1e-12)
+        if x <= 0.3:
+            assert all(9 < a < 12 for a in mono_above)  # "about a tenth at t ≤ 0.3"
+        if x == 0.9:
+            assert all(32 < a < 34 for a in mono_above)  # "a third at t = 0.9"
         above += mono_above
         if x >= 0.5:
             over_own.append(r["every_component"]["expert"]["mean"] / floor["experts_weighted"])
@@ -338,7 +349,10 @@ def test_the_every_t_table_and_its_bullet_are_the_records(ref):
     # the In-short sentence and the Not-shown item
     p = paragraph()
     assert f"by 30× at t = 0.1 and by {rest:.1f}× or more at the other times, in each of three trainings" in p
-    assert f"It stops doing so from about {min(widest.values()) + 1}–{max(widest.values()) + 1} units." in p
+    assert (
+        f"a monolith of about {min(widest.values()) + 1}–{max(widest.values()) + 1} units or more is no longer held "
+        "above them by the bound" in p
+    )
     assert f"(at 16 units, 2,000 steps, {min(above):.1f}–{max(above):.1f} % above its floor;" in re.sub(
         r"\s+", " ", doc_claims.DOC.read_text()
     )
