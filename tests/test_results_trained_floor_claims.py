@@ -233,8 +233,8 @@ def test_the_bullets_numbers_are_the_records_and_the_floors():
     assert f"({change(ch['expert'])} per doubling at the last doubling, the monolith {change(ch['monolith'])})" in t
 
 
-# five t, all eight clusters (the bullet "Five t, all eight clusters")
-EVERY_T = (0.1, 0.3, 0.5, 0.7, 0.9)
+# five t, all eight clusters (the bullet "Five t, all eight clusters"): 16 units at five t, 32 at three
+EVERY_T = {16: (0.1, 0.3, 0.5, 0.7, 0.9), 32: (0.1, 0.5, 0.9)}
 
 
 def every_entry() -> dict:
@@ -242,21 +242,29 @@ def every_entry() -> dict:
 
 
 def g3(x: float) -> str:
-    return f"{x:.3g}"
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.3g}"
 
 
 def test_the_every_cluster_records_are_the_setting_and_trainings_the_bullet_names(ref):
     e, t = every_entry(), text()
     assert e["setting"] == entry()["setting"] | {"clusters": list(range(8))}
     keys = sorted((r["features"], r["t"], r["steps"], r["training"]) for r in e["records"])
-    assert keys == sorted((16, x, 2000, i) for x in EVERY_T for i in range(3))
+    assert keys == sorted((n, x, 2000, i) for n, times in EVERY_T.items() for x in times for i in range(3))
     assert {r["date"] for r in e["records"]} == {"2026-12-06"}
     assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in e["records"])
-    assert {r["commit"] for r in e["records"]} == {"597f5a0", "ed4b70a"} and "name commits 597f5a0 and ed4b70a" in t
-    assert f"{sum(r['seconds'] for r in e['records']) / 60:.0f} min summed over the records" in t
+    commits = {n: {r["commit"] for r in e["records"] if r["features"] == n} for n in EVERY_T}
+    assert commits[16] == {"597f5a0", "ed4b70a"} and "name commits 597f5a0 and ed4b70a" in t
+    sixteen = [r for r in e["records"] if r["features"] == 16]
+    assert all("uncommitted" not in r for r in sixteen)  # stamped before the stamp listed them
+    thirty_two = [r for r in e["records"] if r["features"] == 32]
+    assert commits[32] == {"85666aa"} and all(r["uncommitted"] == [] and r["torch_threads"] == 1 for r in thirty_two)
+    assert "its records name 85666aa with nothing uncommitted" in t
+    for records in (sixteen, thirty_two):
+        assert f"{sum(r['seconds'] for r in records) / 60:.0f} min summed" in t
     assert "--clusters 0 1 2 3 4 5 6 7 --features 16 --times 0.1 0.3 0.5 0.7 0.9 --steps 2000 --training 0 1 2" in t
+    assert "(`--features 32 --times 0.1 0.5 0.9`, otherwise the same command" in t
     assert e["meta"]["command"].endswith(
-        "--clusters 0 1 2 3 4 5 6 7 --features 16 --times 0.1 0.3 0.5 0.7 0.9 --steps 2000 --training 0 1 2 "
+        "--clusters 0 1 2 3 4 5 6 7 --features 32 --times 0.1 0.5 0.9 --steps 2000 --training 0 1 2 "
         "--lr 1e-2 --name clu-r8-every"
     )
     assert doc_claims.load("gmm_trained_floor-clu-r8-every.json") == summarise(e)
@@ -267,92 +275,104 @@ def test_the_every_cluster_records_are_the_setting_and_trainings_the_bullet_name
     for k, w in e["cluster_weights"].items():
         assert w == pytest.approx(float(ref.mixture.weights[ref.cluster_of == int(k)].sum()), rel=1e-12)
     every = torch.arange(len(ref.cluster_of))
-    for x in EVERY_T:
-        floors = e["width_floor"][f"16@{x}"]
-        assert floors["monolith"] == pytest.approx(width_floor(ref.mixture, every, (x,), 16)[0], rel=1e-9)
-        for k in range(8):
-            members = (ref.cluster_of == k).nonzero().squeeze(1)
-            assert floors[str(k)] == pytest.approx(width_floor(ref.mixture, members, (x,), 16)[0], rel=1e-9)
+    for n, times in EVERY_T.items():
+        for x in times:
+            floors = e["width_floor"][f"{n}@{x}"]
+            assert floors["monolith"] == pytest.approx(width_floor(ref.mixture, every, (x,), n)[0], rel=1e-9)
+            for k in range(8):
+                members = (ref.cluster_of == k).nonzero().squeeze(1)
+                assert floors[str(k)] == pytest.approx(width_floor(ref.mixture, members, (x,), n)[0], rel=1e-9)
 
 
 def _weighted(r: dict, w: dict, who: str = "expert") -> float:
     return sum(w[k] * r["per_cluster"][k][who] for k in w)
 
 
-def test_the_every_t_table_and_its_bullet_are_the_records(ref):
+def test_the_five_t_table_and_its_bullet_are_the_records(ref):
     import math
 
     from .test_results_claims import paragraph
 
     e, t = every_entry(), text()
-    w, rows = e["cluster_weights"], {r["t"]: r for r in summarise(e)["rows"]}
-    by = {(r["t"], r["training"]): r for r in e["records"]}
+    w, rows = e["cluster_weights"], {(r["features"], r["t"]): r for r in summarise(e)["rows"]}
+    by = {(r["features"], r["t"], r["training"]): r for r in e["records"]}
 
     def cell(x: dict) -> str:
         return f"{x['mean'] * SCALE:.3g} ± {x['half'] * SCALE:.2g}"
 
-    expected, factors, above, plus_2se, rel_se, over_own = [], {}, [], [], [], []
-    for x in EVERY_T:
-        r, floor = rows[x], rows[x]["width_floor"]
-        runs = [by[x, i] for i in range(3)]
-        mono_above = [100 * (q["training_loss"]["monolith"] / floor["monolith"] - 1) for q in runs]
-        factors[x] = [floor["monolith"] / _weighted(q, w) for q in runs]
-        ses = [math.sqrt(sum((w[k] * q["per_cluster"][k]["expert_se"]) ** 2 for k in w)) for q in runs]
-        rel_se += [s / _weighted(q, w) for s, q in zip(ses, runs)]
-        rel_se += [
-            math.sqrt(sum((w[k] * q["per_cluster"][k]["monolith_se"]) ** 2 for k in w)) / _weighted(q, w, "monolith")
-            for q in runs
-        ]
-        plus_2se += [floor["monolith"] / (_weighted(q, w) + 2 * s) for s, q in zip(ses, runs)]
-        per = r["every_component"]["per_training"]  # the summary's per-training values: the same, computed apart
-        assert [per[str(i)]["floor_over_expert"] for i in range(3)] == pytest.approx(factors[x], rel=1e-12)
-        assert [per[str(i)]["floor_over_expert_plus_2se"] for i in range(3)] == pytest.approx(plus_2se[-3:], rel=1e-12)
-        assert [per[str(i)]["expert_se"] for i in range(3)] == pytest.approx(ses, rel=1e-12)
-        if x <= 0.3:
-            assert all(9 < a < 12 for a in mono_above)  # "about a tenth at t ≤ 0.3"
-        if x == 0.9:
-            assert all(32 < a < 34 for a in mono_above)  # "a third at t = 0.9"
-        above += mono_above
-        if x >= 0.5:
-            over_own.append(r["every_component"]["expert"]["mean"] / floor["experts_weighted"])
-        expected.append(
-            [
-                str(x),
-                g3(floor["monolith"] * SCALE),
-                f"{cell(r['monolith_training_loss'])} ({', '.join(f'{a:.1f}' for a in mono_above)} %)",
-                f"{cell(r['every_component']['expert'])} ({g3(floor['experts_weighted'] * SCALE)})",
-                ", ".join(g3(f) for f in factors[x]),
-            ]
-        )
-    cells = doc_claims.md_table(doc_claims.raw_passage(START, END), "| t | monolith's width floor, N = 16 |")
-    assert cells[1:] == expected
-    # the bullet's numbers
-    assert f"{min(factors[0.1]):.0f}" == f"{max(factors[0.1]):.0f}" == "30" and "by 30× at t = 0.1" in t
-    rest = min(f for x in EVERY_T[1:] for f in factors[x])
-    assert f"and by {rest:.1f}× or more at the other times" in t
-    assert f"at most {100 * max(rel_se):.1f} % of them" in t and f"still {min(plus_2se):.1f} or more" in t
-    assert f"they lie {min(over_own):.1f}× to {max(over_own):.0f}× above their own floors" in t
-    assert f"lies {min(above):.1f}–{max(above):.1f} % above its floor by training loss" in t
-    # the widths at which the bound stops forcing the gap
+    expected, factors, above, plus_2se, rel_se, over_own, widest = [], {}, {}, {}, {}, [], {}
     every = torch.arange(len(ref.cluster_of))
-    widest = {}
-    for x in EVERY_T:
-        worst = max(_weighted(by[x, i], w) for i in range(3))
-        lo, hi = 16, 192  # the floor never increases with N (tests/test_gmm_trained_floor.py): bisect
-        assert width_floor(ref.mixture, every, (x,), lo)[0] > worst >= width_floor(ref.mixture, every, (x,), hi)[0]
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if width_floor(ref.mixture, every, (x,), mid)[0] > worst else (lo, mid)
-        widest[x] = lo
-    assert {widest[x] for x in EVERY_T[:-1]} == {63} and widest[0.9] == 60
-    assert "weighted expert excess is 63 at t ≤ 0.7 and 60 at t = 0.9" in t
-    # the In-short sentence and the Not-shown item
+    for n, times in EVERY_T.items():
+        for x in times:
+            r, floor = rows[n, x], rows[n, x]["width_floor"]
+            runs = [by[n, x, i] for i in range(3)]
+            above[n, x] = [100 * (q["training_loss"]["monolith"] / floor["monolith"] - 1) for q in runs]
+            factors[n, x] = [floor["monolith"] / _weighted(q, w) for q in runs]
+            ses = [math.sqrt(sum((w[k] * q["per_cluster"][k]["expert_se"]) ** 2 for k in w)) for q in runs]
+            mono_ses = [math.sqrt(sum((w[k] * q["per_cluster"][k]["monolith_se"]) ** 2 for k in w)) for q in runs]
+            rel_se[n, x] = [s / _weighted(q, w) for s, q in zip(ses, runs)]
+            rel_se[n, x] += [s / _weighted(q, w, "monolith") for s, q in zip(mono_ses, runs)]
+            plus_2se[n, x] = [floor["monolith"] / (_weighted(q, w) + 2 * s) for s, q in zip(ses, runs)]
+            per = r["every_component"]["per_training"]  # the summary's per-training values: the same, computed apart
+            assert [per[str(i)]["floor_over_expert"] for i in range(3)] == pytest.approx(factors[n, x], rel=1e-12)
+            assert [per[str(i)]["floor_over_expert_plus_2se"] for i in range(3)] == pytest.approx(
+                plus_2se[n, x], rel=1e-12
+            )
+            assert [per[str(i)]["expert_se"] for i in range(3)] == pytest.approx(ses, rel=1e-12)
+            if n == 16 and x >= 0.5:
+                over_own.append(r["every_component"]["expert"]["mean"] / floor["experts_weighted"])
+            expected.append(
+                [
+                    str(n),
+                    str(x),
+                    g3(floor["monolith"] * SCALE),
+                    f"{cell(r['monolith_training_loss'])} ({', '.join(f'{a:.1f}' for a in above[n, x])} %)",
+                    f"{cell(r['every_component']['expert'])} ({g3(floor['experts_weighted'] * SCALE)})",
+                    ", ".join(g3(f) for f in factors[n, x]),
+                ]
+            )
+            # the widest monolith the bound still holds above every training's experts (it never increases with N)
+            worst = max(_weighted(q, w) for q in runs)
+            lo, hi = 16, 192
+            assert width_floor(ref.mixture, every, (x,), lo)[0] > worst >= width_floor(ref.mixture, every, (x,), hi)[0]
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if width_floor(ref.mixture, every, (x,), mid)[0] > worst else (lo, mid)
+            widest[n, x] = lo
+    cells = doc_claims.md_table(doc_claims.raw_passage(START, END), "| N | t | monolith's width floor |")
+    assert cells[1:] == expected
+    # 16 units
+    t16 = EVERY_T[16]
+    assert {f"{f:.0f}" for f in factors[16, 0.1]} == {"30"} and "by 30× at t = 0.1" in t
+    rest = min(f for x in t16[1:] for f in factors[16, x])
+    assert f"and by {rest:.1f}× or more at the other times" in t
+    assert f"at most {100 * max(v for x in t16 for v in rel_se[16, x]):.1f} % of them" in t
+    assert f"still {min(v for x in t16 for v in plus_2se[16, x]):.1f} or more" in t
+    assert f"they lie {min(over_own):.1f}× to {max(over_own):.0f}× above their own floors" in t
+    a16 = [a for x in t16 for a in above[16, x]]
+    assert f"lies {min(a16):.1f}–{max(a16):.1f} % above its floor by training loss" in t
+    assert all(9 < a < 12 for x in (0.1, 0.3) for a in above[16, x])  # "about a tenth at t ≤ 0.3"
+    assert all(32 < a < 34 for a in above[16, 0.9])  # "a third at t = 0.9"
+    assert {widest[16, x] for x in t16[:-1]} == {63} and widest[16, 0.9] == 60
+    assert "weighted expert excess is 63 at t ≤ 0.7 and 60 at t = 0.9 against the 16-unit experts" in t
+    # 32 units
+    t32 = EVERY_T[32]
+    assert f"by {min(factors[32, 0.1]):.1f}× or more at t = 0.1" in t
+    assert f"and {min(f for x in t32[1:] for f in factors[32, x]):.0f}× or more at 0.5 and 0.9" in t
+    assert f"still {min(v for x in t32 for v in plus_2se[32, x]):.1f}× or more with two standard errors" in t
+    assert f"(the largest {100 * max(v for x in t32 for v in rel_se[32, x]):.1f} % of its value)" in t
+    a32 = [a for x in t32 for a in above[32, x]]
+    assert f"the 32-unit monolith lies {min(a32):.1f}–{max(a32):.1f} % above its floor" in t
+    assert all(min(above[32, x]) > max(above[16, x]) for x in t32) and "at each of the three t after the same" in t
+    assert {widest[32, x] for x in t32} == {63} and "(63 at all three t against the 32-unit ones)" in t
+    # the In-short sentence and the Not-shown item (16 units)
     p = paragraph()
     assert f"by 30× at t = 0.1 and by {rest:.1f}× or more at the other times, in each of three trainings" in p
+    w16 = [widest[16, x] for x in t16]
     assert (
-        f"a monolith of about {min(widest.values()) + 1}–{max(widest.values()) + 1} units or more is no longer held "
-        "above them by the bound" in p
+        f"a monolith of about {min(w16) + 1}–{max(w16) + 1} units or more is no longer held above them by the bound"
+        in p
     )
-    assert f"(at 16 units, 2,000 steps, {min(above):.1f}–{max(above):.1f} % above its floor;" in re.sub(
+    assert f"(at 16 units, 2,000 steps, {min(a16):.1f}–{max(a16):.1f} % above its floor;" in re.sub(
         r"\s+", " ", doc_claims.DOC.read_text()
     )
