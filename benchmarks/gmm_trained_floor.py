@@ -18,7 +18,9 @@ is the width floor (:func:`hddm_flower.gmm.yardsticks.width_floor`): no network 
 below it in expectation, however trained. The summary sets it beside each side's training loss over the last tenth of its steps
 (fresh draws of its own components: the expectation the floor bounds, averaged over those iterates, in float32); the
 held-out excess is on one fixed set of scoring draws, whose sampling error the ± over trainings
-does not include.
+does not include; each held-out value keeps its standard error over those draws. With every cluster scored, the
+summary also weighs the clusters by their shares of the mixture (the expectation the monolith's floor bounds) and
+gives, per training, the monolith's floor over the experts' weighted excess, also with two standard errors added.
 
     python -m benchmarks.gmm_trained_floor --config configs/reproduce-gmm-nano.yaml \\
         --set "data.gmm_covariance=cluster data.gmm_rank=8" --clusters 0 3 --features 16 64 --times 0.1 \\
