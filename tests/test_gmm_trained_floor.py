@@ -297,8 +297,13 @@ def test_the_command_writes_records_and_summaries_beside_results_and_refuses_bad
     assert weighted["expert"]["mean"] == pytest.approx(
         sum(w * r["per_cluster"][str(k)]["expert"] for k, w in enumerate(shares))
     )
-    bad_input = (["--times", "0.2"], ["--set", "data.gmm_captions=colour"], ["--lr", "0"], ["--clusters", "7"])
-    for bad in (*bad_input, ["--samples", "1"]):
+    for bad in (
+        ["--times", "0.2"],
+        ["--set", "data.gmm_captions=colour"],
+        ["--lr", "0"],
+        ["--clusters", "7"],
+        ["--samples", "1"],
+    ):
         with pytest.raises(SystemExit):
             trained.main([*argv, *bad])
     with pytest.raises(SystemExit):  # another setting under the same name
@@ -331,7 +336,7 @@ def test_the_fit_the_training_and_the_scoring_draw_from_generators_of_their_own(
 
 
 def test_a_stamp_names_the_files_that_differed_from_the_commit_and_the_torch_threads(tmp_path, monkeypatch):
-    # the code that made a record is its commit only where nothing tracked had changed: a git repository of one file
+    # the code that made a record is its commit only where nothing tracked had changed: a git repository of two files
     import subprocess
 
     import benchmarks.common as common
