@@ -100,31 +100,37 @@ def held_out(net, x, comps, v) -> tuple[float, float]:
     return float(per_sample.mean()), float(per_sample.std() / math.sqrt(len(per_sample)))
 
 
+def fit_seed(training: int, n: int, t: float) -> int:
+    """The class floor's fit seed for a network of N = ``n`` units at t in one training (its expert of cluster k adds
+    13·(k + 1))."""
+    return FIT_SEEDS + 1_000_003 * training + 7919 * n + 101 * INNER.index(t)
+
+
+def scored(ref, k: int, t: float, nets: dict[str, Fitted], args) -> dict[str, float]:
+    """Each network's held-out excess (and its standard error) on cluster k's scoring draws at t, the class floor's."""
+    for _, tt, x_t, _, _, comps, v_star in cluster_draws(ref, k, args.samples, args.eval_seed):
+        if tt == t:
+            x, v = x_t.reshape(len(comps), -1), v_star.reshape(len(comps), -1)
+            out = {}
+            for who, net in nets.items():
+                out[who], out[f"{who}_se"] = held_out(net, x, comps, v)
+            return out
+    raise AssertionError(f"t = {t} is not among the scoring times")
+
+
 def record(ref, clusters: list[int], n: int, t: float, steps: int, training: int, args) -> dict:
     """One training at N = ``n``, time t and budget ``steps``: per cluster the monolith's and the expert's excess
     at the start and trained, and each network's training loss over its last tenth."""
     every = torch.arange(len(ref.cluster_of))
-    i = INNER.index(t)
-    base = FIT_SEEDS + 1_000_003 * training + 7919 * n + 101 * i  # the class floor's seeds for this t
+    base = fit_seed(training, n, t)
     begin = time.perf_counter()
-
-    def scored(nets: dict[str, Fitted], k: int) -> dict[str, float]:  # on the class floor's draws at t
-        for _, tt, x_t, _, _, comps, v_star in cluster_draws(ref, k, args.samples, args.eval_seed):
-            if tt == t:
-                x, v = x_t.reshape(len(comps), -1), v_star.reshape(len(comps), -1)
-                out = {}
-                for who, net in nets.items():
-                    out[who], out[f"{who}_se"] = held_out(net, x, comps, v)
-                return out
-        raise AssertionError(f"t = {t} is not among the scoring times")
-
     start, mono, loss = train(ref, every, t, n, base, steps, args)
     per_cluster, losses = {}, {"monolith": loss}
     for k in clusters:
         members = (ref.cluster_of == k).nonzero().squeeze(1)
         e_start, expert, losses[str(k)] = train(ref, members, t, n, base + 13 * (k + 1), steps, args)
         nets = {"monolith": mono, "expert": expert, "monolith_start": start, "expert_start": e_start}
-        per_cluster[str(k)] = scored(nets, k)
+        per_cluster[str(k)] = scored(ref, k, t, nets, args)
     return {
         "features": n,
         "t": t,
