@@ -1,0 +1,140 @@
+"""benchmarks/gmm_equal_compute.py: the network's multiply-adds and the compute ratio counted by hand; a record is
+the monolith gmm_trained_floor trains at the same N, t, budget and training, scored on every cluster; the summary's
+weighting, intervals, every pair of trainings and separation with two standard errors against hand-made records;
+the command's files, kept records, inherited setting and refusals."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import benchmarks.gmm_equal_compute as eq
+import benchmarks.gmm_trained_floor as floor
+from hddm_flower.gmm.yardsticks import width_floor
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    from hddm_flower.data import Dataset
+    from hddm_flower.gmm.dataset import GMMSpec, load_reference, prepare_gmm
+
+    spec = GMMSpec(3, 2, image_size=4, channels=1, rank=2, num_samples=90, covariance="cluster")
+    return load_reference(Dataset.open(prepare_gmm(tmp_path_factory.mktemp("equal"), spec, max_caption_tokens=8)))
+
+
+def test_the_multiply_adds_are_the_two_layers_counted_by_hand(ref):
+    assert eq.network_macs(192, 16, 4) == 192 * 16 + (192 + 4 + 16) * 192 == 43_776
+    assert eq.network_macs(192, 128, 32) == 24_576 + 67_584
+    assert eq.network_macs(5, 0, 1) == 30  # no hidden units: the output layer over [x, caption]
+    # d = 16; the monolith of 12 units over 6 captions 16·12 + 34·16 = 736, an expert of 4 over 2: 64 + 22·16 = 416
+    assert eq.compute_ratio(ref, 12, 100, 4, 50) == pytest.approx(100 * 736 / (50 * 3 * 416), rel=1e-15)
+    assert eq.compute_ratio(ref, 4, 50, 4, 50) == pytest.approx((64 + 26 * 16) / (3 * 416), rel=1e-15)
+
+
+def test_a_record_is_the_trained_floors_monolith_scored_on_every_cluster(ref):
+    args = SimpleNamespace(lr=1e-2, batch=64, draws_per_feature=16, samples=256, eval_seed=3)
+    mine = eq.record(ref, 4, 0.5, 20, 1, args)
+    theirs = floor.record(ref, [0, 1, 2], 4, 0.5, 20, 1, args)
+    assert (mine["features"], mine["t"], mine["steps"], mine["training"]) == (4, 0.5, 20, 1)
+    assert mine["training_loss"] == theirs["training_loss"]["monolith"]
+    assert set(mine["per_cluster"]) == {"0", "1", "2"}
+    for k, scores in mine["per_cluster"].items():
+        assert scores == {who: theirs["per_cluster"][k][who] for who in scores}  # the same network, the same draws
+        assert set(scores) == {f"monolith{what}" for what in ("", "_se", "_start", "_start_se")}
+
+
+def _entry(mono: dict[int, tuple[float, float]], t: float = 0.5) -> dict:
+    # one cluster's value per training; cluster "1" at 3× cluster "0" (weights ¼, ¾) with the same standard error
+    def per_cluster(v, se, who):
+        return {"0": {who: v, f"{who}_se": se}, "1": {who: 3 * v, f"{who}_se": se}}
+
+    return {
+        "name": "x",
+        "setting": {"experts": "e", "expert_features": 2, "expert_steps": 10},
+        "compute_ratio": {"8@40": 1.5},
+        "width_floor": {f"8@{t}": 0.01},
+        "records": [
+            {"features": 8, "t": t, "steps": 40, "training": i, "per_cluster": per_cluster(v, se, "monolith")}
+            | {"training_loss": v}
+            for i, (v, se) in mono.items()
+        ],
+    }
+
+
+EXPERTS = {
+    "cluster_weights": {"0": 0.25, "1": 0.75},
+    "records": [
+        {"features": 2, "steps": 10, "t": 0.5, "training": 0, "per_cluster": {"0": {"expert": 1.0, "expert_se": 0.1}}},
+        {"features": 2, "steps": 10, "t": 0.5, "training": 1, "per_cluster": {"0": {"expert": 2.0, "expert_se": 0.1}}},
+        {"features": 2, "steps": 99, "t": 0.5, "training": 0, "per_cluster": {"0": {"expert": 9.0, "expert_se": 0.1}}},
+    ],
+}
+for _r in EXPERTS["records"]:
+    _r["per_cluster"]["1"] = {"expert": 5 * _r["per_cluster"]["0"]["expert"], "expert_se": 0.2}
+
+
+def test_the_summary_weighs_the_clusters_and_compares_every_pair_of_trainings():
+    # experts weighted: ¼·e + ¾·5e = 4e → 4 and 8 (the 99-step record is another budget); SE √(¼²·0.01 + ¾²·0.04)
+    # monolith weighted: ¼·m + ¾·3m = 2.5m → 25, 50, 75
+    (row,) = eq.summarise(_entry({0: (10.0, 0.4), 1: (20.0, 0.4), 2: (30.0, 0.4)}), EXPERTS)["rows"]
+    assert row["monolith"]["mean"] == pytest.approx(50) and row["experts"]["mean"] == pytest.approx(6)
+    assert row["monolith"]["half"] == pytest.approx(4.302653 * 25 / 3**0.5, rel=1e-6)  # t(0.975, 2)·s/√3
+    assert row["experts"]["half"] == pytest.approx(12.706205 * 2**0.5 * 2 / 2**0.5, rel=1e-6)  # t(0.975, 1)·s/√2
+    assert row["ratio_of_means"] == pytest.approx(50 / 6)
+    assert row["ratio_every_pair"] == {"min": pytest.approx(25 / 8), "max": pytest.approx(75 / 4)}
+    se = (0.25**2 * 0.01 + 0.75**2 * 0.04) ** 0.5
+    assert row["experts_per_training"]["1"] == {"experts": pytest.approx(8), "experts_se": pytest.approx(se)}
+    assert row["per_training"]["2"]["monolith_se"] == pytest.approx((0.25**2 + 0.75**2) ** 0.5 * 0.4)
+    assert row["below_in_every_pair_with_2se"] == "experts below"
+    assert (row["compute_ratio"], row["monolith_width_floor"], row["expert_trainings"]) == (1.5, 0.01, [0, 1])
+    assert row["monolith_training_loss"]["mean"] == pytest.approx(20)
+    # a monolith training within two standard errors of an experts' one: neither side below in every pair
+    near = eq.summarise(_entry({0: (3.3, 0.4), 1: (20.0, 0.4)}), EXPERTS)["rows"][0]  # 8.25 ± 2·0.32 against 8 ± …
+    assert near["below_in_every_pair_with_2se"] == "neither"
+    low = eq.summarise(_entry({0: (0.1, 0.01), 1: (0.2, 0.01)}), EXPERTS)["rows"][0]
+    assert low["below_in_every_pair_with_2se"] == "monolith below"
+    assert eq.summarise(_entry({0: (1.0, 0.1)}, t=0.9), EXPERTS)["rows"] == []  # no experts at that t
+
+
+def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp_path, monkeypatch):
+    for module in (floor, eq):
+        monkeypatch.setattr(module, "prepare_data", lambda cfg: None)
+        monkeypatch.setattr(module, "load_reference", lambda dataset: ref)
+    experts = tmp_path / "floor" / "t.json"
+    made = ["--config", "configs/reproduce-gmm-nano.yaml", "--features", "2", "--times", "0.5", "--steps", "20", "40"]
+    made += ["--samples", "64", "--batch", "32", "--results", str(experts)]
+    floor.main([*made, "--clusters", "0", "1", "2", "--name", "every"])
+    floor.main([*made, "--clusters", "0", "--name", "one"])  # not every cluster: no weights
+    out = tmp_path / "out" / "e.json"
+    argv = ["--experts", "every", "--expert-features", "2", "--expert-steps", "20", "--features", "6"]
+    argv += ["--times", "0.5", "--steps", "20", "40", "--name", "m", "--experts-file", str(experts)]
+    argv += ["--results", str(out)]
+    summary = eq.main(argv)
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "e.json",
+        "gmm_equal_compute-m.json",
+        "gmm_equal_compute-m.md",
+    ]
+    stored = eq.json.loads(out.read_text())["m"]
+    trained = eq.json.loads(experts.read_text())["every"]["setting"]
+    assert stored["setting"] == {"experts": "every", "expert_features": 2, "expert_steps": 20} | {
+        k: v for k, v in trained.items() if k != "clusters"
+    }  # the experts' own learning rate, batch, fit and scoring draws
+    assert [r["steps"] for r in summary["rows"]] == [20, 40]
+    assert [r["compute_ratio"] for r in summary["rows"]] == [
+        pytest.approx(eq.compute_ratio(ref, 6, s, 2, 20), rel=1e-15) for s in (20, 40)
+    ]
+    assert stored["width_floor"] == {"6@0.5": width_floor(ref.mixture, torch.arange(6), (0.5,), 6)[0]}
+    assert eq.main(argv) == summary and eq.json.loads(out.read_text())["m"]["records"] == stored["records"]  # kept
+    assert "| 6 | 0.5 | 40 |" in (out.parent / "gmm_equal_compute-m.md").read_text()
+    for bad in (
+        ["--experts", "nope"],
+        ["--experts", "one"],  # its records score one cluster of three
+        ["--expert-steps", "80"],  # no such records
+        ["--times", "0.2"],
+        ["--features", "0"],
+        ["--expert-steps", "40"],  # another setting under the same name
+    ):
+        with pytest.raises(SystemExit):
+            eq.main([*argv, *bad])
+    assert eq.json.loads(out.read_text())["m"]["records"] == stored["records"]  # nothing written by a refusal
