@@ -4,10 +4,12 @@ the experts' training compute.
 
 The monolith is the trained floor's (:func:`benchmarks.gmm_trained_floor.train`: the class floor's two-layer network
 of N hidden units, every weight trained from its least-squares start by Adam with a cosine decay, fresh draws of every
-component), with the seeds and the setting of the experts' entry (config, overrides, learning rate, batch, start's
-fit and scoring draws are read from it, so the two sides cannot differ in them): the record at N and budget S is the
-monolith that ``gmm_trained_floor`` would train at N and S. It is scored on every cluster's scoring draws and the
-clusters weighted by their shares of the mixture, as the experts' entry weighs its experts (each on its own cluster).
+component), with the seeds and the setting of the experts' entry: config, overrides, learning rate, batch, the start's
+fit and the scoring draws are read from it, so the two sides cannot differ in them, except that ``--lr`` can give the
+monolith a learning rate of its own (its entry's setting names it). At the experts' learning rate the record at N and
+budget S is the monolith that ``gmm_trained_floor`` trains at N and S. It is scored on every cluster's scoring draws,
+the clusters weighted by their shares of the mixture as the experts' entry weighs its experts (each on its own
+cluster).
 
 Compute is counted in multiply-adds of the network on one draw (:func:`network_macs`); a training step is the same
 multiple of it at every width (forward and backward, batch the same), so the monolith's budget over the experts'
@@ -172,6 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--times", type=float, nargs="+", required=True, help=f"t, of the inner ones {INNER}")
     p.add_argument("--steps", type=int, nargs="+", required=True, help="the monolith's budgets: Adam steps")
     p.add_argument("--training", type=int, nargs="+", default=[0])
+    p.add_argument("--lr", type=float, help="the monolith's Adam learning rate (default: the experts')")
     p.add_argument("--name", required=True)
     p.add_argument("--experts-file", default=str(floor.OUT), help="gmm_trained_floor's records")
     p.add_argument("--results", default=str(OUT), help="the records' file; the summaries are written beside it")
@@ -198,13 +201,16 @@ def main(argv: list[str] | None = None) -> dict:
     trained = experts["setting"]
     cfg = load_config(trained["config"], parse_overrides(trained["set"]))
     ref = load_reference(prepare_data(cfg))
-    args.lr, args.batch, args.samples = trained["lr"], trained["batch"], trained["samples"]
+    if args.lr is not None and not args.lr > 0:
+        p.error(f"--lr {args.lr}: must be > 0")
+    args.lr = trained["lr"] if args.lr is None else args.lr
+    args.batch, args.samples = trained["batch"], trained["samples"]
     args.draws_per_feature, args.eval_seed = trained["draws_per_feature"], cfg.evaluation.seed
     path = Path(args.results)
     store = json.loads(path.read_text()) if path.exists() else {}
     entry = store.get(args.name) or {"name": args.name, "records": []}
     same = {"experts": args.experts, "expert_features": args.expert_features, "expert_steps": args.expert_steps}
-    same |= {k: v for k, v in trained.items() if k != "clusters"}
+    same |= {k: v for k, v in trained.items() if k != "clusters"} | {"lr": args.lr}
     if entry.get("setting", same) != same:
         p.error(f"--name {args.name}: its records were trained with {entry['setting']}; use another name")
     entry["setting"] = same

@@ -134,7 +134,11 @@ def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp
         ["--times", "0.2"],
         ["--features", "0"],
         ["--expert-steps", "40"],  # another setting under the same name
+        ["--lr", "0.5"],  # another learning rate under the same name
+        ["--lr", "0"],
     ):
         with pytest.raises(SystemExit):
             eq.main([*argv, *bad])
     assert eq.json.loads(out.read_text())["m"]["records"] == stored["records"]  # nothing written by a refusal
+    eq.main([*argv, "--lr", "0.5", "--steps", "20", "--name", "fast"])  # the monolith's own learning rate, named
+    assert eq.json.loads(out.read_text())["fast"]["setting"] == stored["setting"] | {"lr": 0.5} != stored["setting"]
