@@ -11,11 +11,11 @@ budget S is the monolith that ``gmm_trained_floor`` trains at N and S. It is sco
 the clusters weighted by their shares of the mixture as the experts' entry weighs its experts (each on its own
 cluster).
 
-Compute is counted in multiply-adds of the network on one draw (:func:`network_macs`); a training step is the same
-multiple of it at every width (forward and backward, batch the same), so the monolith's budget over the experts'
-together is ``S·macs(monolith) / (S_e·Σ_k macs(expert k))``. The two sides are independent trainings (a training
-index seeds each side's own features and draws), so their intervals are separate and the ratio is given over every
-pair of trainings.
+Compute is counted in multiply-adds of a training step on one draw (:func:`training_macs`; the batch is the same on
+both sides, and the exact velocities the draws are scored against are the data, not counted), so the monolith's budget
+over the experts' together is ``S·macs(monolith) / (S_e·Σ_k macs(expert k))``. The two sides are independent trainings
+(a training index seeds each side's own features and draws), so their intervals are separate and the ratio is given
+over every pair of trainings.
 
     python -m benchmarks.gmm_equal_compute --experts clu-r8-every --expert-features 16 --expert-steps 2000 \\
         --features 128 --times 0.1 0.5 0.9 --steps 2000 8000 --training 0 1 2 --name clu-r8-128
@@ -48,18 +48,20 @@ from hddm_flower.stages.prepare import prepare_data
 OUT = RESULTS / "gmm_equal_compute.json"
 
 
-def network_macs(d: int, n: int, captions: int) -> int:
-    """Multiply-adds of the trained floor's network on one draw of dimension d: its first layer (d × n) and its output
-    layer over [x, the caption's one-hot, the hidden units] ((d + captions + n) × d)."""
-    return d * n + (d + captions + n) * d
+def training_macs(d: int, n: int, captions: int) -> int:
+    """Multiply-adds of one training step of the trained floor's network on one draw of dimension d, as autograd
+    computes it: forward through the first layer (d × n) and the output layer over [x, the caption's one-hot, the
+    hidden units] ((d + captions + n) × d); backward, each layer's weight gradient (the same again) and the output
+    layer's input gradient (once more the output layer's; the input x needs none)."""
+    return 2 * d * n + 3 * (d + captions + n) * d
 
 
 def compute_ratio(ref, n: int, steps: int, expert_n: int, expert_steps: int) -> float:
     """The monolith's training compute (N = ``n`` over every component, ``steps`` steps) over that of the experts of
     every cluster together (``expert_n`` units over their cluster's components, ``expert_steps`` steps each)."""
     d = int(math.prod(ref.shape))
-    experts = sum(network_macs(d, expert_n, int((ref.cluster_of == k).sum())) for k in range(ref.num_clusters))
-    return steps * network_macs(d, n, len(ref.cluster_of)) / (expert_steps * experts)
+    experts = sum(training_macs(d, expert_n, int((ref.cluster_of == k).sum())) for k in range(ref.num_clusters))
+    return steps * training_macs(d, n, len(ref.cluster_of)) / (expert_steps * experts)
 
 
 def record(ref, n: int, t: float, steps: int, training: int, args) -> dict:

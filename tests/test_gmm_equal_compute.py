@@ -1,4 +1,4 @@
-"""benchmarks/gmm_equal_compute.py: the network's multiply-adds and the compute ratio counted by hand; a record is
+"""benchmarks/gmm_equal_compute.py: a training step's multiply-adds and the compute ratio counted by hand; a record is
 the monolith gmm_trained_floor trains at the same N, t, budget and training, scored on every cluster; the summary's
 weighting, intervals, every pair of trainings and separation with two standard errors against hand-made records;
 the command's files, kept records, inherited setting and refusals."""
@@ -22,13 +22,16 @@ def ref(tmp_path_factory):
     return load_reference(Dataset.open(prepare_gmm(tmp_path_factory.mktemp("equal"), spec, max_caption_tokens=8)))
 
 
-def test_the_multiply_adds_are_the_two_layers_counted_by_hand(ref):
-    assert eq.network_macs(192, 16, 4) == 192 * 16 + (192 + 4 + 16) * 192 == 43_776
-    assert eq.network_macs(192, 128, 32) == 24_576 + 67_584
-    assert eq.network_macs(5, 0, 1) == 30  # no hidden units: the output layer over [x, caption]
-    # d = 16; the monolith of 12 units over 6 captions 16·12 + 34·16 = 736, an expert of 4 over 2: 64 + 22·16 = 416
-    assert eq.compute_ratio(ref, 12, 100, 4, 50) == pytest.approx(100 * 736 / (50 * 3 * 416), rel=1e-15)
-    assert eq.compute_ratio(ref, 4, 50, 4, 50) == pytest.approx((64 + 26 * 16) / (3 * 416), rel=1e-15)
+def test_the_multiply_adds_are_the_two_layers_forward_and_backward_counted_by_hand(ref):
+    # forward d·n + (d + C + n)·d; backward the two weight gradients (the same again) and the output layer's input
+    # gradient ((d + C + n)·d once more)
+    assert eq.training_macs(192, 16, 4) == 2 * 192 * 16 + 3 * (192 + 4 + 16) * 192 == 128_256
+    assert eq.training_macs(192, 128, 32) == 2 * 24_576 + 3 * 67_584
+    assert eq.training_macs(5, 0, 1) == 90  # no hidden units: the output layer over [x, caption]
+    # d = 16; the monolith of 12 units over 6 captions 2·16·12 + 3·34·16 = 2016, an expert of 4 over 2:
+    # 2·64 + 3·22·16 = 1184, three of them
+    assert eq.compute_ratio(ref, 12, 100, 4, 50) == pytest.approx(100 * 2016 / (50 * 3 * 1184), rel=1e-15)
+    assert eq.compute_ratio(ref, 4, 50, 4, 50) == pytest.approx((2 * 64 + 3 * 26 * 16) / (3 * 1184), rel=1e-15)
 
 
 def test_a_record_is_the_trained_floors_monolith_scored_on_every_cluster(ref):
