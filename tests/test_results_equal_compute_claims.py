@@ -1,0 +1,226 @@
+"""docs/results.md's equal-compute bullet against the committed records (benchmarks/results/gmm_equal_compute.json):
+its setting is the experts' entry's, its compute and parameter counts are the networks' counted by hand, its table is
+the committed summary's, which is the records' (recomputed), and each number of its reading is the records'."""
+
+import pytest
+
+from benchmarks.gmm_equal_compute import render, summarise
+from benchmarks.gmm_trained_floor import summarise as floor_summary
+
+from . import doc_claims
+
+START = "**Equal compute: one monolith as wide as the eight experts together, trained.**"
+END = "**Sixty-four units (8 clusters × rank 8)"
+D, COMPONENTS, CLUSTERS, PER_CLUSTER = 192, 32, 8, 4  # the rank-8 nano mixture: 3 × 8 × 8, 8 clusters of 4
+MAIN = {(128, t, s) for t in (0.1, 0.3, 0.5, 0.7, 0.9) for s in (2000, 8000)} | {(128, 0.1, 32000), (128, 0.5, 32000)}
+WIDTHS = {64: 10774, 256: 5475, 512: 3307, 768: 2369}  # at t = 0.1, equal compute
+LRS = {"3e-3": 3e-3, "3e-2": 3e-2, "1e-1": 1e-1}
+
+
+def store() -> dict:
+    return doc_claims.load("gmm_equal_compute.json")
+
+
+def experts() -> dict:
+    return doc_claims.load("gmm_trained_floor.json")["clu-r8-every"]
+
+
+def text() -> str:
+    return doc_claims.passage(START, END)
+
+
+def macs(n: int, captions: int) -> int:  # forward, both weight gradients, the output layer's input gradient
+    return D * n + (D + captions + n) * D + D * n + (D + captions + n) * D + (D + captions + n) * D
+
+
+def params(n: int, captions: int) -> int:  # R, q, β and W (over [x, one-hot caption, hidden])
+    return D * n + captions * n + n + (D + captions + n) * D
+
+
+def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
+    s, t = store(), text()
+    main = s["clu-r8-every"]
+    trained = experts()["setting"]
+    same = {"experts": "clu-r8-every", "expert_features": 16, "expert_steps": 2000}
+    assert main["setting"] == same | {k: v for k, v in trained.items() if k != "clusters"}
+    for name, lr in LRS.items():
+        assert s[f"clu-r8-every-lr{name}"]["setting"] == main["setting"] | {"lr": lr}
+    keys = sorted((r["features"], r["t"], r["steps"], r["training"]) for r in main["records"])
+    expected = MAIN | {(n, 0.1, steps) for n, steps in WIDTHS.items()}
+    assert keys == sorted((n, x, steps, i) for n, x, steps in expected for i in range(3))
+    lr_keys = {
+        name: sorted((r["t"], r["steps"], r["training"]) for r in s[f"clu-r8-every-lr{name}"]["records"])
+        for name in LRS
+    }
+    assert lr_keys["3e-3"] == lr_keys["1e-1"] == [(0.1, 8000, 0)]
+    assert lr_keys["3e-2"] == sorted(
+        [(0.1, 8000, i) for i in range(3)] + [(0.1, 32000, i) for i in range(3)] + [(0.5, 8000, 0)]
+    )
+    records = [r for e in s.values() for r in e["records"]]
+    assert {r["date"] for r in records} == {"2026-12-06"} and all(r["torch_threads"] == 1 for r in records)
+    assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in records)
+    others = [r for name, e in s.items() if name != "clu-r8-every-reproduced" for r in e["records"]]
+    odd = [r for r in others if (r["commit"], r["uncommitted"]) != ("0828f98", [])]
+    assert len(odd) < len(others) / 2 and "Most records name 0828f98 with nothing uncommitted" in t
+    assert {(r["commit"], tuple(r["uncommitted"])) for r in odd} == {
+        ("bac050a", ()),
+        ("6bceda8", ()),
+        ("6bceda8", ("benchmarks/gmm_equal_compute.py", "tests/test_gmm_equal_compute.py")),
+    }
+    assert {r["training"] for r in odd} <= {0, 1} and {r["steps"] for r in odd} <= {2000, 8000}
+    assert "two list the benchmark and its test as differing from 6bceda8" in t
+    # the retrained record: bit for bit
+    (again,) = s["clu-r8-every-reproduced"]["records"]
+    first = next(
+        r for r in main["records"] if (r["features"], r["t"], r["steps"], r["training"]) == (128, 0.1, 2000, 0)
+    )
+    assert first["commit"] == "bac050a" and (again["commit"], again["uncommitted"]) == ("78a383f", [])
+    assert again["per_cluster"] == first["per_cluster"] and again["training_loss"] == first["training_loss"]
+    assert "retrained at 78a383f, came out bit for bit (entry `clu-r8-every-reproduced`)" in t
+    lr_records = [r for name in LRS for r in s[f"clu-r8-every-lr{name}"]["records"]]
+    assert f"{sum(r['seconds'] for r in main['records']) / 60:.0f} min summed over the records" in t
+    assert f"{sum(r['seconds'] for r in lr_records) / 60:.0f} more for the learning rates" in t
+    assert main["meta"]["command"] == (
+        "python -m benchmarks.gmm_equal_compute --experts clu-r8-every --expert-features 16 --expert-steps 2000 "
+        "--features 128 --times 0.1 0.3 0.5 0.7 0.9 --steps 2000 8000 --training 0 1 2 --name clu-r8-every"
+    )
+    assert main["meta"]["command"].removeprefix("python -m ") in t.replace("` ", "`")
+    for n, steps in WIDTHS.items():
+        assert f"`--features {n} --steps {steps}`" in t
+
+
+def test_the_compute_and_parameters_are_the_networks_counted_by_hand():
+    t, main = text(), store()["clu-r8-every"]
+    expert, mono = macs(16, PER_CLUSTER), macs(128, COMPONENTS)
+    assert (expert, CLUSTERS * expert, mono) == (128_256, 1_026_048, 251_904)
+    assert (
+        f"a 16-unit expert's step {expert:,}, the eight experts' {CLUSTERS * expert:,}, the 128-unit monolith's {mono:,}"
+        in t
+    )
+    assert f"so {2000 * CLUSTERS * expert / mono:,.0f} monolith steps are the experts' compute" in t
+    for key, ratio in main["compute_ratio"].items():
+        n, steps = map(int, key.split("@"))
+        assert ratio == pytest.approx(steps * macs(n, COMPONENTS) / (2000 * CLUSTERS * expert), rel=1e-12)
+    for n, steps in WIDTHS.items():  # equal compute: the whole number of steps nearest the experts' compute
+        assert steps == round(2000 * CLUSTERS * expert / macs(n, COMPONENTS)), n
+    assert 0.24 < main["compute_ratio"]["128@2000"] < 0.26 and "2,000 steps are a quarter of it (equal steps)" in t
+    for steps in (8000, 32000):
+        assert f"{steps:,} are {main['compute_ratio'][f'128@{steps}']:.2f}×" in t
+    experts_params, big = CLUSTERS * params(16, PER_CLUSTER), params(768, COMPONENTS)
+    assert f"768 units: {big:,} parameters, about the eight experts' {experts_params:,} together" in t
+    assert abs(big / experts_params - 1) < 0.05
+
+
+def _weighted(r: dict, who: str) -> float:
+    w = experts()["cluster_weights"]
+    return sum(w[k] * r["per_cluster"][k][who] for k in w)
+
+
+def _sides(entry: dict, n: int, x: float, steps: int) -> tuple[list[float], list[float]]:
+    """The monolith's weighted excess per training and the experts' (16 units, 2,000 steps) at the same t."""
+    mono = [_weighted(r, "monolith") for r in entry["records"] if (r["features"], r["t"], r["steps"]) == (n, x, steps)]
+    exp = [_weighted(r, "expert") for r in experts()["records"] if (r["features"], r["t"], r["steps"]) == (16, x, 2000)]
+    return mono, exp
+
+
+def _ratio(entry: dict, n: int, x: float, steps: int) -> tuple[float, float, float]:
+    """The ratio of the means and its least and greatest over every pair of trainings."""
+    mono, exp = _sides(entry, n, x, steps)
+    pairs = [m / e for m in mono for e in exp]
+    return sum(mono) / len(mono) / (sum(exp) / len(exp)), min(pairs), max(pairs)
+
+
+def test_the_table_and_its_reading_are_the_records():
+    s, t, raw = store(), text(), doc_claims.raw_passage(START, END)
+    main = s["clu-r8-every"]
+    for name, e in s.items():  # every committed summary is its records'
+        summary = summarise(e, experts())
+        assert doc_claims.load(f"gmm_equal_compute-{name}.json") == summary, name
+        assert (doc_claims.RESULTS / f"gmm_equal_compute-{name}.md").read_text() == render(e, summary), name
+    md = (doc_claims.RESULTS / "gmm_equal_compute-clu-r8-every.md").read_text()
+    header = "| N | t | steps | compute / experts' |"
+    assert doc_claims.md_table(raw, header) == doc_claims.md_table(md, header)  # the doc's table is the summary's
+    assert {r["below_in_every_pair_with_2se"] for r in summarise(main, experts())["rows"]} == {"experts below"}
+    # the reading, recomputed from the records without the summary
+    at = {(n, x, steps): _ratio(main, n, x, steps) for n, x, steps in MAIN | {(n, 0.1, st) for n, st in WIDTHS.items()}}
+    mean, lo, hi = at[128, 0.1, 8000]
+    assert f"by {mean:.2f}× at t = 0.1 ({lo:.2f}–{hi:.2f} over the pairs)" in t
+    rest = [at[128, x, 8000] for x in (0.3, 0.5, 0.7, 0.9)]
+    low, high, worst = min(r[0] for r in rest), max(r[0] for r in rest), min(r[1] for r in rest)
+    assert f"by {low:.3g}× to {high:.3g}× at the other t ({worst:.3g}× or more in every pair)" in t
+    quarter = [at[128, x, 2000][0] for x in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    assert f"At a quarter of the compute (equal steps) by {min(quarter):.3g}× to {max(quarter):.3g}×" in t
+    for x, words in ((0.1, "from 8,000 at t = 0.1"), (0.5, "at t = 0.5 (per")):
+        before, after = _sides(main, 128, x, 8000)[0], _sides(main, 128, x, 32000)[0]
+        falls = [100 * (1 - b / a) for a, b in zip(before, after)]  # the same training: the same start and draws
+        assert f"by {min(falls):.0f}–{max(falls):.0f} % {words}" in t and min(falls) > 0
+    (m1, lo1, hi1), (m5, _, _) = at[128, 0.1, 32000], at[128, 0.5, 32000]
+    assert f"still {m1:.1f}× the experts at t = 0.1 ({lo1:.2f}–{hi1:.2f}) and {m5:.1f}× at t = 0.5" in t
+    late = [r for r in main["records"] if (r["features"], r["t"], r["steps"]) == (128, 0.1, 32000)]
+    loss = sum(r["training_loss"] for r in late) / len(late)
+    assert f"its training loss is {loss / main['width_floor']['128@0.1']:.1f}× its width floor at t = 0.1" in t
+    widths = {n: at[n, 0.1, st] for n, st in WIDTHS.items()} | {128: at[128, 0.1, 8000]}
+    assert (
+        f"{widths[64][0]:.3g}× the experts at 64 units, {widths[128][0]:.3g}× at 128, {widths[256][0]:.3g}× at 256 "
+        f"({widths[256][1]:.2f}–{widths[256][2]:.2f}), {widths[512][0]:.3g}× at 512 and {widths[768][0]:.3g}× at 768"
+    ) in t
+    assert min(widths.values())[0] == widths[256][0]  # the best width measured
+    ours = next(r for r in floor_summary(experts())["rows"] if (r["features"], r["t"]) == (16, 0.1))
+    own = ours["every_component"]["expert"]["mean"] / ours["width_floor"]["experts_weighted"]
+    assert f"they lie {100 * (own - 1):.1f} % above their own floor at t = 0.1" in t
+    # the In-short paragraph and the Not-shown item
+    import re
+
+    from .test_results_claims import paragraph
+
+    p, more = paragraph(), main["compute_ratio"]["128@32000"]
+    assert (
+        f"(128 units, 8,000 steps) at each of the five t, by {mean:.2f}× at t = 0.1 and by {low:.3g}× or more at the "
+        "other t, in every pair of three trainings each, and below monoliths of 64, 256, 512 and 768 units at t = 0.1"
+    ) in p
+    assert f"with {more:.2f}× the compute the 128-unit monolith is still {m1:.1f}× the experts at t = 0.1" in p
+    folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
+    assert f"the equal-compute monolith at convergence (at {more:.2f}× the experts' compute it still falls)" in folded
+
+
+def test_the_learning_rates_are_the_records():
+    s, t = store(), text()
+    one = {  # training 0 at 128 units, t = 0.1, 8,000 steps, by learning rate
+        lr: next(
+            _weighted(r, "monolith")
+            for r in s[name]["records"]
+            if (r["features"], r["t"], r["steps"], r["training"]) == (128, 0.1, 8000, 0)
+        )
+        for lr, name in (
+            ("3·10⁻³", "clu-r8-every-lr3e-3"),
+            ("10⁻²", "clu-r8-every"),
+            ("3·10⁻²", "clu-r8-every-lr3e-2"),
+            ("10⁻¹", "clu-r8-every-lr1e-1"),
+        )
+    }
+    listed = ", ".join(f"{1e3 * v:.3g} at {lr}" for lr, v in list(one.items())[:-1])
+    assert f"×10⁻³, {listed} and {1e3 * one['10⁻¹']:.3g} at 10⁻¹" in t
+    assert min(one, key=one.get) == "3·10⁻²" and "At 3·10⁻², the best of the four" in t
+    fast = s["clu-r8-every-lr3e-2"]
+    rows = {(r["t"], r["steps"]): r for r in summarise(fast, experts())["rows"]}
+    assert {r["below_in_every_pair_with_2se"] for r in rows.values()} == {"experts below"}
+    for steps, words in ((8000, "over three trainings it is"), (32000, "(three trainings)")):
+        r = rows[0.1, steps]
+        mean, lo, hi = _ratio(fast, 128, 0.1, steps)
+        cell = f"{1e3 * r['monolith']['mean']:.3g} ± {1e3 * r['monolith']['half']:.2g}"
+        assert f"{words} {cell}, {mean:.3g}× the experts ({lo:.2f}–{hi:.2f}" in t, steps
+        assert r["trainings"] == [0, 1, 2]
+    (half,) = [r for r in fast["records"] if r["t"] == 0.5]
+    base = next(
+        r
+        for r in store()["clu-r8-every"]["records"]
+        if (r["features"], r["t"], r["steps"], r["training"]) == (128, 0.5, 8000, 0)
+    )
+    mean, _, _ = _ratio({"records": [half]}, 128, 0.5, 8000)
+    assert (
+        f"at t = 0.5 (training 0) {1e3 * _weighted(half, 'monolith'):.3g} against "
+        f"{1e3 * _weighted(base, 'monolith'):.3g} at 10⁻², still {mean:.3g}× the experts"
+    ) in t
+    slow = _sides(store()["clu-r8-every"], 128, 0.1, 32000)[0]
+    quick = _sides(fast, 128, 0.1, 32000)[0]
+    assert abs(sum(quick) / sum(slow) - 1) < 0.05  # "about where 10⁻² is at 32,000 steps"
