@@ -143,14 +143,16 @@ def render(entry: dict, summary: dict) -> str:
     lines = [
         f"# Experts against a monolith of equal compute, trained: {entry['name']}",
         "",
-        f"`{head['command']}` — {head['machine']}, commit {head['commit']}, {head['date']}.",
+        f"Every record of this name, summarised by `{head['command']}` (the last command; it trains only the records "
+        f"it does not find, and each record names its own commit) — {head['machine']}, commit {head['commit']}, "
+        f"{head['date']}.",
         "",
         f"Experts: entry `{setting['experts']}` of gmm_trained_floor.json, {setting['expert_features']} hidden units, "
         f"{setting['expert_steps']} steps each, each scored on its own cluster. Excess over the exact velocity, "
         "×10⁻³ per dimension, held out on every cluster's scoring draws, weighted by the clusters' shares of the "
         "mixture; ± is the 95 % Student-t half-width over each side's own trainings (independent of the other "
         "side's); the ratio is given over every pair of trainings. Compute: the monolith's training multiply-adds "
-        "over the eight experts' together.",
+        "over the experts' together.",
         "",
         "| N | t | steps | compute / experts' | monolith | experts | monolith / experts (every pair) "
         "| below in every pair, 2 SE | monolith's training loss (width floor) |",
@@ -185,8 +187,12 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"--times {bad}: t must be one of the inner times {INNER}")
     if min(args.features) < 1 or min(args.steps) < 1:
         p.error("--features and --steps must be ≥ 1")
+    if args.lr is not None and not args.lr > 0:
+        p.error(f"--lr {args.lr}: must be > 0")
     experts_file = Path(args.experts_file)
-    experts = json.loads(experts_file.read_text()).get(args.experts) if experts_file.exists() else None
+    if not experts_file.exists():
+        p.error(f"--experts-file {experts_file}: no such file")
+    experts = json.loads(experts_file.read_text()).get(args.experts)
     if experts is None:
         p.error(f"--experts {args.experts}: no such entry in {experts_file}")
     if "cluster_weights" not in experts:
@@ -203,8 +209,6 @@ def main(argv: list[str] | None = None) -> dict:
     trained = experts["setting"]
     cfg = load_config(trained["config"], parse_overrides(trained["set"]))
     ref = load_reference(prepare_data(cfg))
-    if args.lr is not None and not args.lr > 0:
-        p.error(f"--lr {args.lr}: must be > 0")
     args.lr = trained["lr"] if args.lr is None else args.lr
     args.batch, args.samples = trained["batch"], trained["samples"]
     args.draws_per_feature, args.eval_seed = trained["draws_per_feature"], cfg.evaluation.seed
@@ -224,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
                     if (n, t, steps, training) in done:
                         continue
                     entry["records"].append(record(ref, n, t, steps, training, args) | stamp())
+                    done.add((n, t, steps, training))  # a value given twice trains once
                     store[args.name] = entry
                     write_result(path, store)  # after each record: an interrupted run keeps what it trained
                     print(

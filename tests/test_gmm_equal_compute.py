@@ -94,12 +94,35 @@ def test_the_summary_weighs_the_clusters_and_compares_every_pair_of_trainings():
     # a monolith training within two standard errors of an experts' one: neither side below in every pair
     near = eq.summarise(_entry({0: (3.3, 0.4), 1: (20.0, 0.4)}), EXPERTS)["rows"][0]  # 8.25 ± 2·0.32 against 8 ± …
     assert near["below_in_every_pair_with_2se"] == "neither"
+    # 8.8 ± 2·0.32 against 8 ± 2·0.15: apart by one standard error of each, or by both in quadrature, not by two
+    two = eq.summarise(_entry({0: (3.52, 0.4), 1: (20.0, 0.4)}), EXPERTS)["rows"][0]
+    assert two["below_in_every_pair_with_2se"] == "neither"
     low = eq.summarise(_entry({0: (0.1, 0.01), 1: (0.2, 0.01)}), EXPERTS)["rows"][0]
     assert low["below_in_every_pair_with_2se"] == "monolith below"
     assert eq.summarise(_entry({0: (1.0, 0.1)}, t=0.9), EXPERTS)["rows"] == []  # no experts at that t
 
 
-def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp_path, monkeypatch):
+def test_the_multiply_adds_are_what_autograd_counts_for_a_training_step():
+    # one step of the trained floor's network as gmm_trained_floor.train computes it, counted by torch's FLOP counter
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for d, n, captions, batch in ((192, 16, 4, 512), (192, 128, 32, 512), (16, 5, 3, 64)):
+        g = torch.Generator().manual_seed(0)
+        x, v = torch.randn(batch, d, generator=g), torch.randn(batch, d, generator=g)
+        c = torch.randint(captions, (batch,), generator=g)
+        shift, scale = torch.randn(d, generator=g), 1.5
+        R, q, beta, W = (
+            torch.randn(shape, generator=g).requires_grad_()
+            for shape in ((d, n), (captions, n), (n,), (d + captions + n, d))
+        )
+        with FlopCounterMode(display=False) as counter:
+            hidden = torch.relu((x - shift) / scale @ R + q[c] + beta)
+            onehot = torch.nn.functional.one_hot(c, captions).float()
+            ((torch.cat([x, onehot, hidden], 1) @ W - v) ** 2).mean().backward()
+        assert counter.get_total_flops() == 2 * batch * eq.training_macs(d, n, captions), (d, n, captions)
+
+
+def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp_path, monkeypatch, capsys):
     for module in (floor, eq):
         monkeypatch.setattr(module, "prepare_data", lambda cfg: None)
         monkeypatch.setattr(module, "load_reference", lambda dataset: ref)
@@ -130,18 +153,27 @@ def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp
     assert stored["width_floor"] == {"6@0.5": width_floor(ref.mixture, torch.arange(6), (0.5,), 6)[0]}
     assert eq.main(argv) == summary and eq.json.loads(out.read_text())["m"]["records"] == stored["records"]  # kept
     assert "| 6 | 0.5 | 40 |" in (out.parent / "gmm_equal_compute-m.md").read_text()
-    for bad in (
-        ["--experts", "nope"],
-        ["--experts", "one"],  # its records score one cluster of three
-        ["--expert-steps", "80"],  # no such records
-        ["--times", "0.2"],
-        ["--features", "0"],
-        ["--expert-steps", "40"],  # another setting under the same name
-        ["--lr", "0.5"],  # another learning rate under the same name
-        ["--lr", "0"],
+    files = {f: f.read_bytes() for f in out.parent.iterdir()}
+    for i, (bad, why) in enumerate(
+        (
+            (["--experts", "nope"], "--experts nope: no such entry"),
+            (["--experts-file", str(tmp_path / "none.json")], "no such file"),
+            (["--experts", "one"], "its records do not score every cluster"),
+            (["--expert-steps", "80"], "no records at N = 2, 80 steps"),
+            (["--times", "0.2"], "--times [0.2]: t must be one of"),
+            (["--features", "0"], "must be ≥ 1"),
+            (["--lr", "0"], "--lr 0.0: must be > 0"),
+        )
     ):
         with pytest.raises(SystemExit):
+            eq.main([*argv, *bad, "--name", f"bad{i}"])  # a fresh name: the refusal is this input's own
+        assert why in capsys.readouterr().err, bad
+    for bad in (["--expert-steps", "40"], ["--lr", "0.5"]):  # another setting under the same name
+        with pytest.raises(SystemExit):
             eq.main([*argv, *bad])
-    assert eq.json.loads(out.read_text())["m"]["records"] == stored["records"]  # nothing written by a refusal
+        assert "--name m: its records were trained with" in capsys.readouterr().err, bad
+    assert {f: f.read_bytes() for f in out.parent.iterdir()} == files  # nothing written by a refusal
+    eq.main([*argv, "--steps", "40", "40", "--name", "twice"])  # a budget given twice trains once
+    assert [r["steps"] for r in eq.json.loads(out.read_text())["twice"]["records"]] == [40]
     eq.main([*argv, "--lr", "0.5", "--steps", "20", "--name", "fast"])  # the monolith's own learning rate, named
     assert eq.json.loads(out.read_text())["fast"]["setting"] == stored["setting"] | {"lr": 0.5} != stored["setting"]
