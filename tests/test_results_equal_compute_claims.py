@@ -54,12 +54,15 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
     }
     assert lr_keys["3e-3"] == lr_keys["1e-1"] == [(0.1, 8000, 0)]
     assert lr_keys["3e-2"] == sorted(
-        [(0.1, 8000, i) for i in range(3)] + [(0.1, 32000, i) for i in range(3)] + [(0.5, 8000, 0)]
+        [(0.1, steps, i) for steps in (8000, 32000, 64000) for i in range(3)] + [(0.5, 8000, 0)]
     )
     records = [r for e in s.values() for r in e["records"]]
     assert {r["date"] for r in records} == {"2026-12-06"} and all(r["torch_threads"] == 1 for r in records)
     assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in records)
-    others = [r for name, e in s.items() if name != "clu-r8-every-reproduced" for r in e["records"]]
+    late = [r for r in records if r["steps"] == 64000]  # made after the rest, at 440e0fe
+    assert len(late) == 3 and all((r["commit"], r["uncommitted"]) == ("440e0fe", []) for r in late)
+    assert "their records naming 440e0fe with nothing uncommitted" in t
+    others = [r for name, e in s.items() if name != "clu-r8-every-reproduced" for r in e["records"] if r not in late]
     odd = [r for r in others if (r["commit"], r["uncommitted"]) != ("0828f98", [])]
     assert len(odd) < len(others) / 2 and "Most records name 0828f98 with nothing uncommitted" in t
     assert {(r["commit"], tuple(r["uncommitted"])) for r in odd} == {
@@ -194,10 +197,15 @@ def test_the_table_and_its_reading_are_the_records():
     ) in p
     assert (
         f"with {more:.2f}× the compute the 128-unit monolith is still {m1:.1f}× the experts at t = 0.1 "
-        f"({_ratio(fast, 128, 0.1, 32000)[0]:.3g}× at 3·10⁻²)"
+        f"({_ratio(fast, 128, 0.1, 32000)[0]:.3g}× at 3·10⁻², and"
     ) in p
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
-    assert f"the equal-compute monolith at convergence (at {more:.2f}× the experts' compute it still falls)" in folded
+    longest = fast["compute_ratio"]["128@64000"]
+    assert (
+        f"the equal-compute monolith at convergence (at {more:.2f}× the experts' compute it still falls at 10⁻²; at "
+        f"3·10⁻² it is no lower at {longest:.2f}× than at {more:.2f}×)"
+    ) in folded
+    assert f"at 3·10⁻², and {_ratio(fast, 128, 0.1, 64000)[0]:.3g}× with {longest:.2f}× the compute)" in p
     evaluation = re.sub(r"\s+", " ", (doc_claims.DOC.parent / "evaluation.md").read_text())
     assert "`2·d·N + 3·(d + C + N)·d` for a network of N units serving C captions" in evaluation
     assert all(macs(n, c) == 2 * D * n + 3 * (D + c + n) * D for n in (0, 16, 768) for c in (1, 4, 32))
@@ -241,6 +249,14 @@ def test_the_learning_rates_are_the_records():
         f"at t = 0.5 (training 0) {1e3 * _weighted(half, 'monolith'):.3g} against "
         f"{1e3 * _weighted(base, 'monolith'):.3g} at 10⁻², still {mean:.3g}× the experts"
     ) in t
+    r = rows[0.1, 64000]
+    mean, lo, hi = _ratio(fast, 128, 0.1, 64000)
+    assert (
+        f"At 64,000 steps ({r['compute_ratio']:.2f}× the experts' compute; three trainings in three processes side "
+        f"by side, their records naming 440e0fe with nothing uncommitted) it is no lower: {1e3 * r['monolith']['mean']:.3g} "
+        f"± {1e3 * r['monolith']['half']:.2g}, {mean:.3g}× the experts ({lo:.2f}–{hi:.2f})"
+    ) in t
+    assert r["monolith"]["mean"] >= rows[0.1, 32000]["monolith"]["mean"] and r["trainings"] == [0, 1, 2]
     slow = _sides(store()["clu-r8-every"], 128, 0.1, 32000)[0]
     quick = _sides(fast, 128, 0.1, 32000)[0]
     assert abs(sum(quick) / sum(slow) - 1) < 0.05  # "about where 10⁻² is at 32,000 steps"
