@@ -84,13 +84,6 @@ def record(ref, n: int, t: float, steps: int, training: int, args) -> dict:
     }
 
 
-def weighted(per_cluster: dict, who: str, weights: dict[str, float]) -> tuple[float, float]:
-    """A side's excess weighted by the clusters' shares, and its standard error over the scoring draws (the clusters'
-    draws are independent: in quadrature)."""
-    value = sum(w * per_cluster[k][who] for k, w in weights.items())
-    return value, math.sqrt(sum((w * per_cluster[k][f"{who}_se"]) ** 2 for k, w in weights.items()))
-
-
 def summarise(entry: dict, experts: dict) -> dict:
     """Per (N, t, budget): the monolith's weighted held-out excess over its trainings, the experts' at the same t over
     theirs, the ratio of the means and its range over every pair of trainings, which side is below in every pair
@@ -100,7 +93,7 @@ def summarise(entry: dict, experts: dict) -> dict:
     exp_runs: dict[float, dict[int, tuple[float, float]]] = {}
     for r in experts["records"]:
         if (r["features"], r["steps"]) == (setting["expert_features"], setting["expert_steps"]):
-            exp_runs.setdefault(r["t"], {})[r["training"]] = weighted(r["per_cluster"], "expert", weights)
+            exp_runs.setdefault(r["t"], {})[r["training"]] = floor.weighted(r["per_cluster"], "expert", weights)
     runs: dict[tuple, dict[int, dict]] = {}
     for r in entry["records"]:
         runs.setdefault((r["features"], r["t"], r["steps"]), {})[r["training"]] = r
@@ -108,7 +101,7 @@ def summarise(entry: dict, experts: dict) -> dict:
     for (n, t, s), by in sorted(runs.items()):
         if not (exp := exp_runs.get(t)):
             continue
-        mono = {i: weighted(r["per_cluster"], "monolith", weights) for i, r in sorted(by.items())}
+        mono = {i: floor.weighted(r["per_cluster"], "monolith", weights) for i, r in sorted(by.items())}
         pairs = [(m, e) for m in mono.values() for e in exp.values()]
         if all(m - 2 * ms > e + 2 * es for (m, ms), (e, es) in pairs):
             apart = "experts below"

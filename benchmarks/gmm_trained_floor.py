@@ -187,6 +187,16 @@ def summarise(entry: dict) -> dict:
     return {"name": entry["name"], "rows": rows}
 
 
+def weighted(per_cluster: dict, who: str, weights: dict[str, float]) -> tuple[float, float | None]:
+    """One side's excess over the clusters of a record, each weighted by its share of the mixture, and its standard
+    error over the scoring draws (the clusters' draws are independent: in quadrature); None for records made before
+    the standard errors were kept."""
+    value = sum(w * per_cluster[k][who] for k, w in weights.items())
+    if any(f"{who}_se" not in per_cluster[k] for k in weights):
+        return value, None
+    return value, math.sqrt(sum((w * per_cluster[k][f"{who}_se"]) ** 2 for k, w in weights.items()))
+
+
 def _every_component(records: dict[int, dict], weights: dict[str, float], floor: dict | None) -> dict:
     """Over the trainings (``records`` by training), each cluster's value weighted by its share π_k of the mixture —
     the expectation over every component, which is what the monolith's width floor bounds: the experts' (each on its
@@ -194,22 +204,20 @@ def _every_component(records: dict[int, dict], weights: dict[str, float], floor:
     experts'; and per training the weighted values with their standard errors over the scoring draws (the clusters'
     draws are independent: in quadrature), and the floor over the experts' excess with two standard errors added."""
 
-    def weighted(r: dict, who: str) -> float:
-        return sum(w * r["per_cluster"][k][who] for k, w in weights.items())
+    def value(r: dict, who: str) -> float:
+        return weighted(r["per_cluster"], who, weights)[0]
 
     def se(r: dict, who: str) -> float | None:
-        if any(f"{who}_se" not in c for c in r["per_cluster"].values()):
-            return None  # records made before the standard errors were kept
-        return math.sqrt(sum((w * r["per_cluster"][k][f"{who}_se"]) ** 2 for k, w in weights.items()))
+        return weighted(r["per_cluster"], who, weights)[1]
 
     runs = records.values()
-    out = {who: interval([weighted(r, who) for r in runs]) for who in ("expert", "monolith")}
-    out["ratio"] = interval([weighted(r, "monolith") / weighted(r, "expert") for r in runs])
+    out = {who: interval([value(r, who) for r in runs]) for who in ("expert", "monolith")}
+    out["ratio"] = interval([value(r, "monolith") / value(r, "expert") for r in runs])
     if floor:
-        out["monolith_floor_over_expert"] = interval([floor["monolith"] / weighted(r, "expert") for r in runs])
+        out["monolith_floor_over_expert"] = interval([floor["monolith"] / value(r, "expert") for r in runs])
     out["per_training"] = {}
     for i, r in records.items():
-        one = {who: weighted(r, who) for who in ("expert", "monolith")} | {
+        one = {who: value(r, who) for who in ("expert", "monolith")} | {
             f"{who}_se": se(r, who) for who in ("expert", "monolith")
         }
         if floor:
