@@ -10,10 +10,13 @@ from benchmarks.gmm_trained_floor import summarise as floor_summary
 from . import doc_claims
 
 START = "**Equal compute: one monolith as wide as the eight experts together, trained.**"
+WIDER = "**Wider and with more compute.**"
 END = "**Sixty-four units (8 clusters × rank 8)"
 D, COMPONENTS, CLUSTERS, PER_CLUSTER = 192, 32, 8, 4  # the rank-8 nano mixture: 3 × 8 × 8, 8 clusters of 4
 MAIN = {(128, t, s) for t in (0.1, 0.3, 0.5, 0.7, 0.9) for s in (2000, 8000)} | {(128, 0.1, 32000), (128, 0.5, 32000)}
 WIDTHS = {64: 10774, 256: 5475, 512: 3307, 768: 2369}  # at t = 0.1, equal compute
+LONGER = {256: (21508, 43016)}  # 3.93× and 7.86× the experts' compute, as the 128-unit monolith's 32,000 and 64,000
+LATEST = "a870ef3"  # the commit the wider and longer records name
 LRS = {"3e-3": 3e-3, "3e-2": 3e-2, "1e-1": 1e-1}
 
 
@@ -26,7 +29,11 @@ def experts() -> dict:
 
 
 def text() -> str:
-    return doc_claims.passage(START, END)
+    return doc_claims.passage(START, WIDER)
+
+
+def wider() -> str:
+    return doc_claims.passage(WIDER, END)
 
 
 def macs(n: int, captions: int) -> int:  # forward, both weight gradients, the output layer's input gradient
@@ -46,15 +53,21 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
     for name, lr in LRS.items():
         assert s[f"clu-r8-every-lr{name}"]["setting"] == main["setting"] | {"lr": lr}
     keys = sorted((r["features"], r["t"], r["steps"], r["training"]) for r in main["records"])
-    expected = MAIN | {(n, 0.1, steps) for n, steps in WIDTHS.items()}
-    assert keys == sorted((n, x, steps, i) for n, x, steps in expected for i in range(3))
+    expected = MAIN | {(n, 0.1, steps) for n, steps in WIDTHS.items()} | {(256, 0.1, LONGER[256][1])}
+    three = [(n, x, steps, i) for n, x, steps in expected for i in range(3)]
+    assert keys == sorted(three + [(256, 0.1, LONGER[256][0], 0)])
     lr_keys = {
-        name: sorted((r["t"], r["steps"], r["training"]) for r in s[f"clu-r8-every-lr{name}"]["records"])
+        name: sorted((r["features"], r["t"], r["steps"], r["training"]) for r in s[f"clu-r8-every-lr{name}"]["records"])
         for name in LRS
     }
-    assert lr_keys["3e-3"] == lr_keys["1e-1"] == [(0.1, 8000, 0)]
+    assert lr_keys["3e-3"] == [(128, 0.1, 8000, 0), (512, 0.1, 3307, 0)]
+    assert lr_keys["1e-1"] == [(128, 0.1, 8000, 0), (256, 0.1, 5475, 0), (512, 0.1, 3307, 0)]
+    quick = [(256, 0.1, steps, i) for steps in (5475, *LONGER[256]) for i in range(3)]
     assert lr_keys["3e-2"] == sorted(
-        [(0.1, steps, i) for steps in (8000, 32000, 64000) for i in range(3)] + [(0.5, 8000, 0)]
+        [(128, 0.1, steps, i) for steps in (8000, 32000, 64000) for i in range(3)]
+        + [(128, 0.5, 8000, 0), (512, 0.1, 3307, 0), (256, 0.5, 5475, 0)]
+        + quick
+        + [(256, 0.5, LONGER[256][0], i) for i in range(3)]
     )
     records = [r for e in s.values() for r in e["records"]]
     assert {r["date"] for r in records} == {"2026-12-06"} and all(r["torch_threads"] == 1 for r in records)
@@ -62,7 +75,14 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
     late = [r for r in records if r["steps"] == 64000]  # made after the rest, at 440e0fe
     assert len(late) == 3 and all((r["commit"], r["uncommitted"]) == ("440e0fe", []) for r in late)
     assert "their records naming 440e0fe with nothing uncommitted" in t
-    others = [r for name, e in s.items() if name != "clu-r8-every-reproduced" for r in e["records"] if r not in late]
+    newest = [r for r in records if r["commit"] == LATEST]  # the wider and longer records, the next paragraph's
+    others = [
+        r
+        for name, e in s.items()
+        if name != "clu-r8-every-reproduced"
+        for r in e["records"]
+        if r not in late and r not in newest
+    ]
     odd = [r for r in others if (r["commit"], r["uncommitted"]) != ("0828f98", [])]
     assert len(odd) < len(others) / 2 and "Most records name 0828f98 with nothing uncommitted" in t
     assert {(r["commit"], tuple(r["uncommitted"])) for r in odd} == {
@@ -80,8 +100,9 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
     assert first["commit"] == "bac050a" and (again["commit"], again["uncommitted"]) == ("78a383f", [])
     assert again["per_cluster"] == first["per_cluster"] and again["training_loss"] == first["training_loss"]
     assert "retrained at 78a383f, came out bit for bit (entry `clu-r8-every-reproduced`)" in t
-    lr_records = [r for name in LRS for r in s[f"clu-r8-every-lr{name}"]["records"]]
-    assert f"{sum(r['seconds'] for r in main['records']) / 60:.0f} min summed over the records" in t
+    lr_records = [r for name in LRS for r in s[f"clu-r8-every-lr{name}"]["records"] if r not in newest]
+    before = [r for r in main["records"] if r not in newest]
+    assert f"{sum(r['seconds'] for r in before) / 60:.0f} min summed over the records" in t
     assert f"{sum(r['seconds'] for r in lr_records) / 60:.0f} more for the learning rates" in t
     assert main["meta"]["command"] == (
         "python -m benchmarks.gmm_equal_compute --experts clu-r8-every --expert-features 16 --expert-steps 2000 "
@@ -134,7 +155,7 @@ def _ratio(entry: dict, n: int, x: float, steps: int) -> tuple[float, float, flo
 
 
 def test_the_table_and_its_reading_are_the_records():
-    s, t, raw = store(), text(), doc_claims.raw_passage(START, END)
+    s, t, raw = store(), text(), doc_claims.raw_passage(START, WIDER)
     main = s["clu-r8-every"]
     for name, e in s.items():  # every committed summary is its records'
         summary = summarise(e, experts())
@@ -143,7 +164,11 @@ def test_the_table_and_its_reading_are_the_records():
     md = (doc_claims.RESULTS / "gmm_equal_compute-clu-r8-every.md").read_text()
     header = "| N | t | steps | compute / experts' |"
     assert doc_claims.md_table(raw, header) == doc_claims.md_table(md, header)  # the doc's table is the summary's
-    assert {r["below_in_every_pair_with_2se"] for r in summarise(main, experts())["rows"]} == {"experts below"}
+    verdicts = {
+        (r["features"], r["steps"]): r["below_in_every_pair_with_2se"] for r in summarise(main, experts())["rows"]
+    }
+    assert {v for (n, steps), v in verdicts.items() if steps not in LONGER.get(n, ())} == {"experts below"}
+    assert {verdicts[256, steps] for steps in LONGER[256]} == {"monolith below"}  # the next paragraph's
     # the reading, recomputed from the records without the summary
     at = {(n, x, steps): _ratio(main, n, x, steps) for n, x, steps in MAIN | {(n, 0.1, st) for n, st in WIDTHS.items()}}
     mean, lo, hi = at[128, 0.1, 8000]
@@ -167,7 +192,7 @@ def test_the_table_and_its_reading_are_the_records():
         f"{widths[64][0]:.3g}× the experts at 64 units, {widths[128][0]:.3g}× at 128, {widths[256][0]:.3g}× at 256 "
         f"({widths[256][1]:.2f}–{widths[256][2]:.2f}), {widths[512][0]:.3g}× at 512 and {widths[768][0]:.3g}× at 768"
     ) in t
-    assert "at 10⁻² (the widths were not run at another learning rate)" in t
+    assert "(at 10⁻² here; 256 and 512 units at other learning rates below)" in t
     assert {r["features"] for r in main["records"] if r["features"] != 128} == set(WIDTHS)  # at the setting's lr
     assert (main["setting"]["lr"], main["setting"]["batch"]) == (1e-2, 512) and "Adam at 10⁻²" in t and "batch 512" in t
     own = {}  # the experts' weighted excess over their weighted width floor, by t
@@ -230,7 +255,7 @@ def test_the_learning_rates_are_the_records():
     assert f"×10⁻³, {listed} and {1e3 * one['10⁻¹']:.3g} at 10⁻¹" in t
     assert min(one, key=one.get) == "3·10⁻²" and "At 3·10⁻², the best of the four" in t
     fast = s["clu-r8-every-lr3e-2"]
-    rows = {(r["t"], r["steps"]): r for r in summarise(fast, experts())["rows"]}
+    rows = {(r["t"], r["steps"]): r for r in summarise(fast, experts())["rows"] if r["features"] == 128}
     assert {r["below_in_every_pair_with_2se"] for r in rows.values()} == {"experts below"}
     for steps, words in ((8000, "over three trainings it is"), (32000, "(three trainings)")):
         r = rows[0.1, steps]
@@ -238,7 +263,7 @@ def test_the_learning_rates_are_the_records():
         cell = f"{1e3 * r['monolith']['mean']:.3g} ± {1e3 * r['monolith']['half']:.2g}"
         assert f"{words} {cell}, {mean:.3g}× the experts ({lo:.2f}–{hi:.2f}" in t, steps
         assert r["trainings"] == [0, 1, 2]
-    (half,) = [r for r in fast["records"] if r["t"] == 0.5]
+    (half,) = [r for r in fast["records"] if (r["features"], r["t"]) == (128, 0.5)]
     base = next(
         r
         for r in store()["clu-r8-every"]["records"]
@@ -260,3 +285,101 @@ def test_the_learning_rates_are_the_records():
     slow = _sides(store()["clu-r8-every"], 128, 0.1, 32000)[0]
     quick = _sides(fast, 128, 0.1, 32000)[0]
     assert abs(sum(quick) / sum(slow) - 1) < 0.05  # "about where 10⁻² is at 32,000 steps"
+
+
+def test_wider_and_with_more_compute_is_the_records():
+    s, t, raw = store(), wider(), doc_claims.raw_passage(WIDER, END)
+    main, fast = s["clu-r8-every"], s["clu-r8-every-lr3e-2"]
+    summary = doc_claims.load("gmm_equal_compute-clu-r8-every-lr3e-2.json")
+    md = (doc_claims.RESULTS / "gmm_equal_compute-clu-r8-every-lr3e-2.md").read_text()
+    header = "| N | t | steps | compute / experts' |"
+    assert doc_claims.md_table(raw, header) == doc_claims.md_table(md, header)  # the doc's table is the summary's
+
+    def first(name: str, n: int, steps: int) -> float:  # training 0 at t = 0.1, ×10⁻³
+        (r,) = [
+            r for r in s[name]["records"] if (r["features"], r["t"], r["steps"], r["training"]) == (n, 0.1, steps, 0)
+        ]
+        return 1e3 * _weighted(r, "monolith")
+
+    names = {"3·10⁻³": "clu-r8-every-lr3e-3", "10⁻²": "clu-r8-every", "3·10⁻²": "clu-r8-every-lr3e-2"}
+    names["10⁻¹"] = "clu-r8-every-lr1e-1"
+    at256 = {lr: first(name, 256, WIDTHS[256]) for lr, name in names.items() if lr != "3·10⁻³"}
+    at512 = {lr: first(name, 512, WIDTHS[512]) for lr, name in names.items()}
+    assert min(at256, key=at256.get) == "3·10⁻²" and "at 3·10⁻², the best at equal compute" in t
+    listed = ", ".join(f"{v:.3g} at {lr}" for lr, v in list(at256.items())[:-1])
+    assert f"the learning rate gives ×10⁻³ {listed} and {at256['10⁻¹']:.3g} at 10⁻¹" in t
+    listed = ", ".join(f"{v:.3g} at {lr}" for lr, v in list(at512.items())[:-1])
+    assert f"at 512 units (3,307 steps) {listed} and {at512['10⁻¹']:.3g} at 10⁻¹" in t
+    # the budgets: as much compute as the 128-unit monolith's 32,000 and 64,000 steps
+    for steps, ratio, longer in zip((32000, 64000), ("3.93", "7.86"), LONGER[256]):
+        assert longer == round(steps * macs(128, COMPONENTS) / macs(256, COMPONENTS))
+        assert (
+            f"{fast['compute_ratio'][f'256@{longer}']:.2f}" == f"{main['compute_ratio'][f'256@{longer}']:.2f}" == ratio
+        )
+    # provenance: every record of the paragraph names the same clean commit, one torch thread
+    newest = [r for e in s.values() for r in e["records"] if r["commit"] == LATEST]
+    assert all(r["uncommitted"] == [] and r["torch_threads"] == 1 for r in newest)
+    assert f"{len(newest)} records naming {LATEST} with nothing uncommitted" in t
+    assert f"{sum(r['seconds'] for r in newest) / 60:.0f} min summed" in t
+    assert {(r["features"], r["steps"]) for r in newest} == {
+        (256, 5475),
+        (512, 3307),
+        *((256, steps) for steps in LONGER[256]),
+    }
+    # the reading, recomputed from the records
+    rows = {(r["features"], r["t"], r["steps"]): r for r in summarise(fast, experts())["rows"]}
+    assert summary["rows"] == list(rows.values())
+    short, long = LONGER[256]
+    tie, worse = rows[256, 0.1, short], rows[256, 0.1, long]
+    mean, lo, hi = _ratio(fast, 256, 0.1, short)
+    assert tie["below_in_every_pair_with_2se"] == "neither" and lo < 1 < hi
+    assert f"ties them with 3.93× their compute ({mean:.3g}×, {lo:.3g}–{hi:.3g} over the pairs" in t
+    assert worse["below_in_every_pair_with_2se"] == "experts below" and worse["ratio_of_means"] > tie["ratio_of_means"]
+    assert f"above them again with 7.86× ({_ratio(fast, 256, 0.1, long)[0]:.3g}×" in t
+    by = {
+        (r["steps"], r["training"]): _weighted(r, "monolith")
+        for r in fast["records"]
+        if (r["features"], r["t"]) == (256, 0.1)
+    }
+    assert all(by[long, i] > by[short, i] for i in range(3))  # paired by training
+    assert "ends higher, in each of the three trainings" in t
+    slow = {(r["features"], r["t"], r["steps"]): r for r in summarise(main, experts())["rows"]}
+    assert slow[256, 0.1, short]["trainings"] == [0] and slow[256, 0.1, long]["trainings"] == [0, 1, 2]
+    one = _ratio(main, 256, 0.1, short)[0]
+    m, lo, hi = _ratio(main, 256, 0.1, long)
+    cell = (
+        f"{1e3 * slow[256, 0.1, long]['monolith']['mean']:.4g} ± {1e3 * slow[256, 0.1, long]['monolith']['half']:.2g}"
+    )
+    assert (
+        f"their compute in training 0 ({one:.3g}×) and with 7.86× in every pair of three trainings ({cell}, {m:.3g}×, {lo:.3g}–{hi:.3g})"
+        in t
+    )
+    assert slow[256, 0.1, long]["below_in_every_pair_with_2se"] == "monolith below" and one < 1
+    own = {r["features"]: r for r in floor_summary(experts())["rows"] if r["t"] == 0.1}
+    floor16 = own[16]["width_floor"]["experts_weighted"]
+    worst = max(_sides(main, 256, 0.1, long)[0])
+    assert worst < floor16 and f"below even the 16-unit experts' width floor ({1e3 * floor16:.4g})" in t
+    half = rows[256, 0.5, short]
+    mean, lo, hi = _ratio(fast, 256, 0.5, short)
+    assert half["below_in_every_pair_with_2se"] == "experts below" and half["trainings"] == [0, 1, 2]
+    assert f"At t = 0.5 the 256-unit monolith is still {mean:.3g}× the experts" in t
+    assert f"(at 3·10⁻²; {lo:.3g}–{hi:.3g} over the pairs)" in t
+    wide = own[32]["every_component"]["expert"]
+    ratio = macs(32, PER_CLUSTER) / macs(16, PER_CLUSTER)
+    assert (
+        f"the 32-unit experts, at {ratio:.2f}× the 16-unit ones' compute, reach {1e3 * wide['mean']:.4g} ± "
+        f"{1e3 * wide['half']:.2g}, their width floor {1e3 * own[32]['width_floor']['experts_weighted']:.4g}"
+    ) in t
+    # the In-short sentence and the Not-shown item
+    from .test_results_claims import paragraph
+
+    assert (
+        f"with 7.86× (at 10⁻²) it is {m:.3g}× the experts, below them in every pair of three trainings and below even "
+        f"their width floor, and with 3.93× (at 3·10⁻²) it ties them ({_ratio(fast, 256, 0.1, short)[0]:.3g}×)"
+    ) in paragraph()
+    assert f"At t = 0.5 it is still {mean:.3g}× the experts with 3.93× the compute" in paragraph()
+    folded = " ".join(doc_claims.DOC.read_text().split())
+    assert (
+        "and the experts at a tuned learning rate or with more than 1.12× their compute (the 256-unit monolith "
+        "passes the 16-unit experts at t = 0.1 with 7.86× it)"
+    ) in folded
