@@ -4,6 +4,7 @@ the committed summary's, which is the records' (recomputed), and each number of 
 
 import pytest
 
+from benchmarks import gmm_trained_floor as floor
 from benchmarks.gmm_equal_compute import render, summarise
 from benchmarks.gmm_trained_floor import summarise as floor_summary
 
@@ -165,10 +166,16 @@ def test_the_table_and_its_reading_are_the_records():
     header = "| N | t | steps | compute / experts' |"
     assert doc_claims.md_table(raw, header) == doc_claims.md_table(md, header)  # the doc's table is the summary's
     verdicts = {
-        (r["features"], r["steps"]): r["below_in_every_pair_with_2se"] for r in summarise(main, experts())["rows"]
+        (r["features"], r["t"], r["steps"]): r["below_in_every_pair_with_2se"]
+        for r in summarise(main, experts())["rows"]
     }
-    assert {v for (n, steps), v in verdicts.items() if steps not in LONGER.get(n, ())} == {"experts below"}
-    assert {verdicts[256, steps] for steps in LONGER[256]} == {"monolith below"}  # the next paragraph's
+    assert len(verdicts) == len(MAIN) + len(WIDTHS) + len(LONGER[256])
+    assert {v for (n, x, steps), v in verdicts.items() if steps not in LONGER.get(n, ())} == {"experts below"}
+    assert {verdicts[256, 0.1, steps] for steps in LONGER[256]} == {"monolith below"}  # the next paragraph's
+    assert (
+        "the 21,508-step row is training 0 alone, so its ± and its pairs are over the experts' three trainings only"
+        in t
+    )
     # the reading, recomputed from the records without the summary
     at = {(n, x, steps): _ratio(main, n, x, steps) for n, x, steps in MAIN | {(n, 0.1, st) for n, st in WIDTHS.items()}}
     mean, lo, hi = at[128, 0.1, 8000]
@@ -227,7 +234,7 @@ def test_the_table_and_its_reading_are_the_records():
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     longest = fast["compute_ratio"]["128@64000"]
     assert (
-        f"the equal-compute monolith at convergence (at {more:.2f}× the experts' compute it still falls at 10⁻²; at "
+        f"the 128-unit equal-compute monolith at convergence (at {more:.2f}× the experts' compute it still falls at 10⁻²; at "
         f"3·10⁻² it is no lower at {longest:.2f}× than at {more:.2f}×)"
     ) in folded
     assert f"at 3·10⁻², and {_ratio(fast, 128, 0.1, 64000)[0]:.3g}× with {longest:.2f}× the compute)" in p
@@ -288,6 +295,10 @@ def test_the_learning_rates_are_the_records():
 
 
 def test_wider_and_with_more_compute_is_the_records():
+    import re
+
+    from .test_results_claims import paragraph
+
     s, t, raw = store(), wider(), doc_claims.raw_passage(WIDER, END)
     main, fast = s["clu-r8-every"], s["clu-r8-every-lr3e-2"]
     summary = doc_claims.load("gmm_equal_compute-clu-r8-every-lr3e-2.json")
@@ -305,35 +316,48 @@ def test_wider_and_with_more_compute_is_the_records():
     names["10⁻¹"] = "clu-r8-every-lr1e-1"
     at256 = {lr: first(name, 256, WIDTHS[256]) for lr, name in names.items() if lr != "3·10⁻³"}
     at512 = {lr: first(name, 512, WIDTHS[512]) for lr, name in names.items()}
-    assert min(at256, key=at256.get) == "3·10⁻²" and "at 3·10⁻², the best at equal compute" in t
+    assert min(at256, key=at256.get) == "3·10⁻²" and "at 3·10⁻², the best of three at equal compute (picked on" in t
+    assert "training 0, reported over trainings 0–2, training 0 included)" in t
     listed = ", ".join(f"{v:.3g} at {lr}" for lr, v in list(at256.items())[:-1])
     assert f"the learning rate gives ×10⁻³ {listed} and {at256['10⁻¹']:.3g} at 10⁻¹" in t
     listed = ", ".join(f"{v:.3g} at {lr}" for lr, v in list(at512.items())[:-1])
     assert f"at 512 units (3,307 steps) {listed} and {at512['10⁻¹']:.3g} at 10⁻¹" in t
+    # every monolith at equal compute (≤ 1.00×), every width and learning rate: the experts below
+    level = [r for e in s.values() for r in summarise(e, experts())["rows"] if r["compute_ratio"] < 1.001]
+    assert len(level) >= 15 and {r["below_in_every_pair_with_2se"] for r in level} == {"experts below"}
+    assert "(every\n    width and learning rate tried at equal compute leaves the experts below)" in raw
     # the budgets: as much compute as the 128-unit monolith's 32,000 and 64,000 steps
-    for steps, ratio, longer in zip((32000, 64000), ("3.93", "7.86"), LONGER[256]):
+    short, long = LONGER[256]
+    ratios = [f"{main['compute_ratio'][f'256@{steps}']:.2f}" for steps in LONGER[256]]
+    for steps, longer in zip((32000, 64000), LONGER[256]):
         assert longer == round(steps * macs(128, COMPONENTS) / macs(256, COMPONENTS))
-        assert (
-            f"{fast['compute_ratio'][f'256@{longer}']:.2f}" == f"{main['compute_ratio'][f'256@{longer}']:.2f}" == ratio
-        )
+        assert fast["compute_ratio"][f"256@{longer}"] == main["compute_ratio"][f"256@{longer}"]
+    assert ratios == ["3.93", "7.86"]
+    assert (
+        f"trained with {ratios[0]}× and {ratios[1]}× the experts' compute ({short:,} and {long:,} steps, as much as "
+        "the 128-unit monolith's 32,000 and 64,000)"
+    ) in t
+    # the commands: every record of the paragraph is one a command it names trains
+    assert (
+        f"`--features 256 --times 0.1 --steps {WIDTHS[256]} {short} {long} --training 0 1 2 --lr 3e-2 --name "
+        f"clu-r8-every-lr3e-2`, the same at `--times 0.5` with `--steps {short}` and with `--steps {WIDTHS[256]} "
+        f"--training 0`, `--features 256 --times 0.1 --steps {long} --training 0 1 2 --name clu-r8-every` and the "
+        f"same with `--steps {short} --training 0`"
+    ) in t
     # provenance: every record of the paragraph names the same clean commit, one torch thread
     newest = [r for e in s.values() for r in e["records"] if r["commit"] == LATEST]
     assert all(r["uncommitted"] == [] and r["torch_threads"] == 1 for r in newest)
-    assert f"{len(newest)} records naming {LATEST} with nothing uncommitted" in t
+    assert f"{len(newest)} records naming {LATEST} with nothing uncommitted" in t and "one torch thread each" in t
     assert f"{sum(r['seconds'] for r in newest) / 60:.0f} min summed" in t
-    assert {(r["features"], r["steps"]) for r in newest} == {
-        (256, 5475),
-        (512, 3307),
-        *((256, steps) for steps in LONGER[256]),
-    }
+    assert {(r["features"], r["steps"]) for r in newest} == {(256, 5475), (512, 3307), (256, short), (256, long)}
     # the reading, recomputed from the records
     rows = {(r["features"], r["t"], r["steps"]): r for r in summarise(fast, experts())["rows"]}
     assert summary["rows"] == list(rows.values())
-    short, long = LONGER[256]
     tie, worse = rows[256, 0.1, short], rows[256, 0.1, long]
     mean, lo, hi = _ratio(fast, 256, 0.1, short)
-    assert tie["below_in_every_pair_with_2se"] == "neither" and lo < 1 < hi
-    assert f"ties them with 3.93× their compute ({mean:.3g}×, {lo:.3g}–{hi:.3g} over the pairs" in t
+    assert tie["below_in_every_pair_with_2se"] == "neither" and lo < 1 < hi and tie["trainings"] == [0, 1, 2]
+    assert f"not told apart from them with 3.93× their compute ({mean:.3g}×, {lo:.3g}–{hi:.3g} over the pairs," in t
+    assert "neither side below in every pair)" in t
     assert worse["below_in_every_pair_with_2se"] == "experts below" and worse["ratio_of_means"] > tie["ratio_of_means"]
     assert f"above them again with 7.86× ({_ratio(fast, 256, 0.1, long)[0]:.3g}×" in t
     by = {
@@ -343,6 +367,8 @@ def test_wider_and_with_more_compute_is_the_records():
     }
     assert all(by[long, i] > by[short, i] for i in range(3))  # paired by training
     assert "ends higher, in each of the three trainings" in t
+    narrow = _sides(fast, 128, 0.1, 64000)[0], _sides(fast, 128, 0.1, 32000)[0]
+    assert sum(narrow[0]) >= sum(narrow[1]) and "at 128 units it ends no lower" in t
     slow = {(r["features"], r["t"], r["steps"]): r for r in summarise(main, experts())["rows"]}
     assert slow[256, 0.1, short]["trainings"] == [0] and slow[256, 0.1, long]["trainings"] == [0, 1, 2]
     one = _ratio(main, 256, 0.1, short)[0]
@@ -351,35 +377,136 @@ def test_wider_and_with_more_compute_is_the_records():
         f"{1e3 * slow[256, 0.1, long]['monolith']['mean']:.4g} ± {1e3 * slow[256, 0.1, long]['monolith']['half']:.2g}"
     )
     assert (
-        f"their compute in training 0 ({one:.3g}×) and with 7.86× in every pair of three trainings ({cell}, {m:.3g}×, {lo:.3g}–{hi:.3g})"
+        f"At 10⁻² it is below them with 7.86× their compute in every pair of three trainings ({cell}, {m:.3g}×, {lo:.3g}–{hi:.3g})"
         in t
     )
     assert slow[256, 0.1, long]["below_in_every_pair_with_2se"] == "monolith below" and one < 1
+    assert (
+        f"in the one training run at 3.93× and 10⁻² it is below them too ({one:.3g}×), which one training does not show"
+        in t
+    )
+    assert "and no more than 7.86× of it" in t
     own = {r["features"]: r for r in floor_summary(experts())["rows"] if r["t"] == 0.1}
     floor16 = own[16]["width_floor"]["experts_weighted"]
     worst = max(_sides(main, 256, 0.1, long)[0])
-    assert worst < floor16 and f"below even the 16-unit experts' width floor ({1e3 * floor16:.4g})" in t
-    half = rows[256, 0.5, short]
-    mean, lo, hi = _ratio(fast, 256, 0.5, short)
-    assert half["below_in_every_pair_with_2se"] == "experts below" and half["trainings"] == [0, 1, 2]
-    assert f"At t = 0.5 the 256-unit monolith is still {mean:.3g}× the experts" in t
-    assert f"(at 3·10⁻²; {lo:.3g}–{hi:.3g} over the pairs)" in t
-    wide = own[32]["every_component"]["expert"]
-    ratio = macs(32, PER_CLUSTER) / macs(16, PER_CLUSTER)
     assert (
-        f"the 32-unit experts, at {ratio:.2f}× the 16-unit ones' compute, reach {1e3 * wide['mean']:.4g} ± "
-        f"{1e3 * wide['half']:.2g}, their width floor {1e3 * own[32]['width_floor']['experts_weighted']:.4g}"
-    ) in t
-    # the In-short sentence and the Not-shown item
-    from .test_results_claims import paragraph
+        worst < floor16
+        and f"below even the 16-unit experts' width floor ({1e3 * floor16:.4g}), which eight 16-unit" in t
+    )
+    # the better rate with more compute, at 256 units
+    assert max(_sides(main, 256, 0.1, long)[0]) < min(_sides(fast, 256, 0.1, long)[0])
+    assert _sides(main, 256, 0.1, short)[0][0] < min(_sides(fast, 256, 0.1, short)[0])
+    assert "the better of the two rates run with more compute is 10⁻², not 3·10⁻², the better at equal compute" in t
+    half = rows[256, 0.5, short]
+    mean5, lo5, hi5 = _ratio(fast, 256, 0.5, short)
+    assert half["below_in_every_pair_with_2se"] == "experts below" and half["trainings"] == [0, 1, 2]
+    assert f"t = 0.5 the 256-unit monolith is still {mean5:.3g}× the experts with 3.93× their compute" in t
+    assert f"(at 3·10⁻², the only rate tried\n    there; {lo5:.3g}–{hi5:.3g} over the pairs)" in raw
+    assert {
+        r["lr"]
+        for name in names.values()
+        for r in [s[name]["setting"]]
+        if any(q["t"] == 0.5 and q["features"] == 256 for q in s[name]["records"])
+    } == {3e-2}
+    # wider experts: 32 units (the five-t entry) and 64 units (their own entry), every cluster
+    floors = doc_claims.load("gmm_trained_floor.json")
+    wide = floors["clu-r8-every-64"]
+    assert wide["setting"] == experts()["setting"] and wide["cluster_weights"] == experts()["cluster_weights"]
+    assert sorted((r["features"], r["t"], r["steps"], r["training"]) for r in wide["records"]) == [
+        (64, 0.1, 2000, i) for i in range(3)
+    ]
+    assert {(r["commit"], tuple(r["uncommitted"]), r["torch_threads"]) for r in wide["records"]} == {("9ecba8f", (), 1)}
+    assert (
+        f"{sum(r['seconds'] for r in wide['records']) / 60:.0f} min summed, its records naming 9ecba8f with nothing uncommitted"
+        in t
+    )
+    assert doc_claims.load("gmm_trained_floor-clu-r8-every-64.json") == floor_summary(wide)
+    (row64,) = [r for r in floor_summary(wide)["rows"] if "every_component" in r]
+    for n, row in ((32, own[32]), (64, row64)):
+        x, f = row["every_component"]["expert"], row["width_floor"]["experts_weighted"]
+        cost = macs(n, PER_CLUSTER) / macs(16, PER_CLUSTER)
+        assert f"{1e3 * x['mean']:.4g} ± {1e3 * x['half']:.2g} (their width floor {1e3 * f:.4g}" in t, n
+        assert f"(2,000 steps, {cost:.2f}×" in t, n
+    e64 = [floor.weighted(r["per_cluster"], "expert", wide["cluster_weights"]) for r in wide["records"]]
 
+    def apart(mono: list, sign: int) -> bool:  # the 64-unit experts below (sign 1) or above (-1) in every pair, 2 SE
+        if sign > 0:
+            return all(e + 2 * es < m - 2 * ms for e, es in e64 for m, ms in mono)
+        return all(e - 2 * es > m + 2 * ms for e, es in e64 for m, ms in mono)
+
+    def mono(entry: dict, steps: int) -> list:
+        return [
+            floor.weighted(r["per_cluster"], "monolith", wide["cluster_weights"])
+            for r in entry["records"]
+            if (r["features"], r["t"], r["steps"]) == (256, 0.1, steps)
+        ]
+
+    assert apart(mono(fast, short), 1) and apart(mono(main, short), 1) and apart(mono(main, long), -1)
+    assert "below the 256-unit monolith with 3.93× the 16-unit experts' compute at both rates" in t
+    assert "and above it with 7.86× (3.866 ± 0.21), each in every pair of trainings even with two standard errors" in t
+    # clusters 0 and 3: the 256-unit experts of entry clu-r8 against the 256-unit monolith at 7.86×, 10⁻²
+    two = floors["clu-r8"]
+    assert two["setting"] == experts()["setting"] | {"clusters": [0, 3]}
+    ex = [
+        sum(r["per_cluster"][k]["expert"] for k in "03") / 2
+        for r in two["records"]
+        if (r["features"], r["steps"]) == (256, 2000)
+    ]
+    mo = [
+        sum(r["per_cluster"][k]["monolith"] for k in "03") / 2
+        for r in main["records"]
+        if (r["features"], r["t"], r["steps"]) == (256, 0.1, long)
+    ]
+    assert len(ex) == len(mo) == 3 and max(ex) < min(mo)
+    assert (
+        f"{macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' compute, reach {1e3 * min(ex):.3g}–{1e3 * max(ex):.3g} by training"
+        in t
+    )
+    assert f"at 10⁻² on the same two clusters ({1e3 * min(mo):.3g}–{1e3 * max(mo):.2f}) in every pair of trainings" in t
+    assert "Experts of every cluster with as much compute as the monolith were not trained." in t
+    # the In-short sentences and the Not-shown item
+    p = paragraph()
     assert (
         f"with 7.86× (at 10⁻²) it is {m:.3g}× the experts, below them in every pair of three trainings and below even "
-        f"their width floor, and with 3.93× (at 3·10⁻²) it ties them ({_ratio(fast, 256, 0.1, short)[0]:.3g}×)"
-    ) in paragraph()
-    assert f"At t = 0.5 it is still {mean:.3g}× the experts with 3.93× the compute" in paragraph()
-    folded = " ".join(doc_claims.DOC.read_text().split())
+        f"their width floor, and with 3.93× (at 3·10⁻²) neither side is below in every pair ({_ratio(fast, 256, 0.1, short)[0]:.3g}×); "
+        "so there the monolith needs more than these experts' compute to reach them (at every width and learning rate "
+        "tried) but no more than 7.86× of it."
+    ) in p
     assert (
-        "and the experts at a tuned learning rate or with more than 1.12× their compute (the 256-unit monolith "
-        "passes the 16-unit experts at t = 0.1 with 7.86× it)"
+        f"At t = 0.5 it is still {mean5:.3g}× the experts with 3.93× the compute (at 3·10⁻², the only rate tried there)"
+        in p
+    )
+    assert (
+        f"on clusters 0 and 3, 256-unit experts with {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit "
+        "ones' compute stay below the 7.86× monolith; experts of every cluster with as much compute as it were not trained."
+    ) in p
+    folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
+    assert (
+        f"and the experts of every cluster at a tuned learning rate or with more than {macs(64, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× "
+        f"their compute (the 256-unit monolith passes the 16-unit experts at t = 0.1 with {ratios[1]}× it; on clusters "
+        f"0 and 3, 256-unit experts with {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× stay below it)"
     ) in folded
+    assert (
+        f"at 256 beyond 8,000 steps (the equal-compute bullet's 256-unit monolith runs to {long:,} steps at t = 0.1"
+        in folded
+    )
+    tuned = {  # the points (N, steps; t = 0.1, training 0) where more than one learning rate was run
+        point
+        for point in {(r["features"], r["steps"]) for e in s.values() for r in e["records"]}
+        if sum(
+            any((r["features"], r["steps"], r["t"], r["training"]) == (*point, 0.1, 0) for r in e["records"])
+            for name, e in s.items()
+            if name != "clu-r8-every-reproduced"
+        )
+        > 1
+    }
+    assert tuned == {(128, 8000), (256, WIDTHS[256]), (512, WIDTHS[512]), (128, 32000), (256, short), (256, long)}
+    assert (
+        "at a learning rate tuned at any point but three (128 units at 8,000 steps, 256 and 512 units at equal compute; "
+        "t = 0.1, training 0; two rates compared with more compute, at 128 units with 3.93× and at 256 units with "
+        "3.93× and 7.86×)"
+    ) in folded
+    assert f"(the 256-unit rows at {short:,} and {long:,} steps: **Wider and with more compute**, below;" in (
+        doc_claims.passage(START, WIDER)
+    )
+    assert "a monolith twice as wide does with more compute: below" in doc_claims.passage(START, WIDER)
