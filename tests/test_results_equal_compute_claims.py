@@ -6,6 +6,7 @@ import pytest
 
 from benchmarks import gmm_trained_floor as floor
 from benchmarks.gmm_equal_compute import render, summarise
+from benchmarks.gmm_trained_floor import render as render_floor
 from benchmarks.gmm_trained_floor import summarise as floor_summary
 
 from . import doc_claims
@@ -408,41 +409,66 @@ def test_wider_and_with_more_compute_is_the_records():
         for r in [s[name]["setting"]]
         if any(q["t"] == 0.5 and q["features"] == 256 for q in s[name]["records"])
     } == {3e-2}
-    # wider experts: 32 units (the five-t entry) and 64 units (their own entry), every cluster
+    # wider experts on every cluster: 16 and 32 units (the five-t entry), 64 and 256 units (their own entries)
     floors = doc_claims.load("gmm_trained_floor.json")
     wide = floors["clu-r8-every-64"]
-    assert wide["setting"] == experts()["setting"] and wide["cluster_weights"] == experts()["cluster_weights"]
-    assert sorted((r["features"], r["t"], r["steps"], r["training"]) for r in wide["records"]) == [
-        (64, 0.1, 2000, i) for i in range(3)
-    ]
-    assert {(r["commit"], tuple(r["uncommitted"]), r["torch_threads"]) for r in wide["records"]} == {("9ecba8f", (), 1)}
+    own_entries = {16: experts(), 32: experts(), 64: wide, 256: floors["clu-r8-every-256"]}
+    for n in (64, 256):
+        e = own_entries[n]
+        assert e["setting"] == experts()["setting"] and e["cluster_weights"] == experts()["cluster_weights"]
+        assert sorted((r["features"], r["t"], r["steps"], r["training"]) for r in e["records"]) == [
+            (n, 0.1, 2000, i) for i in range(3)
+        ]
+        assert e["meta"]["command"].endswith(
+            f"--features {n} --times 0.1 --steps 2000 --training 0 1 2 --lr 1e-2 --name clu-r8-every-{n}"
+        )
+        assert doc_claims.load(f"gmm_trained_floor-clu-r8-every-{n}.json") == floor_summary(e)
+        assert (doc_claims.RESULTS / f"gmm_trained_floor-clu-r8-every-{n}.md").read_text() == render_floor(
+            e, floor_summary(e)
+        )
+        assert f"`--features {n} --name clu-r8-every-{n}`" in t
+    stamps = {
+        n: {(r["commit"], tuple(r["uncommitted"]), r["torch_threads"]) for r in own_entries[n]["records"]}
+        for n in (64, 256)
+    }
+    assert stamps == {64: {("9ecba8f", (), 1)}, 256: {("ee975fa", (), 1)}}
+    minutes = [f"{sum(r['seconds'] for r in own_entries[n]['records']) / 60:.0f}" for n in (64, 256)]
     assert (
-        f"{sum(r['seconds'] for r in wide['records']) / 60:.0f} min summed, its records naming 9ecba8f with nothing uncommitted"
+        f"{minutes[0]} and {minutes[1]} min summed, their records naming 9ecba8f and ee975fa with nothing uncommitted"
         in t
     )
-    assert doc_claims.load("gmm_trained_floor-clu-r8-every-64.json") == floor_summary(wide)
-    (row64,) = [r for r in floor_summary(wide)["rows"] if "every_component" in r]
-    cells = {}
-    for n, row in ((32, own[32]), (64, row64)):  # each width bound to its own numbers and compute
+    table = [
+        ["experts", "compute / 16-unit experts'", "weighted excess, three trainings", "their width floor, weighted"]
+    ]
+    values = {}
+    for n in (16, 32, 64, 256):
+        (row,) = [
+            r
+            for r in floor_summary(own_entries[n])["rows"]
+            if (r["features"], r["t"]) == (n, 0.1) and "every_component" in r
+        ]
         x, f = row["every_component"]["expert"], row["width_floor"]["experts_weighted"]
-        cost = macs(n, PER_CLUSTER) / macs(16, PER_CLUSTER)
-        cells[n] = f"{1e3 * x['mean']:.4g} ± {1e3 * x['half']:.2g}"
-        words = (
-            "the 32-unit experts (2,000 steps, {:.2f}× the 16-unit ones' compute)"
-            if n == 32
-            else ("the 64-unit ones (2,000 steps, {:.2f}×)")
+        assert x["n"] == 3
+        values[n] = [
+            floor.weighted(r["per_cluster"], "expert", wide["cluster_weights"])
+            for r in own_entries[n]["records"]
+            if (r["features"], r["t"], r["steps"]) == (n, 0.1, 2000)
+        ]
+        table.append(
+            [
+                f"{n} units",
+                f"{macs(n, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}",
+                f"{1e3 * x['mean']:.4g} ± {1e3 * x['half']:.2g}",
+                f"{1e3 * f:.4g}",
+            ]
         )
-        assert f"{words.format(cost)} reach {cells[n]} (their width floor {1e3 * f:.4g}" in t, n
-    assert wide["meta"]["command"].endswith(
-        "--features 64 --times 0.1 --steps 2000 --training 0 1 2 --lr 1e-2 --name clu-r8-every-64"
-    )
-    assert "`--features 64 --times 0.1 --steps 2000 --training 0 1 2 --lr 1e-2 --name clu-r8-every-64`" in t
-    e64 = [floor.weighted(r["per_cluster"], "expert", wide["cluster_weights"]) for r in wide["records"]]
+    assert doc_claims.md_table(raw, "| experts | compute / 16-unit experts' |") == table
+    e64, e256 = values[64], values[256]
 
-    def apart(mono: list, sign: int) -> bool:  # the 64-unit experts below (sign 1) or above (-1) in every pair, 2 SE
+    def apart(ours: list, mono: list, sign: int) -> bool:  # experts below (sign 1) or above (-1) in every pair, 2 SE
         if sign > 0:
-            return all(e + 2 * es < m - 2 * ms for e, es in e64 for m, ms in mono)
-        return all(e - 2 * es > m + 2 * ms for e, es in e64 for m, ms in mono)
+            return all(e + 2 * es < m - 2 * ms for e, es in ours for m, ms in mono)
+        return all(e - 2 * es > m + 2 * ms for e, es in ours for m, ms in mono)
 
     def mono(entry: dict, steps: int) -> list:
         return [
@@ -451,8 +477,8 @@ def test_wider_and_with_more_compute_is_the_records():
             if (r["features"], r["t"], r["steps"]) == (256, 0.1, steps)
         ]
 
-    assert apart(mono(fast, short), 1) and apart(mono(main, short), 1) and apart(mono(main, long), -1)
-    assert apart(mono(fast, long), 1)  # at 3·10⁻² the 7.86× monolith stays above them
+    assert apart(e64, mono(fast, short), 1) and apart(e64, mono(main, short), 1) and apart(e64, mono(main, long), -1)
+    assert apart(e64, mono(fast, long), 1)  # at 3·10⁻² the 7.86× monolith stays above them
     fast_short = (
         f"{1e3 * rows[256, 0.1, short]['monolith']['mean']:.4g} ± {1e3 * rows[256, 0.1, short]['monolith']['half']:.2g}"
     )
@@ -460,34 +486,30 @@ def test_wider_and_with_more_compute_is_the_records():
     assert (
         "The 64-unit experts are below the 256-unit monolith with 3.93× the 16-unit experts' compute at both rates "
         f"({fast_short} at 3·10⁻², {1e3 * mono(main, short)[0][0]:.4g} in training 0 at 10⁻²) and, at 10⁻², above it with "
-        f"7.86× ({cell}; at 3·10⁻² the 7.86× monolith stays above them, {fast_long}), each in every pair of trainings "
-        "even with two standard errors moved towards the other."
+        f"7.86× ({cell}; at 3·10⁻² the 7.86× monolith stays above them, {fast_long})."
     ) in t
-    # clusters 0 and 3: the 256-unit experts of entry clu-r8 against the 256-unit monolith at 7.86×, 10⁻²
-    two = floors["clu-r8"]
-    assert two["setting"] == experts()["setting"] | {"clusters": [0, 3]}
-
-    def pair(records: list, who: str, n: int) -> list:  # the plain mean over clusters 0 and 3, per training
-        return [sum(r["per_cluster"][k][who] for k in "03") / 2 for r in records if r["features"] == n]
-
-    ex = pair([r for r in two["records"] if r["steps"] == 2000], "expert", 256)
-    mo = pair([r for r in main["records"] if (r["t"], r["steps"]) == (0.1, long)], "monolith", 256)
-    sixteen = [r for r in experts()["records"] if (r["features"], r["t"]) == (16, 0.1)]
-    narrower = pair(sixteen, "expert", 16) + pair(wide["records"], "expert", 64)
-    assert len(ex) == len(mo) == 3 and len(narrower) == 6
-    assert max(ex) < min(mo) < max(mo) < min(narrower)
+    every = [  # every monolith at t = 0.1, any width, rate and compute
+        floor.weighted(r["per_cluster"], "monolith", wide["cluster_weights"])
+        for name, e in s.items()
+        for r in e["records"]
+        if r["t"] == 0.1
+    ]
+    assert len(every) >= 50 and apart(e256, every, 1)
+    ratio256 = (
+        slow[256, 0.1, long]["monolith"]["mean"]
+        / floor_summary(own_entries[256])["rows"][0]["every_component"]["expert"]["mean"]
+    )
     assert (
-        f"the 256-unit experts at 2,000 steps, whose eight would take {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× "
-        f"the 16-unit experts' compute, reach {1e3 * min(ex):.3g}–{1e3 * max(ex):.3g} by training, below the 256-unit "
-        f"monolith with 7.86× at 10⁻² on the same two clusters ({1e3 * min(mo):.3g}–{1e3 * max(mo):.3g}) in every pair "
-        "of trainings; the 16-unit and 64-unit experts are above it there."
+        f"The 256-unit experts, with {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the compute, are below every "
+        f"monolith measured, at any compute: below the 7.86× one at 10⁻² by {ratio256:.2f}×. Each of these comparisons "
+        "holds in every pair of trainings even with two standard errors moved towards the other."
     ) in t
     assert (
-        "So past equal compute the outcome depends on the experts' width and on the monolith's learning rate: at 10⁻² "
-        "the monolith passes the 16- and 64-unit experts of every cluster with 7.86× their compute, while on clusters 0 "
-        "and 3 the 256-unit experts, with 2.80×, are below it. Whether experts of every cluster that wide are below it "
-        "is not shown: they were not trained."
+        "So at t = 0.1 past equal compute the outcome depends on the experts' width: at 10⁻² the monolith passes the "
+        "16- and 64-unit experts with 7.86× their compute, and not the 256-unit ones, which have 2.80×. The two sides "
+        "at one and the same compute above 1× were not both measured."
     ) in t
+    assert apart(values[16], mono(main, long), -1) and not apart(e256, mono(main, long), -1)
     assert "(over three trainings at 7.86×; at 3.93× in training 0 only)" in t
     # the In-short sentences and the Not-shown item
     p = paragraph()
@@ -503,15 +525,16 @@ def test_wider_and_with_more_compute_is_the_records():
     )
     assert (
         f"Wider experts move down too: the 64-unit experts of every cluster ({macs(64, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× "
-        "the 16-unit ones' compute) are below the 3.93× monolith but above the 7.86× one at 10⁻², and on clusters 0 and "
-        f"3 the 256-unit experts ({macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}×) are below the 7.86× one; "
-        "experts of every cluster that wide were not trained."
+        "the 16-unit ones' compute) are below the 3.93× monolith but above the 7.86× one at 10⁻², and the 256-unit "
+        f"experts of every cluster ({macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}×) are below every monolith "
+        f"measured, the 7.86× one by {ratio256:.2f}×."
     ) in p
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     assert (
-        f"and the experts of every cluster at a tuned learning rate or with more than {macs(64, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× "
-        f"the 16-unit experts' compute (at t = 0.1 the 256-unit monolith passes the 16- and 64-unit experts with "
-        f"{ratios[1]}× it; on clusters 0 and 3, 256-unit experts with {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× "
+        "and the experts of every cluster at a tuned learning rate or with more than "
+        f"{macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' compute, and the two sides at one "
+        "and the same compute above 1× (at t = 0.1 the 256-unit monolith passes the 16- and 64-unit experts with "
+        f"{ratios[1]}× their compute; the 256-unit experts, with {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}×, "
         "are below it)"
     ) in folded
     assert (
