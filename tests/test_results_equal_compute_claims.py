@@ -501,7 +501,7 @@ def test_wider_and_with_more_compute_is_the_records():
     )
     assert (
         f"The 256-unit experts, with {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the compute, are below every "
-        f"monolith measured, at any compute: below the 7.86× one at 10⁻² by {ratio256:.2f}×. Each of these comparisons "
+        f"monolith measured at t = 0.1, at any compute: below the 7.86× one at 10⁻² by {ratio256:.2f}×. Each of these comparisons "
         "holds in every pair of trainings even with two standard errors moved towards the other."
     ) in t
     assert (
@@ -524,7 +524,7 @@ def test_wider_and_with_more_compute_is_the_records():
         in p
     )
     assert (
-        f"Wider experts move down too: the 64-unit experts of every cluster ({macs(64, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× "
+        f"Wider experts move down too (at t = 0.1): the 64-unit experts of every cluster ({macs(64, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× "
         "the 16-unit ones' compute) are below the 3.93× monolith but above the 7.86× one at 10⁻², and the 256-unit "
         f"experts of every cluster ({macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}×) are below every monolith "
         f"measured, the 7.86× one by {ratio256:.2f}×."
