@@ -19,6 +19,7 @@ MAIN = {(128, t, s) for t in (0.1, 0.3, 0.5, 0.7, 0.9) for s in (2000, 8000)} | 
 WIDTHS = {64: 10774, 256: 5475, 512: 3307, 768: 2369}  # at t = 0.1, equal compute
 LONGER = {256: (21508, 43016)}  # 3.93× and 7.86× the experts' compute, as the 128-unit monolith's 32,000 and 64,000
 LATEST = "a870ef3"  # the commit the wider and longer records name
+EVEN = ("ffb8193", 15311)  # the 256-unit monolith at 2.80×, as much as the 256-unit experts: its commit, steps
 LRS = {"3e-3": 3e-3, "3e-2": 3e-2, "1e-1": 1e-1}
 
 
@@ -57,6 +58,7 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
     keys = sorted((r["features"], r["t"], r["steps"], r["training"]) for r in main["records"])
     expected = MAIN | {(n, 0.1, steps) for n, steps in WIDTHS.items()} | {(256, 0.1, LONGER[256][1])}
     three = [(n, x, steps, i) for n, x, steps in expected for i in range(3)]
+    three += [(256, 0.1, EVEN[1], i) for i in range(3)]
     assert keys == sorted(three + [(256, 0.1, LONGER[256][0], 0)])
     lr_keys = {
         name: sorted((r["features"], r["t"], r["steps"], r["training"]) for r in s[f"clu-r8-every-lr{name}"]["records"])
@@ -72,7 +74,9 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         + [(256, 0.5, LONGER[256][0], i) for i in range(3)]
     )
     records = [r for e in s.values() for r in e["records"]]
-    assert {r["date"] for r in records} == {"2026-12-06"} and all(r["torch_threads"] == 1 for r in records)
+    dated = {r["date"] for r in records if r["commit"] != EVEN[0]}
+    assert dated == {"2026-12-06"} and all(r["torch_threads"] == 1 for r in records)
+    assert {r["date"] for r in records if r["commit"] == EVEN[0]} == {"2026-12-07"}
     assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in records)
     late = [r for r in records if r["steps"] == 64000]  # made after the rest, at 440e0fe
     assert len(late) == 3 and all((r["commit"], r["uncommitted"]) == ("440e0fe", []) for r in late)
@@ -83,7 +87,7 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         for name, e in s.items()
         if name != "clu-r8-every-reproduced"
         for r in e["records"]
-        if r not in late and r not in newest
+        if r not in late and r not in newest and r["commit"] != EVEN[0]
     ]
     odd = [r for r in others if (r["commit"], r["uncommitted"]) != ("0828f98", [])]
     assert len(odd) < len(others) / 2 and "Most records name 0828f98 with nothing uncommitted" in t
@@ -103,7 +107,7 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
     assert again["per_cluster"] == first["per_cluster"] and again["training_loss"] == first["training_loss"]
     assert "retrained at 78a383f, came out bit for bit (entry `clu-r8-every-reproduced`)" in t
     lr_records = [r for name in LRS for r in s[f"clu-r8-every-lr{name}"]["records"] if r not in newest]
-    before = [r for r in main["records"] if r not in newest]
+    before = [r for r in main["records"] if r not in newest and r["commit"] != EVEN[0]]
     assert f"{sum(r['seconds'] for r in before) / 60:.0f} min summed over the records" in t
     assert f"{sum(r['seconds'] for r in lr_records) / 60:.0f} more for the learning rates" in t
     assert main["meta"]["command"] == (
@@ -170,8 +174,9 @@ def test_the_table_and_its_reading_are_the_records():
         (r["features"], r["t"], r["steps"]): r["below_in_every_pair_with_2se"]
         for r in summarise(main, experts())["rows"]
     }
-    assert len(verdicts) == len(MAIN) + len(WIDTHS) + len(LONGER[256])
-    assert {v for (n, x, steps), v in verdicts.items() if steps not in LONGER.get(n, ())} == {"experts below"}
+    assert len(verdicts) == len(MAIN) + len(WIDTHS) + len(LONGER[256]) + 1
+    rest = {v for (n, x, steps), v in verdicts.items() if steps not in (*LONGER.get(n, ()), EVEN[1])}
+    assert rest == {"experts below"}
     assert {verdicts[256, 0.1, steps] for steps in LONGER[256]} == {"monolith below"}  # the next paragraph's
     assert (
         "the 21,508-step row is training 0 alone, so its ± and its pairs are over the experts' three trainings only"
@@ -504,10 +509,31 @@ def test_wider_and_with_more_compute_is_the_records():
         f"monolith measured at t = 0.1, at any compute: below the 7.86× one at 10⁻² by {ratio256:.2f}×. Each of these comparisons "
         "holds in every pair of trainings even with two standard errors moved towards the other."
     ) in t
+    even = mono(main, EVEN[1])
+    records = [r for r in main["records"] if (r["features"], r["t"], r["steps"]) == (256, 0.1, EVEN[1])]
+    assert len(even) == 3 and {(r["commit"], tuple(r["uncommitted"]), r["torch_threads"]) for r in records} == {
+        (EVEN[0], (), 1)
+    }
+    assert (
+        f"{main['compute_ratio'][f'256@{EVEN[1]}']:.2f}"
+        == f"{macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}"
+        == "2.80"
+    )
+    assert apart(e256, even, 1)
+    pairs = [m / e for m, _ in even for e, _ in e256]
+    m280 = slow[256, 0.1, EVEN[1]]["monolith"]
+    r280 = m280["mean"] / (sum(e for e, _ in e256) / 3)
+    assert (
+        f"At one and the same compute, 2.80×, the 256-unit monolith at 10⁻² ({EVEN[1]:,} steps, three trainings: "
+        f"`--features 256 --times 0.1 --steps {EVEN[1]} --training 0 1 2 --name clu-r8-every`, its records naming "
+        f"{EVEN[0]} with nothing uncommitted, made 2026-12-07, in the table above) is at {1e3 * m280['mean']:.4g} ± {1e3 * m280['half']:.2g}, "
+        f"the 256-unit experts below it by {r280:.3g}× ({min(pairs):.3g}–{max(pairs):.3g} over the pairs), in every pair "
+        "with two standard errors."
+    ) in t
     assert (
         "So at t = 0.1 past equal compute the outcome depends on the experts' width: at 10⁻² the monolith passes the "
-        "16- and 64-unit experts with 7.86× their compute, and not the 256-unit ones, which have 2.80×. The two sides "
-        "at one and the same compute above 1× were not both measured."
+        "16- and 64-unit experts with 7.86× their compute, and not the 256-unit ones, which have 2.80×; at 2.80× each, "
+        "the 256-unit experts are below the 256-unit monolith."
     ) in t
     assert apart(values[16], mono(main, long), -1) and not apart(e256, mono(main, long), -1)
     assert "(over three trainings at 7.86×; at 3.93× in training 0 only)" in t
@@ -527,13 +553,13 @@ def test_wider_and_with_more_compute_is_the_records():
         f"Wider experts move down too (at t = 0.1): the 64-unit experts of every cluster ({macs(64, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× "
         "the 16-unit ones' compute) are below the 3.93× monolith but above the 7.86× one at 10⁻², and the 256-unit "
         f"experts of every cluster ({macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}×) are below every monolith "
-        f"measured, the 7.86× one by {ratio256:.2f}×."
+        f"measured, the 7.86× one by {ratio256:.2f}× and one of as much compute (2.80×, 256 units) by {r280:.3g}×."
     ) in p
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     assert (
         "and the experts of every cluster at a tuned learning rate or with more than "
         f"{macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' compute, and the two sides at one "
-        "and the same compute above 1× (at t = 0.1 the 256-unit monolith passes the 16- and 64-unit experts with "
+        "and the same compute above 1× but at 2.80× (at t = 0.1 the 256-unit monolith passes the 16- and 64-unit experts with "
         f"{ratios[1]}× their compute; the 256-unit experts, with {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}×, "
         "are below it)"
     ) in folded
@@ -557,7 +583,8 @@ def test_wider_and_with_more_compute_is_the_records():
         "t = 0.1, training 0; two rates compared with more compute, at 128 units with 3.93× and at 256 units with "
         "3.93× and 7.86×)"
     ) in folded
-    assert f"(the 256-unit rows at {short:,} and {long:,} steps: **Wider and with more compute**, below;" in (
-        doc_claims.passage(START, WIDER)
+    assert (
+        f"(the 256-unit rows at {EVEN[1]:,}, {short:,} and {long:,} steps: **Wider and with more compute**, below;"
+        in (doc_claims.passage(START, WIDER))
     )
     assert "a monolith twice as wide does with more compute: below" in doc_claims.passage(START, WIDER)
