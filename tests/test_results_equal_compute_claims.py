@@ -527,7 +527,7 @@ def test_wider_and_with_more_compute_is_the_records():
         f"At one and the same compute, 2.80×, the 256-unit monolith at 10⁻² ({EVEN[1]:,} steps, three trainings: "
         f"`--features 256 --times 0.1 --steps {EVEN[1]} --training 0 1 2 --name clu-r8-every`, its records naming "
         f"{EVEN[0]} with nothing uncommitted, made 2026-12-07, in the table above) is at {1e3 * m280['mean']:.4g} ± {1e3 * m280['half']:.2g}, "
-        f"the 256-unit experts below it by {r280:.3g}× ({min(pairs):.3g}–{max(pairs):.3g} over the pairs), in every pair "
+        f"the 256-unit experts below it by {r280:.3g}× ({min(pairs):.2f}–{max(pairs):.2f} over the pairs), in every pair "
         "with two standard errors."
     ) in t
     assert (
