@@ -84,6 +84,17 @@ def record(ref, n: int, t: float, steps: int, training: int, args) -> dict:
     }
 
 
+def below(mono: list[tuple[float, float]], experts: list[tuple[float, float]]) -> str:
+    """Which side is below the other in every pair of trainings even with two standard errors of each (value, standard
+    error) moved towards the other: "experts below", "monolith below" or "neither"."""
+    pairs = [(m, e) for m in mono for e in experts]
+    if all(m - 2 * ms > e + 2 * es for (m, ms), (e, es) in pairs):
+        return "experts below"
+    if all(m + 2 * ms < e - 2 * es for (m, ms), (e, es) in pairs):
+        return "monolith below"
+    return "neither"
+
+
 def summarise(entry: dict, experts: dict) -> dict:
     """Per (N, t, budget): the monolith's weighted held-out excess over its trainings, the experts' at the same t over
     theirs, the ratio of the means and its range over every pair of trainings, which side is below in every pair
@@ -103,12 +114,6 @@ def summarise(entry: dict, experts: dict) -> dict:
             continue
         mono = {i: floor.weighted(r["per_cluster"], "monolith", weights) for i, r in sorted(by.items())}
         pairs = [(m, e) for m in mono.values() for e in exp.values()]
-        if all(m - 2 * ms > e + 2 * es for (m, ms), (e, es) in pairs):
-            apart = "experts below"
-        elif all(m + 2 * ms < e - 2 * es for (m, ms), (e, es) in pairs):
-            apart = "monolith below"
-        else:
-            apart = "neither"
         row = {"features": n, "t": t, "steps": s, "trainings": sorted(by), "expert_trainings": sorted(exp)}
         row["compute_ratio"] = entry["compute_ratio"][f"{n}@{s}"]
         row["monolith"] = interval([m for m, _ in mono.values()])
@@ -118,7 +123,7 @@ def summarise(entry: dict, experts: dict) -> dict:
             "min": min(m / e for (m, _), (e, _) in pairs),
             "max": max(m / e for (m, _), (e, _) in pairs),
         }
-        row["below_in_every_pair_with_2se"] = apart
+        row["below_in_every_pair_with_2se"] = below(list(mono.values()), list(exp.values()))
         row["per_training"] = {str(i): {"monolith": m, "monolith_se": se} for i, (m, se) in mono.items()}
         row["experts_per_training"] = {str(i): {"experts": e, "experts_se": se} for i, (e, se) in exp.items()}
         row["monolith_training_loss"] = interval([r["training_loss"] for r in by.values()])

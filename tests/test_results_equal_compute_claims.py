@@ -5,7 +5,7 @@ the committed summary's, which is the records' (recomputed), and each number of 
 import pytest
 
 from benchmarks import gmm_trained_floor as floor
-from benchmarks.gmm_equal_compute import render, summarise
+from benchmarks.gmm_equal_compute import below, render, summarise
 from benchmarks.gmm_trained_floor import render as render_floor
 from benchmarks.gmm_trained_floor import summarise as floor_summary
 
@@ -408,12 +408,8 @@ def test_wider_and_with_more_compute_is_the_records():
     assert half["below_in_every_pair_with_2se"] == "experts below" and half["trainings"] == [0, 1, 2]
     assert f"t = 0.5 the 256-unit monolith is still {mean5:.3g}× the experts with 3.93× their compute" in t
     assert f"(at 3·10⁻², the only rate tried\n    there; {lo5:.3g}–{hi5:.3g} over the pairs)" in raw
-    assert {
-        r["lr"]
-        for name in names.values()
-        for r in [s[name]["setting"]]
-        if any(q["t"] == 0.5 and q["features"] == 256 for q in s[name]["records"])
-    } == {3e-2}
+    at_half = [n for n in names.values() if any((q["features"], q["t"]) == (256, 0.5) for q in s[n]["records"])]
+    assert {s[n]["setting"]["lr"] for n in at_half} == {3e-2}
     # wider experts on every cluster: 16 and 32 units (the five-t entry), 64 and 256 units (their own entries)
     floors = doc_claims.load("gmm_trained_floor.json")
     wide = floors["clu-r8-every-64"]
@@ -471,9 +467,7 @@ def test_wider_and_with_more_compute_is_the_records():
     e64, e256 = values[64], values[256]
 
     def apart(ours: list, mono: list, sign: int) -> bool:  # experts below (sign 1) or above (-1) in every pair, 2 SE
-        if sign > 0:
-            return all(e + 2 * es < m - 2 * ms for e, es in ours for m, ms in mono)
-        return all(e - 2 * es > m + 2 * ms for e, es in ours for m, ms in mono)
+        return below(mono, ours) == ("experts below" if sign > 0 else "monolith below")
 
     def mono(entry: dict, steps: int) -> list:
         return [
