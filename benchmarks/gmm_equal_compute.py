@@ -22,6 +22,10 @@ over every pair of trainings.
 
 appends one record per (training, N, t, budget) to ``benchmarks/results/gmm_equal_compute.json`` (a record already
 there is kept) and writes ``gmm_equal_compute-NAME.{md,json}`` beside it, the summary over the trainings present.
+``--equal-compute`` in place of ``--expert-steps`` compares each monolith budget with the experts' budget of the
+same compute (to 0.1 %; a budget the experts' entry lacks is refused, naming the steps to train). A monolith is the
+same network whichever experts it is set against, so a record another entry trained in the same setting (but for
+the experts) is adopted, not trained again; it names the entry it came from and keeps its own stamp.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from hddm_flower.gmm.yardsticks import width_floor
 from hddm_flower.stages.prepare import prepare_data
 
 OUT = RESULTS / "gmm_equal_compute.json"
+EQUAL = "equal compute"  # the experts' budget, per monolith budget, when it is not one for every row
+EXPERTS_ONLY = ("experts", "expert_features", "expert_steps")  # the setting's keys no monolith record depends on
 
 
 def training_macs(d: int, n: int, captions: int) -> int:
@@ -62,6 +68,27 @@ def compute_ratio(ref, n: int, steps: int, expert_n: int, expert_steps: int) -> 
     d = int(math.prod(ref.shape))
     experts = sum(training_macs(d, expert_n, int((ref.cluster_of == k).sum())) for k in range(ref.num_clusters))
     return steps * training_macs(d, n, len(ref.cluster_of)) / (expert_steps * experts)
+
+
+def equal_budget(ref, n: int, steps: int, expert_n: int, budgets) -> int | None:
+    """Of the experts' ``budgets``, the one whose compute is the monolith's (N = ``n``, ``steps`` steps) to 0.1 %, the
+    nearest if several are; None if none is."""
+    near = {b: abs(compute_ratio(ref, n, steps, expert_n, b) - 1) for b in budgets}
+    fits = sorted((gap, b) for b, gap in near.items() if gap < 1e-3)
+    return fits[0][1] if fits else None
+
+
+def adoptable(store: dict, setting: dict, key: tuple) -> tuple[str, dict] | None:
+    """A record at ``key`` (N, t, steps, training) trained by another entry of ``store`` in the same setting but for
+    the experts it was set against, with the entry's name; None if there is none."""
+    mine = {k: v for k, v in setting.items() if k not in EXPERTS_ONLY}
+    for name, other in store.items():
+        if {k: v for k, v in other.get("setting", {}).items() if k not in EXPERTS_ONLY} != mine:
+            continue
+        for r in other["records"]:
+            if (r["features"], r["t"], r["steps"], r["training"]) == key and "adopted_from" not in r:
+                return name, r
+    return None
 
 
 def record(ref, n: int, t: float, steps: int, training: int, args) -> dict:
@@ -101,20 +128,25 @@ def summarise(entry: dict, experts: dict) -> dict:
     even with two standard errors of each moved towards the other, the monolith's training loss beside its width
     floor, and the compute ratio."""
     weights, setting = experts["cluster_weights"], entry["setting"]
-    exp_runs: dict[float, dict[int, tuple[float, float]]] = {}
+    exp_runs: dict[tuple[float, int], dict[int, tuple[float, float]]] = {}
     for r in experts["records"]:
-        if (r["features"], r["steps"]) == (setting["expert_features"], setting["expert_steps"]):
-            exp_runs.setdefault(r["t"], {})[r["training"]] = floor.weighted(r["per_cluster"], "expert", weights)
+        if r["features"] == setting["expert_features"]:
+            exp_runs.setdefault((r["t"], r["steps"]), {})[r["training"]] = floor.weighted(
+                r["per_cluster"], "expert", weights
+            )
     runs: dict[tuple, dict[int, dict]] = {}
     for r in entry["records"]:
         runs.setdefault((r["features"], r["t"], r["steps"]), {})[r["training"]] = r
     rows = []
     for (n, t, s), by in sorted(runs.items()):
-        if not (exp := exp_runs.get(t)):
+        equal = setting["expert_steps"] == EQUAL
+        budget = entry["expert_budget"][f"{n}@{s}"] if equal else setting["expert_steps"]
+        if not (exp := exp_runs.get((t, budget))):
             continue
         mono = {i: floor.weighted(r["per_cluster"], "monolith", weights) for i, r in sorted(by.items())}
         pairs = [(m, e) for m in mono.values() for e in exp.values()]
         row = {"features": n, "t": t, "steps": s, "trainings": sorted(by), "expert_trainings": sorted(exp)}
+        row |= {"expert_steps": budget} if equal else {}
         row["compute_ratio"] = entry["compute_ratio"][f"{n}@{s}"]
         row["monolith"] = interval([m for m, _ in mono.values()])
         row["experts"] = interval([e for e, _ in exp.values()])
@@ -138,6 +170,7 @@ def _cell(iv: dict) -> str:
 
 def render(entry: dict, summary: dict) -> str:
     head, setting = entry["meta"], entry["setting"]
+    each = f"{setting['expert_steps']} steps" if setting["expert_steps"] != EQUAL else "the steps in brackets"
     lines = [
         f"# Experts against a monolith of equal compute, trained: {entry['name']}",
         "",
@@ -146,7 +179,7 @@ def render(entry: dict, summary: dict) -> str:
         f"{head['date']}.",
         "",
         f"Experts: entry `{setting['experts']}` of gmm_trained_floor.json, {setting['expert_features']} hidden units, "
-        f"{setting['expert_steps']} steps each, each scored on its own cluster. Excess over the exact velocity, "
+        f"{each} each, each scored on its own cluster. Excess over the exact velocity, "
         "×10⁻³ per dimension, held out on every cluster's scoring draws, weighted by the clusters' shares of the "
         "mixture; ± is the 95 % Student-t half-width over each side's own trainings (independent of the other "
         "side's); the ratio is given over every pair of trainings. Compute: the monolith's training multiply-adds "
@@ -157,10 +190,10 @@ def render(entry: dict, summary: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary["rows"]:
-        pair = r["ratio_every_pair"]
+        pair, steps = r["ratio_every_pair"], f" ({r['expert_steps']:,})" if "expert_steps" in r else ""
         lines.append(
             f"| {r['features']} | {r['t']} | {r['steps']:,} | {r['compute_ratio']:.2f} | {_cell(r['monolith'])} "
-            f"| {_cell(r['experts'])} | {r['ratio_of_means']:.3g} ({pair['min']:.3g}–{pair['max']:.3g}) "
+            f"| {_cell(r['experts'])}{steps} | {r['ratio_of_means']:.3g} ({pair['min']:.3g}–{pair['max']:.3g}) "
             f"| {r['below_in_every_pair_with_2se']} | {_cell(r['monolith_training_loss'])} "
             f"({1e3 * r['monolith_width_floor']:.3g}) |"
         )
@@ -171,7 +204,11 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--experts", required=True, help="the experts' entry in gmm_trained_floor.json (every cluster)")
     p.add_argument("--expert-features", type=int, required=True, help="the experts' hidden units")
-    p.add_argument("--expert-steps", type=int, required=True, help="the experts' budget: Adam steps each")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--expert-steps", type=int, help="the experts' budget: Adam steps each")
+    budget.add_argument(
+        "--equal-compute", action="store_true", help="each monolith budget against the experts' of the same compute"
+    )
     p.add_argument("--features", type=int, nargs="+", required=True, help="N: the monolith's hidden units")
     p.add_argument("--times", type=float, nargs="+", required=True, help=f"t, of the inner ones {INNER}")
     p.add_argument("--steps", type=int, nargs="+", required=True, help="the monolith's budgets: Adam steps")
@@ -195,25 +232,32 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"--experts {args.experts}: no such entry in {experts_file}")
     if "cluster_weights" not in experts:
         p.error(f"--experts {args.experts}: its records do not score every cluster")
-    have = {
-        (r["t"], r["training"])
-        for r in experts["records"]
-        if (r["features"], r["steps"]) == (args.expert_features, args.expert_steps)
-    }
-    if missing := sorted({t for t in args.times if not any(tt == t for tt, _ in have)}):
-        p.error(
-            f"--experts {args.experts}: no records at N = {args.expert_features}, {args.expert_steps} steps and t {missing}"
-        )
+    have = {(r["t"], r["steps"]) for r in experts["records"] if r["features"] == args.expert_features}
     trained = experts["setting"]
     cfg = load_config(trained["config"], parse_overrides(trained["set"]))
     ref = load_reference(prepare_data(cfg))
+    budgets = {}  # the experts' budget set against each monolith budget
+    for n in args.features:
+        for s in args.steps:
+            b = equal_budget(ref, n, s, args.expert_features, {b for _, b in have}) if args.equal_compute else None
+            if args.equal_compute and b is None:
+                need = round(compute_ratio(ref, n, s, args.expert_features, 1))  # the budget of ratio 1
+                p.error(
+                    f"--experts {args.experts}: no budget of N = {args.expert_features} of the compute of N = {n} "
+                    f"at {s} steps; train the experts for {need} steps"
+                )
+            budgets[f"{n}@{s}"] = args.expert_steps if b is None else b
+    for b in sorted(set(budgets.values())):
+        if missing := sorted({t for t in args.times if (t, b) not in have}):
+            p.error(f"--experts {args.experts}: no records at N = {args.expert_features}, {b} steps and t {missing}")
     args.lr = trained["lr"] if args.lr is None else args.lr
     args.batch, args.samples = trained["batch"], trained["samples"]
     args.draws_per_feature, args.eval_seed = trained["draws_per_feature"], cfg.evaluation.seed
     path = Path(args.results)
     store = json.loads(path.read_text()) if path.exists() else {}
     entry = store.get(args.name) or {"name": args.name, "records": []}
-    same = {"experts": args.experts, "expert_features": args.expert_features, "expert_steps": args.expert_steps}
+    same = {"experts": args.experts, "expert_features": args.expert_features}
+    same |= {"expert_steps": EQUAL if args.equal_compute else args.expert_steps}
     same |= {k: v for k, v in trained.items() if k != "clusters"} | {"lr": args.lr}
     if entry.get("setting", same) != same:
         p.error(f"--name {args.name}: its records were trained with {entry['setting']}; use another name")
@@ -223,23 +267,28 @@ def main(argv: list[str] | None = None) -> dict:
         for n in args.features:
             for t in args.times:
                 for steps in args.steps:
-                    if (n, t, steps, training) in done:
+                    if (key := (n, t, steps, training)) in done:
                         continue
-                    entry["records"].append(record(ref, n, t, steps, training, args) | stamp())
-                    done.add((n, t, steps, training))  # a value given twice trains once
+                    if found := adoptable(store, same, key):
+                        entry["records"].append(found[1] | {"adopted_from": found[0]})
+                        said = f"adopted from {found[0]}"
+                    else:
+                        entry["records"].append(record(ref, n, t, steps, training, args) | stamp())
+                        said = f"{entry['records'][-1]['seconds']} s"
+                    done.add(key)  # a value given twice trains once
                     store[args.name] = entry
                     write_result(path, store)  # after each record: an interrupted run keeps what it trained
-                    print(
-                        f"N={n} t={t} steps={steps} training {training}: {entry['records'][-1]['seconds']} s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    print(f"N={n} t={t} steps={steps} training {training}: {said}", file=sys.stderr, flush=True)
     every = torch.arange(len(ref.cluster_of))
     keys = sorted({(r["features"], r["t"], r["steps"]) for r in entry["records"]})
     entry["width_floor"] = {f"{n}@{t}": width_floor(ref.mixture, every, (t,), n)[0] for n, t, _ in keys}
+    for n, _, s in keys:  # a budget of an earlier run of this name, not given now
+        budgets.setdefault(f"{n}@{s}", entry.get("expert_budget", {}).get(f"{n}@{s}", args.expert_steps))
     entry["compute_ratio"] = {
-        f"{n}@{s}": compute_ratio(ref, n, s, args.expert_features, args.expert_steps) for n, _, s in keys
+        f"{n}@{s}": compute_ratio(ref, n, s, args.expert_features, budgets[f"{n}@{s}"]) for n, _, s in keys
     }
+    if args.equal_compute:
+        entry["expert_budget"] = {f"{n}@{s}": budgets[f"{n}@{s}"] for n, _, s in keys}
     command = ["python", "-m", "benchmarks.gmm_equal_compute", *(sys.argv[1:] if argv is None else argv)]
     entry["meta"] = {"command": shlex.join(command)} | stamp()
     store[args.name] = entry

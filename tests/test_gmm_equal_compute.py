@@ -102,6 +102,26 @@ def test_the_summary_weighs_the_clusters_and_compares_every_pair_of_trainings():
     assert eq.summarise(_entry({0: (1.0, 0.1)}, t=0.9), EXPERTS)["rows"] == []  # no experts at that t
 
 
+def test_equal_compute_pairs_each_monolith_budget_with_the_experts_budget_of_its_compute(ref):
+    # d = 16: the 12-unit monolith 2016 multiply-adds a step, the three 4-unit experts 3 · 1184 = 3552: 370 monolith
+    # steps are 210 of the experts' (370 · 2016 = 210 · 3552) exactly; 209 and 211 are 0.5 % off, 371 steps 0.27 %
+    assert eq.equal_budget(ref, 12, 370, 4, {100, 209, 210, 211}) == 210
+    assert eq.equal_budget(ref, 12, 370, 4, {209, 211}) is None and eq.equal_budget(ref, 12, 371, 4, {210}) is None
+    assert eq.equal_budget(ref, 12, 740, 4, {210, 420}) == 420
+    # the summary reads the experts at each row's own budget: the 40-step monolith against the 10-step experts
+    # (weighted 4 and 8), the 80-step one against the 99-step training (36)
+    entry = _entry({0: (10.0, 0.4), 1: (20.0, 0.4)})
+    entry["setting"]["expert_steps"] = eq.EQUAL
+    entry["records"] += [r | {"steps": 80} for r in entry["records"]]
+    entry |= {"expert_budget": {"8@40": 10, "8@80": 99}, "compute_ratio": {"8@40": 1.0, "8@80": 1.0}}
+    first, second = eq.summarise(entry, EXPERTS)["rows"]
+    assert (first["steps"], first["expert_steps"], first["expert_trainings"]) == (40, 10, [0, 1])
+    assert first["experts"]["mean"] == pytest.approx(6)
+    assert (second["steps"], second["expert_steps"], second["expert_trainings"]) == (80, 99, [0])
+    assert second["experts"]["mean"] == pytest.approx(36)
+    assert "expert_steps" not in eq.summarise(_entry({0: (10.0, 0.4)}), EXPERTS)["rows"][0]  # one budget: none
+
+
 def test_the_multiply_adds_are_what_autograd_counts_for_a_training_step():
     # one step of the trained floor's network as gmm_trained_floor.train computes it, counted by torch's FLOP counter
     from torch.utils.flop_counter import FlopCounterMode
@@ -173,7 +193,33 @@ def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp
             eq.main([*argv, *bad])
         assert "--name m: its records were trained with" in capsys.readouterr().err, bad
     assert {f: f.read_bytes() for f in out.parent.iterdir()} == files  # nothing written by a refusal
-    eq.main([*argv, "--steps", "40", "40", "--name", "twice"])  # a budget given twice trains once
+    eq.main([*argv, "--steps", "40", "40", "--name", "twice"])  # a budget given twice is one record
     assert [r["steps"] for r in eq.json.loads(out.read_text())["twice"]["records"]] == [40]
+    # another entry in the same setting but for the experts adopts the monolith "m" trained, naming it; the
+    # experts' 2 units over two components are 1024 multiply-adds a step, the three 3072, the monolith's 6 units
+    # over six 1536: its 40 steps are the experts' 20, its 80 their 40
+    same = ["--experts", "every", "--expert-features", "2", "--equal-compute", "--features", "6", "--times", "0.5"]
+    same += ["--experts-file", str(experts), "--results", str(out)]
+    summary = eq.main([*same, "--steps", "40", "80", "--name", "equal"])
+    equal = eq.json.loads(out.read_text())["equal"]
+    by = {r["steps"]: r for r in equal["records"]}
+    assert by[40] == next(r for r in stored["records"] if r["steps"] == 40) | {"adopted_from": "m"}
+    assert "adopted_from" not in by[80] and by[80]["commit"]
+    assert [(r["steps"], r["expert_steps"], r["compute_ratio"]) for r in summary["rows"]] == [
+        (40, 20, 1.0),
+        (80, 40, 1.0),
+    ]
+    assert equal["setting"]["expert_steps"] == eq.EQUAL and equal["expert_budget"] == {"6@40": 20, "6@80": 40}
+    assert "| 6 | 0.5 | 40 | 1.00 |" in (out.parent / "gmm_equal_compute-equal.md").read_text()
+    assert " (20) | " in (out.parent / "gmm_equal_compute-equal.md").read_text()
+    files = {f: f.read_bytes() for f in out.parent.iterdir()}
+    for bad, why in (
+        (["--steps", "50"], "no budget of N = 2 of the compute of N = 6 at 50 steps; train the experts for 25 steps"),
+        (["--steps", "40", "--expert-steps", "20"], "not allowed with argument"),
+    ):
+        with pytest.raises(SystemExit):
+            eq.main([*same, *bad, "--name", "refused"])
+        assert why in capsys.readouterr().err, bad
+    assert {f: f.read_bytes() for f in out.parent.iterdir()} == files
     eq.main([*argv, "--lr", "0.5", "--steps", "20", "--name", "fast"])  # the monolith's own learning rate, named
     assert eq.json.loads(out.read_text())["fast"]["setting"] == stored["setting"] | {"lr": 0.5} != stored["setting"]
