@@ -1,0 +1,214 @@
+"""docs/results.md's "Equal width at every compute" against the committed records: the 256-unit experts of every cluster
+(gmm_trained_floor.json) against the 256-unit monolith (gmm_equal_compute.json) at four budgets of one and the same
+compute, each budget counted by hand in multiply-adds, each monolith record the one its own entry trained, the table
+the committed summaries', which are the records' (recomputed), and each number of the reading the records'."""
+
+from benchmarks import gmm_trained_floor as floor
+from benchmarks.gmm_equal_compute import EQUAL, below, render, summarise
+
+from . import doc_claims
+
+START = "**Equal width at every compute.**"
+END = "**Sixty-four units (8 clusters × rank 8)"
+D, COMPONENTS, PER_CLUSTER, CLUSTERS = 192, 32, 4, 8
+BUDGETS = {5475: 715, 15311: 2000, 21508: 2809, 43016: 5619}  # the monolith's steps: the experts' of its compute
+ENTRIES = {
+    "clu-r8-every-256-equal": (1e-2, "clu-r8-every"),
+    "clu-r8-every-256-equal-lr3e-2": (3e-2, "clu-r8-every-lr3e-2"),
+}
+NEW = "79563b0"  # the commit the records trained for this paragraph name
+
+
+def macs(n: int, captions: int) -> int:  # forward, both weight gradients, the output layer's input gradient
+    return 2 * D * n + 3 * (D + captions + n) * D
+
+
+def text() -> str:
+    return doc_claims.passage(START, END)
+
+
+def experts() -> dict:
+    return doc_claims.load("gmm_trained_floor.json")["clu-r8-every-256"]
+
+
+def test_each_monolith_budget_has_the_experts_budget_of_its_compute_counted_by_hand():
+    for s, se in BUDGETS.items():
+        ratio = s * macs(256, COMPONENTS) / (se * CLUSTERS * macs(256, PER_CLUSTER))
+        assert abs(ratio - 1) < 3e-4, (s, se, ratio)
+        for other in (se - 1, se + 1):  # the nearest integer budget
+            assert abs(s * macs(256, COMPONENTS) / (other * CLUSTERS * macs(256, PER_CLUSTER)) - 1) > abs(ratio - 1)
+    store = doc_claims.load("gmm_equal_compute.json")
+    for name, (lr, _) in ENTRIES.items():
+        e = store[name]
+        assert e["setting"] == {"experts": "clu-r8-every-256", "expert_features": 256, "expert_steps": EQUAL} | {
+            k: v for k, v in experts()["setting"].items() if k != "clusters"
+        } | {"lr": lr}
+        assert e["expert_budget"] == {f"256@{s}": se for s, se in BUDGETS.items()}
+        assert all(abs(r - 1) < 3e-4 for r in e["compute_ratio"].values()) and len(e["compute_ratio"]) == 4
+    assert "each of the 256-unit monolith's four budgets has the experts' budget of the same compute (to 0.02 %)" in (
+        text()
+    )
+
+
+def test_every_monolith_is_adopted_from_the_entry_that_trained_it_and_the_experts_are_three_trainings_each():
+    store = doc_claims.load("gmm_equal_compute.json")
+    for name, (_, source) in ENTRIES.items():
+        records = store[name]["records"]
+        assert sorted((r["features"], r["t"], r["steps"], r["training"]) for r in records) == [
+            (256, 0.1, s, i) for s in sorted(BUDGETS) for i in range(3)
+        ]
+        for r in records:
+            assert r["adopted_from"] == source
+            (own,) = [
+                x
+                for x in store[source]["records"]
+                if (x["features"], x["t"], x["steps"], x["training"]) == (256, 0.1, r["steps"], r["training"])
+            ]
+            assert {k: v for k, v in r.items() if k != "adopted_from"} == own
+    keys = sorted((r["features"], r["t"], r["steps"], r["training"]) for r in experts()["records"])
+    assert keys == [(256, 0.1, s, i) for s in sorted(BUDGETS.values()) for i in range(3)]
+
+
+def test_the_summaries_are_the_records_and_the_doc_table_is_the_summaries():
+    store, raw = doc_claims.load("gmm_equal_compute.json"), doc_claims.raw_passage(START, END)
+    rows = {}
+    for name in ENTRIES:
+        e = store[name]
+        summary = summarise(e, experts())
+        assert doc_claims.load(f"gmm_equal_compute-{name}.json") == summary
+        assert (doc_claims.RESULTS / f"gmm_equal_compute-{name}.md").read_text() == render(e, summary)
+        assert [r["steps"] for r in summary["rows"]] == sorted(BUDGETS)
+        rows[name] = {r["steps"]: r for r in summary["rows"]}
+
+    def cell(iv: dict) -> str:
+        return f"{1e3 * iv['mean']:.4g} ± {1e3 * iv['half']:.2g}"
+
+    def ratio(r: dict) -> str:
+        return f"{r['ratio_of_means']:.3g} ({r['ratio_every_pair']['min']:.3g}–{r['ratio_every_pair']['max']:.3g})"
+
+    slow, fast = (rows[name] for name in ENTRIES)
+    expected = [
+        [
+            "compute / 16-unit experts'",
+            "experts' steps",
+            "256-unit experts",
+            "monolith's steps",
+            "monolith at 10⁻²",
+            "monolith / experts (every pair)",
+            "below in every pair, 2 SE",
+            "monolith at 3·10⁻²",
+            "monolith / experts (every pair)",
+            "below in every pair, 2 SE",
+        ]
+    ]
+    for s, se in BUDGETS.items():
+        a, b = slow[s], fast[s]
+        assert a["experts"] == b["experts"] and a["expert_steps"] == b["expert_steps"] == se
+        expected.append(
+            [
+                f"{s * macs(256, COMPONENTS) / (2000 * CLUSTERS * macs(16, PER_CLUSTER)):.2f}",
+                f"{se:,}",
+                cell(a["experts"]),
+                f"{s:,}",
+                cell(a["monolith"]),
+                ratio(a),
+                a["below_in_every_pair_with_2se"],
+                cell(b["monolith"]),
+                ratio(b),
+                b["below_in_every_pair_with_2se"],
+            ]
+        )
+    assert doc_claims.md_table(raw, "| compute / 16-unit experts' | experts' steps |") == expected
+
+
+def test_the_new_records_and_the_commands_are_the_ones_named():
+    store, t = doc_claims.load("gmm_equal_compute.json"), text()
+    new = [r for r in experts()["records"] if r["steps"] != 2000]
+    new += [r for e in store.values() for r in e["records"] if r["commit"] == NEW and "adopted_from" not in r]
+    assert len(new) == 9 + 5
+    assert {(r["commit"], tuple(r["uncommitted"]), r["torch_threads"], r["date"]) for r in new} == {
+        (NEW, (), 1, "2026-12-07")
+    }
+    assert (
+        f"{len(new)} records naming {NEW} with nothing uncommitted, {sum(r['seconds'] for r in new) / 60:.0f} min summed"
+        in t
+    )
+    assert sorted(
+        (name, r["steps"], r["training"])
+        for name, e in store.items()
+        for r in e["records"]
+        if r["commit"] == NEW and "adopted_from" not in r
+    ) == sorted(
+        [("clu-r8-every", 21508, 1), ("clu-r8-every", 21508, 2)] + [("clu-r8-every-lr3e-2", 15311, i) for i in range(3)]
+    )
+    assert experts()["meta"]["command"].endswith(
+        "--features 256 --times 0.1 --steps 715 2000 2809 5619 --training 0 1 2 --lr 1e-2 --name clu-r8-every-256"
+    )
+    for name, (lr, _) in ENTRIES.items():
+        rate = "" if lr == 1e-2 else " --lr 3e-2"
+        assert store[name]["meta"]["command"] == (
+            "python -m benchmarks.gmm_equal_compute --experts clu-r8-every-256 --expert-features 256 --equal-compute "
+            f"--features 256 --times 0.1 --steps 5475 15311 21508 43016 --training 0 1 2{rate} --name {name}"
+        )
+    assert (
+        "`python -m benchmarks.gmm_equal_compute --experts clu-r8-every-256 --expert-features 256 --equal-compute "
+        "--features 256 --times 0.1 --steps 5475 15311 21508 43016 --training 0 1 2 --name clu-r8-every-256-equal` "
+        "(and the same with `--lr 3e-2 --name clu-r8-every-256-equal-lr3e-2`)"
+    ) in t
+
+
+def test_the_reading_is_the_records():
+    store, t = doc_claims.load("gmm_equal_compute.json"), text()
+    weights = experts()["cluster_weights"]
+    rows = {name: {r["steps"]: r for r in summarise(store[name], experts())["rows"]} for name in ENTRIES}
+    every = [r for by in rows.values() for r in by.values()]
+    assert len(every) == 8 and {r["below_in_every_pair_with_2se"] for r in every} == {"experts below"}
+    for name in ENTRIES:  # the verdict recomputed from the records, not read from the summary
+        for s in BUDGETS:
+            mono = [
+                floor.weighted(x["per_cluster"], "monolith", weights) for x in store[name]["records"] if x["steps"] == s
+            ]
+            own = [
+                floor.weighted(x["per_cluster"], "expert", weights)
+                for x in experts()["records"]
+                if x["steps"] == BUDGETS[s]
+            ]
+            assert below(mono, own) == "experts below" and len(mono) == len(own) == 3
+    means = [r["ratio_of_means"] for r in every]
+    least = min(r["ratio_every_pair"]["min"] for r in every)
+    assert f"by {min(means):.3g}× to {max(means):.3g}× ({least:.3g}× or more in every pair)" in t
+    slow, fast = ([by[s]["ratio_of_means"] for s in sorted(BUDGETS)] for by in rows.values())
+    assert slow == sorted(slow) and fast == sorted(fast)  # growing with the compute at each rate
+    assert f"from {slow[0]:.3g}× to {slow[-1]:.3g}× at 10⁻² and from {fast[0]:.3g}× to {fast[-1]:.3g}× at 3·10⁻²" in t
+    first, last = min(BUDGETS), max(BUDGETS)
+    a, b = rows["clu-r8-every-256-equal"], rows["clu-r8-every-256-equal-lr3e-2"]
+    fall = [
+        x[first][who]["mean"] / x[last][who]["mean"] for x, who in ((a, "experts"), (a, "monolith"), (b, "monolith"))
+    ]
+    assert (
+        f"the experts' excess falls {fall[0]:.2f}×, the monolith's {fall[1]:.2f}× at 10⁻² and {fall[2]:.2f}× at 3·10⁻²"
+    ) in t
+    # the 256-unit experts at 715 steps against the 16-unit experts at 2,000: the same compute
+    assert abs(715 * CLUSTERS * macs(256, PER_CLUSTER) / (2000 * CLUSTERS * macs(16, PER_CLUSTER)) - 1) < 1e-3
+    sixteen = [
+        floor.weighted(r["per_cluster"], "expert", weights)
+        for r in doc_claims.load("gmm_trained_floor.json")["clu-r8-every"]["records"]
+        if (r["features"], r["t"], r["steps"]) == (16, 0.1, 2000)
+    ]
+    wide = [floor.weighted(r["per_cluster"], "expert", weights) for r in experts()["records"] if r["steps"] == 715]
+    assert below(sixteen, wide) == "experts below"  # the wide ones below in every pair, 2 SE
+    cell = a[first]["experts"]
+    assert (
+        f"experts at 715 steps, with the compute of the 16-unit experts at 2,000, are below those too "
+        f"({1e3 * cell['mean']:.4g} ± {1e3 * cell['half']:.2g} against 4.769 ± 0.035, in every pair with two standard errors)"
+    ) in t
+    assert "Shown for one width (256 units), t = 0.1, the experts at one learning rate." in t
+    # the In-short paragraph
+    from .test_results_claims import paragraph
+
+    short = paragraph()
+    assert (
+        "At equal width (256 units) the experts are below the monolith at each of four budgets of one and the same "
+        f"compute, from 1.00× to 7.86× the 16-unit experts', at both of its rates, by {min(means):.3g}× to "
+        f"{max(means):.3g}×, more with more compute (three trainings each, in every pair with two standard errors)."
+    ) in short
