@@ -23,6 +23,10 @@ def macs(n: int, captions: int) -> int:  # forward, both weight gradients, the o
     return 2 * D * n + 3 * (D + captions + n) * D
 
 
+def params(n: int, captions: int) -> int:  # R, q, β and W (over [x, one-hot caption, hidden])
+    return D * n + captions * n + n + (D + captions + n) * D
+
+
 def text() -> str:
     return doc_claims.passage(START, END)
 
@@ -203,6 +207,8 @@ def test_the_reading_is_the_records():
         f"({1e3 * cell['mean']:.4g} ± {1e3 * cell['half']:.2g} against 4.769 ± 0.035, in every pair with two standard errors)"
     ) in t
     assert "Shown for one width (256 units), t = 0.1, the experts at one learning rate." in t
+    together = CLUSTERS * params(256, PER_CLUSTER) / params(256, COMPONENTS)
+    assert f"each expert the monolith's network (the eight together {together:.2f}× its parameters)" in t
     # the In-short paragraph
     from .test_results_claims import paragraph
 
