@@ -24,8 +24,9 @@ appends one record per (training, N, t, budget) to ``benchmarks/results/gmm_equa
 there is kept) and writes ``gmm_equal_compute-NAME.{md,json}`` beside it, the summary over the trainings present.
 ``--equal-compute`` in place of ``--expert-steps`` compares each monolith budget with the experts' budget of the
 same compute (to 0.1 %; a budget the experts' entry lacks is refused, naming the steps to train). A monolith is the
-same network whichever experts it is set against, so a record another entry trained in the same setting (but for
-the experts) is adopted, not trained again; it names the entry it came from and keeps its own stamp.
+same network whichever experts it is set against, so with ``--equal-compute`` a record another entry trained in the
+same setting (but for the experts) is adopted, not trained again; it names the entry it came from and keeps its own
+stamp. Without it every record is trained by its own entry, so an entry can reproduce another's.
 """
 
 from __future__ import annotations
@@ -241,10 +242,15 @@ def main(argv: list[str] | None = None) -> dict:
         for s in args.steps:
             b = equal_budget(ref, n, s, args.expert_features, {b for _, b in have}) if args.equal_compute else None
             if args.equal_compute and b is None:
-                need = round(compute_ratio(ref, n, s, args.expert_features, 1))  # the budget of ratio 1
+                need = max(1, round(compute_ratio(ref, n, s, args.expert_features, 1)))  # the budget of ratio 1
+                advice = (
+                    f"train the experts for {need} steps"
+                    if equal_budget(ref, n, s, args.expert_features, {need})
+                    else "no whole number of the experts' steps is within 0.1 % of it; give the monolith other steps"
+                )
                 p.error(
                     f"--experts {args.experts}: no budget of N = {args.expert_features} of the compute of N = {n} "
-                    f"at {s} steps; train the experts for {need} steps"
+                    f"at {s} steps; {advice}"
                 )
             budgets[f"{n}@{s}"] = args.expert_steps if b is None else b
     for b in sorted(set(budgets.values())):
@@ -269,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
                 for steps in args.steps:
                     if (key := (n, t, steps, training)) in done:
                         continue
-                    if found := adoptable(store, same, key):
+                    if args.equal_compute and (found := adoptable(store, same, key)):
                         entry["records"].append(found[1] | {"adopted_from": found[0]})
                         said = f"adopted from {found[0]}"
                     else:

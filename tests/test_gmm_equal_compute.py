@@ -108,6 +108,22 @@ def test_equal_compute_pairs_each_monolith_budget_with_the_experts_budget_of_its
     assert eq.equal_budget(ref, 12, 370, 4, {100, 209, 210, 211}) == 210
     assert eq.equal_budget(ref, 12, 370, 4, {209, 211}) is None and eq.equal_budget(ref, 12, 371, 4, {210}) is None
     assert eq.equal_budget(ref, 12, 740, 4, {210, 420}) == 420
+    # 37,000 steps are 21,000 of the experts' exactly; 21,001 and 21,010 are within 0.1 %: the nearest wins
+    assert eq.equal_budget(ref, 12, 37000, 4, {21010, 21001, 21000}) == 21000
+    assert eq.equal_budget(ref, 12, 37000, 4, {21010, 21001}) == 21001
+
+
+def test_a_record_is_adopted_only_from_the_same_setting_training_and_budget_and_never_from_a_copy():
+    setting = {"experts": "a", "expert_features": 2, "expert_steps": 10, "lr": 0.01, "batch": 8}
+    mine = {"features": 4, "t": 0.5, "steps": 40, "training": 1}
+    store = {"other": {"setting": setting | {"experts": "b", "expert_steps": eq.EQUAL}, "records": [mine]}}
+    assert eq.adoptable(store, setting, (4, 0.5, 40, 1)) == ("other", mine)  # the experts alone differ
+    for changed in ({"lr": 0.03}, {"batch": 16}):
+        assert eq.adoptable(store, setting | changed, (4, 0.5, 40, 1)) is None, changed
+    for key in ((4, 0.5, 40, 0), (4, 0.5, 80, 1), (8, 0.5, 40, 1), (4, 0.9, 40, 1)):
+        assert eq.adoptable(store, setting, key) is None, key
+    copied = {"copy": {"setting": setting, "records": [mine | {"adopted_from": "gone"}]}}
+    assert eq.adoptable(copied, setting, (4, 0.5, 40, 1)) is None
     # the summary reads the experts at each row's own budget: the 40-step monolith against the 10-step experts
     # (weighted 4 and 8), the 80-step one against the 99-step training (36)
     entry = _entry({0: (10.0, 0.4), 1: (20.0, 0.4)})
@@ -194,7 +210,8 @@ def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp
         assert "--name m: its records were trained with" in capsys.readouterr().err, bad
     assert {f: f.read_bytes() for f in out.parent.iterdir()} == files  # nothing written by a refusal
     eq.main([*argv, "--steps", "40", "40", "--name", "twice"])  # a budget given twice is one record
-    assert [r["steps"] for r in eq.json.loads(out.read_text())["twice"]["records"]] == [40]
+    twice = eq.json.loads(out.read_text())["twice"]["records"]
+    assert [r["steps"] for r in twice] == [40] and "adopted_from" not in twice[0]  # its own entry's: no adoption
     # another entry in the same setting but for the experts adopts the monolith "m" trained, naming it; the
     # experts' 2 units over two components are 1024 multiply-adds a step, the three 3072, the monolith's 6 units
     # over six 1536: its 40 steps are the experts' 20, its 80 their 40
@@ -205,6 +222,11 @@ def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp
     by = {r["steps"]: r for r in equal["records"]}
     assert by[40] == next(r for r in stored["records"] if r["steps"] == 40) | {"adopted_from": "m"}
     assert "adopted_from" not in by[80] and by[80]["commit"]
+    # at another learning rate or another training nothing is adopted
+    faster = eq.main([*same, "--steps", "40", "--lr", "0.5", "--name", "equal-fast"])
+    assert "adopted_from" not in eq.json.loads(out.read_text())["equal-fast"]["records"][0] and faster["rows"]
+    eq.main([*same, "--steps", "40", "--training", "1", "--name", "equal-one"])
+    assert "adopted_from" not in eq.json.loads(out.read_text())["equal-one"]["records"][0]
     assert [(r["steps"], r["expert_steps"], r["compute_ratio"]) for r in summary["rows"]] == [
         (40, 20, 1.0),
         (80, 40, 1.0),
@@ -215,6 +237,7 @@ def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp
     files = {f: f.read_bytes() for f in out.parent.iterdir()}
     for bad, why in (
         (["--steps", "50"], "no budget of N = 2 of the compute of N = 6 at 50 steps; train the experts for 25 steps"),
+        (["--steps", "3"], "at 3 steps; no whole number of the experts' steps is within 0.1 % of it"),  # 1.5 steps
         (["--steps", "40", "--expert-steps", "20"], "not allowed with argument"),
     ):
         with pytest.raises(SystemExit):
