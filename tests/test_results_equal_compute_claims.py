@@ -187,6 +187,11 @@ def test_the_table_and_its_reading_are_the_records():
         "monolith below",
     )  # the next paragraph's
     assert "the 21,508-step row's trainings 1 and 2: **Equal width at every compute**, below)" in t
+    assert (
+        "at 10⁻², over three trainings at 43,016 steps and in training 0 at 21,508 (trainings 1 and 2 there are the "
+        "next paragraph's;"
+    ) in wider()
+    assert "138 min summed; its 15,311-step row is the next paragraph's)" in wider()
     assert {r["commit"] for r in main["records"] if (r["steps"], r["training"]) in ((short, 1), (short, 2))} == {NEW}
     # the reading, recomputed from the records without the summary
     at = {(n, x, steps): _ratio(main, n, x, steps) for n, x, steps in MAIN | {(n, 0.1, st) for n, st in WIDTHS.items()}}
@@ -591,8 +596,9 @@ def test_wider_and_with_more_compute_is_the_records():
     assert (
         "and the experts of every cluster at a tuned learning rate or, but at 256 units, with more than "
         f"{macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' compute, and the two sides at one "
-        "and the same compute above 1× at any width but 256 units (at t = 0.1 the 256-unit monolith passes the 16- and "
-        f"64-unit experts with {ratios[1]}× their compute; the 256-unit experts, with as much, are below it)"
+        "and the same compute above 1× but at 256 units, t = 0.1 and the experts' one learning rate (at t = 0.1 and 10⁻² "
+        f"the 256-unit monolith with {ratios[1]}× the 16-unit experts' compute passes the 16- and 64-unit experts; the "
+        "256-unit experts, with as much, are below it)"
     ) in folded
     assert (
         f"at 256 beyond 8,000 steps (the equal-compute bullet's 256-unit monolith runs to {long:,} steps at t = 0.1"

@@ -49,9 +49,16 @@ def test_each_monolith_budget_has_the_experts_budget_of_its_compute_counted_by_h
         } | {"lr": lr}
         assert e["expert_budget"] == {f"256@{s}": se for s, se in BUDGETS.items()}
         assert all(abs(r - 1) < 3e-4 for r in e["compute_ratio"].values()) and len(e["compute_ratio"]) == 4
-    assert "each of the 256-unit monolith's four budgets has the experts' budget of the same compute (to 0.02 %)" in (
-        text()
-    )
+    gaps = [abs(r - 1) for name in ENTRIES for r in store[name]["compute_ratio"].values()]
+    assert (
+        f"each of the 256-unit monolith's four budgets has the experts' budget of the same compute (to "
+        f"{100 * max(gaps):.2f} %)"
+    ) in text()
+    against16 = [s * macs(256, COMPONENTS) / (2000 * CLUSTERS * macs(16, PER_CLUSTER)) for s in sorted(BUDGETS)]
+    listed = ", ".join(f"{r:.2f}" for r in against16[:-1]) + f" and {against16[-1]:.2f}× the 16-unit experts'"
+    assert f"(to {100 * max(gaps):.2f} %), {listed} (`--features 256" in text()
+    steps = [f"{se:,}" for se in sorted(BUDGETS.values()) if se != 2000]
+    assert f"The 256-unit experts were then trained for {steps[0]}, {steps[1]} and {steps[2]} steps as well" in text()
 
 
 def test_every_monolith_is_adopted_from_the_entry_that_trained_it_and_the_experts_are_three_trainings_each():
@@ -134,9 +141,25 @@ def test_the_new_records_and_the_commands_are_the_ones_named():
         (NEW, (), 1, "2026-12-07")
     }
     assert (
-        f"{len(new)} records naming {NEW} with nothing uncommitted, {sum(r['seconds'] for r in new) / 60:.0f} min summed"
-        in t
-    )
+        f"{len(new)} records naming {NEW} with nothing uncommitted, {sum(r['seconds'] for r in new) / 60:.0f} min "
+        "summed, made 2026-12-07, at most two processes side by side with one torch thread each."
+    ) in t
+    assert (
+        "`--features 256 --times 0.1 --steps 715 2000 2809 5619 --training 0 1 2 --lr 1e-2 --name clu-r8-every-256`: "
+        "the experts at 10⁻², not tuned, the monolith at two rates)"
+    ) in t
+    assert experts()["setting"]["lr"] == 1e-2
+    assert (
+        "(`--features 256 --times 0.1 --steps 21508 --training 1 2 --name clu-r8-every` and `--features 256 --times "
+        "0.1 --steps 15311 --training 0 1 2 --lr 3e-2 --name clu-r8-every-lr3e-2`, the first command's other options)"
+    ) in t
+    assert store["clu-r8-every"]["setting"]["lr"] == 1e-2 and store["clu-r8-every-lr3e-2"]["setting"]["lr"] == 3e-2
+    assert (
+        "its compute; it trains nothing, adopting each monolith record from the entry that trained it (summaries "
+        "`gmm_equal_compute-clu-r8-every-256-equal.{md,json}` and "
+        "`gmm_equal_compute-clu-r8-every-256-equal-lr3e-2.{md,json}`). "
+        't = 0.1, ×10⁻³ per dimension, three trainings on each side, ± and "below" as above:'
+    ) in t
     assert sorted(
         (name, r["steps"], r["training"])
         for name, e in store.items()
@@ -180,17 +203,30 @@ def test_the_reading_is_the_records():
             assert below(mono, own) == "experts below" and len(mono) == len(own) == 3
     means = [r["ratio_of_means"] for r in every]
     least = min(r["ratio_every_pair"]["min"] for r in every)
-    assert f"by {min(means):.3g}× to {max(means):.3g}× ({least:.3g}× or more in every pair)" in t
+    assert (
+        "At equal width and one and the same compute the experts are below the monolith at every budget and at both of "
+        f"its rates, in every pair of trainings with two standard errors: by {min(means):.3g}× to {max(means):.3g}× "
+        f"({least:.3g}× or more in every pair);"
+    ) in t
+    better = [min(by[s]["ratio_of_means"] for by in rows.values()) for s in sorted(BUDGETS)]
+    listed = ", ".join(f"{r:.3g}×" for r in better[:-1]) + f" and {better[-1]:.3g}×"
+    assert f"against the better of the two rates at each budget by {listed}." in t
     slow, fast = ([by[s]["ratio_of_means"] for s in sorted(BUDGETS)] for by in rows.values())
     assert slow == sorted(slow) and fast == sorted(fast)  # growing with the compute at each rate
-    assert f"from {slow[0]:.3g}× to {slow[-1]:.3g}× at 10⁻² and from {fast[0]:.3g}× to {fast[-1]:.3g}× at 3·10⁻²" in t
+    assert (
+        f"The ratio grows with the compute at each rate, from {slow[0]:.3g}× to {slow[-1]:.3g}× at 10⁻² and from "
+        f"{fast[0]:.3g}× to {fast[-1]:.3g}× at 3·10⁻²"
+    ) in t
     first, last = min(BUDGETS), max(BUDGETS)
     a, b = rows["clu-r8-every-256-equal"], rows["clu-r8-every-256-equal-lr3e-2"]
     fall = [
         x[first][who]["mean"] / x[last][who]["mean"] for x, who in ((a, "experts"), (a, "monolith"), (b, "monolith"))
     ]
+    assert f"the experts' excess falls {fall[0]:.2f}× and the monolith's {fall[1]:.2f}× at 10⁻²;" in t
+    at_fast = [b[s]["monolith"]["mean"] for s in sorted(BUDGETS)]
+    assert min(at_fast) == at_fast[1] and at_fast[1] < at_fast[2] < at_fast[3]  # lowest at 2.80×, rising after
     assert (
-        f"the experts' excess falls {fall[0]:.2f}×, the monolith's {fall[1]:.2f}× at 10⁻² and {fall[2]:.2f}× at 3·10⁻²"
+        f"at 3·10⁻² the monolith is lowest at 2.80× and rises after it ({fall[2]:.2f}× below its 1.00× value at 7.86×)"
     ) in t
     # the 256-unit experts at 715 steps against the 16-unit experts at 2,000: the same compute
     assert abs(715 * CLUSTERS * macs(256, PER_CLUSTER) / (2000 * CLUSTERS * macs(16, PER_CLUSTER)) - 1) < 1e-3
@@ -200,11 +236,14 @@ def test_the_reading_is_the_records():
         if (r["features"], r["t"], r["steps"]) == (16, 0.1, 2000)
     ]
     wide = [floor.weighted(r["per_cluster"], "expert", weights) for r in experts()["records"] if r["steps"] == 715]
-    assert below(sixteen, wide) == "experts below"  # the wide ones below in every pair, 2 SE
-    cell = a[first]["experts"]
+    assert len(sixteen) == len(wide) == 3 and below(sixteen, wide) == "experts below"  # the wide ones, 2 SE
+    cell, theirs = a[first]["experts"], doc_claims.load("gmm_equal_compute-clu-r8-every.json")["rows"][0]["experts"]
+    assert abs(theirs["mean"] - sum(v for v, _ in sixteen) / 3) < 1e-15  # the 16-unit experts' interval
     assert (
         f"experts at 715 steps, with the compute of the 16-unit experts at 2,000, are below those too "
-        f"({1e3 * cell['mean']:.4g} ± {1e3 * cell['half']:.2g} against 4.769 ± 0.035, in every pair with two standard errors)"
+        f"({1e3 * cell['mean']:.4g} ± {1e3 * cell['half']:.2g} against {1e3 * theirs['mean']:.4g} ± "
+        f"{1e3 * theirs['half']:.2g}, in every pair with two standard errors): at that compute, wider experts trained "
+        "for fewer steps do better."
     ) in t
     assert "Shown for one width (256 units), t = 0.1, the experts at one learning rate." in t
     together = CLUSTERS * params(256, PER_CLUSTER) / params(256, COMPONENTS)
@@ -216,5 +255,7 @@ def test_the_reading_is_the_records():
     assert (
         "At equal width (256 units) the experts are below the monolith at each of four budgets of one and the same "
         f"compute, from 1.00× to 7.86× the 16-unit experts', at both of its rates, by {min(means):.3g}× to "
-        f"{max(means):.3g}×, more with more compute (three trainings each, in every pair with two standard errors)."
+        f"{max(means):.3g}× (against its better rate at each budget {min(better):.3g}× to {max(better):.3g}×), more "
+        "with more compute (t = 0.1, the experts at one learning rate, three trainings each, in every pair with two "
+        "standard errors)."
     ) in short
