@@ -21,6 +21,7 @@ LONGER = {256: (21508, 43016)}  # 3.93× and 7.86× the experts' compute, as the
 LATEST = "a870ef3"  # the commit the wider and longer records name
 EVEN = ("ffb8193", 15311)  # the 256-unit monolith at 2.80×, as much as the 256-unit experts: its commit, steps
 NEW = "79563b0"  # the commit of the records "Equal width at every compute" added (a 256-unit monolith's trainings)
+HALF = "bfd91a2"  # the same paragraph's at t = 0.5 (the 256-unit monolith at 5,475 steps, trainings 1 and 2)
 LRS = {"3e-3": 3e-3, "3e-2": 3e-2, "1e-1": 1e-1}
 
 
@@ -74,11 +75,12 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         + quick
         + [(256, 0.5, LONGER[256][0], i) for i in range(3)]
         + [(256, 0.1, EVEN[1], i) for i in range(3)]
+        + [(256, 0.5, 5475, i) for i in (1, 2)]
     )
     records = [r for e in s.values() for r in e["records"] if "adopted_from" not in r]  # each record once
-    dated = {r["date"] for r in records if r["commit"] not in (EVEN[0], NEW)}
+    dated = {r["date"] for r in records if r["commit"] not in (EVEN[0], NEW, HALF)}
     assert dated == {"2026-12-06"} and all(r["torch_threads"] == 1 for r in records)
-    assert {r["date"] for r in records if r["commit"] in (EVEN[0], NEW)} == {"2026-12-07"}
+    assert {r["date"] for r in records if r["commit"] in (EVEN[0], NEW, HALF)} == {"2026-12-07"}
     assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in records)
     late = [r for r in records if r["steps"] == 64000]  # made after the rest, at 440e0fe
     assert len(late) == 3 and all((r["commit"], r["uncommitted"]) == ("440e0fe", []) for r in late)
@@ -89,7 +91,7 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         for name, e in s.items()
         if name != "clu-r8-every-reproduced"
         for r in e["records"]
-        if r not in late and r not in newest and r["commit"] not in (EVEN[0], NEW) and "adopted_from" not in r
+        if r not in late and r not in newest and r["commit"] not in (EVEN[0], NEW, HALF) and "adopted_from" not in r
     ]
     odd = [r for r in others if (r["commit"], r["uncommitted"]) != ("0828f98", [])]
     assert len(odd) < len(others) / 2 and "Most records name 0828f98 with nothing uncommitted" in t
@@ -109,7 +111,10 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
     assert again["per_cluster"] == first["per_cluster"] and again["training_loss"] == first["training_loss"]
     assert "retrained at 78a383f, came out bit for bit (entry `clu-r8-every-reproduced`)" in t
     lr_records = [
-        r for name in LRS for r in s[f"clu-r8-every-lr{name}"]["records"] if r not in newest and r["commit"] != NEW
+        r
+        for name in LRS
+        for r in s[f"clu-r8-every-lr{name}"]["records"]
+        if r not in newest and r["commit"] not in (NEW, HALF)
     ]
     before = [r for r in main["records"] if r not in newest and r["commit"] not in (EVEN[0], NEW)]
     assert f"{sum(r['seconds'] for r in before) / 60:.0f} min summed over the records" in t
@@ -191,7 +196,10 @@ def test_the_table_and_its_reading_are_the_records():
         "at 10⁻², over three trainings at 43,016 steps and in training 0 at 21,508 (trainings 1 and 2 there are the "
         "next paragraph's;"
     ) in wider()
-    assert "138 min summed; its 15,311-step row is the next paragraph's)" in wider()
+    assert (
+        "138 min summed; its 15,311-step row and the 5,475-step row's trainings 1 and 2 at t = 0.5 are the next "
+        "paragraph's)"
+    ) in wider()
     assert {r["commit"] for r in main["records"] if (r["steps"], r["training"]) in ((short, 1), (short, 2))} == {NEW}
     # the reading, recomputed from the records without the summary
     at = {(n, x, steps): _ratio(main, n, x, steps) for n, x, steps in MAIN | {(n, 0.1, st) for n, st in WIDTHS.items()}}
@@ -596,7 +604,8 @@ def test_wider_and_with_more_compute_is_the_records():
     assert (
         "and the experts of every cluster at a tuned learning rate or, but at 256 units, with more than "
         f"{macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' compute, and the two sides at one "
-        "and the same compute above 1× but at 256 units, t = 0.1 and the experts' one learning rate (at t = 0.1 and 10⁻² "
+        "and the same compute above 1× but at 256 units (t = 0.1, and t = 0.5 at 3.93×) with the experts at one learning "
+        "rate (at t = 0.1 and 10⁻² "
         f"the 256-unit monolith with {ratios[1]}× the 16-unit experts' compute passes the 16- and 64-unit experts; the "
         "256-unit experts, with as much, are below it)"
     ) in folded

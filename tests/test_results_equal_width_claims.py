@@ -17,6 +17,8 @@ ENTRIES = {
     "clu-r8-every-256-equal-lr3e-2": (3e-2, "clu-r8-every-lr3e-2"),
 }
 NEW = "79563b0"  # the commit the records trained for this paragraph name
+HALF, HALF_EXPERTS = "clu-r8-every-256-equal-t0.5-lr3e-2", "clu-r8-every-256-t0.5"  # t = 0.5: two budgets, one rate
+HALF_COMMIT = "bfd91a2"  # the commit the t = 0.5 records name
 
 
 def macs(n: int, captions: int) -> int:  # forward, both weight gradients, the output layer's input gradient
@@ -245,7 +247,10 @@ def test_the_reading_is_the_records():
         f"{1e3 * theirs['half']:.2g}, in every pair with two standard errors): at that compute, wider experts trained "
         "for fewer steps do better."
     ) in t
-    assert "Shown for one width (256 units), t = 0.1, the experts at one learning rate." in t
+    assert (
+        "Shown for one width (256 units), at t = 0.1 (four budgets, two rates) and t = 0.5 (two budgets, one rate), the "
+        "experts at one learning rate."
+    ) in t
     together = CLUSTERS * params(256, PER_CLUSTER) / params(256, COMPONENTS)
     assert f"each expert the monolith's network (the eight together {together:.2f}× its parameters)" in t
     # the In-short paragraph
@@ -257,5 +262,76 @@ def test_the_reading_is_the_records():
         f"compute, from 1.00× to 7.86× the 16-unit experts', at both of its rates, by {min(means):.3g}× to "
         f"{max(means):.3g}× (against its better rate at each budget {min(better):.3g}× to {max(better):.3g}×), more "
         "with more compute (t = 0.1, the experts at one learning rate, three trainings each, in every pair with two "
-        "standard errors)."
+        "standard errors);"
     ) in short
+    half = {r["steps"]: r for r in doc_claims.load(f"gmm_equal_compute-{HALF}.json")["rows"]}
+    assert (
+        f"at t = 0.5 (3·10⁻², the only rate run there) by {half[5475]['ratio_of_means']:.3g}× at 1.00× and "
+        f"{half[21508]['ratio_of_means']:.3g}× at 3.93×."
+    ) in short
+    assert {r["below_in_every_pair_with_2se"] for r in half.values()} == {"experts below"}
+
+
+def test_at_half_the_noise_the_experts_are_below_too_at_the_only_rate_run_there():
+    store, t = doc_claims.load("gmm_equal_compute.json"), text()
+    own = doc_claims.load("gmm_trained_floor.json")[HALF_EXPERTS]
+    assert own["setting"] == experts()["setting"]
+    assert sorted((r["features"], r["t"], r["steps"], r["training"]) for r in own["records"]) == [
+        (256, 0.5, se, i) for se in (715, 2809) for i in range(3)
+    ]
+    e = store[HALF]
+    assert e["setting"] == {"experts": HALF_EXPERTS, "expert_features": 256, "expert_steps": EQUAL} | {
+        k: v for k, v in experts()["setting"].items() if k != "clusters"
+    } | {"lr": 3e-2}
+    assert e["expert_budget"] == {"256@5475": 715, "256@21508": 2809}
+    for r in e["records"]:
+        assert r["adopted_from"] == "clu-r8-every-lr3e-2" and r["t"] == 0.5
+    assert sorted((r["steps"], r["training"]) for r in e["records"]) == [
+        (s, i) for s in (5475, 21508) for i in range(3)
+    ]
+    summary = summarise(e, own)
+    assert doc_claims.load(f"gmm_equal_compute-{HALF}.json") == summary
+    assert (doc_claims.RESULTS / f"gmm_equal_compute-{HALF}.md").read_text() == render(e, summary)
+    weights = experts()["cluster_weights"]
+    rows = {r["steps"]: r for r in summary["rows"]}
+    for s, se in ((5475, 715), (21508, 2809)):
+        mono = [floor.weighted(x["per_cluster"], "monolith", weights) for x in e["records"] if x["steps"] == s]
+        ours = [floor.weighted(x["per_cluster"], "expert", weights) for x in own["records"] if x["steps"] == se]
+        assert len(mono) == len(ours) == 3 and below(mono, ours) == "experts below"
+    lo, hi = rows[5475], rows[21508]
+
+    def ratio(r: dict) -> str:
+        return f"{r['ratio_of_means']:.3g}× ({r['ratio_every_pair']['min']:.3g}–{r['ratio_every_pair']['max']:.3g})"
+
+    assert [round(r["compute_ratio"], 3) for r in summary["rows"]] == [1.0, 1.0]
+    assert {s: round(x, 2) for s, x in zip((5475, 21508), e["compute_ratio"].values())} == {5475: 1.0, 21508: 1.0}
+    assert (
+        f"At t = 0.5, at 3·10⁻², the only rate the monolith was run at there, the experts are below it at 1.00× by "
+        f"{ratio(lo)} and at 3.93× by {ratio(hi)}, in every pair with two standard errors"
+    ) in t
+    new = [r for r in own["records"]] + [
+        r
+        for r in store["clu-r8-every-lr3e-2"]["records"]
+        if (r["t"], r["steps"], r["training"]) in ((0.5, 5475, 1), (0.5, 5475, 2))
+    ]
+    assert len(new) == 8 and {(r["commit"], tuple(r["uncommitted"]), r["torch_threads"]) for r in new} == {
+        (HALF_COMMIT, (), 1)
+    }
+    assert (
+        "the monolith's trainings 1 and 2 at 5,475 steps `--features 256 --times 0.5 --steps 5475 --training 1 2 --lr "
+        f"3e-2 --name clu-r8-every-lr3e-2`; 8 records naming {HALF_COMMIT} with nothing uncommitted, "
+        f"{sum(r['seconds'] for r in new) / 60:.0f} min summed"
+    ) in t
+    assert {r["date"] for r in new} == {"2026-12-07"}
+    assert own["meta"]["command"].endswith(
+        f"--features 256 --times 0.5 --steps 715 2809 --training 0 1 2 --lr 1e-2 --name {HALF_EXPERTS}"
+    )
+    assert store[HALF]["meta"]["command"] == (
+        f"python -m benchmarks.gmm_equal_compute --experts {HALF_EXPERTS} --expert-features 256 --equal-compute "
+        f"--features 256 --times 0.5 --steps 5475 21508 --training 0 1 2 --lr 3e-2 --name {HALF}"
+    )
+    assert f"`--features 256 --times 0.5 --steps 715 2809 --training 0 1 2 --lr 1e-2 --name {HALF_EXPERTS}`" in t
+    assert (
+        f"`--experts {HALF_EXPERTS} --expert-features 256 --equal-compute --features 256 --times 0.5 --steps 5475 21508 --training 0 1 2 --lr 3e-2 --name {HALF}`"
+        in t
+    )
