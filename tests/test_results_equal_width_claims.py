@@ -227,8 +227,15 @@ def test_the_reading_is_the_records():
     assert f"the experts' excess falls {fall[0]:.2f}× and the monolith's {fall[1]:.2f}× at 10⁻²;" in t
     at_fast = [b[s]["monolith"]["mean"] for s in sorted(BUDGETS)]
     assert min(at_fast) == at_fast[1] and at_fast[1] < at_fast[2] < at_fast[3]  # lowest at 2.80×, rising after
+    two, eight = b[15311], b[43016]  # 2.80× and 7.86× at 3·10⁻²: the ratio's growth, the experts' and monolith's part
+    grow = eight["ratio_of_means"] / two["ratio_of_means"]
+    ours = two["experts"]["mean"] / eight["experts"]["mean"]
+    theirs = eight["monolith"]["mean"] / two["monolith"]["mean"]
+    assert abs(grow - ours * theirs) < 1e-12 and theirs > 1
     assert (
-        f"at 3·10⁻² the monolith is lowest at 2.80× and rises after it ({fall[2]:.2f}× below its 1.00× value at 7.86×)"
+        f"at 3·10⁻² the monolith is lowest at 2.80× and rises after it ({fall[2]:.2f}× below its 1.00× value at 7.86×): "
+        f"from 2.80× to 7.86× that rate's ratio grows {grow:.2f}×, {ours:.2f}× from the experts' fall and {theirs:.2f}× "
+        "from the monolith's rise."
     ) in t
     # the 256-unit experts at 715 steps against the 16-unit experts at 2,000: the same compute
     assert abs(715 * CLUSTERS * macs(256, PER_CLUSTER) / (2000 * CLUSTERS * macs(16, PER_CLUSTER)) - 1) < 1e-3
