@@ -138,9 +138,8 @@ def summarise(entry: dict, experts: dict) -> dict:
     runs: dict[tuple, dict[int, dict]] = {}
     for r in entry["records"]:
         runs.setdefault((r["features"], r["t"], r["steps"]), {})[r["training"]] = r
-    rows = []
+    rows, equal = [], setting["expert_steps"] == EQUAL
     for (n, t, s), by in sorted(runs.items()):
-        equal = setting["expert_steps"] == EQUAL
         budget = entry["expert_budget"][f"{n}@{s}"] if equal else setting["expert_steps"]
         if not (exp := exp_runs.get((t, budget))):
             continue

@@ -7,10 +7,10 @@ from benchmarks import gmm_trained_floor as floor
 from benchmarks.gmm_equal_compute import EQUAL, below, render, summarise
 
 from . import doc_claims
+from .test_results_equal_compute_claims import CLUSTERS, COMPONENTS, PER_CLUSTER, macs, params
 
 START = "**Equal width at every compute.**"
 END = "**Sixty-four units (8 clusters × rank 8)"
-D, COMPONENTS, PER_CLUSTER, CLUSTERS = 192, 32, 4, 8
 BUDGETS = {5475: 715, 15311: 2000, 21508: 2809, 43016: 5619}  # the monolith's steps: the experts' of its compute
 ENTRIES = {
     "clu-r8-every-256-equal": (1e-2, "clu-r8-every"),
@@ -19,14 +19,6 @@ ENTRIES = {
 NEW = "79563b0"  # the commit the records trained for this paragraph name
 HALF, HALF_EXPERTS = "clu-r8-every-256-equal-t0.5-lr3e-2", "clu-r8-every-256-t0.5"  # t = 0.5: two budgets, one rate
 HALF_COMMIT = "bfd91a2"  # the commit the t = 0.5 records name
-
-
-def macs(n: int, captions: int) -> int:  # forward, both weight gradients, the output layer's input gradient
-    return 2 * D * n + 3 * (D + captions + n) * D
-
-
-def params(n: int, captions: int) -> int:  # R, q, β and W (over [x, one-hot caption, hidden])
-    return D * n + captions * n + n + (D + captions + n) * D
 
 
 def text() -> str:
