@@ -101,10 +101,18 @@ def stamp() -> dict:
 
 
 def write_result(path: str | os.PathLike, record: dict, *, indent: int = 2) -> Path:
-    """Write ``record`` as JSON to ``path`` (its folder created); returns the path."""
+    """Write ``record`` as JSON to ``path`` (its folder created); returns the path. The file is replaced whole: the
+    JSON goes to a temporary file beside it, which is renamed over it, so a run killed while writing leaves the
+    previous file (every record trained before) intact, and no temporary file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=indent))
+    text = json.dumps(record, indent=indent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

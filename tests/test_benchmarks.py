@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from benchmarks import bench, convert_init, gpu, gpu_xl_step, sampling, train_step
+from benchmarks.common import write_result
 
 ROOT = Path(__file__).parent.parent
 
@@ -329,3 +330,23 @@ def test_the_kernel_swaps_change_the_network_and_the_baseline_arm_is_the_trained
     assert not torch.equal(outputs["exact GELU"], trained) and not torch.equal(outputs["both"], trained)
     # attention by matmul-softmax computes the same function: equal to rounding, not necessarily to the bit
     torch.testing.assert_close(outputs["math attention"], trained, rtol=1e-5, atol=1e-5)
+
+
+def test_a_results_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = tmp_path / "results" / "r.json"
+    write_result(path, {"kept": [1, 2]})
+    assert json.loads(path.read_text()) == {"kept": [1, 2]}
+
+    def killed(src, dst):  # the process dies between writing the new text and putting it in place
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("benchmarks.common.os.replace", killed)
+    try:
+        write_result(path, {"kept": [1, 2], "new": 3})
+    except KeyboardInterrupt:
+        pass
+    assert json.loads(path.read_text()) == {"kept": [1, 2]}  # the records trained before are all there
+    assert sorted(p.name for p in path.parent.iterdir()) == ["r.json"]  # no temporary file left behind
+    monkeypatch.undo()
+    write_result(path, {"kept": [1, 2], "new": 3})
+    assert json.loads(path.read_text()) == {"kept": [1, 2], "new": 3}
