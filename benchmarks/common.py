@@ -3,6 +3,7 @@ memory, and writing a result as JSON."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -10,6 +11,7 @@ import resource
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,6 +116,23 @@ def write_result(path: str | os.PathLike, record: dict, *, indent: int = 2) -> P
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+@contextmanager
+def results_file(path: str | os.PathLike):
+    """The JSON results file at ``path`` as a dict (empty if there is none yet), read under an exclusive lock on its
+    folder and written whole (:func:`write_result`) when the block ends without an error. Processes that add records
+    to one file side by side each read it again under the lock, so each keeps the others' records."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        store = json.loads(path.read_text()) if path.exists() else {}
+        yield store
+        write_result(path, store)
+    finally:
+        os.close(folder)  # releases the lock
 
 
 def forked(fn, *args):

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import gmm_trained_floor as floor
-from benchmarks.common import RESULTS, stamp, write_result
+from benchmarks.common import RESULTS, results_file, stamp, write_result
 from benchmarks.gmm_class_floor import INNER
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.gmm.dataset import load_reference
@@ -53,6 +53,11 @@ from hddm_flower.stages.prepare import prepare_data
 OUT = RESULTS / "gmm_equal_compute.json"
 EQUAL = "equal compute"  # the experts' budget, per monolith budget, when it is not one for every row
 EXPERTS_ONLY = ("experts", "expert_features", "expert_steps")  # the setting's keys no monolith record depends on
+
+
+def key_of(r: dict) -> tuple:
+    """A record's key: (N, t, steps, training)."""
+    return r["features"], r["t"], r["steps"], r["training"]
 
 
 def training_macs(d: int, n: int, captions: int) -> int:
@@ -87,7 +92,7 @@ def adoptable(store: dict, setting: dict, key: tuple) -> tuple[str, dict] | None
         if {k: v for k, v in other.get("setting", {}).items() if k not in EXPERTS_ONLY} != mine:
             continue
         for r in other["records"]:
-            if (r["features"], r["t"], r["steps"], r["training"]) == key and "adopted_from" not in r:
+            if key_of(r) == key and "adopted_from" not in r:
                 return name, r
     return None
 
@@ -267,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict:
     if entry.get("setting", same) != same:
         p.error(f"--name {args.name}: its records were trained with {entry['setting']}; use another name")
     entry["setting"] = same
-    done = {(r["features"], r["t"], r["steps"], r["training"]) for r in entry["records"]}
+    done = {key_of(r) for r in entry["records"]}
     for training in args.training:
         for n in args.features:
             for t in args.times:
@@ -275,15 +280,29 @@ def main(argv: list[str] | None = None) -> dict:
                     if (key := (n, t, steps, training)) in done:
                         continue
                     if args.equal_compute and (found := adoptable(store, same, key)):
-                        entry["records"].append(found[1] | {"adopted_from": found[0]})
-                        said = f"adopted from {found[0]}"
+                        new, said = found[1] | {"adopted_from": found[0]}, f"adopted from {found[0]}"
                     else:
-                        entry["records"].append(record(ref, n, t, steps, training, args) | stamp())
-                        said = f"{entry['records'][-1]['seconds']} s"
+                        new = record(ref, n, t, steps, training, args) | stamp()
+                        said = f"{new['seconds']} s"
                     done.add(key)  # a value given twice trains once
-                    store[args.name] = entry
-                    write_result(path, store)  # after each record: an interrupted run keeps what it trained
+                    with results_file(path) as store:  # after each record: an interrupted run keeps what it trained
+                        entry = store.setdefault(args.name, {"name": args.name, "records": []})
+                        if entry.setdefault("setting", same) != same:  # a process beside this one, another setting
+                            p.error(f"--name {args.name}: its records were trained with {entry['setting']}")
+                        entry["records"] = [r for r in entry["records"] if key_of(r) != key] + [new]
                     print(f"N={n} t={t} steps={steps} training {training}: {said}", file=sys.stderr, flush=True)
+    with results_file(path) as store:  # read again: the records of every process that wrote to it
+        entry = store.setdefault(args.name, entry | {"setting": same})
+        _close(entry, ref, budgets, args, argv)
+    summary = summarise(entry, experts)
+    write_result(path.parent / f"gmm_equal_compute-{args.name}.json", summary)
+    (path.parent / f"gmm_equal_compute-{args.name}.md").write_text(render(entry, summary))
+    return summary
+
+
+def _close(entry: dict, ref, budgets: dict, args, argv) -> None:
+    """The entry's fields read from its records: the width floor, the compute ratio and the experts' budget of each
+    (N, steps), and the command that made it."""
     every = torch.arange(len(ref.cluster_of))
     keys = sorted({(r["features"], r["t"], r["steps"]) for r in entry["records"]})
     entry["width_floor"] = {f"{n}@{t}": width_floor(ref.mixture, every, (t,), n)[0] for n, t, _ in keys}
@@ -296,12 +315,6 @@ def main(argv: list[str] | None = None) -> dict:
         entry["expert_budget"] = {f"{n}@{s}": budgets[f"{n}@{s}"] for n, _, s in keys}
     command = ["python", "-m", "benchmarks.gmm_equal_compute", *(sys.argv[1:] if argv is None else argv)]
     entry["meta"] = {"command": shlex.join(command)} | stamp()
-    store[args.name] = entry
-    write_result(path, store)
-    summary = summarise(entry, experts)
-    write_result(path.parent / f"gmm_equal_compute-{args.name}.json", summary)
-    (path.parent / f"gmm_equal_compute-{args.name}.md").write_text(render(entry, summary))
-    return summary
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import RESULTS, stamp, write_result
+from benchmarks.common import RESULTS, results_file, stamp, write_result
 from benchmarks.ddpm_profile import draw_x0
 from benchmarks.gmm_class_floor import FIT_SEEDS, INNER, Fitted, component_velocity, fit
 from benchmarks.gmm_ladder import cluster_draws
@@ -350,16 +350,29 @@ def main(argv: list[str] | None = None) -> dict:
                         (r["features"], r["t"], r["steps"], r["training"]) == key for r in entry["records"]
                     ):
                         continue
-                    r = record(ref, args.clusters, n, t, steps, training, args)
-                    r |= stamp()
-                    entry["records"] = [
-                        x for x in entry["records"] if (x["features"], x["t"], x["steps"], x["training"]) != key
-                    ] + [r]
-                    store[args.name] = entry
-                    write_result(path, store)  # after each record: an interrupted run keeps what it trained
+                    r = record(ref, args.clusters, n, t, steps, training, args) | stamp()
+                    with results_file(path) as store:  # after each record: an interrupted run keeps what it trained
+                        entry = store.setdefault(args.name, {"name": args.name, "records": []})
+                        if entry.setdefault("setting", same) != same:  # a process beside this one, another setting
+                            p.error(f"--name {args.name}: its records were trained with {entry['setting']}")
+                        entry["records"] = [
+                            x for x in entry["records"] if (x["features"], x["t"], x["steps"], x["training"]) != key
+                        ] + [r]
                     print(
                         f"N={n} t={t} steps={steps} training {training}: {r['seconds']} s", file=sys.stderr, flush=True
                     )
+    with results_file(path) as store:  # read again: the records of every process that wrote to it
+        entry = store.setdefault(args.name, entry | {"setting": same})
+        _close(entry, ref, args, argv)
+    summary = summarise(entry)
+    write_result(path.parent / f"gmm_trained_floor-{args.name}.json", summary)
+    (path.parent / f"gmm_trained_floor-{args.name}.md").write_text(render(entry, summary))
+    return summary
+
+
+def _close(entry: dict, ref, args, argv) -> None:
+    """The entry's fields read from its records: the clusters' weights, the width floor of each (N, t), and the
+    command that made it."""
     every = torch.arange(len(ref.cluster_of))
     if len(set(args.clusters)) == ref.num_clusters:  # every cluster scored: the summary weighs them
         entry["cluster_weights"] = {
@@ -375,12 +388,6 @@ def main(argv: list[str] | None = None) -> dict:
     }
     command = ["python", "-m", "benchmarks.gmm_trained_floor", *(sys.argv[1:] if argv is None else argv)]
     entry["meta"] = {"command": shlex.join(command)} | stamp()
-    store[args.name] = entry
-    write_result(path, store)
-    summary = summarise(entry)
-    write_result(path.parent / f"gmm_trained_floor-{args.name}.json", summary)
-    (path.parent / f"gmm_trained_floor-{args.name}.md").write_text(render(entry, summary))
-    return summary
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 the ``benchmarks`` package, imported here as ``python -m benchmarks.NAME`` runs it."""
 
 import json
+import time
 from pathlib import Path
 
 from benchmarks import bench, convert_init, gpu, gpu_xl_step, sampling, train_step
-from benchmarks.common import write_result
+from benchmarks.common import results_file, write_result
 
 ROOT = Path(__file__).parent.parent
 
@@ -350,3 +351,37 @@ def test_a_results_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.undo()
     write_result(path, {"kept": [1, 2], "new": 3})
     assert json.loads(path.read_text()) == {"kept": [1, 2], "new": 3}
+
+
+def test_processes_adding_to_one_results_file_side_by_side_each_keep_the_others_records(tmp_path):
+    import threading
+
+    path = tmp_path / "r.json"
+    inside, wrote = threading.Event(), []
+
+    def first():
+        with results_file(path) as store:
+            store["a"] = 1
+            inside.set()
+            time.sleep(0.5)  # the second writer arrives while this one holds the file
+        wrote.append("a")
+
+    def second():
+        inside.wait()
+        with results_file(path) as store:  # waits for the first, then reads what it wrote
+            store["b"] = 2
+        wrote.append("b")
+
+    threads = [threading.Thread(target=f) for f in (first, second)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert wrote == ["a", "b"] and json.loads(path.read_text()) == {"a": 1, "b": 2}
+    try:  # a block that fails writes nothing
+        with results_file(path) as store:
+            store["c"] = 3
+            raise RuntimeError
+    except RuntimeError:
+        pass
+    assert json.loads(path.read_text()) == {"a": 1, "b": 2}

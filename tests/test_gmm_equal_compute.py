@@ -246,3 +246,49 @@ def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp
     assert {f: f.read_bytes() for f in out.parent.iterdir()} == files
     eq.main([*argv, "--lr", "0.5", "--steps", "20", "--name", "fast"])  # the monolith's own learning rate, named
     assert eq.json.loads(out.read_text())["fast"]["setting"] == stored["setting"] | {"lr": 0.5} != stored["setting"]
+
+
+def test_two_processes_adding_to_one_entry_side_by_side_keep_each_others_records(ref, tmp_path, monkeypatch):
+    from benchmarks.common import results_file
+
+    for module in (floor, eq):
+        monkeypatch.setattr(module, "prepare_data", lambda cfg: None)
+        monkeypatch.setattr(module, "load_reference", lambda dataset: ref)
+    experts = tmp_path / "floor.json"
+    made = ["--config", "configs/reproduce-gmm-nano.yaml", "--features", "2", "--times", "0.5", "--steps", "20"]
+    floor.main(
+        [
+            *made,
+            "--samples",
+            "64",
+            "--batch",
+            "32",
+            "--results",
+            str(experts),
+            "--clusters",
+            "0",
+            "1",
+            "2",
+            "--name",
+            "every",
+        ]
+    )
+    out = tmp_path / "e.json"
+    argv = ["--experts", "every", "--expert-features", "2", "--expert-steps", "20", "--features", "6", "--times"]
+    argv += ["0.5", "--steps", "20", "--name", "m", "--experts-file", str(experts), "--results", str(out)]
+    eq.main([*argv, "--training", "1"])  # what the other process writes, made here and set aside
+    (theirs,) = eq.json.loads(out.read_text())["m"]["records"]
+    out.unlink()
+    record = eq.record
+
+    def beside(*args):  # while this process trains training 0, the other writes its training 1
+        with results_file(out) as store:
+            store.setdefault("m", {"name": "m", "records": []})["records"].append(theirs)
+        return record(*args)
+
+    monkeypatch.setattr(eq, "record", beside)
+    summary = eq.main([*argv, "--training", "0"])
+    stored = eq.json.loads(out.read_text())["m"]
+    assert sorted(r["training"] for r in stored["records"]) == [0, 1] and theirs in stored["records"]
+    assert summary == eq.summarise(stored, eq.json.loads(experts.read_text())["every"])
+    assert summary["rows"][0]["monolith"]["n"] == 2  # over both trainings

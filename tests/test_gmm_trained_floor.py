@@ -310,6 +310,33 @@ def test_the_command_writes_records_and_summaries_beside_results_and_refuses_bad
         trained.main([*argv, "--batch", "16"])
 
 
+def test_two_processes_adding_to_one_entry_side_by_side_keep_each_others_records(ref, tmp_path, monkeypatch):
+    import benchmarks.gmm_trained_floor as trained
+    from benchmarks.common import results_file
+
+    monkeypatch.setattr(trained, "prepare_data", lambda cfg: None)
+    monkeypatch.setattr(trained, "load_reference", lambda dataset: ref)
+    out = tmp_path / "t.json"
+    argv = ["--config", "configs/reproduce-gmm-nano.yaml", "--clusters", "0", "--features", "2", "--times", "0.5"]
+    argv += ["--steps", "20", "--samples", "64", "--batch", "32", "--name", "x", "--results", str(out)]
+    trained.main([*argv, "--training", "1"])  # what the other process writes, made here and set aside
+    (theirs,) = trained.json.loads(out.read_text())["x"]["records"]
+    out.unlink()
+    record = trained.record
+
+    def beside(*args):  # while this process trains training 0, the other writes its training 1
+        with results_file(out) as store:
+            entry = store.setdefault("x", {"name": "x", "records": []})
+            entry["records"].append(theirs)
+        return record(*args)
+
+    monkeypatch.setattr(trained, "record", beside)
+    summary = trained.main([*argv, "--training", "0"])
+    stored = trained.json.loads(out.read_text())["x"]
+    assert sorted(r["training"] for r in stored["records"]) == [0, 1] and theirs in stored["records"]
+    assert summary == trained.summarise(stored) and summary["rows"][0]["trainings"] == [0, 1]  # over both
+
+
 def test_the_fit_the_training_and_the_scoring_draw_from_generators_of_their_own(ref, monkeypatch):
     import benchmarks.gmm_class_floor as floor
     import benchmarks.gmm_ladder as ladder
