@@ -22,6 +22,7 @@ LATEST = "a870ef3"  # the commit the wider and longer records name
 EVEN = ("ffb8193", 15311)  # the 256-unit monolith at 2.80×, as much as the 256-unit experts: its commit, steps
 NEW = "79563b0"  # the commit of the records "Equal width at every compute" added (a 256-unit monolith's trainings)
 HALF = "bfd91a2"  # the same paragraph's at t = 0.5 (the 256-unit monolith at 5,475 steps, trainings 1 and 2)
+RATES = "9416cea"  # the records of "Both sides' learning rates" (the monolith at more rates)
 LRS = {"3e-3": 3e-3, "3e-2": 3e-2, "1e-1": 1e-1}
 
 
@@ -78,9 +79,9 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         + [(256, 0.5, 5475, i) for i in (1, 2)]
     )
     records = [r for e in s.values() for r in e["records"] if "adopted_from" not in r]  # each record once
-    dated = {r["date"] for r in records if r["commit"] not in (EVEN[0], NEW, HALF)}
+    dated = {r["date"] for r in records if r["commit"] not in (EVEN[0], NEW, HALF, RATES)}
     assert dated == {"2026-12-06"} and all(r["torch_threads"] == 1 for r in records)
-    assert {r["date"] for r in records if r["commit"] in (EVEN[0], NEW, HALF)} == {"2026-12-07"}
+    assert {r["date"] for r in records if r["commit"] in (EVEN[0], NEW, HALF, RATES)} == {"2026-12-07"}
     assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in records)
     late = [r for r in records if r["steps"] == 64000]  # made after the rest, at 440e0fe
     assert len(late) == 3 and all((r["commit"], r["uncommitted"]) == ("440e0fe", []) for r in late)
@@ -91,7 +92,7 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         for name, e in s.items()
         if name != "clu-r8-every-reproduced"
         for r in e["records"]
-        if r not in late and r not in newest and r["commit"] not in (EVEN[0], NEW, HALF) and "adopted_from" not in r
+        if r not in late and r not in newest and r["commit"] not in (EVEN[0], NEW, HALF, RATES) and "adopted_from" not in r
     ]
     odd = [r for r in others if (r["commit"], r["uncommitted"]) != ("0828f98", [])]
     assert len(odd) < len(others) / 2 and "Most records name 0828f98 with nothing uncommitted" in t
