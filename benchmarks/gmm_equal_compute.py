@@ -290,24 +290,31 @@ def main(argv: list[str] | None = None) -> dict:
                         if entry.setdefault("setting", same) != same:  # a process beside this one, another setting
                             p.error(f"--name {args.name}: its records were trained with {entry['setting']}")
                         entry["records"] = [r for r in entry["records"] if key_of(r) != key] + [new]
+                        done |= {key_of(r) for r in entry["records"]}  # and what processes beside it wrote
                     print(f"N={n} t={t} steps={steps} training {training}: {said}", file=sys.stderr, flush=True)
     with results_file(path) as store:  # read again: the records of every process that wrote to it
         entry = store.setdefault(args.name, entry | {"setting": same})
-        _close(entry, ref, budgets, args, argv)
-    summary = summarise(entry, experts)
-    write_result(path.parent / f"gmm_equal_compute-{args.name}.json", summary)
-    (path.parent / f"gmm_equal_compute-{args.name}.md").write_text(render(entry, summary))
+        if entry["setting"] != same:
+            p.error(f"--name {args.name}: its records were trained with {entry['setting']}")
+        _close(entry, ref, budgets, {b for _, b in have}, args, argv)
+        summary = summarise(entry, experts)  # under the lock: the last to take it summarises every record
+        write_result(path.parent / f"gmm_equal_compute-{args.name}.json", summary)
+        (path.parent / f"gmm_equal_compute-{args.name}.md").write_text(render(entry, summary))
     return summary
 
 
-def _close(entry: dict, ref, budgets: dict, args, argv) -> None:
+def _close(entry: dict, ref, budgets: dict, have: set, args, argv) -> None:
     """The entry's fields read from its records: the width floor, the compute ratio and the experts' budget of each
-    (N, steps), and the command that made it."""
+    (N, steps), and the command that made it. A budget this run was not given (an earlier run's, or a process's
+    beside it) keeps the experts' budget the entry names, or else is set against one of ``have`` as this run's are."""
     every = torch.arange(len(ref.cluster_of))
     keys = sorted({(r["features"], r["t"], r["steps"]) for r in entry["records"]})
     entry["width_floor"] = {f"{n}@{t}": width_floor(ref.mixture, every, (t,), n)[0] for n, t, _ in keys}
-    for n, _, s in keys:  # a budget of an earlier run of this name, not given now
-        budgets.setdefault(f"{n}@{s}", entry.get("expert_budget", {}).get(f"{n}@{s}", args.expert_steps))
+    for n, _, s in keys:
+        named = entry.get("expert_budget", {}).get(f"{n}@{s}")
+        if named is None:
+            named = equal_budget(ref, n, s, args.expert_features, have) if args.equal_compute else args.expert_steps
+        budgets.setdefault(f"{n}@{s}", named)
     entry["compute_ratio"] = {
         f"{n}@{s}": compute_ratio(ref, n, s, args.expert_features, budgets[f"{n}@{s}"]) for n, _, s in keys
     }

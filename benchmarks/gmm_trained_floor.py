@@ -363,10 +363,12 @@ def main(argv: list[str] | None = None) -> dict:
                     )
     with results_file(path) as store:  # read again: the records of every process that wrote to it
         entry = store.setdefault(args.name, entry | {"setting": same})
+        if entry["setting"] != same:
+            p.error(f"--name {args.name}: its records were trained with {entry['setting']}")
         _close(entry, ref, args, argv)
-    summary = summarise(entry)
-    write_result(path.parent / f"gmm_trained_floor-{args.name}.json", summary)
-    (path.parent / f"gmm_trained_floor-{args.name}.md").write_text(render(entry, summary))
+        summary = summarise(entry)  # under the lock: the last to take it summarises every record
+        write_result(path.parent / f"gmm_trained_floor-{args.name}.json", summary)
+        (path.parent / f"gmm_trained_floor-{args.name}.md").write_text(render(entry, summary))
     return summary
 
 

@@ -292,3 +292,51 @@ def test_two_processes_adding_to_one_entry_side_by_side_keep_each_others_records
     assert sorted(r["training"] for r in stored["records"]) == [0, 1] and theirs in stored["records"]
     assert summary == eq.summarise(stored, eq.json.loads(experts.read_text())["every"])
     assert summary["rows"][0]["monolith"]["n"] == 2  # over both trainings
+
+
+def test_processes_given_other_budgets_side_by_side_under_equal_compute_close_over_every_budget(
+    ref, tmp_path, monkeypatch
+):
+    from benchmarks.common import results_file
+
+    for module in (floor, eq):
+        monkeypatch.setattr(module, "prepare_data", lambda cfg: None)
+        monkeypatch.setattr(module, "load_reference", lambda dataset: ref)
+    experts = tmp_path / "floor.json"
+    made = ["--config", "configs/reproduce-gmm-nano.yaml", "--features", "2", "--times", "0.5", "--steps", "20", "40"]
+    floor.main(
+        [
+            *made,
+            "--samples",
+            "64",
+            "--batch",
+            "32",
+            "--results",
+            str(experts),
+            "--clusters",
+            "0",
+            "1",
+            "2",
+            "--name",
+            "every",
+        ]
+    )
+    out = tmp_path / "e.json"
+    argv = ["--experts", "every", "--expert-features", "2", "--equal-compute", "--features", "6", "--times", "0.5"]
+    argv += ["--name", "q", "--experts-file", str(experts), "--results", str(out)]
+    eq.main([*argv, "--steps", "80"])  # the other process's record (six units, 80 steps: the experts' 40)
+    (theirs,) = eq.json.loads(out.read_text())["q"]["records"]
+    out.unlink()
+    record = eq.record
+
+    def beside(*args):  # the other process has written its record, and not yet its budgets
+        with results_file(out) as store:
+            store.setdefault("q", {"name": "q", "records": []})["records"].append(theirs)
+        return record(*args)
+
+    monkeypatch.setattr(eq, "record", beside)
+    summary = eq.main([*argv, "--steps", "40"])
+    stored = eq.json.loads(out.read_text())["q"]
+    assert stored["expert_budget"] == {"6@40": 20, "6@80": 40}
+    assert [(r["steps"], r["expert_steps"]) for r in summary["rows"]] == [(40, 20), (80, 40)]
+    assert eq.json.loads((tmp_path / "gmm_equal_compute-q.json").read_text()) == summary

@@ -622,11 +622,11 @@ def test_wider_and_with_more_compute_is_the_records():
     ) in p
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     assert (
-        "at 256 units the monolith's best rate is bracketed at each equal-width budget, **Both sides' learning rates** "
-        "above), and the experts of every cluster at a tuned learning rate but at 256 units, 715 steps and t = 0.1 or, "
-        f"but at 256 units, with more than {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' "
-        "compute, and the two sides at one and the same compute above 1× but at 256 units (t = 0.1, and t = 0.5 at "
-        "3.93×) with the experts' rate tuned (at t = 0.1 and 10⁻² "
+        "four at t = 0.1 and two at t = 0.5, **Both sides' learning rates** above), and the experts of every cluster at "
+        "a tuned learning rate but at 256 units, 715 steps and t = 0.1 or, but at 256 units, with more than "
+        f"{macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' compute, and the two sides at one "
+        "and the same compute above 1× but at 256 units (t = 0.1, and t = 0.5 at 3.93×), and above 1× or at t = 0.5 "
+        "with the experts' rate tuned (at t = 0.1 and 10⁻² "
         f"the 256-unit monolith with {ratios[1]}× the 16-unit experts' compute passes the 16- and 64-unit experts; the "
         "256-unit experts, with as much, are below it)"
     ) in folded
@@ -656,9 +656,10 @@ def test_wider_and_with_more_compute_is_the_records():
         (256, long),
     }
     assert (
-        "at a learning rate tuned at any point but three (128 units at 8,000 steps, 256 and 512 units at equal compute; "
-        "t = 0.1, training 0; two rates compared with more compute at 128 units with 3.93×; at 256 units the "
-        "monolith's best rate is bracketed at each equal-width budget, **Both sides' learning rates** above)"
+        "at a learning rate tuned at any point but three in training 0 and six over three trainings (128 units at 8,000 "
+        "steps, 256 and 512 units at equal compute; t = 0.1, training 0; two rates compared with more compute at 128 "
+        "units with 3.93×; at 256 units the monolith on a grid of three or four rates at each equal-width budget, four "
+        "at t = 0.1 and two at t = 0.5, **Both sides' learning rates** above)"
     ) in folded
     assert (
         f"(the 256-unit rows at {EVEN[1]:,}, {short:,} and {long:,} steps: **Wider and with more compute**, below;"

@@ -258,7 +258,7 @@ def test_the_reading_is_the_records():
     assert "at both of its rates, by" not in paragraph() and "the only rate run there" not in paragraph()
 
 
-def test_at_half_the_noise_the_experts_are_below_too_at_the_only_rate_run_there():
+def test_at_half_the_noise_the_experts_are_below_too_at_3e_2():
     store, t = doc_claims.load("gmm_equal_compute.json"), text()
     own = doc_claims.load("gmm_trained_floor.json")[HALF_EXPERTS]
     assert own["setting"] == experts()["setting"]
