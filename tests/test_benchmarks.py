@@ -5,6 +5,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks import bench, convert_init, gpu, gpu_xl_step, sampling, train_step
 from benchmarks.common import results_file, write_result
 
@@ -342,10 +344,8 @@ def test_a_results_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr("benchmarks.common.os.replace", killed)
-    try:
+    with pytest.raises(KeyboardInterrupt):
         write_result(path, {"kept": [1, 2], "new": 3})
-    except KeyboardInterrupt:
-        pass
     assert json.loads(path.read_text()) == {"kept": [1, 2]}  # the records trained before are all there
     assert sorted(p.name for p in path.parent.iterdir()) == ["r.json"]  # no temporary file left behind
     monkeypatch.undo()
@@ -378,10 +378,7 @@ def test_processes_adding_to_one_results_file_side_by_side_each_keep_the_others_
     for th in threads:
         th.join()
     assert wrote == ["a", "b"] and json.loads(path.read_text()) == {"a": 1, "b": 2}
-    try:  # a block that fails writes nothing
-        with results_file(path) as store:
-            store["c"] = 3
-            raise RuntimeError
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError), results_file(path) as store:  # a block that fails writes nothing
+        store["c"] = 3
+        raise RuntimeError
     assert json.loads(path.read_text()) == {"a": 1, "b": 2}

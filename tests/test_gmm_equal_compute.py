@@ -248,47 +248,41 @@ def test_the_command_writes_records_and_summaries_and_refuses_bad_input(ref, tmp
     assert eq.json.loads(out.read_text())["fast"]["setting"] == stored["setting"] | {"lr": 0.5} != stored["setting"]
 
 
-def test_two_processes_adding_to_one_entry_side_by_side_keep_each_others_records(ref, tmp_path, monkeypatch):
+def _beside(ref, tmp_path, monkeypatch, steps: list[str], argv: list[str], other: list[str], name: str):
+    """Experts trained for ``steps``; then this process runs ``argv`` while another, mid-training, writes the record
+    that ``argv + other`` makes (``other``'s options replace ``argv``'s; made here first and set aside). Returns this
+    run's summary, the stored entry, the other process's record and the experts' file."""
     from benchmarks.common import results_file
 
     for module in (floor, eq):
         monkeypatch.setattr(module, "prepare_data", lambda cfg: None)
         monkeypatch.setattr(module, "load_reference", lambda dataset: ref)
-    experts = tmp_path / "floor.json"
-    made = ["--config", "configs/reproduce-gmm-nano.yaml", "--features", "2", "--times", "0.5", "--steps", "20"]
-    floor.main(
-        [
-            *made,
-            "--samples",
-            "64",
-            "--batch",
-            "32",
-            "--results",
-            str(experts),
-            "--clusters",
-            "0",
-            "1",
-            "2",
-            "--name",
-            "every",
-        ]
-    )
-    out = tmp_path / "e.json"
-    argv = ["--experts", "every", "--expert-features", "2", "--expert-steps", "20", "--features", "6", "--times"]
-    argv += ["0.5", "--steps", "20", "--name", "m", "--experts-file", str(experts), "--results", str(out)]
-    eq.main([*argv, "--training", "1"])  # what the other process writes, made here and set aside
-    (theirs,) = eq.json.loads(out.read_text())["m"]["records"]
+    experts, out = tmp_path / "floor.json", tmp_path / "e.json"
+    made = ["--config", "configs/reproduce-gmm-nano.yaml", "--features", "2", "--times", "0.5", "--steps", *steps]
+    made += ["--samples", "64", "--batch", "32", "--clusters", "0", "1", "2", "--name", "every"]
+    floor.main([*made, "--results", str(experts)])
+    argv = [*argv, "--name", name, "--experts-file", str(experts), "--results", str(out)]
+    eq.main([*argv, *other])
+    (theirs,) = eq.json.loads(out.read_text())[name]["records"]
     out.unlink()
     record = eq.record
 
-    def beside(*args):  # while this process trains training 0, the other writes its training 1
+    def beside(*args):  # the other process writes its record (and not yet its entry's fields) while this one trains
         with results_file(out) as store:
-            store.setdefault("m", {"name": "m", "records": []})["records"].append(theirs)
+            store.setdefault(name, {"name": name, "records": []})["records"].append(theirs)
         return record(*args)
 
     monkeypatch.setattr(eq, "record", beside)
-    summary = eq.main([*argv, "--training", "0"])
-    stored = eq.json.loads(out.read_text())["m"]
+    summary = eq.main(argv)
+    return summary, eq.json.loads(out.read_text())[name], theirs, experts
+
+
+def test_two_processes_adding_to_one_entry_side_by_side_keep_each_others_records(ref, tmp_path, monkeypatch):
+    argv = ["--experts", "every", "--expert-features", "2", "--expert-steps", "20", "--features", "6", "--times"]
+    argv += ["0.5", "--steps", "20"]
+    summary, stored, theirs, experts = _beside(
+        ref, tmp_path, monkeypatch, ["20"], [*argv, "--training", "0"], ["--training", "1"], "m"
+    )
     assert sorted(r["training"] for r in stored["records"]) == [0, 1] and theirs in stored["records"]
     assert summary == eq.summarise(stored, eq.json.loads(experts.read_text())["every"])
     assert summary["rows"][0]["monolith"]["n"] == 2  # over both trainings
@@ -297,46 +291,11 @@ def test_two_processes_adding_to_one_entry_side_by_side_keep_each_others_records
 def test_processes_given_other_budgets_side_by_side_under_equal_compute_close_over_every_budget(
     ref, tmp_path, monkeypatch
 ):
-    from benchmarks.common import results_file
-
-    for module in (floor, eq):
-        monkeypatch.setattr(module, "prepare_data", lambda cfg: None)
-        monkeypatch.setattr(module, "load_reference", lambda dataset: ref)
-    experts = tmp_path / "floor.json"
-    made = ["--config", "configs/reproduce-gmm-nano.yaml", "--features", "2", "--times", "0.5", "--steps", "20", "40"]
-    floor.main(
-        [
-            *made,
-            "--samples",
-            "64",
-            "--batch",
-            "32",
-            "--results",
-            str(experts),
-            "--clusters",
-            "0",
-            "1",
-            "2",
-            "--name",
-            "every",
-        ]
-    )
-    out = tmp_path / "e.json"
     argv = ["--experts", "every", "--expert-features", "2", "--equal-compute", "--features", "6", "--times", "0.5"]
-    argv += ["--name", "q", "--experts-file", str(experts), "--results", str(out)]
-    eq.main([*argv, "--steps", "80"])  # the other process's record (six units, 80 steps: the experts' 40)
-    (theirs,) = eq.json.loads(out.read_text())["q"]["records"]
-    out.unlink()
-    record = eq.record
-
-    def beside(*args):  # the other process has written its record, and not yet its budgets
-        with results_file(out) as store:
-            store.setdefault("q", {"name": "q", "records": []})["records"].append(theirs)
-        return record(*args)
-
-    monkeypatch.setattr(eq, "record", beside)
-    summary = eq.main([*argv, "--steps", "40"])
-    stored = eq.json.loads(out.read_text())["q"]
+    # the other process: six units, 80 steps (the experts' 40); this one: 40 steps (their 20)
+    summary, stored, _, _ = _beside(
+        ref, tmp_path, monkeypatch, ["20", "40"], [*argv, "--steps", "40"], ["--steps", "80"], "q"
+    )
     assert stored["expert_budget"] == {"6@40": 20, "6@80": 40}
     assert [(r["steps"], r["expert_steps"]) for r in summary["rows"]] == [(40, 20), (80, 40)]
     assert eq.json.loads((tmp_path / "gmm_equal_compute-q.json").read_text()) == summary
