@@ -23,6 +23,7 @@ EVEN = ("ffb8193", 15311)  # the 256-unit monolith at 2.80×, as much as the 256
 NEW = "79563b0"  # the commit of the records "Equal width at every compute" added (a 256-unit monolith's trainings)
 HALF = "bfd91a2"  # the same paragraph's at t = 0.5 (the 256-unit monolith at 5,475 steps, trainings 1 and 2)
 RATES = "9416cea"  # the records of "Both sides' learning rates" (the monolith at more rates)
+LONG_HALF = "54bcc71"  # and its second half's: the 256-unit monolith at 7.86× and t = 0.5 (at 10⁻², in clu-r8-every)
 LRS = {"3e-3": 3e-3, "3e-2": 3e-2, "1e-1": 1e-1}
 
 
@@ -62,7 +63,11 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
     expected = MAIN | {(n, 0.1, steps) for n, steps in WIDTHS.items()} | {(256, 0.1, LONGER[256][1])}
     three = [(n, x, steps, i) for n, x, steps in expected for i in range(3)]
     three += [(256, 0.1, EVEN[1], i) for i in range(3)]
-    assert keys == sorted(three + [(256, 0.1, LONGER[256][0], i) for i in range(3)])
+    half_long = [(256, 0.5, LONGER[256][1], i) for i in range(3)]  # "Both sides' learning rates"
+    assert keys == sorted(three + [(256, 0.1, LONGER[256][0], i) for i in range(3)] + half_long)
+    assert {
+        r["commit"] for r in main["records"] if (r["features"], r["t"], r["steps"], r["training"]) in half_long
+    } == {LONG_HALF}
     lr_keys = {
         name: sorted((r["features"], r["t"], r["steps"], r["training"]) for r in s[f"clu-r8-every-lr{name}"]["records"])
         for name in LRS
@@ -79,9 +84,9 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         + [(256, 0.5, 5475, i) for i in (1, 2)]
     )
     records = [r for e in s.values() for r in e["records"] if "adopted_from" not in r]  # each record once
-    dated = {r["date"] for r in records if r["commit"] not in (EVEN[0], NEW, HALF, RATES)}
+    dated = {r["date"] for r in records if r["commit"] not in (EVEN[0], NEW, HALF, RATES, LONG_HALF)}
     assert dated == {"2026-12-06"} and all(r["torch_threads"] == 1 for r in records)
-    assert {r["date"] for r in records if r["commit"] in (EVEN[0], NEW, HALF, RATES)} == {"2026-12-07"}
+    assert {r["date"] for r in records if r["commit"] in (EVEN[0], NEW, HALF, RATES, LONG_HALF)} == {"2026-12-07"}
     assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in records)
     late = [r for r in records if r["steps"] == 64000]  # made after the rest, at 440e0fe
     assert len(late) == 3 and all((r["commit"], r["uncommitted"]) == ("440e0fe", []) for r in late)
@@ -94,7 +99,7 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         for r in e["records"]
         if r not in late
         and r not in newest
-        and r["commit"] not in (EVEN[0], NEW, HALF, RATES)
+        and r["commit"] not in (EVEN[0], NEW, HALF, RATES, LONG_HALF)
         and "adopted_from" not in r
     ]
     odd = [r for r in others if (r["commit"], r["uncommitted"]) != ("0828f98", [])]
@@ -120,7 +125,7 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         for r in s[f"clu-r8-every-lr{name}"]["records"]
         if r not in newest and r["commit"] not in (NEW, HALF)
     ]
-    before = [r for r in main["records"] if r not in newest and r["commit"] not in (EVEN[0], NEW)]
+    before = [r for r in main["records"] if r not in newest and r["commit"] not in (EVEN[0], NEW, LONG_HALF)]
     assert f"{sum(r['seconds'] for r in before) / 60:.0f} min summed over the records" in t
     assert f"{sum(r['seconds'] for r in lr_records) / 60:.0f} more for the learning rates" in t
     assert main["meta"]["command"] == (
@@ -187,7 +192,7 @@ def test_the_table_and_its_reading_are_the_records():
         (r["features"], r["t"], r["steps"]): r["below_in_every_pair_with_2se"]
         for r in summarise(main, experts())["rows"]
     }
-    assert len(verdicts) == len(MAIN) + len(WIDTHS) + len(LONGER[256]) + 1
+    assert len(verdicts) == len(MAIN) + len(WIDTHS) + len(LONGER[256]) + 2  # 2.80× at t = 0.1, 7.86× at t = 0.5
     rest = {v for (n, x, steps), v in verdicts.items() if steps not in (*LONGER.get(n, ()), EVEN[1])}
     assert rest == {"experts below"}
     short, long = LONGER[256]
@@ -461,10 +466,17 @@ def test_wider_and_with_more_compute_is_the_records():
         f"At t = 0.5 the 256-unit monolith with 3.93× their compute is {mean5:.3g}× the experts at 3·10⁻² "
         f"({lo5:.3g}–{hi5:.3g} over the pairs), but at 10⁻², run later (**Both sides' learning rates**, below), it is "
         f"below them, {slow5[0]:.3g}× ({slow5[1]:.3g}–{slow5[2]:.3g} over the pairs), in every pair with two standard "
-        "errors: at t = 0.5 it needs no more than 3.93× their compute."
+        "errors: at t = 0.5 it needs no more than 3.93× their compute"
     ) in t
     at_half = [n for n in names.values() if any((q["features"], q["t"]) == (256, 0.5) for q in s[n]["records"])]
-    assert {s[n]["setting"]["lr"] for n in at_half} == {3e-2}
+    assert {s[n]["setting"]["lr"] for n in at_half} == {1e-2, 3e-2}  # 10⁻² at 7.86× only: the next sentence
+    long5 = _ratio(main, 256, 0.5, LONGER[256][1])
+    mains = {(r["features"], r["t"], r["steps"]): r for r in summarise(main, experts())["rows"]}
+    assert mains[256, 0.5, LONGER[256][1]]["below_in_every_pair_with_2se"] == "neither"
+    assert (
+        f"(with 7.86×, at 10⁻², it is {long5[0]:.3g}× them ({long5[1]:.3g}–{long5[2]:.3g} over the pairs) and not told "
+        "apart from them in every pair: **Both sides' learning rates**, below)"
+    ) in t
     # wider experts on every cluster: 16 and 32 units (the five-t entry), 64 and 256 units (their own entries)
     floors = doc_claims.load("gmm_trained_floor.json")
     wide = floors["clu-r8-every-64"]
@@ -622,13 +634,13 @@ def test_wider_and_with_more_compute_is_the_records():
     ) in p
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     assert (
-        "four at t = 0.1 and two at t = 0.5, **Both sides' learning rates** above), and the experts of every cluster at "
-        "a tuned learning rate but at 256 units, 715 steps and t = 0.1 or, but at 256 units, with more than "
-        f"{macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' compute, and the two sides at one "
-        "and the same compute above 1× but at 256 units (t = 0.1, and t = 0.5 at 3.93×), and above 1× or at t = 0.5 "
-        "with the experts' rate tuned (at t = 0.1 and 10⁻² "
-        f"the 256-unit monolith with {ratios[1]}× the 16-unit experts' compute passes the 16- and 64-unit experts; the "
-        "256-unit experts, with as much, are below it)"
+        "four at t = 0.1 and three at t = 0.5, **Both sides' learning rates** above), and the experts of every cluster "
+        "at a tuned learning rate but at 256 units (with a rate tried on either side of the best at 1.00×, t = 0.1 and "
+        "0.5; at the other budgets the best is the lowest rate tried, **Both sides' learning rates** above) or, but at "
+        f"256 units, with more than {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' compute, "
+        "and the two sides at one and the same compute above 1× but at 256 units (t = 0.1, and t = 0.5 at 3.93× and "
+        f"7.86×; at t = 0.1 and 10⁻² the 256-unit monolith with {ratios[1]}× the 16-unit experts' compute passes the 16- "
+        "and 64-unit experts, and the 256-unit experts, with as much, are below it)"
     ) in folded
     assert (
         f"at 256 beyond 8,000 steps (the equal-compute bullet's 256-unit monolith runs to {long:,} steps at t = 0.1"
@@ -656,10 +668,10 @@ def test_wider_and_with_more_compute_is_the_records():
         (256, long),
     }
     assert (
-        "at a learning rate tuned at any point but three in training 0 and six over three trainings (128 units at 8,000 "
-        "steps, 256 and 512 units at equal compute; t = 0.1, training 0; two rates compared with more compute at 128 "
-        "units with 3.93×; at 256 units the monolith on a grid of three or four rates at each equal-width budget, four "
-        "at t = 0.1 and two at t = 0.5, **Both sides' learning rates** above)"
+        "at a learning rate tuned at any point but three in training 0 and seven over three trainings (128 units at "
+        "8,000 steps, 256 and 512 units at equal compute; t = 0.1, training 0; two rates compared with more compute at "
+        "128 units with 3.93×; at 256 units the monolith on a grid of two to four rates at each equal-width budget, "
+        "four at t = 0.1 and three at t = 0.5, **Both sides' learning rates** above)"
     ) in folded
     assert (
         f"(the 256-unit rows at {EVEN[1]:,}, {short:,} and {long:,} steps: **Wider and with more compute**, below;"
