@@ -471,11 +471,20 @@ def test_wider_and_with_more_compute_is_the_records():
     at_half = [n for n in names.values() if any((q["features"], q["t"]) == (256, 0.5) for q in s[n]["records"])]
     assert {s[n]["setting"]["lr"] for n in at_half} == {1e-2, 3e-2}  # 10⁻² at 7.86× only: the next sentence
     long5 = _ratio(main, 256, 0.5, LONGER[256][1])
+    low = s["clu-r8-every-256-t0.5-lr3e-3-equal-lr3e-3"]  # the same budget at 3·10⁻³
+    slow3 = _ratio(low, 256, 0.5, LONGER[256][1])
+    mono3 = [
+        floor.weighted(r["per_cluster"], "monolith", experts()["cluster_weights"])
+        for r in low["records"]
+        if (r["t"], r["steps"]) == (0.5, LONGER[256][1])
+    ]
+    assert len(mono3) == 3 and below(mono3, exp5) == "monolith below"  # against the 16-unit experts, 2 SE
     mains = {(r["features"], r["t"], r["steps"]): r for r in summarise(main, experts())["rows"]}
     assert mains[256, 0.5, LONGER[256][1]]["below_in_every_pair_with_2se"] == "neither"
     assert (
-        f"(with 7.86×, at 10⁻², it is {long5[0]:.3g}× them ({long5[1]:.3g}–{long5[2]:.3g} over the pairs) and not told "
-        "apart from them in every pair: **Both sides' learning rates**, below)"
+        f"(with 7.86×, at 10⁻², it is {long5[0]:.3g}× them ({long5[1]:.3g}–{long5[2]:.3g} over the pairs), neither "
+        f"below the other in every pair, and at 3·10⁻³ {slow3[0]:.3g}× ({slow3[1]:.3g}–{slow3[2]:.3g} over the pairs), "
+        "below them in every pair with two standard errors: **Both sides' learning rates**, below)"
     ) in t
     # wider experts on every cluster: 16 and 32 units (the five-t entry), 64 and 256 units (their own entries)
     floors = doc_claims.load("gmm_trained_floor.json")
@@ -634,9 +643,10 @@ def test_wider_and_with_more_compute_is_the_records():
     ) in p
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     assert (
-        "four at t = 0.1 and three at t = 0.5, **Both sides' learning rates** above), and the experts of every cluster "
-        "at a tuned learning rate but at 256 units (with a rate tried on either side of the best at 1.00×, t = 0.1 and "
-        "0.5; at the other budgets the best is the lowest rate tried, **Both sides' learning rates** above) or, but at "
+        "four at t = 0.1 and two at t = 0.5, and two rates at 7.86× and t = 0.5, **Both sides' learning rates** above), "
+        "and the experts of every cluster at a tuned learning rate but at 256 units (with a rate tried on either side "
+        "of the best at 1.00×, t = 0.1 and 0.5; at the other budgets the best is the smallest rate tried, at 7.86× and "
+        "t = 0.5 the only one, **Both sides' learning rates** above) or, but at "
         f"256 units, with more than {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' compute, "
         "and the two sides at one and the same compute above 1× but at 256 units (t = 0.1, and t = 0.5 at 3.93× and "
         f"7.86×; at t = 0.1 and 10⁻² the 256-unit monolith with {ratios[1]}× the 16-unit experts' compute passes the 16- "
@@ -668,10 +678,10 @@ def test_wider_and_with_more_compute_is_the_records():
         (256, long),
     }
     assert (
-        "at a learning rate tuned at any point but three in training 0 and seven over three trainings (128 units at "
+        "at a learning rate tuned at any point but three in training 0 and six over three trainings (128 units at "
         "8,000 steps, 256 and 512 units at equal compute; t = 0.1, training 0; two rates compared with more compute at "
-        "128 units with 3.93×; at 256 units the monolith on a grid of two to four rates at each equal-width budget, "
-        "four at t = 0.1 and three at t = 0.5, **Both sides' learning rates** above)"
+        "128 units with 3.93×; at 256 units the monolith on a grid of three or four rates at each equal-width budget, "
+        "four at t = 0.1 and two at t = 0.5, and two rates at 7.86× and t = 0.5, **Both sides' learning rates** above)"
     ) in folded
     assert (
         f"(the 256-unit rows at {EVEN[1]:,}, {short:,} and {long:,} steps: **Wider and with more compute**, below;"

@@ -351,5 +351,6 @@ def test_the_not_shown_sentence_and_the_counts_of_the_in_short_are_the_records()
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     assert (
         "and the experts of every cluster at a tuned learning rate but at 256 units (with a rate tried on either side "
-        "of the best at 1.00×, t = 0.1 and 0.5; at the other budgets the best is the lowest rate tried," in folded
+        "of the best at 1.00×, t = 0.1 and 0.5; at the other budgets the best is the smallest rate tried, at 7.86× and "
+        "t = 0.5 the only one," in folded
     )
