@@ -5,7 +5,7 @@ and the In-short and Not-shown sentences those records changed."""
 
 import re
 
-from benchmarks.gmm_equal_compute import below, render, summarise
+from benchmarks.gmm_equal_compute import below, key_of, render, summarise
 from benchmarks.gmm_trained_floor import render as render_floor
 from benchmarks.gmm_trained_floor import summarise as floor_summary
 
@@ -54,10 +54,6 @@ def points() -> list[tuple[float, int, int]]:
     return [*rows(), LONG]
 
 
-def key(r: dict) -> tuple:
-    return r["features"], r["t"], r["steps"], r["training"]
-
-
 def new_records() -> list[dict]:
     trained = [r for e in store().values() for r in e["records"] if r["commit"] == NEW and "adopted_from" not in r]
     return trained + [r for e in floors().values() for r in e["records"] if r["commit"] == NEW]
@@ -69,7 +65,7 @@ def test_the_entries_hold_what_is_named_and_their_summaries_are_their_records():
         e = floors()[name]
         lr = e["setting"]["lr"]
         assert e["setting"] == base | {"lr": lr} and name.endswith(f"-lr{arg(lr)}")
-        assert sorted(key(r) for r in e["records"]) == [(256, t, s, i) for t, s in sorted(budgets) for i in range(3)]
+        assert sorted(key_of(r) for r in e["records"]) == [(256, t, s, i) for t, s in sorted(budgets) for i in range(3)]
         (t,) = {t for t, _ in budgets}
         steps = " ".join(str(s) for _, s in sorted(budgets))
         assert (
@@ -87,13 +83,13 @@ def test_the_entries_hold_what_is_named_and_their_summaries_are_their_records():
             f"{PAIRED} --equal-compute --features 256 --times 0.5 --steps 5475 21508 43016 --training 0 1 2 "
             f"--lr {arg(lr)} --name {name}"
         )
-        assert sorted(key(r) for r in e["records"]) == [
+        assert sorted(key_of(r) for r in e["records"]) == [
             (256, 0.5, s, i) for s in (5475, 21508, 43016) for i in range(3)
         ]
         for r in e["records"]:  # every record adopted bit for bit, but the ones this entry trained
             source = r.get("adopted_from", name)
             assert source == (trained[lr] if r["steps"] == 43016 else HALF[lr])
-            (own,) = [x for x in store()[source]["records"] if key(x) == key(r)]
+            (own,) = [x for x in store()[source]["records"] if key_of(x) == key_of(r)]
             assert {k: v for k, v in r.items() if k != "adopted_from"} == own
         summary = summarise(e, floors()[HALF_EXPERTS[3e-3]])
         assert doc_claims.load(f"gmm_equal_compute-{name}.json") == summary
@@ -110,7 +106,7 @@ def test_the_provenance_is_the_one_named():
     assert experts == sorted(
         (t, s, i) for name, at in GRID.items() for t, s in at if (name, t, s) not in EARLIER for i in range(3)
     )
-    monolith = sorted(key(r) for r in new if "expert" not in r["per_cluster"]["0"])  # two rates, three trainings
+    monolith = sorted(key_of(r) for r in new if "expert" not in r["per_cluster"]["0"])  # two rates, three trainings
     assert monolith == sorted([(256, 0.5, 43016, i) for i in range(3)] * 2)
     assert (
         f"{len(new)} records naming {NEW} with nothing uncommitted, {sum(r['seconds'] for r in new) / 60:.0f} min "
@@ -134,7 +130,7 @@ def test_the_provenance_is_the_one_named():
         "second command training the monolith at 3·10⁻³ and 43,016 steps, each adopting the rest; summaries "
         "`gmm_equal_compute-clu-r8-every-256-t0.5-lr3e-3-equal{,-lr3e-3}.{md,json}`)"
     ) in t
-    mono_cmd = [r for r in store()["clu-r8-every"]["records"] if key(r)[:3] == (256, 0.5, 43016)]
+    mono_cmd = [r for r in store()["clu-r8-every"]["records"] if key_of(r)[:3] == (256, 0.5, 43016)]
     assert len(mono_cmd) == 3 and all(r["commit"] == NEW for r in mono_cmd)
     first = store()["clu-r8-every"]["meta"]
     assert first["command"].endswith(

@@ -273,10 +273,8 @@ def test_the_table_is_the_records():
         )
         == table()
     )
-    for t, s, se in [
-        *rows(),
-        LONG,
-    ]:  # three trainings of each side, the experts set against the monolith of its compute
+    # three trainings of each side, the experts set against the monolith of its compute
+    for t, s, se in [*rows(), LONG]:
         assert all(len(side) == 3 for side in (*tried(t, s).values(), *expert_sides(t, se).values()))
         assert BUDGETS[s] == se
 
