@@ -42,8 +42,9 @@ from pathlib import Path
 import torch
 
 from benchmarks import gmm_trained_floor as floor
-from benchmarks.common import RESULTS, results_file, stamp, write_result
+from benchmarks.common import RESULTS, add_record, results_file, stamp, write_result
 from benchmarks.gmm_class_floor import INNER
+from benchmarks.gmm_trained_floor import key_of
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.gmm.dataset import load_reference
 from hddm_flower.gmm.truth import interval
@@ -53,11 +54,6 @@ from hddm_flower.stages.prepare import prepare_data
 OUT = RESULTS / "gmm_equal_compute.json"
 EQUAL = "equal compute"  # the experts' budget, per monolith budget, when it is not one for every row
 EXPERTS_ONLY = ("experts", "expert_features", "expert_steps")  # the setting's keys no monolith record depends on
-
-
-def key_of(r: dict) -> tuple:
-    """A record's key: (N, t, steps, training)."""
-    return r["features"], r["t"], r["steps"], r["training"]
 
 
 def training_macs(d: int, n: int, captions: int) -> int:
@@ -285,12 +281,10 @@ def main(argv: list[str] | None = None) -> dict:
                         new = record(ref, n, t, steps, training, args) | stamp()
                         said = f"{new['seconds']} s"
                     done.add(key)  # a value given twice trains once
-                    with results_file(path) as store:  # after each record: an interrupted run keeps what it trained
-                        entry = store.setdefault(args.name, {"name": args.name, "records": []})
-                        if entry.setdefault("setting", same) != same:  # a process beside this one, another setting
-                            p.error(f"--name {args.name}: its records were trained with {entry['setting']}")
-                        entry["records"] = [r for r in entry["records"] if key_of(r) != key] + [new]
-                        done |= {key_of(r) for r in entry["records"]}  # and what processes beside it wrote
+                    try:  # after each record: an interrupted run keeps what it trained
+                        done |= add_record(path, args.name, same, new, key_of)  # and what processes beside it wrote
+                    except ValueError as e:  # a process beside this one, another setting
+                        p.error(str(e))
                     print(f"N={n} t={t} steps={steps} training {training}: {said}", file=sys.stderr, flush=True)
     with results_file(path) as store:  # read again: the records of every process that wrote to it
         entry = store.setdefault(args.name, entry | {"setting": same})

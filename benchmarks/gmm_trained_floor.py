@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import RESULTS, results_file, stamp, write_result
+from benchmarks.common import RESULTS, add_record, results_file, stamp, write_result
 from benchmarks.ddpm_profile import draw_x0
 from benchmarks.gmm_class_floor import FIT_SEEDS, INNER, Fitted, component_velocity, fit
 from benchmarks.gmm_ladder import cluster_draws
@@ -98,6 +98,11 @@ def held_out(net, x, comps, v) -> tuple[float, float]:
     leaves out because every training is scored on the same draws)."""
     per_sample = ((net(x, comps) - v) ** 2).mean(1)
     return float(per_sample.mean()), float(per_sample.std() / math.sqrt(len(per_sample)))
+
+
+def key_of(r: dict) -> tuple:
+    """A record's key: (N, t, steps, training)."""
+    return r["features"], r["t"], r["steps"], r["training"]
 
 
 def fit_seed(training: int, n: int, t: float) -> int:
@@ -345,19 +350,13 @@ def main(argv: list[str] | None = None) -> dict:
         for n in args.features:
             for t in args.times:
                 for steps in args.steps:
-                    key = (n, t, steps, training)
-                    if not args.replace and any(
-                        (r["features"], r["t"], r["steps"], r["training"]) == key for r in entry["records"]
-                    ):
+                    if not args.replace and any(key_of(r) == (n, t, steps, training) for r in entry["records"]):
                         continue
                     r = record(ref, args.clusters, n, t, steps, training, args) | stamp()
-                    with results_file(path) as store:  # after each record: an interrupted run keeps what it trained
-                        entry = store.setdefault(args.name, {"name": args.name, "records": []})
-                        if entry.setdefault("setting", same) != same:  # a process beside this one, another setting
-                            p.error(f"--name {args.name}: its records were trained with {entry['setting']}")
-                        entry["records"] = [
-                            x for x in entry["records"] if (x["features"], x["t"], x["steps"], x["training"]) != key
-                        ] + [r]
+                    try:  # after each record: an interrupted run keeps what it trained
+                        add_record(path, args.name, same, r, key_of)
+                    except ValueError as e:  # a process beside this one, another setting
+                        p.error(str(e))
                     print(
                         f"N={n} t={t} steps={steps} training {training}: {r['seconds']} s", file=sys.stderr, flush=True
                     )

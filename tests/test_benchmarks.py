@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench, convert_init, gpu, gpu_xl_step, sampling, train_step
-from benchmarks.common import results_file, write_result
+from benchmarks.common import add_record, results_file, write_result
 
 ROOT = Path(__file__).parent.parent
 
@@ -382,3 +382,25 @@ def test_processes_adding_to_one_results_file_side_by_side_each_keep_the_others_
         store["c"] = 3
         raise RuntimeError
     assert json.loads(path.read_text()) == {"a": 1, "b": 2}
+
+
+def test_a_record_is_added_in_place_of_its_key_and_not_under_another_setting(tmp_path):
+    path = tmp_path / "r.json"
+
+    def key(r):
+        return r["steps"], r["training"]
+
+    assert add_record(path, "x", {"lr": 1}, {"steps": 1, "training": 0, "v": 1}, key) == {(1, 0)}
+    assert add_record(path, "x", {"lr": 1}, {"steps": 2, "training": 0, "v": 2}, key) == {(1, 0), (2, 0)}
+    assert add_record(path, "x", {"lr": 1}, {"steps": 1, "training": 0, "v": 3}, key) == {(1, 0), (2, 0)}
+    kept = json.loads(path.read_text())
+    assert kept == {
+        "x": {
+            "name": "x",
+            "records": [{"steps": 2, "training": 0, "v": 2}, {"steps": 1, "training": 0, "v": 3}],
+            "setting": {"lr": 1},
+        }
+    }
+    with pytest.raises(ValueError, match="--name x: its records were trained with {'lr': 1}"):
+        add_record(path, "x", {"lr": 2}, {"steps": 4, "training": 0, "v": 4}, key)
+    assert json.loads(path.read_text()) == kept  # nothing written
