@@ -5,6 +5,7 @@ floor's fit and scores on its draws, training goes below that start held out, a 
 cluster's subspace is trained to near its width floor while a wide one falls by more than 95 %; the summary's
 arithmetic; the command's files and refusals."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -386,3 +387,24 @@ def test_a_stamp_names_the_files_that_differed_from_the_commit_and_the_torch_thr
     assert common.stamp()["uncommitted"] == ["b.py"] and common.stamp()["commit"] == clean["commit"]
     monkeypatch.setattr(common, "ROOT", tmp_path / "nowhere")
     assert common.uncommitted() == "unknown"
+
+
+def test_every_network_is_trained_by_adam_with_its_rate_decayed_to_zero_by_a_cosine(ref, monkeypatch):
+    import benchmarks.gmm_equal_compute as eq
+    import benchmarks.gmm_trained_floor as trained
+
+    rates, step = [], torch.optim.Adam.step
+
+    def spy(self, *args, **kwargs):  # the rate each Adam step is taken at
+        rates.append(self.param_groups[0]["lr"])
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", spy)
+    args = SimpleNamespace(lr=1e-2, batch=64, draws_per_feature=16, samples=256, eval_seed=0)
+    steps = 8
+    cosine = [pytest.approx(0.5 * args.lr * (1 + math.cos(math.pi * i / steps)), rel=1e-12) for i in range(steps)]
+    trained.record(ref, [0, 2], 4, 0.5, steps, 0, args)  # the monolith, then the two experts
+    assert rates == cosine * 3 and 0 < rates[steps - 1] < 0.04 * args.lr  # near 0 at the last step, never constant
+    rates.clear()
+    eq.record(ref, 4, 0.5, steps, 0, args)  # the equal-compute monolith: the same training
+    assert rates == cosine

@@ -24,6 +24,7 @@ NEW = "79563b0"  # the commit of the records "Equal width at every compute" adde
 HALF = "bfd91a2"  # the same paragraph's at t = 0.5 (the 256-unit monolith at 5,475 steps, trainings 1 and 2)
 RATES = "9416cea"  # the records of "Both sides' learning rates" (the monolith at more rates)
 LONG_HALF = "54bcc71"  # and its second half's: the 256-unit monolith at 7.86× and t = 0.5 (at 10⁻², in clu-r8-every)
+LAST = "92fb75c"  # and the last: the 256-unit monolith at 7.86× and t = 0.5 at 10⁻³ and 5·10⁻³
 LRS = {"3e-3": 3e-3, "3e-2": 3e-2, "1e-1": 1e-1}
 
 
@@ -84,9 +85,9 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         + [(256, 0.5, 5475, i) for i in (1, 2)]
     )
     records = [r for e in s.values() for r in e["records"] if "adopted_from" not in r]  # each record once
-    dated = {r["date"] for r in records if r["commit"] not in (EVEN[0], NEW, HALF, RATES, LONG_HALF)}
+    dated = {r["date"] for r in records if r["commit"] not in (EVEN[0], NEW, HALF, RATES, LONG_HALF, LAST)}
     assert dated == {"2026-12-06"} and all(r["torch_threads"] == 1 for r in records)
-    assert {r["date"] for r in records if r["commit"] in (EVEN[0], NEW, HALF, RATES, LONG_HALF)} == {"2026-12-07"}
+    assert {r["date"] for r in records if r["commit"] in (EVEN[0], NEW, HALF, RATES, LONG_HALF, LAST)} == {"2026-12-07"}
     assert all("AVX-512" in r["machine"] and "2 cores" in r["machine"] for r in records)
     late = [r for r in records if r["steps"] == 64000]  # made after the rest, at 440e0fe
     assert len(late) == 3 and all((r["commit"], r["uncommitted"]) == ("440e0fe", []) for r in late)
@@ -99,7 +100,7 @@ def test_the_records_are_the_setting_commands_and_trainings_the_bullet_names():
         for r in e["records"]
         if r not in late
         and r not in newest
-        and r["commit"] not in (EVEN[0], NEW, HALF, RATES, LONG_HALF)
+        and r["commit"] not in (EVEN[0], NEW, HALF, RATES, LONG_HALF, LAST)
         and "adopted_from" not in r
     ]
     odd = [r for r in others if (r["commit"], r["uncommitted"]) != ("0828f98", [])]
@@ -481,10 +482,26 @@ def test_wider_and_with_more_compute_is_the_records():
     assert len(mono3) == 3 and below(mono3, exp5) == "monolith below"  # against the 16-unit experts, 2 SE
     mains = {(r["features"], r["t"], r["steps"]): r for r in summarise(main, experts())["rows"]}
     assert mains[256, 0.5, LONGER[256][1]]["below_in_every_pair_with_2se"] == "neither"
+    other = {lr: s[f"clu-r8-every-256-t0.5-lr3e-3-equal-lr{lr}"] for lr in ("1e-3", "5e-3")}  # the same budget
+    verdict = {
+        lr: below(
+            [
+                floor.weighted(r["per_cluster"], "monolith", experts()["cluster_weights"])
+                for r in e["records"]
+                if (r["t"], r["steps"]) == (0.5, LONGER[256][1])
+            ],
+            exp5,
+        )
+        for lr, e in other.items()
+    }
+    assert verdict == {"1e-3": "experts below", "5e-3": "monolith below"}
+    at1, at5 = (_ratio(other[lr], 256, 0.5, LONGER[256][1]) for lr in ("1e-3", "5e-3"))
     assert (
         f"(with 7.86×, at 10⁻², it is {long5[0]:.3g}× them ({long5[1]:.3g}–{long5[2]:.3g} over the pairs), neither "
-        f"below the other in every pair, and at 3·10⁻³ {slow3[0]:.3g}× ({slow3[1]:.3g}–{slow3[2]:.3g} over the pairs), "
-        "below them in every pair with two standard errors: **Both sides' learning rates**, below)"
+        f"below the other in every pair, at 3·10⁻³ and 5·10⁻³ {slow3[0]:.3g}× ({slow3[1]:.3g}–{slow3[2]:.3g} over the "
+        f"pairs) and {at5[0]:.3g}× ({at5[1]:.3g}–{at5[2]:.3g}), below them in every pair with two standard "
+        f"errors, and at 10⁻³ {at1[0]:.3g}× ({at1[1]:.3g}–{at1[2]:.3g}), above them in every pair with two standard errors: **Both sides' "
+        "learning rates**, below)"
     ) in t
     # wider experts on every cluster: 16 and 32 units (the five-t entry), 64 and 256 units (their own entries)
     floors = doc_claims.load("gmm_trained_floor.json")
@@ -643,10 +660,12 @@ def test_wider_and_with_more_compute_is_the_records():
     ) in p
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     assert (
-        "four at t = 0.1 and two at t = 0.5, and two rates at 7.86× and t = 0.5, **Both sides' learning rates** above), "
+        "four at t = 0.1 and three at t = 0.5, half decades but for 5·10⁻³ at 7.86× and t = 0.5, **Both sides' learning "
+        "rates** above), "
         "and the experts of every cluster at a tuned learning rate but at 256 units (with a rate tried on either side "
-        "of the best at 1.00×, t = 0.1 and 0.5; at the other budgets the best is the smallest rate tried, at 7.86× and "
-        "t = 0.5 the only one, **Both sides' learning rates** above) or, but at "
+        "of the best at 1.00×, t = 0.1 and 0.5, and at 3.93×, t = 0.5; at the other budgets the best is at the end of "
+        "the rates tried, the smallest at t = 0.1 and the largest at 7.86× and t = 0.5, **Both sides' learning rates** "
+        "above) or, but at "
         f"256 units, with more than {macs(256, PER_CLUSTER) / macs(16, PER_CLUSTER):.2f}× the 16-unit experts' compute, "
         "and the two sides at one and the same compute above 1× but at 256 units (t = 0.1, and t = 0.5 at 3.93× and "
         f"7.86×; at t = 0.1 and 10⁻² the 256-unit monolith with {ratios[1]}× the 16-unit experts' compute passes the 16- "
@@ -681,7 +700,8 @@ def test_wider_and_with_more_compute_is_the_records():
         "at a learning rate tuned at any point but three in training 0 and six over three trainings (128 units at "
         "8,000 steps, 256 and 512 units at equal compute; t = 0.1, training 0; two rates compared with more compute at "
         "128 units with 3.93×; at 256 units the monolith on a grid of three or four rates at each equal-width budget, "
-        "four at t = 0.1 and two at t = 0.5, and two rates at 7.86× and t = 0.5, **Both sides' learning rates** above)"
+        "four at t = 0.1 and three at t = 0.5, half decades but for 5·10⁻³ at 7.86× and t = 0.5, **Both sides' learning "
+        "rates** above)"
     ) in folded
     assert (
         f"(the 256-unit rows at {EVEN[1]:,}, {short:,} and {long:,} steps: **Wider and with more compute**, below;"

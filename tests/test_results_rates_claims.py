@@ -3,6 +3,7 @@ of the four budgets of one compute, the monolith at every learning rate it was t
 each side's best rate the lowest mean over its trainings, the table the records' (recomputed), the verdicts
 recomputed with ``below``, and the sentences elsewhere in the doc that the new rates changed."""
 
+import math
 import re
 
 from benchmarks import gmm_trained_floor as floor
@@ -17,7 +18,7 @@ START = "**Both sides' learning rates.**"
 END = "**Sixty-four units (8 clusters × rank 8)"
 BUDGETS = {5475: 715, 15311: 2000, 21508: 2809, 43016: 5619}  # the monolith's steps: the experts' of its compute
 COMPUTE = {5475: "1.00", 15311: "2.80", 21508: "3.93", 43016: "7.86"}  # × the 16-unit experts' (the width test's)
-RATES = {3e-4: "3·10⁻⁴", 1e-3: "10⁻³", 3e-3: "3·10⁻³", 1e-2: "10⁻²", 3e-2: "3·10⁻²", 1e-1: "10⁻¹"}
+RATES = {3e-4: "3·10⁻⁴", 1e-3: "10⁻³", 3e-3: "3·10⁻³", 5e-3: "5·10⁻³", 1e-2: "10⁻²", 3e-2: "3·10⁻²", 1e-1: "10⁻¹"}
 # where each rate's 256-unit monolith records were trained (t = 0.1, then t = 0.5), and the experts' entries
 MONO = {
     3e-3: "clu-r8-every-256-equal-lr3e-3",
@@ -97,7 +98,7 @@ def mean(side: list[tuple[float, float]]) -> float:
 
 def tried(t: float, steps: int) -> dict[float, list]:
     """Every rate the monolith was trained at for this t and budget (three trainings each), by rate."""
-    names = MONO if t == 0.1 else HALF
+    names = LONG_ENTRIES if (t, steps) == LONG[:2] else MONO if t == 0.1 else HALF
     return {rate: side for rate in names if len(side := mono(rate, t, steps)) == 3}
 
 
@@ -124,7 +125,9 @@ def arg(rate: float) -> str:
 HEADER = (
     "t",
     "compute / 16-unit experts'",
-    "monolith at 3·10⁻³",
+    "monolith at 10⁻³",
+    "at 3·10⁻³",
+    "at 5·10⁻³",
     "at 10⁻²",
     "at 3·10⁻²",
     "at 10⁻¹",
@@ -135,9 +138,17 @@ HEADER = (
 )
 
 
+def sig(x: float, digits: int = 2) -> str:
+    """``x`` to ``digits`` significant digits without an exponent: 0.000056, 0.10, 15."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    r = round(x, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{r:.{max(0, digits - 1 - math.floor(math.log10(abs(r))))}f}"
+
+
 def cell(side: list) -> str:
     iv = interval([v for v, _ in side])
-    return f"{1e3 * iv['mean']:.4g} ± {1e3 * iv['half']:.2g}"
+    return f"{1e3 * iv['mean']:.4g} ± {sig(1e3 * iv['half'])}"
 
 
 def expert_sides(t: float, se: int) -> dict[float, list]:
@@ -147,12 +158,20 @@ def expert_sides(t: float, se: int) -> dict[float, list]:
 
 LONG = (0.5, 43016, 5619)  # the monolith's 7.86× budget at t = 0.5 and the experts' of its compute
 # where the monolith's records at t = 0.5 and 7.86× are (adopted from where they were trained, tested with the experts')
-LONG_ENTRIES = {1e-2: "clu-r8-every-256-t0.5-lr3e-3-equal", 3e-3: "clu-r8-every-256-t0.5-lr3e-3-equal-lr3e-3"}
+LONG_ENTRIES = {
+    1e-3: "clu-r8-every-256-t0.5-lr3e-3-equal-lr1e-3",
+    3e-3: "clu-r8-every-256-t0.5-lr3e-3-equal-lr3e-3",
+    5e-3: "clu-r8-every-256-t0.5-lr3e-3-equal-lr5e-3",
+    1e-2: "clu-r8-every-256-t0.5-lr3e-3-equal",
+}
 
 
 def rows() -> list[tuple[float, int, int]]:
     """The points where the monolith has a grid of rates: four budgets at t = 0.1, two at t = 0.5."""
     return [(0.1, s, se) for s, se in BUDGETS.items()] + [(0.5, 5475, 715), (0.5, 21508, 2809)]
+
+
+COLUMNS = (1e-3, 3e-3, 5e-3, 1e-2, 3e-2, 1e-1)  # the monolith's rates, one column each
 
 
 def table() -> list[list[str]]:
@@ -163,8 +182,8 @@ def table() -> list[list[str]]:
         rate = f"{RATES[eb]} of {len(es)}" if len(es) > 1 else f"{RATES[eb]}, the only one"
         out.append(
             [f"{t}", COMPUTE[s]]
-            + [cell(ms[r]) if r in ms else "—" for r in MONO]
-            + [RATES[b] if (t, s) != LONG[:2] else f"{RATES[b]} of {len(ms)}"]
+            + [cell(ms[r]) if r in ms else "—" for r in COLUMNS]
+            + [RATES[b]]
             + [f"{cell(es[eb])} ({rate})", ratio(ms[b], es[eb]), below(ms[b], es[eb])]
         )
     return out
@@ -268,9 +287,7 @@ def test_the_provenance_and_the_commands_are_the_ones_named():
 
 def test_the_table_is_the_records():
     assert (
-        doc_claims.md_table(
-            doc_claims.raw_passage(START, END), "| t | compute / 16-unit experts' | monolith at 3·10⁻³ |"
-        )
+        doc_claims.md_table(doc_claims.raw_passage(START, END), "| t | compute / 16-unit experts' | monolith at 10⁻³ |")
         == table()
     )
     # three trainings of each side, the experts set against the monolith of its compute
@@ -289,28 +306,31 @@ def neighbours(sides: dict[float, list], b: float) -> tuple[float, float]:
 def test_the_reading_is_the_records():
     t = text()
     bests, verdicts = {}, {}
-    for x, s, _ in rows():
+    for x, s, _ in [*rows(), LONG]:
         ms = tried(x, s)
         b = bests[x, s] = best(ms)
         lo, hi = neighbours(ms, b)  # a rate tried on either side, each with a higher mean
         assert mean(ms[lo]) > mean(ms[b]) < mean(ms[hi])
         verdicts[x, s] = tuple(below(ms[r], ms[b]) for r in (lo, hi))  # "experts below": the best below that rate
     assert [RATES[bests[0.1, s]] for s in BUDGETS] == ["3·10⁻²", "3·10⁻²", "10⁻²", "10⁻²"]
-    assert RATES[bests[0.5, 5475]] == RATES[bests[0.5, 21508]] == "10⁻²"
+    assert RATES[bests[0.5, 5475]] == RATES[bests[0.5, 21508]] == "10⁻²" and RATES[bests[0.5, 43016]] == "5·10⁻³"
     both, apart = ("experts below",) * 2, {"experts below", "neither"}
-    assert verdicts[0.1, 15311] == verdicts[0.1, 43016] == verdicts[0.5, 21508] == both
+    assert verdicts[0.1, 15311] == verdicts[0.1, 43016] == verdicts[0.5, 21508] == verdicts[0.5, 43016] == both
     assert verdicts[0.1, 5475] == ("neither", "experts below")  # 10⁻² not told apart, 10⁻¹ below
     assert verdicts[0.1, 21508] == verdicts[0.5, 5475] == ("experts below", "neither")
     assert all(set(v) <= apart for v in verdicts.values())
     assert (
-        "At each budget, at both t, but 7.86× at t = 0.5, the monolith's best rate has a rate tried on either side of it "
-        "with a higher mean, "
-        "so it is not at the end of its grid: "
-        "3·10⁻² at 1.00× and 2.80×, 10⁻² at 3.93× and 7.86× (t = 0.1), 10⁻² at both budgets at t = 0.5. With two "
-        "standard errors it is below both of those neighbours in every pair at 2.80× and 7.86× (t = 0.1) and at 3.93× "
-        "(t = 0.5); at 1.00× (t = 0.1) it is below 10⁻¹ and not told apart from 10⁻², at 3.93× (t = 0.1) below 3·10⁻³ "
-        "and not told apart from 3·10⁻², and at 1.00× (t = 0.5) below 3·10⁻³ and not told apart from 3·10⁻²."
+        "At every budget, at both t, the monolith's best rate has a rate tried on either side of it with a higher mean, "
+        "so it is not at the end of its grid: 3·10⁻² at 1.00× and 2.80×, 10⁻² at 3.93× and 7.86× (t = 0.1), 10⁻² at "
+        "1.00× and 3.93× and 5·10⁻³ at 7.86× (t = 0.5). With two standard errors it is below both of those neighbours "
+        "in every pair at 2.80× and 7.86× (t = 0.1) and at 3.93× and 7.86× (t = 0.5); at 1.00× (t = 0.1) it is below "
+        "10⁻¹ and not told apart from 10⁻², at 3.93× (t = 0.1) below 3·10⁻³ and not told apart from 3·10⁻², and at "
+        "1.00× (t = 0.5) below 3·10⁻³ and not told apart from 3·10⁻². The grid is of half decades at every budget but "
+        "7.86× at t = 0.5, where 10⁻³, 3·10⁻³, 5·10⁻³ and 10⁻² were tried."
     ) in t
+    half_decades = {1e-3, 3e-3, 1e-2, 3e-2, 1e-1}
+    assert all(set(tried(x, s)) <= half_decades for x, s, _ in rows())
+    assert sorted(tried(*LONG[:2])) == [1e-3, 3e-3, 5e-3, 1e-2]
     at_half = tried(0.5, 21508)
     worse = mean(at_half[3e-2]) / mean(at_half[1e-2])
     old = mean(at_half[3e-2]) / mean(experts(1e-2, 0.5, 2809))
@@ -321,10 +341,11 @@ def test_the_reading_is_the_records():
         f"{times(at_half[1e-2], experts(1e-2, 0.5, 2809))}, not {old:.2g}×."
     ) in t
     assert (
-        "Shown for one width (256 units) and two t; the monolith's rate on a grid of two to four rates at every budget, "
-        "the experts' of one to five (the second table)."
+        "Shown for one width (256 units) and two t; the monolith's rate on a grid of three or four rates at every budget, "
+        "the experts' of two to five (the second table)."
     ) in t
-    assert {len(tried(x, s)) for x, s, _ in [*rows(), LONG]} == {2, 3, 4}
+    assert {len(tried(x, s)) for x, s, _ in [*rows(), LONG]} == {3, 4}
+    assert {len(expert_sides(x, se)) for x, _, se in [*rows(), LONG]} == {2, 3, 4, 5}
     w16 = floors()["clu-r8-every"]
     sixteen = [
         floor.weighted(r["per_cluster"], "expert", w16["cluster_weights"])
@@ -341,7 +362,7 @@ def test_the_reading_is_the_records():
 
 def test_the_not_shown_sentence_and_the_counts_of_the_in_short_are_the_records():
     untold = 0
-    for x, s, _ in rows():
+    for x, s, _ in [*rows(), LONG]:
         ms = tried(x, s)
         untold += "neither" in (below(ms[r], ms[best(ms)]) for r in neighbours(ms, best(ms)))
     assert untold == 3  # the In-short sentence's "at three of those": tests/test_results_expert_rates_claims.py
@@ -349,6 +370,6 @@ def test_the_not_shown_sentence_and_the_counts_of_the_in_short_are_the_records()
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     assert (
         "and the experts of every cluster at a tuned learning rate but at 256 units (with a rate tried on either side "
-        "of the best at 1.00×, t = 0.1 and 0.5; at the other budgets the best is the smallest rate tried, at 7.86× and "
-        "t = 0.5 the only one," in folded
+        "of the best at 1.00×, t = 0.1 and 0.5, and at 3.93×, t = 0.5; at the other budgets the best is at the end of "
+        "the rates tried, the smallest at t = 0.1 and the largest at 7.86× and t = 0.5," in folded
     )
