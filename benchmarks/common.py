@@ -135,17 +135,17 @@ def results_file(path: str | os.PathLike):
         os.close(folder)  # releases the lock
 
 
-def add_record(path: str | os.PathLike, name: str, setting: dict, record: dict, key) -> set:
+def add_record(path: str | os.PathLike, name: str, setting: dict, record: dict, key) -> dict:
     """Add ``record`` to the entry ``name`` of the results file at ``path`` (:func:`results_file`, under its lock), in
-    place of any record with the same ``key(record)``; returns the keys of the entry's records, the ones processes
-    beside this one wrote included. An entry there with another ``setting`` (one a process beside this one started)
-    is a ValueError naming it, and the file is left as it was."""
+    place of any record with the same ``key(record)``; returns the file as written, with what processes beside this
+    one wrote (their records in this entry and in others). An entry there with another ``setting`` (one a process
+    beside this one started) is a ValueError naming it, and the file is left as it was."""
     with results_file(path) as store:
         entry = store.setdefault(name, {"name": name, "records": []})
         if entry.setdefault("setting", setting) != setting:
             raise ValueError(f"--name {name}: its records were trained with {entry['setting']}")
         entry["records"] = [r for r in entry["records"] if key(r) != key(record)] + [record]
-        return {key(r) for r in entry["records"]}
+        return store
 
 
 def forked(fn, *args):

@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> dict:
                         said = f"{new['seconds']} s"
                     done.add(key)  # a value given twice trains once
                     try:  # after each record: an interrupted run keeps what it trained
-                        done |= add_record(path, args.name, same, new, key_of)  # and what processes beside it wrote
+                        store = add_record(path, args.name, same, new, key_of)  # and what processes beside it wrote
+                        done |= {key_of(r) for r in store[args.name]["records"]}
                     except ValueError as e:  # a process beside this one, another setting
                         p.error(str(e))
                     print(f"N={n} t={t} steps={steps} training {training}: {said}", file=sys.stderr, flush=True)

@@ -353,8 +353,8 @@ def main(argv: list[str] | None = None) -> dict:
                     if not args.replace and any(key_of(r) == (n, t, steps, training) for r in entry["records"]):
                         continue
                     r = record(ref, args.clusters, n, t, steps, training, args) | stamp()
-                    try:  # after each record: an interrupted run keeps what it trained
-                        add_record(path, args.name, same, r, key_of)
+                    try:  # after each record: an interrupted run keeps what it trained, and sees what others did
+                        entry = add_record(path, args.name, same, r, key_of)[args.name]
                     except ValueError as e:  # a process beside this one, another setting
                         p.error(str(e))
                     print(

@@ -390,9 +390,12 @@ def test_a_record_is_added_in_place_of_its_key_and_not_under_another_setting(tmp
     def key(r):
         return r["steps"], r["training"]
 
-    assert add_record(path, "x", {"lr": 1}, {"steps": 1, "training": 0, "v": 1}, key) == {(1, 0)}
-    assert add_record(path, "x", {"lr": 1}, {"steps": 2, "training": 0, "v": 2}, key) == {(1, 0), (2, 0)}
-    assert add_record(path, "x", {"lr": 1}, {"steps": 1, "training": 0, "v": 3}, key) == {(1, 0), (2, 0)}
+    def keys(store):
+        return {key(r) for r in store["x"]["records"]}
+
+    assert keys(add_record(path, "x", {"lr": 1}, {"steps": 1, "training": 0, "v": 1}, key)) == {(1, 0)}
+    assert keys(add_record(path, "x", {"lr": 1}, {"steps": 2, "training": 0, "v": 2}, key)) == {(1, 0), (2, 0)}
+    assert keys(add_record(path, "x", {"lr": 1}, {"steps": 1, "training": 0, "v": 3}, key)) == {(1, 0), (2, 0)}
     kept = json.loads(path.read_text())
     assert kept == {
         "x": {
@@ -404,3 +407,30 @@ def test_a_record_is_added_in_place_of_its_key_and_not_under_another_setting(tmp
     with pytest.raises(ValueError, match="--name x: its records were trained with {'lr': 1}"):
         add_record(path, "x", {"lr": 2}, {"steps": 4, "training": 0, "v": 4}, key)
     assert json.loads(path.read_text()) == kept  # nothing written
+    written = add_record(path, "x", {"lr": 1}, {"steps": 4, "training": 0, "v": 4}, key)
+    assert written == json.loads(path.read_text()) and len(written["x"]["records"]) == 3  # returns the file as written
+
+
+def test_a_record_added_while_another_process_holds_the_file_waits_and_keeps_its_records(tmp_path):
+    import threading
+
+    path = tmp_path / "r.json"
+    inside, added = threading.Event(), []
+
+    def other():  # another process adds its own entry and holds the file a while
+        with results_file(path) as store:
+            store["y"] = {"name": "y", "records": [{"steps": 9, "training": 1}]}
+            inside.set()
+            time.sleep(0.5)
+
+    def ours():
+        inside.wait()
+        added.append(add_record(path, "x", {}, {"steps": 1, "training": 0}, lambda r: (r["steps"], r["training"])))
+
+    threads = [threading.Thread(target=f) for f in (other, ours)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    (store,) = added  # it waited for the other, read what it wrote, and returns it
+    assert store == json.loads(path.read_text()) and set(store) == {"x", "y"}

@@ -299,3 +299,48 @@ def test_processes_given_other_budgets_side_by_side_under_equal_compute_close_ov
     assert stored["expert_budget"] == {"6@40": 20, "6@80": 40}
     assert [(r["steps"], r["expert_steps"]) for r in summary["rows"]] == [(40, 20), (80, 40)]
     assert eq.json.loads((tmp_path / "gmm_equal_compute-q.json").read_text()) == summary
+
+
+def test_a_record_another_entry_trained_beside_this_run_is_adopted_not_trained_again(ref, tmp_path, monkeypatch):
+    from benchmarks.common import results_file
+
+    for module in (floor, eq):
+        monkeypatch.setattr(module, "prepare_data", lambda cfg: None)
+        monkeypatch.setattr(module, "load_reference", lambda dataset: ref)
+    experts, out = tmp_path / "floor.json", tmp_path / "e.json"
+    made = ["--config", "configs/reproduce-gmm-nano.yaml", "--features", "2", "--times", "0.5", "--steps", "20"]
+    floor.main(
+        [
+            *made,
+            "--samples",
+            "64",
+            "--batch",
+            "32",
+            "--clusters",
+            "0",
+            "1",
+            "2",
+            "--name",
+            "every",
+            "--results",
+            str(experts),
+        ]
+    )
+    argv = ["--experts", "every", "--expert-features", "2", "--equal-compute", "--features", "6", "--times", "0.5"]
+    argv += ["--steps", "40", "--experts-file", str(experts), "--results", str(out)]
+    eq.main([*argv, "--training", "1", "--name", "b"])  # the other process's entry, made here and set aside
+    theirs = eq.json.loads(out.read_text())["b"]
+    out.unlink()
+    record, calls = eq.record, []
+
+    def beside(*args):  # while this process trains training 0 of "a", the other writes "b"'s training 1
+        calls.append(args[4])
+        with results_file(out) as store:
+            store["b"] = theirs
+        return record(*args)
+
+    monkeypatch.setattr(eq, "record", beside)
+    eq.main([*argv, "--training", "0", "1", "--name", "a"])
+    assert calls == [0]
+    (adopted,) = [r for r in eq.json.loads(out.read_text())["a"]["records"] if r["training"] == 1]
+    assert adopted == theirs["records"][0] | {"adopted_from": "b"}

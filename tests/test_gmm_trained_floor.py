@@ -393,13 +393,18 @@ def test_every_network_is_trained_by_adam_with_its_rate_decayed_to_zero_by_a_cos
     import benchmarks.gmm_equal_compute as eq
     import benchmarks.gmm_trained_floor as trained
 
-    rates, step = [], torch.optim.Adam.step
+    rates, step, made, init = [], torch.optim.Adam.step, [], torch.optim.Adam.__init__
 
     def spy(self, *args, **kwargs):  # the rate each Adam step is taken at
         rates.append(self.param_groups[0]["lr"])
         return step(self, *args, **kwargs)
 
+    def construct(self, *args, **kwargs):  # the optimiser each network gets, and the weights it trains
+        init(self, *args, **kwargs)
+        made.append(self)
+
     monkeypatch.setattr(torch.optim.Adam, "step", spy)
+    monkeypatch.setattr(torch.optim.Adam, "__init__", construct)
     args = SimpleNamespace(lr=1e-2, batch=64, draws_per_feature=16, samples=256, eval_seed=0)
     steps = 8
     cosine = [pytest.approx(0.5 * args.lr * (1 + math.cos(math.pi * i / steps)), rel=1e-12) for i in range(steps)]
@@ -408,3 +413,37 @@ def test_every_network_is_trained_by_adam_with_its_rate_decayed_to_zero_by_a_cos
     rates.clear()
     eq.record(ref, 4, 0.5, steps, 0, args)  # the equal-compute monolith: the same training
     assert rates == cosine
+    assert len(made) == 4 and {type(o) for o in made} == {torch.optim.Adam}  # plain Adam, not AdamW or another
+    assert all(g["weight_decay"] == 0 and not g["amsgrad"] for o in made for g in o.param_groups)
+    made.clear()
+    _, net, _ = trained.train(ref, torch.tensor([0, 1]), 0.5, 4, 7, steps, args)
+    (opt,) = made
+    R, q, beta, W = opt.param_groups[0]["params"]  # what is returned is the last iterate, not an average
+    assert torch.equal(net.W, W.detach().double()) and torch.equal(net.features.R, R.detach().double())
+    assert torch.equal(net.features.q, q.detach().double()) and torch.equal(net.features.beta, beta.detach().double())
+
+
+def test_a_record_another_process_wrote_while_this_one_trained_is_not_trained_again(ref, tmp_path, monkeypatch):
+    import benchmarks.gmm_trained_floor as trained
+    from benchmarks.common import results_file
+
+    monkeypatch.setattr(trained, "prepare_data", lambda cfg: None)
+    monkeypatch.setattr(trained, "load_reference", lambda dataset: ref)
+    out = tmp_path / "t.json"
+    argv = ["--config", "configs/reproduce-gmm-nano.yaml", "--clusters", "0", "--features", "2", "--times", "0.5"]
+    argv += ["--steps", "20", "--samples", "64", "--batch", "32", "--name", "x", "--results", str(out)]
+    trained.main([*argv, "--training", "1"])  # what the other process writes, made here and set aside
+    (theirs,) = trained.json.loads(out.read_text())["x"]["records"]
+    out.unlink()
+    record, calls = trained.record, []
+
+    def beside(*args):  # while this process trains training 0, the other writes training 1
+        calls.append(args[5])
+        with results_file(out) as store:
+            store.setdefault("x", {"name": "x", "records": []})["records"].append(theirs)
+        return record(*args)
+
+    monkeypatch.setattr(trained, "record", beside)
+    trained.main([*argv, "--training", "0", "1"])
+    assert calls == [0]  # training 1 was there when its turn came
+    assert theirs in trained.json.loads(out.read_text())["x"]["records"]
