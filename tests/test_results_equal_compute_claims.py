@@ -660,8 +660,8 @@ def test_wider_and_with_more_compute_is_the_records():
     ) in p
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     assert (
-        "four at t = 0.1 and three at t = 0.5, half decades but for 5·10⁻³ at 7.86× and t = 0.5, **Both sides' learning "
-        "rates** above), "
+        "three or four rates at each of the four equal-width budgets at t = 0.1 and the three at t = 0.5 (half decades, "
+        "and 5·10⁻³ at t = 0.5), **Both sides' learning rates** above), "
         "and the experts of every cluster at a tuned learning rate but at 256 units (with a rate tried on either side "
         "of the best at 1.00×, t = 0.1 and 0.5, and at 3.93×, t = 0.5; at the other budgets the best is at the end of "
         "the rates tried, the smallest at t = 0.1 and the largest at 7.86× and t = 0.5, **Both sides' learning rates** "
@@ -699,9 +699,9 @@ def test_wider_and_with_more_compute_is_the_records():
     assert (
         "at a learning rate tuned at any point but three in training 0 and six over three trainings (128 units at "
         "8,000 steps, 256 and 512 units at equal compute; t = 0.1, training 0; two rates compared with more compute at "
-        "128 units with 3.93×; at 256 units the monolith on a grid of three or four rates at each equal-width budget, "
-        "four at t = 0.1 and three at t = 0.5, half decades but for 5·10⁻³ at 7.86× and t = 0.5, **Both sides' learning "
-        "rates** above)"
+        "128 units with 3.93×; at 256 units the monolith on a grid of three or four rates at each of the four "
+        "equal-width budgets at t = 0.1 and the three at t = 0.5 (half decades, and 5·10⁻³ at t = 0.5), **Both sides' "
+        "learning rates** above)"
     ) in folded
     assert (
         f"(the 256-unit rows at {EVEN[1]:,}, {short:,} and {long:,} steps: **Wider and with more compute**, below;"

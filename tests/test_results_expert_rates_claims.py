@@ -41,8 +41,8 @@ GRID = {
     HALF_EXPERTS[3e-2]: {(0.5, 715)},
 }
 LAST = "92fb75c"  # the commit of the last records: the experts at 10⁻³ at 3.93× and 7.86× (t = 0.5), the monolith
-LAST_EXPERTS = {(0.5, 2809), (0.5, 5619)}  # at 7.86× and t = 0.5 at 10⁻³ and 5·10⁻³, three trainings each
-LAST_MONOLITH = (1e-3, 5e-3)
+LAST_EXPERTS = {(0.5, 2809), (0.5, 5619)}  # at t = 0.5 at 5·10⁻³ (every budget) and 10⁻³, three trainings each
+LAST_MONOLITH = {1e-3: (43016,), 5e-3: (5475, 21508, 43016)}  # its rates and budgets
 GRID[HALF_EXPERTS[1e-3]] |= LAST_EXPERTS
 EARLIER = {(EXPERTS[1e-3], 0.1, 715)}  # trained before, with the first half's records
 OPTIONS = (
@@ -145,18 +145,19 @@ def test_the_provenance_is_the_one_named():
         (t, s, i) for t, s in LAST_EXPERTS for i in range(3)
     )
     assert all(r in floors()[HALF_EXPERTS[1e-3]]["records"] for r in last if "expert" in r["per_cluster"]["0"])
-    for lr in LAST_MONOLITH:  # each rate's records in the entry named for it
+    for lr, budgets in LAST_MONOLITH.items():  # each rate's records in the entry named for it
         assert sorted(key_of(r) for r in last if r in store()[LONG_ENTRIES[lr]]["records"]) == [
-            (256, 0.5, 43016, i) for i in range(3)
+            (256, 0.5, s, i) for s in budgets for i in range(3)
         ]
-    assert len(last) == 12
+    assert len(last) == 18
     assert (
-        "Last, the monolith at t = 0.5 and 7.86× was trained at 10⁻³ and 5·10⁻³, and the experts at t = 0.5 at 10⁻³ at "
-        "2,809 and 5,619 steps (3.93× and 7.86×); three trainings each (the experts' command with `--times 0.5 --steps "
-        "715 2809 5619 --lr 1e-3 --name clu-r8-every-256-t0.5-lr1e-3`, and the pairing command with `--steps 43016` and "
-        "`--lr 1e-3 --name clu-r8-every-256-t0.5-lr3e-3-equal-lr1e-3` or `--lr 5e-3 --name "
-        "clu-r8-every-256-t0.5-lr3e-3-equal-lr5e-3`, summaries `gmm_equal_compute-clu-r8-every-256-t0.5-lr3e-3-equal-"
-        f"lr{{1,5}}e-3.{{md,json}}`); {len(last)} records naming {LAST} with nothing uncommitted, "
+        "Last, the monolith at t = 0.5 was trained at 5·10⁻³ at all three budgets and at 10⁻³ at 7.86×, and the experts "
+        "at t = 0.5 at 10⁻³ at 2,809 and 5,619 steps (3.93× and 7.86×); three trainings each (the experts' command with "
+        "`--times 0.5 --steps 715 2809 5619 --lr 1e-3 --name clu-r8-every-256-t0.5-lr1e-3`, and the pairing command "
+        "with `--steps 43016 --lr 1e-3 --name clu-r8-every-256-t0.5-lr3e-3-equal-lr1e-3` or `--steps 5475 21508 43016 "
+        "--lr 5e-3 --name clu-r8-every-256-t0.5-lr3e-3-equal-lr5e-3`, summaries "
+        "`gmm_equal_compute-clu-r8-every-256-t0.5-lr3e-3-equal-lr{1,5}e-3.{md,json}`); "
+        f"{len(last)} records naming {LAST} with nothing uncommitted, "
         f"{sum(r['seconds'] for r in last) / 60:.0f} min summed, made the same way on 2026-12-07."
     ) in t
     assert (  # the schedule: tests/test_gmm_trained_floor.py::test_every_network_is_trained_by_adam_with_its_rate_...
@@ -264,11 +265,15 @@ def test_each_side_at_its_best_rate_and_the_lead_with_compute():
     on_pairs = [a / b for a, _ in pair[0.5, 21508][0] for b, _ in pair[0.5, 43016][0]]
     assert min(on_pairs) > 1 and below(pair[0.5, 21508][0], pair[0.5, 43016][0]) == "neither"
     at = {rate: mean(side) / mean(pair[0.5, 21508][0]) for rate, side in tried(0.5, 43016).items()}  # / its 3.93× best
-    assert at[5e-3] < 1 < at[3e-3] < at[1e-2] and below(tried(0.5, 43016)[3e-3], pair[0.5, 21508][0]) == "neither"
-    assert below(tried(0.5, 43016)[1e-2], tried(0.5, 21508)[1e-2]) == "experts below"  # the 3.93× one lower, every pair
+    verdict = {rate: below(side, pair[0.5, 21508][0]) for rate, side in tried(0.5, 43016).items()}
+    assert at[5e-3] < 1 < at[3e-3] < at[1e-2] < at[1e-3]
+    assert verdict == {1e-3: "experts below", 3e-3: "neither", 5e-3: "neither", 1e-2: "experts below"}
     finer = mean(tried(0.5, 43016)[3e-3]) / mean(tried(0.5, 43016)[5e-3])
     assert below(tried(0.5, 43016)[3e-3], tried(0.5, 43016)[5e-3]) == "experts below"  # 5·10⁻³ below, every pair
     assert mean(tried(0.5, 43016)[3e-3]) < mean(tried(0.5, 43016)[1e-2])  # 3·10⁻³ the better half-decade point
+    mid = {s: tried(0.5, s) for s in (5475, 21508)}  # 5·10⁻³ beside 10⁻², the best there
+    up = {s: mean(ms[5e-3]) / mean(ms[1e-2]) for s, ms in mid.items()}
+    assert [below(ms[5e-3], ms[1e-2]) for ms in mid.values()] == ["experts below", "neither"] and up[21508] > 1
     shared = [mean(tried(x, s)[3e-3]) / mean(expert_sides(x, se)[3e-3]) for x, s, se in points() if x == 0.5]
     assert all(
         below(tried(x, s)[3e-3], expert_sides(x, se)[3e-3]) == "experts below" for x, s, se in points() if x == 0.5
@@ -278,15 +283,21 @@ def test_each_side_at_its_best_rate_and_the_lead_with_compute():
         f"pair with two standard errors: at t = 0.1 by {four} from 1.00× to 7.86×, at t = 0.5 by {three} at 1.00×, "
         "3.93× and 7.86×; and below the monolith at every rate it was trained at. At t = 0.1 the lead grows with "
         f"compute. At t = 0.5 it falls from 1.00× to 3.93×, where the monolith at its best rate falls {m_fall:.3g}× and "
-        f"the experts {e_fall[0]:.3g}×, and grows a little from 3.93× to 7.86×, where the monolith at its best rate "
-        f"falls a further {m_on:.3g}× ({min(on_pairs):.3g}–{max(on_pairs):.3g} over the pairs, not in every pair with "
-        f"two standard errors) and the experts {e_fall[1]:.3g}×. There the monolith's rate decides whether it gains "
-        f"from the compute at all: at 5·10⁻³ it falls, at 3·10⁻³ it is {at[3e-3]:.3g}× above its best at 3.93× by the "
-        "means (neither below the other in every pair), and at 10⁻², its best rate at 3.93×, it is "
-        f"{at[1e-2]:.3g}× above its value there, in every pair with two standard errors. 5·10⁻³ lies between two points "
-        f"of the half-decade grid that every other budget has and is {finer:.3g}× below 3·10⁻³, the better of those "
-        "two, in every pair with two standard errors: at the other budgets a rate between the grid's points may lower "
-        "the monolith's best too, by how much is not shown. With both sides at one rate, 3·10⁻³, the lead at t = 0.5 is "
+        f"the experts {e_fall[0]:.3g}×; from 3.93× to 7.86× it goes from {lead[0.5, 21508]:.3g}× to "
+        f"{lead[0.5, 43016]:.3g}× by the means (not tested with two standard errors), the experts falling a further "
+        f"{e_fall[1]:.3g}× and the monolith at its best rate {m_on:.3g}× ({min(on_pairs):.3g}–{max(on_pairs):.3g} over "
+        "the pairs, not in every pair with two standard errors). At 7.86× the monolith's rate decides whether it loses "
+        f"from the extra compute: at 10⁻³ and 10⁻² (its best rate at 3.93×) it is {at[1e-3]:.2g}× and {at[1e-2]:.3g}× "
+        "above its best at 3.93× in every pair with two standard errors, at 3·10⁻³ "
+        f"{at[3e-3]:.3g}× above it by the means (neither below the other in every pair). There 5·10⁻³, between two "
+        f"points of the half-decade grid, is {finer:.3g}× below 3·10⁻³, the better of those two, in every pair with two "
+        "standard errors. 10⁻³ and 5·10⁻³ were added at 7.86× because the better of the first two rates there was at "
+        "the end of them, and 5·10⁻³ at the other two budgets of t = 0.5 to see whether the grid left the monolith "
+        f"above its best there too: by that rate it did not, 5·10⁻³ being {up[5475]:.3g}× above 10⁻² at 1.00× (10⁻² "
+        f"below it in every pair with two standard errors) and {up[21508]:.3g}× above it at 3.93× (neither below the "
+        "other in every pair). Whether a rate between the grid's points lowers the monolith at t = 0.1, or between "
+        "10⁻² and 3·10⁻² at t = 0.5, is not shown. "
+        "With both sides at one rate, 3·10⁻³, the lead at t = 0.5 is "
         f"{shared[0]:.3g}×, {shared[1]:.3g}× and {shared[2]:.3g}× (in every pair with two standard errors)."
     ) in t
     counts = [len(tried(x, s)) for x, s, _ in points()]
@@ -311,20 +322,28 @@ def test_the_in_short_sentence_is_the_records():
     ms = tried(0.5, 43016)
     finer = mean(ms[3e-3]) / mean(ms[5e-3])
     assert min(mean(ms[r]) for r in (1e-3, 3e-3, 1e-2)) == mean(ms[3e-3])
+    assert [best(tried(0.5, s)) for s in (5475, 21508, 43016)] == [1e-2, 1e-2, 5e-3]  # lowered at 7.86× only
+    assert all(5e-3 not in tried(0.1, s) for s in COMPUTE)
+    swing = mean(tried(0.5, 21508)[3e-2]) / mean(tried(0.5, 21508)[1e-2])
+    half = expert_sides(0.5, 715)
+    e_swing = mean(half[3e-2]) / mean(half[3e-3])
+    assert best(half) == 3e-3 and max(half, key=lambda r: mean(half[r])) == 3e-2  # the experts' widest swing
     assert (
         "At equal width (256 units) the experts are below the monolith at one and the same compute at every budget "
         "tried, from 1.00× to 7.86× the 16-unit experts' (four budgets at t = 0.1, three at t = 0.5), at every rate "
         "the monolith was trained at (three or four per budget; at every budget its best has one of higher mean on "
-        "either side, though at three budgets one neighbour is not told apart from it): each side at its best rate "
+        "either side, though at four budgets one neighbour is not told apart from it): each side at its best rate "
         f"tried, by {four} at t = 0.1 and by {three} at 1.00×, 3.93× and 7.86× at t = 0.5 (three trainings each, in "
         "every pair with two standard errors). The experts' best rate (10⁻³ at t = 0.1, 3·10⁻³ at t = 0.5) has one of "
         "higher mean on either side at 1.00× (both t) and 3.93× (t = 0.5) and is at the end of those tried at the other "
         f"budgets; the 10⁻² at which both sides were first compared is {min(slower):.3g}× to {max(slower):.3g}× above "
-        "it. The lead grows with compute at t = 0.1; at t = 0.5 it falls from 1.00× to 3.93× and grows a little from "
-        "there to 7.86×. The monolith's rate is the sensitive part: a poor rate can move it by an order of magnitude "
-        "(17× at 3.93× and t = 0.5 with the monolith at 3·10⁻² and the experts at 10⁻²), and at 7.86× and t = 0.5 a "
-        f"rate between two points of the half-decade grid of the other budgets lowered its best {finer:.3g}×, so there "
-        "the grid may leave it above its best."
+        "it. The lead grows with compute at t = 0.1; at t = 0.5 it falls from 1.00× to 3.93× and is "
+        f"{lead[0.5, 43016]:.3g}× at 7.86× ({lead[0.5, 21508]:.3g}× at 3.93×, by the means). A poor rate can move the "
+        "comparison by an order of magnitude (17× at 3.93× and t = 0.5 with the monolith at 3·10⁻² and the experts at "
+        f"10⁻²), and either side by about as much (the monolith {swing:.3g}× between 10⁻² and 3·10⁻² at 3.93×, the "
+        f"experts {e_swing:.3g}× between 3·10⁻³ and 3·10⁻² at 1.00×, both at t = 0.5). A rate between two points of the "
+        f"half-decade grid, 5·10⁻³, lowered the monolith's best {finer:.3g}× at 7.86× and t = 0.5 and not at 1.00× or "
+        "3.93×; at t = 0.1 none was tried."
     ) in paragraph()
     folded = re.sub(r"\s+", " ", doc_claims.DOC.read_text())
     assert "The experts' rate was tuned at 1.00× and t = 0.1 only" not in folded
