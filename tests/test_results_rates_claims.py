@@ -332,13 +332,16 @@ def test_the_reading_is_the_records():
         "in every pair at 2.80× and 7.86× (t = 0.1) and at 7.86× (t = 0.5); at 1.00× (t = 0.1) it is below 10⁻¹ and "
         "not told apart from 10⁻², at 3.93× (t = 0.1) below 3·10⁻³ and not told apart from 3·10⁻², at 1.00× (t = 0.5) "
         "below 5·10⁻³ and not told apart from 3·10⁻², and at 3.93× (t = 0.5) below 3·10⁻² and not told apart from "
-        "5·10⁻³. The grid is of half decades (10⁻³ to 10⁻¹) at t = 0.1; at t = 0.5 it has 5·10⁻³ as well at every "
-        "budget."
+        "5·10⁻³. At t = 0.1 the grid is the half decades from 3·10⁻³ to 10⁻¹. At t = 0.5 it was first 3·10⁻³, 10⁻² and "
+        "3·10⁻² (3·10⁻³ and 10⁻² only at 7.86×); 10⁻³ and 5·10⁻³ were added after those results (below), so at 7.86× "
+        "the best has a neighbour on either side only through rates chosen after the first ones."
     ) in t
+    assert {r for x, s, _ in rows() if x == 0.1 for r in tried(x, s)} == {3e-3, 1e-2, 3e-2, 1e-1}
     half_decades = {1e-3, 3e-3, 1e-2, 3e-2, 1e-1}
-    assert all(set(tried(x, s)) <= half_decades for x, s, _ in rows() if x == 0.1)
     assert all(set(tried(x, s)) - half_decades == {5e-3} for x, s, _ in [*rows(), LONG] if x == 0.5)
     assert sorted(tried(*LONG[:2])) == [1e-3, 3e-3, 5e-3, 1e-2]
+    assert [sorted(set(tried(0.5, s)) - {5e-3}) for s in (5475, 21508)] == [[3e-3, 1e-2, 3e-2]] * 2
+    assert neighbours(tried(*LONG[:2]), 5e-3) == (3e-3, 1e-2)  # both added later: 10⁻³ and 5·10⁻³
     at_half = tried(0.5, 21508)
     worse = mean(at_half[3e-2]) / mean(at_half[1e-2])
     old = mean(at_half[3e-2]) / mean(experts(1e-2, 0.5, 2809))
