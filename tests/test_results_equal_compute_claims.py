@@ -497,11 +497,11 @@ def test_wider_and_with_more_compute_is_the_records():
     assert verdict == {"1e-3": "experts below", "5e-3": "monolith below"}
     at1, at5 = (_ratio(other[lr], 256, 0.5, LONGER[256][1]) for lr in ("1e-3", "5e-3"))
     assert (
-        f"(with 7.86×, at 10⁻², it is {long5[0]:.3g}× them ({long5[1]:.3g}–{long5[2]:.3g} over the pairs), neither "
-        f"below the other in every pair, at 3·10⁻³ and 5·10⁻³ {slow3[0]:.3g}× ({slow3[1]:.3g}–{slow3[2]:.3g} over the "
-        f"pairs) and {at5[0]:.3g}× ({at5[1]:.3g}–{at5[2]:.3g}), below them in every pair with two standard "
-        f"errors, and at 10⁻³ {at1[0]:.3g}× ({at1[1]:.3g}–{at1[2]:.3g}), above them in every pair with two standard errors: **Both sides' "
-        "learning rates**, below)"
+        f"With 7.86× it is below them at 3·10⁻³ and 5·10⁻³, {slow3[0]:.3g}× ({slow3[1]:.3g}–{slow3[2]:.3g} over the "
+        f"pairs) and {at5[0]:.3g}× ({at5[1]:.3g}–{at5[2]:.3g}), in every pair with two standard errors; at 10⁻² it is "
+        f"{long5[0]:.3g}× them ({long5[1]:.3g}–{long5[2]:.3g}), neither below the other in every pair; and at 10⁻³ it is "
+        f"above them, {at1[0]:.3g}× ({at1[1]:.3g}–{at1[2]:.3g}), in every pair with two standard errors (**Both sides' "
+        "learning rates**, below)."
     ) in t
     # wider experts on every cluster: 16 and 32 units (the five-t entry), 64 and 256 units (their own entries)
     floors = doc_claims.load("gmm_trained_floor.json")

@@ -349,7 +349,8 @@ def test_the_reading_is_the_records():
     assert (
         "At t = 0.5 the rate is worth an order of magnitude: with 3.93× the compute the monolith at 10⁻² is "
         f"{worse:.1f}× below its value at 3·10⁻², so with the experts at 10⁻² their lead there is "
-        f"{times(at_half[1e-2], experts(1e-2, 0.5, 2809))}, not {old:.2g}×."
+        f"{times(at_half[1e-2], experts(1e-2, 0.5, 2809))}, not the {old:.2g}× of the comparison above (the monolith at "
+        "3·10⁻² there)."
     ) in t
     assert (
         "Shown for one width (256 units) and two t; the monolith's rate on a grid of three or four rates at every budget, "
@@ -366,7 +367,8 @@ def test_the_reading_is_the_records():
     iv = interval([v for v, _ in sixteen])
     assert len(sixteen) == 3 and below(at_half[1e-2], sixteen) == "monolith below"
     assert (
-        f"The same monolith is below the 16-unit experts at t = 0.5 ({1e3 * iv['mean']:.4g} ± {1e3 * iv['half']:.2g}), "
+        "The monolith at 10⁻² with 3.93× the compute is below the 16-unit experts at t = 0.5 "
+        f"({1e3 * iv['mean']:.4g} ± {1e3 * iv['half']:.2g}), "
         f"by {times(at_half[1e-2], sixteen)}, in every pair with two standard errors."
     ) in t
 
