@@ -311,7 +311,10 @@ def test_the_command_writes_records_and_summaries_beside_results_and_refuses_bad
         trained.main([*argv, "--batch", "16"])
 
 
-def test_two_processes_adding_to_one_entry_side_by_side_keep_each_others_records(ref, tmp_path, monkeypatch):
+def _beside(ref, tmp_path, monkeypatch):
+    """A run of one cluster and budget, and the record its training 1 makes (made here and set aside), which another
+    process writes while this one trains (training 0). Returns the module, the options, the results file, the other
+    process's record and the trainings this process trains."""
     import benchmarks.gmm_trained_floor as trained
     from benchmarks.common import results_file
 
@@ -323,15 +326,20 @@ def test_two_processes_adding_to_one_entry_side_by_side_keep_each_others_records
     trained.main([*argv, "--training", "1"])  # what the other process writes, made here and set aside
     (theirs,) = trained.json.loads(out.read_text())["x"]["records"]
     out.unlink()
-    record = trained.record
+    record, calls = trained.record, []
 
-    def beside(*args):  # while this process trains training 0, the other writes its training 1
+    def beside(*args):  # while this process trains, the other writes its training 1
+        calls.append(args[5])
         with results_file(out) as store:
-            entry = store.setdefault("x", {"name": "x", "records": []})
-            entry["records"].append(theirs)
+            store.setdefault("x", {"name": "x", "records": []})["records"].append(theirs)
         return record(*args)
 
     monkeypatch.setattr(trained, "record", beside)
+    return trained, argv, out, theirs, calls
+
+
+def test_two_processes_adding_to_one_entry_side_by_side_keep_each_others_records(ref, tmp_path, monkeypatch):
+    trained, argv, out, theirs, _ = _beside(ref, tmp_path, monkeypatch)
     summary = trained.main([*argv, "--training", "0"])
     stored = trained.json.loads(out.read_text())["x"]
     assert sorted(r["training"] for r in stored["records"]) == [0, 1] and theirs in stored["records"]
@@ -424,26 +432,7 @@ def test_every_network_is_trained_by_adam_with_its_rate_decayed_to_zero_by_a_cos
 
 
 def test_a_record_another_process_wrote_while_this_one_trained_is_not_trained_again(ref, tmp_path, monkeypatch):
-    import benchmarks.gmm_trained_floor as trained
-    from benchmarks.common import results_file
-
-    monkeypatch.setattr(trained, "prepare_data", lambda cfg: None)
-    monkeypatch.setattr(trained, "load_reference", lambda dataset: ref)
-    out = tmp_path / "t.json"
-    argv = ["--config", "configs/reproduce-gmm-nano.yaml", "--clusters", "0", "--features", "2", "--times", "0.5"]
-    argv += ["--steps", "20", "--samples", "64", "--batch", "32", "--name", "x", "--results", str(out)]
-    trained.main([*argv, "--training", "1"])  # what the other process writes, made here and set aside
-    (theirs,) = trained.json.loads(out.read_text())["x"]["records"]
-    out.unlink()
-    record, calls = trained.record, []
-
-    def beside(*args):  # while this process trains training 0, the other writes training 1
-        calls.append(args[5])
-        with results_file(out) as store:
-            store.setdefault("x", {"name": "x", "records": []})["records"].append(theirs)
-        return record(*args)
-
-    monkeypatch.setattr(trained, "record", beside)
+    trained, argv, out, theirs, calls = _beside(ref, tmp_path, monkeypatch)
     trained.main([*argv, "--training", "0", "1"])
     assert calls == [0]  # training 1 was there when its turn came
     assert theirs in trained.json.loads(out.read_text())["x"]["records"]
