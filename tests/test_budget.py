@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import torch
+
 from hddm_flower.budget import budget_of, describe, expert_config
 from hddm_flower.config.io import config_from_dict
 from hddm_flower.data import Dataset
@@ -119,3 +121,40 @@ def test_the_nano_config_gives_every_network_the_same_small_architecture_and_the
     assert (nano.expert.preset, nano.expert.optim.lr, nano.expert.optim.schedule) == ("nano", 2e-3, "cosine")
     assert (nano.expert.optim.warmup_steps, nano.expert.optim.min_lr_ratio) == (20, 0.0)
     assert (nano.evaluation.training_seeds, nano.evaluation.seeds) == (3, 2)
+
+
+def test_the_monolith_trains_at_its_own_learning_rate_where_one_is_set(tiny_config, dataset_dir):
+    """reproduce.monolith_lr: the monolith trains as a monolith whose expert.optim.lr is that rate (the same
+    weights, bit for bit) and not as one at the experts' rate; its cache key moves with it and the experts' does not.
+    A rate equal to the experts' keys as 0 (the default) does."""
+    from hddm_flower.reproduce.training import dataset_id, expert_fingerprint, monolith_fingerprint, train_monolith
+
+    def with_rates(expert_lr: float, monolith_lr: float):
+        optim = dataclasses.replace(tiny_config.expert.optim, lr=expert_lr)
+        return dataclasses.replace(
+            tiny_config,
+            expert=dataclasses.replace(tiny_config.expert, steps=3, optim=optim),
+            reproduce=dataclasses.replace(tiny_config.reproduce, monolith_lr=monolith_lr),
+        )
+
+    dataset = Dataset.open(dataset_dir)
+    own, base, as_experts = with_rates(1e-3, 5e-2), with_rates(1e-3, 0.0), with_rates(5e-2, 0.0)
+    trained = {name: train_monolith(c, dataset) for name, c in [("own", own), ("base", base), ("as", as_experts)]}
+    assert trained["own"][2]["lr"] == 5e-2 and trained["base"][2]["lr"] == 1e-3
+    for key, value in trained["own"][0].items():
+        assert torch.equal(value, trained["as"][0][key]), key
+    assert any(not torch.equal(v, trained["base"][0][k]) for k, v in trained["own"][0].items())
+    data_id = dataset_id(dataset)
+    assert monolith_fingerprint(own, data_id) == monolith_fingerprint(as_experts, data_id)
+    assert monolith_fingerprint(own, data_id) != monolith_fingerprint(base, data_id)
+    assert expert_fingerprint(own, data_id) == expert_fingerprint(base, data_id)
+    assert monolith_fingerprint(with_rates(1e-3, 1e-3), data_id) == monolith_fingerprint(base, data_id)
+
+
+def test_a_negative_monolith_learning_rate_is_a_config_error():
+    import pytest
+
+    from hddm_flower.config.rules import ConfigError
+
+    with pytest.raises(ConfigError, match="reproduce.monolith_lr: must be ≥ 0"):
+        config_from_dict({"reproduce": {"monolith_lr": -1e-3}}, "budget-test")

@@ -307,6 +307,7 @@ class ReproduceConfig:
     # side the same steps, each expert at batch / K
     ddpm_counts: list[int] = field(default_factory=list)  # the configurations compared, by DDPM experts in each
     # ([0, 2, 4] at K = 8: 8FM, 2DDPM:6FM, 4DDPM:4FM); empty = 0, 2 and K/2
+    monolith_lr: float = 0.0  # the monolith's expert.optim.lr (a baseline at its own tuned rate); 0 = the experts'
 
     def validate(self, source: str = "<config>", prefix: str = "reproduce.") -> ReproduceConfig:
         r = Rules(self, source, prefix)
@@ -314,6 +315,7 @@ class ReproduceConfig:
         c = self.ddpm_counts  # a list of integers: the loader checks the type
         if len(set(c)) != len(c):
             r.fail("ddpm_counts", f"lists a configuration twice: {c}")
+        r.at_least(0, "monolith_lr")
         return self
 
 

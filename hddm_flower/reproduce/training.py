@@ -24,7 +24,7 @@ from ..budget import expert_config as budget_expert_config
 from ..checkpoints import META, ROUTER_META, WEIGHTS, read_expert_meta, save_expert, sha256_file
 from ..config.io import config_from_dict
 from ..config.rules import ConfigError
-from ..config.schema import Config
+from ..config.schema import Config, ExpertConfig
 from ..data import Dataset, StreamingAllClusters
 from ..data.layout import META as DATASET_META
 from ..devices import keep_freed_memory, resolve_device
@@ -177,7 +177,7 @@ def train_monolith(
     file saved every ``expert.checkpoint_every`` steps and resumed from, as an expert's
     (:func:`~hddm_flower.stages.expert.train_one_expert`)."""
     budget = budget_of(cfg)
-    e = dataclasses.replace(cfg.expert, batch_size=budget.monolith_batch)
+    e = dataclasses.replace(monolith_section(cfg), batch_size=budget.monolith_batch)
     steps = budget.monolith_steps
     dataset_meta = dataset.meta
     data = StreamingAllClusters(dataset, seed=e.seed + 1000) if cfg.data.stream else dataset.split(None, "train")
@@ -222,11 +222,21 @@ def training_root(out: Path, i: int) -> Path:
     return out if i == 0 else out / "trainings" / f"training-{i}"
 
 
+def monolith_section(cfg: Config) -> ExpertConfig:
+    """The expert section the monolith trains with: ``cfg.expert``, its learning rate ``reproduce.monolith_lr``
+    where that is set (a baseline at its own tuned rate; 0 = the experts' rate)."""
+    lr = cfg.reproduce.monolith_lr
+    if not lr or lr == cfg.expert.optim.lr:
+        return cfg.expert
+    return dataclasses.replace(cfg.expert, optim=dataclasses.replace(cfg.expert.optim, lr=lr))
+
+
 def monolith_fingerprint(cfg: Config, data_id: dict) -> str:
-    """The training cache key of a training's monolith: the expert and DDPM sections, the dataset, and the budget
-    protocol where it is not the default (so that equal_images caches stay valid)."""
+    """The training cache key of a training's monolith: its expert section (:func:`monolith_section`), the DDPM
+    section, the dataset, and the budget protocol where it is not the default (so that equal_images caches stay
+    valid). A ``reproduce.monolith_lr`` equal to the experts' rate keys as 0 does."""
     protocol = cfg.reproduce.budget
-    return fingerprint_of(cfg.expert, cfg.ddpm, data_id, *([protocol] if protocol != "equal_images" else []))
+    return fingerprint_of(monolith_section(cfg), cfg.ddpm, data_id, *([protocol] if protocol != "equal_images" else []))
 
 
 def expert_fingerprint(cfg: Config, data_id: dict) -> str:
