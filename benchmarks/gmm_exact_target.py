@@ -25,6 +25,7 @@ from hddm_flower.experts import Expert
 from hddm_flower.gmm.dataset import GMMReference, load_reference
 from hddm_flower.gmm.exact import CaptionIndex
 from hddm_flower.models import TextCond
+from hddm_flower.reproduce.training import monolith_section
 from hddm_flower.stages.expert import build_expert
 from hddm_flower.text import pooled_caption
 from hddm_flower.training import drop_captions, fit
@@ -106,13 +107,14 @@ def train_network(cfg, dataset, k: int | None) -> tuple[dict, dict, dict]:
     torch.manual_seed(cfg.expert.seed + seed)  # weight init, as train_one_expert and train_monolith seed it
     expert, model_config, meta = build_expert(cfg, dataset.meta, "fm", expert_id=0 if k is None else k)
     name = "monolith [fm, exact target]" if k is None else f"expert {k} [fm, exact target]"
+    options = monolith_section(cfg) if k is None else cfg.expert  # the monolith at reproduce.monolith_lr, if set
     stats = train_on_exact(
-        expert, ExactTarget(ref, members), cfg.expert, batch=batch, steps=steps, seed=cfg.expert.seed + seed, name=name
+        expert, ExactTarget(ref, members), options, batch=batch, steps=steps, seed=cfg.expert.seed + seed, name=name
     )
     meta |= {"expert_id": 0 if k is None else k, "cluster_id": "all" if k is None else k, "monolith": k is None}
     meta |= {"target": "exact", "steps": steps, "batch_size": batch, "final_loss": stats.final_loss}
     meta |= {"device_seconds": round(stats.device_seconds, 3), "seed": cfg.expert.seed + seed}
     meta |= {"caption_dropout": cfg.expert.caption_dropout, "members": len(members)}
-    meta |= {"loss_curve": stats.loss_curve, "images_seen": stats.images_seen, "lr": cfg.expert.optim.lr}
+    meta |= {"loss_curve": stats.loss_curve, "images_seen": stats.images_seen, "lr": options.optim.lr}
     state = {n: v.detach().cpu() for n, v in expert.net.transformer.state_dict().items()}
     return state, model_config, meta

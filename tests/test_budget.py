@@ -158,3 +158,38 @@ def test_a_negative_monolith_learning_rate_is_a_config_error():
 
     with pytest.raises(ConfigError, match="reproduce.monolith_lr: must be ≥ 0"):
         config_from_dict({"reproduce": {"monolith_lr": -1e-3}}, "budget-test")
+
+
+def test_through_the_pipeline_the_monolith_takes_its_rate_and_the_experts_no_other_rates_training(
+    tiny_config, dataset_dir, tmp_path
+):
+    """train_or_reuse_experts with reproduce.monolith_lr: the monolith is trained at that rate under its own key.
+    Under equal_images the monolith's key at a rate of its own is that of experts trained at that rate, so a run at
+    the experts' rate 1e-3 into an output whose experts were trained at 5e-2 must still refuse them, not take them
+    for experts of an older key."""
+    import json
+
+    import pytest
+
+    from hddm_flower.config.rules import ConfigError
+    from hddm_flower.reproduce.training import dataset_id, monolith_fingerprint, train_or_reuse_experts
+
+    def with_rates(expert_lr: float, monolith_lr: float):
+        optim = dataclasses.replace(tiny_config.expert.optim, lr=expert_lr)
+        return dataclasses.replace(
+            tiny_config,
+            expert=dataclasses.replace(tiny_config.expert, steps=2, optim=optim),
+            reproduce=dataclasses.replace(tiny_config.reproduce, budget="equal_images", monolith_lr=monolith_lr),
+        )
+
+    dataset = Dataset.open(dataset_dir)
+    data_id = dataset_id(dataset)
+    own = with_rates(1e-3, 5e-2)
+    (t,) = train_or_reuse_experts([own], [tmp_path / "own"], dataset, [(0, "fm")], data_id, 1, False)
+    meta = json.loads((tmp_path / "own" / "monolith" / "hddm_expert.json").read_text())
+    expert = json.loads((tmp_path / "own" / "experts" / "cluster-0-fm" / "hddm_expert.json").read_text())
+    assert (meta["lr"], expert["lr"]) == (5e-2, 1e-3)
+    assert t["monolith_fingerprint"] == meta["reproduce_fingerprint"] == monolith_fingerprint(own, data_id)
+    train_or_reuse_experts([with_rates(5e-2, 0.0)], [tmp_path / "fast"], dataset, [(0, "fm")], data_id, 1, False)
+    with pytest.raises(ConfigError, match="cluster-0-fm was trained with another config"):
+        train_or_reuse_experts([own], [tmp_path / "fast"], dataset, [(0, "fm")], data_id, 1, False)

@@ -168,8 +168,9 @@ def test_a_batch_puts_its_members_draws_at_t_0_and_pure_noise_at_t_1_with_the_ex
 
 
 def test_the_probes_networks_start_where_the_datas_do_at_their_budget_with_their_seeds(gmm, tiny_config, monkeypatch):
-    """train_network against train_one_expert and train_monolith (equal steps, training 1): the same initial weights,
-    seed, batch and steps for each expert and the monolith; only what they regress differs."""
+    """train_network against train_one_expert and train_monolith (equal steps, training 1, the monolith at a
+    learning rate of its own): the same initial weights, seed, batch, steps and rate for each expert and the
+    monolith; only what they regress differs."""
     import benchmarks.gmm_exact_target as probe
     import hddm_flower.reproduce.training as monolith_path
     import hddm_flower.stages.expert as expert_path
@@ -183,7 +184,7 @@ def test_the_probes_networks_start_where_the_datas_do_at_their_budget_with_their
     d = tiny_config.to_dict()
     d |= {"num_experts": 3, "objectives": {"ddpm": 0, "fm": 3}}
     d["expert"] |= {"steps": 5, "batch_size": 12}
-    d["reproduce"] |= {"budget": "equal_steps"}
+    d["reproduce"] |= {"budget": "equal_steps", "monolith_lr": 7e-3}
     cfg = training_config(config_from_dict(d, "test"), 1)
     seen = {}
 
@@ -192,10 +193,10 @@ def test_the_probes_networks_start_where_the_datas_do_at_their_budget_with_their
             first = {n: v.clone() for n, v in expert.net.transformer.state_dict().items()}
             if kind == "probe":
                 target = args[0]
-                seen[kind] = (first, kw["seed"], kw["batch"], kw["steps"], target.members.tolist())
+                seen[kind] = (first, kw["seed"], kw["batch"], kw["steps"], args[1].optim.lr, target.members.tolist())
             else:
                 o = args[2]
-                seen[kind] = (first, kw["seed"], o.batch_size, o.steps)
+                seen[kind] = (first, kw["seed"], o.batch_size, o.steps, o.optim.lr)
             return TrainStats()
 
         return fake
@@ -215,7 +216,8 @@ def test_the_probes_networks_start_where_the_datas_do_at_their_budget_with_their
             batch, steps = b.expert_batch, b.expert_steps
         weights, seed, *rest = seen["probe"]
         data_weights, data_seed, *data_rest = seen["data"]
-        assert rest == [batch, steps, members] and data_rest == [batch, steps], k
+        lr = 7e-3 if k is None else cfg.expert.optim.lr
+        assert rest == [batch, steps, lr, members] and data_rest == [batch, steps, lr] and meta["lr"] == lr, k
         assert seed == data_seed and all(torch.equal(weights[n], data_weights[n]) for n in data_weights), k
         assert meta["target"] == "exact" and meta["batch_size"] == batch and meta["steps"] == steps
     assert (b.expert_batch, b.monolith_batch, b.expert_steps, b.monolith_steps) == (4, 12, 5, 5)

@@ -169,7 +169,8 @@ def train_monolith(
     cfg: Config, dataset: Dataset, *, checkpoint: Path | None = None, progress: bool = False
 ) -> tuple[dict, dict, dict]:
     """An FM expert of the experts' size on all clusters, trained exactly as the experts are (micro-batches,
-    gradient accumulation, precision, optimiser) for the steps and batch of ``reproduce.budget``
+    gradient accumulation, precision, optimiser; its learning rate ``reproduce.monolith_lr`` where that is set:
+    :func:`monolith_section`) for the steps and batch of ``reproduce.budget``
     (:mod:`hddm_flower.budget`: K × ``expert.steps`` at the experts' batch under equal_images, ``expert.steps``
     at ``expert.batch_size`` under equal_steps): as many images seen as all K experts together. With
     ``data.stream`` the training split is streamed from the shards
@@ -302,10 +303,11 @@ def train_or_reuse_experts(
     for cfg, root, given in zip(cfgs, roots, donors):
         fp, mono_fp = expert_fingerprint(cfg, data_id), monolith_fingerprint(cfg, data_id)
         todo = [("monolith", None, "fm", root / "monolith", mono_fp, ())]
-        # equal_steps experts trained before the key followed the experts' own section carry the monolith's key
-        todo += [
-            (f"cluster-{k}-{o}", k, o, root / "experts" / f"cluster-{k}-{o}", fp, {mono_fp} - {fp}) for k, o in unique
-        ]
+        # equal_steps experts trained before the key followed the experts' own section carry the monolith's key,
+        # the monolith at the experts' rate (a monolith at a rate of its own is another training)
+        at_experts_rate = dataclasses.replace(cfg, reproduce=dataclasses.replace(cfg.reproduce, monolith_lr=0.0))
+        legacy = {monolith_fingerprint(at_experts_rate, data_id)} - {fp}
+        todo += [(f"cluster-{k}-{o}", k, o, root / "experts" / f"cluster-{k}-{o}", fp, legacy) for k, o in unique]
         adopted = {}
         for name, k, obj, folder, key, legacy in todo:
             where = [d if k is None else d / "experts" for d in given]
