@@ -70,3 +70,10 @@ def describe(b: dict) -> str:
         f"{b['expert_batch']}, the monolith {b['monolith_steps']} steps × batch {b['monolith_batch']} "
         f"({b['num_experts'] * per} images on each side)"
     )
+
+
+def describe_rates(cfg: dict) -> str:
+    """The learning rates of experts and monolith for the tables, from a manifest's ``config``: one rate, or the
+    monolith's own (``reproduce.monolith_lr``) beside the experts'."""
+    lr, own = cfg["expert"]["optim"]["lr"], cfg.get("reproduce", {}).get("monolith_lr", 0.0)
+    return f"learning rate {lr:g}" + (f" (the monolith {own:g})" if own and own != lr else "")

@@ -193,3 +193,13 @@ def test_through_the_pipeline_the_monolith_takes_its_rate_and_the_experts_no_oth
     train_or_reuse_experts([with_rates(5e-2, 0.0)], [tmp_path / "fast"], dataset, [(0, "fm")], data_id, 1, False)
     with pytest.raises(ConfigError, match="cluster-0-fm was trained with another config"):
         train_or_reuse_experts([own], [tmp_path / "fast"], dataset, [(0, "fm")], data_id, 1, False)
+
+
+def test_the_tables_name_the_monolith_s_own_rate_beside_the_experts():
+    from hddm_flower.budget import describe_rates
+
+    rates = {"expert": {"optim": {"lr": 8e-3}}}
+    assert describe_rates(rates | {"reproduce": {"monolith_lr": 1.6e-2}}) == "learning rate 0.008 (the monolith 0.016)"
+    assert describe_rates(rates | {"reproduce": {"monolith_lr": 0.0}}) == "learning rate 0.008"
+    assert describe_rates(rates | {"reproduce": {"monolith_lr": 8e-3}}) == "learning rate 0.008"
+    assert describe_rates(rates) == "learning rate 0.008"  # a manifest written before the key existed

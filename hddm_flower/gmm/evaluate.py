@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ..budget import describe as describe_budget
+from ..budget import describe_rates
 from ..checkpoints import load_expert, load_router
 from ..config.io import config_from_dict
 from ..config.schema import Config
@@ -447,7 +448,7 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
         f"{manifest['timings_s']['evaluation']:.0f} s).",
         f"Data: {manifest['dataset']['dataset']} (a Gaussian mixture, {cfg['num_experts']} clusters × "
         f"{cfg['data']['gmm_components']} components, {cfg['data']['gmm_channels']}×{cfg['data']['image_size']}²). "
-        f"Experts `{cfg['expert']['preset']}`, {describe_budget(manifest['budget'])}; router `{cfg['router']['preset']}` × "
+        f"Experts `{cfg['expert']['preset']}`, {describe_budget(manifest['budget'])}, {describe_rates(cfg)}; router `{cfg['router']['preset']}` × "
         f"{cfg['router']['steps']} steps.",
         f"Aligned inference: {_prompt_protocol(cfg['data'].get('gmm_captions', 'pattern'), ev['samples_per_prompt'])}"
         f" = {anyr['samples_per_seed']} samples per row and seed, {ev['seeds']} seeds "

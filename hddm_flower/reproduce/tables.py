@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..budget import describe as describe_budget
+from ..budget import describe_rates
 
 # The paper's numbers (arXiv 2603.06741): HDDM table 1 (DiT-XL/2 experts, LAION-Aesthetics 11M, top-2, CFG 7.5,
 # 50 steps, FID-50K; LPIPS mean ± std), HDDM table 2 (DiT-B/2 experts, LAION-Art 3.9M, FID-50K) and DDM's
@@ -194,7 +195,7 @@ def render_tables(manifest: dict, results: dict) -> str:
         f"s in {manifest['training_processes']} process(es), router {manifest['timings_s']['router']:.0f} s, "
         f"evaluation {manifest['timings_s']['evaluation']:.0f} s).",
         f"Scale: {cfg['num_experts']} experts `{cfg['expert']['preset']}` on {manifest['dataset']['dataset']}; "
-        f"monolith: the same network on all clusters; {describe_budget(manifest['budget'])}. Router "
+        f"monolith: the same network on all clusters; {describe_budget(manifest['budget'])}, {describe_rates(cfg)}. Router "
         f"`{cfg['router']['preset']}` × {cfg['router']['steps']} steps.",
         f"Aligned inference: {p['prompts']} prompts × {p['samples_per_prompt']} samples, the same noise for every "
         f"row, {p['sampler']}, {p['num_steps']} steps, CFG {p['cfg_scale']}, threshold {p['threshold']}; "
