@@ -1,38 +1,59 @@
 """docs/results.md's "At the samples, each side at its own rate" against the committed runs: the 6,400-step subspace
-rung again with the experts at 8e-3 and the monolith at 1.6e-2 and 8e-3 (``reproduce.monolith_lr``), its commands,
-its networks (the rate sweep's, bit for bit) and routers (the shared-rate run's), the table and every number of its
-readings recomputed from the manifests and ``benchmarks/gmm_ladder.py``'s record."""
+rungs again with the experts at 8e-3 and the monolith at rates of its own (``reproduce.monolith_lr``; 1.6e-2 and
+8e-3 under equal steps, 4e-3 and 8e-3 under equal images), its commands, its networks (the rate sweep's, bit for bit)
+and routers (the shared-rate runs'), the table and every number and verdict of its readings recomputed from the
+manifests and ``benchmarks/gmm_ladder.py``'s records, and the In-short bullet."""
+
+import re
 
 import pytest
 
 from hddm_flower.gmm.truth import interval
 
 from . import doc_claims
-from .doc_claims import load, num
+from .doc_claims import load
 
 START = "**At the samples, each side at its own rate.**"
 END = "**Where the monolith waits: the mean-only level.**"
 
-SHARED = "reproduce-gmm-subspace-6400-text-manifest.json"  # the rung of In short, both sides at 2e-3
-OWN = {1.6e-2: "6400-text-lr8e-3-mono1.6e-2", 8e-3: "6400-text-lr8e-3-mono8e-3"}  # by the monolith's rate
-LADDER = "gmm_ladder_subspace_6400_own_rates.json"
+ES, EI = "equal steps", "equal images"
+# (budget, the monolith's own rate; None: the shared-rate rung of In short, both sides at 2e-3) → the run's name
+RUNS = {
+    (ES, None): "6400-text",
+    (ES, 1.6e-2): "6400-text-lr8e-3-mono1.6e-2",
+    (ES, 8e-3): "6400-text-lr8e-3-mono8e-3",
+    (EI, None): "ei-6400-text",
+    (EI, 4e-3): "ei-6400-text-lr8e-3-mono4e-3",
+    (EI, 8e-3): "ei-6400-text-lr8e-3-mono8e-3",
+}
+OWN = [key for key in RUNS if key[1] is not None]
+LADDER = "gmm_ladder_subspace_6400_own_rates"
+SHARED_LADDER = {
+    ES: ("gmm_ladder_subspace_6400", "6400-text"),
+    EI: ("gmm_ladder_subspace_equal_images_6400", "ei-6400"),
+}
+WRITTEN = {1.6e-2: "1.6e-2", 8e-3: "8e-3", 4e-3: "4e-3"}  # the rates as the commands write them
+MINUTES = {(ES, 1.6e-2): 30.8, (ES, 8e-3): 10.1, (EI, 4e-3): 17.2}  # the wall times the doc names
 TOP2_MONOLITH = "8FM: top2 − monolith"
 GAP = "empty caption · full: gap, trained experts · trained router − exact · exact"
 FIRST = "empty caption · full: router share at exact experts (ET − EE)"
 SECOND = "empty caption · full: router share with trained experts (TT − TE)"
+TOP2, MONOLITH = "8FM · top2", "monolith (equal compute)"
 SWEEP = {"experts": "clu-r8-nano-lr8e-3", 1.6e-2: "clu-r8-nano-lr1.6e-2", 8e-3: "clu-r8-nano-lr8e-3"}
+BASE = "hddm reproduce --config configs/reproduce-gmm-subspace.yaml --set expert.steps=6400 --set router.conditioning=text "
+EQUAL_IMAGES = "--set reproduce.budget=equal_images --set expert.batch_size=32 "
 
 
 def text() -> str:
     return doc_claims.passage(START, END)
 
 
-def manifest(rate: float | None) -> dict:
-    return load(SHARED if rate is None else f"reproduce-gmm-subspace-{OWN[rate]}-manifest.json")
+def manifest(key: tuple) -> dict:
+    return load(f"reproduce-gmm-subspace-{RUNS[key]}-manifest.json")
 
 
-def paired(rate: float | None, what: str, metric: str = "delta_log_density") -> dict:
-    (entry,) = [e for e in manifest(rate)["paired"] if e["what"] == what]
+def paired(key: tuple, what: str, metric: str = "delta_log_density") -> dict:
+    (entry,) = [e for e in manifest(key)["paired"] if e["what"] == what]
     return entry[metric]
 
 
@@ -41,166 +62,347 @@ def change(before: list[float], after: list[float]) -> dict:
     return interval([b - a for a, b in zip(before, after, strict=True)])
 
 
-def row(rate: float | None, name: str) -> list[float]:
-    """A trained row's Δ log p per training (the mean over its sampling seeds)."""
-    return [sum(s["delta_log_density"] for s in t) / len(t) for t in manifest(rate)["results"][name]["per_training"]]
+def row(key: tuple, name: str, metric: str = "delta_log_density") -> list[float]:
+    """A trained row's metric per training (the mean over its sampling seeds)."""
+    return [sum(s[metric] for s in t) / len(t) for t in manifest(key)["results"][name]["per_training"]]
 
 
-def ladder_excess(rate: float | None) -> dict:
-    """Monolith − expert excess loss over Bayes on all 8 clusters, mean over t, from the gmm_ladder record."""
-    name, label = ("gmm_ladder_subspace_6400.json", "6400-text") if rate is None else (LADDER, OWN[rate])
-    (rung,) = [g for g in load(name)["rungs"] if g["label"] == label]
-    return rung["excess_mean_over_t"]["monolith_minus_expert"]
+def rung(key: tuple) -> dict:
+    name, label = SHARED_LADDER[key[0]] if key[1] is None else (LADDER, RUNS[key])
+    (g,) = [g for g in load(f"{name}.json")["rungs"] if g["label"] == label]
+    return g
+
+
+def excess(key: tuple, side: str) -> list[float]:
+    """Each training's excess loss over Bayes of one side (expert, monolith or their difference), mean over the 8
+    clusters and the t grid, from the gmm_ladder record."""
+    out = []
+    for training in rung(key)["excess"]["per_training"]:
+        sides = {s: [x for c in training.values() for x in c[s]] for s in ("expert", "monolith")}
+        sides["gap"] = [m - e for m, e in zip(sides["monolith"], sides["expert"], strict=True)]
+        out.append(sum(sides[side]) / len(sides[side]))
+    return out
 
 
 def iv(x: dict, digits: int, scale: float = 1.0) -> str:
     return doc_claims.iv(x, digits, scale=scale)
 
 
+def verdict(x: dict) -> str:
+    return "a tie" if x["lo"] < 0 < x["hi"] else "resolved"
+
+
 def test_the_runs_are_the_commands_named_at_the_rates_named():
-    first, second = manifest(1.6e-2), manifest(8e-3)
-    base = (
-        "hddm reproduce --config configs/reproduce-gmm-subspace.yaml --set expert.steps=6400 --set "
-        "router.conditioning=text --set expert.optim.lr=8e-3 --set reproduce.monolith_lr="
-    )
-    assert first["command"].startswith(base + "1.6e-2 --out ") and "--reuse" not in first["command"]
-    out = first["command"].split("--out ")[1].split()[0]
-    assert second["command"].startswith(base + "8e-3 --reuse " + out + " --out ")
-    for rate, m in ((1.6e-2, first), (8e-3, second)):
+    t = text()
+    out = {}
+    for key in OWN:
+        m, (budget, rate) = manifest(key), key
+        head = BASE if budget == ES else BASE.replace("--set router", EQUAL_IMAGES + "--set router")
+        head += f"--set expert.optim.lr=8e-3 --set reproduce.monolith_lr={WRITTEN[rate]} "
+        assert m["command"].startswith(head), key
+        out[key] = m["command"].split("--out ")[1].split()[0]
         c = m["config"]
-        assert (c["expert"]["optim"]["lr"], c["reproduce"]["monolith_lr"], c["router"]["conditioning"]) == (
-            8e-3,
-            rate,
-            "text",
-        )
-        assert (m["budget"]["protocol"], m["budget"]["expert_steps"], m["budget"]["monolith_batch"]) == (
-            "equal_steps",
-            6400,
-            256,
-        )
-        assert (m["seeds"]["trainings"], c["evaluation"]["seeds"]) == (3, 2)
-    assert [round(m["seconds"] / 60, 1) for m in (first, second)] == [30.8, 10.1]
-    assert "(30.8 min), the same with `--set reproduce.monolith_lr=8e-3 --reuse OUT` (10.1 min)" in text()
-    assert base.replace("--set reproduce.monolith_lr=", "--set reproduce.monolith_lr=1.6e-2 --out OUT") in text()
-    # the second run trains only its monoliths: every expert and router is the first run's
-    for t in second["artefacts"]["trainings"]:
-        assert all(e["reused"] for e in t["experts"].values()) and not t["monolith"]["reused"]
+        assert (c["expert"]["optim"]["lr"], c["reproduce"]["monolith_lr"]) == (8e-3, rate)
+        b = m["budget"]
+        assert (b["protocol"], b["expert_steps"], b["expert_batch"]) == (budget.replace(" ", "_"), 6400, 32)
+        assert b["monolith_batch"] == (256 if budget == ES else 32)
+        assert b["monolith_steps"] == (6400 if budget == ES else 51200)
+        assert (m["seeds"]["trainings"], c["evaluation"]["seeds"], c["router"]["conditioning"]) == (3, 2, "text")
+        assert m["created_at"].startswith("2026-12-07")
+        if key in MINUTES:
+            assert round(m["seconds"] / 60, 1) == MINUTES[key]
+    assert "--reuse" not in manifest(OWN[0])["command"]
+    assert (
+        "Each run after the first has `--reuse` of an earlier one (the second and third of the first, the fourth of "
+        "the third), so it trains and samples only its monoliths."
+    ) in t
+    donors = {(ES, 8e-3): (ES, 1.6e-2), (EI, 4e-3): (ES, 1.6e-2), (EI, 8e-3): (EI, 4e-3)}
+    for after, before in donors.items():  # each run after the first reuses an earlier one
+        assert f"--reuse {out[before]} --out {out[after]}" in manifest(after)["command"]
+        for training in manifest(after)["artefacts"]["trainings"]:
+            assert all(e["reused"] for e in training["experts"].values()) and not training["monolith"]["reused"]
+    minutes_d = round(manifest((EI, 8e-3))["seconds"] / 60, 1)
+    assert (
+        f"`{BASE}--set expert.optim.lr=8e-3 --set reproduce.monolith_lr=1.6e-2 --out OUT --jobs 2` (30.8 min), the "
+        "same with `--set reproduce.monolith_lr=8e-3 --reuse OUT` (10.1 min); under equal images the same with "
+        f"`{EQUAL_IMAGES}--jobs 3`, `reproduce.monolith_lr=4e-3` (17.2 min) and `8e-3` ({minutes_d} min)"
+    ) in t
+    loads = [
+        x for key in OWN for x in (manifest(key)["load_average"]["start"][0], manifest(key)["load_average"]["end"][0])
+    ]
+    assert f"(load {min(loads):.1f}–{max(loads):.1f})" in t
+    assert "(commit 645d8dd)" in t and "| 2026-12-07 |" in t
+    assert "AVX-512" in load(f"{LADDER}.json")["machine"] and "| 2-core AMD EPYC (AVX-512), 24 GiB," in t
+    assert "(the prompt-aware router, three trainings × 2 sampling seeds)" in t
 
 
 def test_the_networks_are_the_sweeps_and_the_routers_the_shared_runs():
-    """Per training, the experts of clusters 0, 3 and 4 and the monolith have the tensor hashes of the rate sweep's
-    records at these rates (so the rates were picked on these trainings), and the routers those of the shared run."""
+    """Per training, the experts of clusters 0, 3 and 4 and the equal-steps monoliths have the tensor hashes of the
+    rate sweep's records at these rates (so the rates were picked on these trainings), and the routers those of the
+    shared-rate runs; the sweep compared every rate on training 0 and the best two of each side on 1 and 2."""
     records = load("gmm_capacity_pilot.json")
     records = records["records"] if isinstance(records, dict) else records
 
     def sweep(label: str, training: int) -> dict:
         (r,) = [r for r in records if (r["label"], r["steps"], r.get("training", 0)) == (label, 6400, training)]
-        return r["tensor_sha256"]
+        return r
 
-    for rate in OWN:
-        for i, t in enumerate(manifest(rate)["artefacts"]["trainings"]):
-            experts = sweep(SWEEP["experts"], i)
+    for key in OWN:
+        for i, t in enumerate(manifest(key)["artefacts"]["trainings"]):
+            experts = sweep(SWEEP["experts"], i)["tensor_sha256"]
             for k in (0, 3, 4):
                 assert t["experts"][f"cluster-{k}-fm"]["tensor_sha256"] == experts[f"experts/cluster-{k}-fm"]
-            assert t["monolith"]["tensor_sha256"] == sweep(SWEEP[rate], i)["monolith"]
-            shared = manifest(None)["artefacts"]["trainings"][i]["router"]
+            if key[0] == ES:
+                assert t["monolith"]["tensor_sha256"] == sweep(SWEEP[key[1]], i)["tensor_sha256"]["monolith"]
+            shared = manifest((key[0], None))["artefacts"]["trainings"][i]["router"]
             assert t["router"]["tensor_sha256"] == shared["tensor_sha256"]
-    assert "are, bit for bit, the sweep's networks at these rates" in text()
-    assert "the routers are those of the shared-rate run, bit for bit" in text()
+    trainings = {
+        r["label"]: {x.get("training", 0) for x in records if x["label"] == r["label"] and x["steps"] == 6400}
+        for r in records
+        if r["label"].startswith("clu-r8-nano-lr")
+    }
+    assert trainings["clu-r8-nano-lr4e-3"] == {0} and trainings["clu-r8-nano-lr8e-3"] == {0, 1, 2}
+
+    def mean_on(label: str, side: str) -> float:
+        return sweep(label, 0)["mean_over_t_and_clusters"][side]
+
+    swept = [f"clu-r8-nano{r}" for r in ("-lr1e-3", "", "-lr4e-3", "-lr8e-3", "-lr1.6e-2", "-lr3.2e-2")]
+    assert min(swept, key=lambda label: mean_on(label, "expert")) == SWEEP["experts"]  # best on training 0
+    assert min(swept, key=lambda label: mean_on(label, "monolith")) == SWEEP[1.6e-2]
+    tie = "the monolith's two rates tie (−0.002 ± 0.005)"  # the sweep's own reading, paired over its trainings
+    assert tie in doc_claims.passage("**The learning rate does not close the gap.**", START)
+    assert "from 1.6×10⁻² over three trainings (−0.002 ± 0.005)" in text()
+    assert (
+        "the sweep's best for them on training 0" in text()
+        and "1.6×10⁻², the sweep's best for it on training 0, and at 8×10⁻³, which the sweep does not tell apart"
+        in text()
+    )
+    assert (
+        "are, bit for bit, the sweep's networks at these rates (their tensor hashes), and the routers are those of "
+        "the shared-rate runs. So the rates were picked on these same trainings, by excess loss and not by Δ log p or "
+        "MMD², and the intervals do not account for that choice."
+    ) in text()
+
+
+def table() -> list[list[str]]:
+    return doc_claims.md_table(doc_claims.raw_passage(START, END), "| budget | experts · monolith |")
 
 
 def test_the_table_is_the_runs():
-    rows = doc_claims.md_table(doc_claims.raw_passage(START, END), "| experts · monolith |")
+    rows = table()
+    assert rows[0] == [
+        "budget",
+        "experts · monolith",
+        "8FM top-2 − monolith, Δ log p",
+        "MMD² ×10³",
+        "monolith − expert, excess loss (8 clusters, mean over t)",
+    ]
+
+    def label(rate: float | None) -> str:
+        names = {None: "2×10⁻³ · 2×10⁻³ (In short)", 1.6e-2: "8×10⁻³ · 1.6×10⁻²", 8e-3: "8×10⁻³ · 8×10⁻³"}
+        return names.get(rate, "8×10⁻³ · 4×10⁻³")
+
     assert rows[1:] == [
         [
-            label,
-            iv(paired(rate, TOP2_MONOLITH), 1),
-            iv(paired(rate, TOP2_MONOLITH, "mmd2"), 2, 1e3),
-            iv(ladder_excess(rate), 3),
+            key[0],
+            label(key[1]),
+            iv(paired(key, TOP2_MONOLITH), 1),
+            iv(paired(key, TOP2_MONOLITH, "mmd2"), 2, 1e3),
+            iv(rung(key)["excess_mean_over_t"]["monolith_minus_expert"], 3),
         ]
-        for label, rate in (
-            ("2×10⁻³ · 2×10⁻³ (the rung of **In short**)", None),
-            ("8×10⁻³ · 1.6×10⁻²", 1.6e-2),
-            ("8×10⁻³ · 8×10⁻³", 8e-3),
+        for key in RUNS
+    ]
+    for key in RUNS:
+        c = manifest(key)["config"]
+        assert c["expert"]["optim"]["lr"] == (2e-3 if key[1] is None else 8e-3)
+        assert c["reproduce"].get("monolith_lr", 0) in (0, key[1])
+        assert sum(excess(key, "gap")) / 3 == pytest.approx(
+            rung(key)["excess_mean_over_t"]["monolith_minus_expert"]["mean"]
         )
-    ]
-    assert manifest(None)["config"]["expert"]["optim"]["lr"] == 2e-3
-    assert manifest(None)["config"]["reproduce"].get("monolith_lr", 0) == 0
-    for rate in OWN:  # the ladder record reads the same runs: its paired difference is the manifest's
-        (rung,) = [g for g in load(LADDER)["rungs"] if g["label"] == OWN[rate]]
-        assert rung["paired"]["8FM"]["top2 − monolith"]["delta_log_density"] == paired(rate, TOP2_MONOLITH)
-
-
-def test_the_readings_are_the_runs():
-    t = text()
-    lead = {r: paired(r, TOP2_MONOLITH)["per_training"] for r in (None, *OWN)}
-    moves = [change(lead[None], lead[r]) for r in OWN]
-    assert all(m["lo"] < 0 < m["hi"] for m in moves)
+        if key[1] is not None:  # the ladder record reads the same runs: its paired difference is the manifest's
+            assert rung(key)["paired"]["8FM"]["top2 − monolith"]["delta_log_density"] == paired(key, TOP2_MONOLITH)
     assert (
-        f"it changes by {iv(moves[0], 1)} nats (the monolith at 1.6×10⁻²) and {iv(moves[1], 1)} (at 8×10⁻³): ties" in t
+        "Each ± is over the three trainings, paired by training (and by sampling seed for Δ log p and MMD²)" in text()
     )
-    top2 = change(row(None, "8FM · top2"), row(1.6e-2, "8FM · top2"))
-    assert row(1.6e-2, "8FM · top2") == row(8e-3, "8FM · top2")  # the same experts and router, reused
-    mono = [change(row(None, "monolith (equal compute)"), row(r, "monolith (equal compute)")) for r in OWN]
-    between = change(row(1.6e-2, "monolith (equal compute)"), row(8e-3, "monolith (equal compute)"))
-    assert top2["lo"] > 0 and all(m["lo"] > 0 for m in mono) and between["lo"] < 0 < between["hi"]
+
+
+def lead_change(key: tuple) -> dict:
+    return change(paired((key[0], None), TOP2_MONOLITH)["per_training"], paired(key, TOP2_MONOLITH)["per_training"])
+
+
+def row_change(key: tuple, name: str, metric: str = "delta_log_density") -> dict:
+    return change(row((key[0], None), name, metric), row(key, name, metric))
+
+
+def test_under_equal_steps_the_lead_holds():
+    t = text()
+    moves = [lead_change((ES, r)) for r in (1.6e-2, 8e-3)]
+    assert all(verdict(m) == "a tie" for m in moves)
     assert (
-        f"the top-2 row by {iv(top2, 1)} nats, the monolith's by {iv(mono[0], 1)} and {iv(mono[1], 1)}; its two "
-        f"rates tie ({iv(between, 1)})"
+        f"**Under equal steps top-2's lead holds.** Against the shared rate it changes by {iv(moves[0], 1)} nats (the "
+        f"monolith at 1.6×10⁻²) and {iv(moves[1], 1)} (at 8×10⁻³): ties."
     ) in t
-    mmd = [
-        change(paired(None, TOP2_MONOLITH, "mmd2")["per_training"], paired(r, TOP2_MONOLITH, "mmd2")["per_training"])
-        for r in OWN
+    top2 = row_change((ES, 1.6e-2), TOP2)
+    assert row((ES, 1.6e-2), TOP2) == row((ES, 8e-3), TOP2) == row((EI, 4e-3), TOP2)  # the same experts and router
+    mono = [row_change((ES, r), MONOLITH) for r in (1.6e-2, 8e-3)]
+    between = change(row((ES, 1.6e-2), MONOLITH), row((ES, 8e-3), MONOLITH))
+    assert top2["lo"] > 0 and all(m["lo"] > 0 for m in mono) and verdict(between) == "a tie"
+    assert max(m["mean"] for m in mono) / top2["mean"] > 0.85
+    assert (
+        f"Both sides gain about as much: the top-2 row by {iv(top2, 1)} nats, the monolith's by {iv(mono[0], 1)} and "
+        f"{iv(mono[1], 1)}; its two rates tie ({iv(between, 1)})."
+    ) in t
+
+
+def test_under_equal_images_the_lead_grows():
+    t = text()
+    moves = [lead_change((EI, r)) for r in (4e-3, 8e-3)]
+    mono = [row_change((EI, r), MONOLITH) for r in (4e-3, 8e-3)]
+    between = change(row((EI, 4e-3), MONOLITH), row((EI, 8e-3), MONOLITH))
+    assert all(m["lo"] > 0 for m in moves)
+    assert (
+        f"**Under equal images it grows**, by {iv(moves[0], 1)} and {iv(moves[1], 1)} nats (the monolith at 4×10⁻³ "
+        f"and 8×10⁻³): the experts' gain is the same as above, the monolith's {iv(mono[0], 1)} and {iv(mono[1], 1)}"
+    ) in t
+    scores = ", the other two ".join([f"{row((EI, 8e-3), MONOLITH)[1]:.1f}".replace("-", "−"), ""])
+    others = [f"{x:.1f}".replace("-", "−") for x in row((EI, 8e-3), MONOLITH)[::2]]
+    assert min(row((EI, 8e-3), MONOLITH)) == row((EI, 8e-3), MONOLITH)[1]
+    assert (
+        f"(8×10⁻³ against 4×10⁻³: {iv(between, 1)}, {verdict(between)}; at 8×10⁻³ one training's monolith scores "
+        f"{scores}{others[0]} and {others[1]})."
+    ) in t
+    means = {r: sum(row((EI, r), MONOLITH)) / 3 for r in (None, 4e-3, 8e-3)}
+    assert max(means, key=means.get) == 4e-3
+    assert (
+        "Of the three rates tried for this monolith, 4×10⁻³ has the highest mean, 2×10⁻³ and 8×10⁻³ on either side."
+        in t
+    )
+
+
+def test_the_excess_loss_gap_grows_under_equal_steps():
+    t = text()
+    gaps = [change(excess((ES, None), "gap"), excess((ES, r), "gap")) for r in (1.6e-2, 8e-3)]
+    assert all(g["lo"] > 0 for g in gaps)
+
+    def fall(side: str, r: float) -> dict:
+        before, after = excess((ES, None), side), excess((ES, r), side)
+        return interval([100 * (b / a - 1) for a, b in zip(before, after, strict=True)])
+
+    assert fall("expert", 1.6e-2) == fall("expert", 8e-3)  # the same experts
+    assert (
+        f"**The excess-loss gap grows under equal steps**, on each of the 8 clusters, by {iv(gaps[0], 3)} and {iv(gaps[1], 3)} paired by training: "
+        f"the experts' excess falls {iv(fall('expert', 1.6e-2), 1)[1:]} %, the monolith's "
+        f"{iv(fall('monolith', 1.6e-2), 1)[1:]} % and {iv(fall('monolith', 8e-3), 1)[1:]} %"
+    ) in t
+    for key in [k for k in OWN if k[0] == ES]:
+        assert all(c["lo"] > 0 for c in rung(key)["monolith_minus_expert_by_cluster"].values()), key
+    ei = change(excess((EI, None), "gap"), excess((EI, 4e-3), "gap"))
+    still = interval(
+        [100 * (b / a - 1) for a, b in zip(excess((EI, None), "monolith"), excess((EI, 4e-3), "monolith"))]
+    )
+    assert ei["lo"] > 0 and verdict(still) == "a tie"
+    assert (
+        f"Under equal images it grows by {iv(ei, 3)} at 4×10⁻³, where the monolith's excess does not move "
+        f"({iv(still, 1)} %)."
+    ) in t
+
+
+def test_by_mmd_the_monoliths_edge_is_gone_and_not_because_it_improved():
+    t = text()
+    moves = [
+        change(
+            paired((ES, None), TOP2_MONOLITH, "mmd2")["per_training"],
+            paired((ES, r), TOP2_MONOLITH, "mmd2")["per_training"],
+        )
+        for r in (1.6e-2, 8e-3)
     ]
-    assert paired(None, TOP2_MONOLITH, "mmd2")["resolved"] and all(m["hi"] < 0 for m in mmd)
-    assert not any(paired(r, TOP2_MONOLITH, "mmd2")["resolved"] for r in OWN)
-    assert f"moves by {iv(mmd[0], 2, 1e3)} and {iv(mmd[1], 2, 1e3)} (×10⁻³) and is a tie at either rate" in t
-    top1, full = paired(1.6e-2, "8FM: top2 − top1"), paired(1.6e-2, "8FM: top2 − full")
-    assert not top1["resolved"] and full["resolved"] and full["hi"] < 0
-    assert max(abs(top1["mean"]), abs(full["mean"])) < 0.1
-    assert f"top-2 − top-1 {iv(top1, 2)} (a tie), top-2 − full {iv(full, 2)} (full ahead, resolved)" in t
+    assert paired((ES, None), TOP2_MONOLITH, "mmd2")["resolved"] and all(m["hi"] < 0 for m in moves)
+    assert not any(paired((ES, r), TOP2_MONOLITH, "mmd2")["resolved"] for r in (1.6e-2, 8e-3))
+    top2 = row_change((ES, 1.6e-2), TOP2, "mmd2")
+    mono = [row_change((ES, r), MONOLITH, "mmd2") for r in (1.6e-2, 8e-3)]
+    assert top2["hi"] < 0 and all(m["lo"] > 0 for m in mono)
+    truth = manifest((ES, 1.6e-2))["results"]["true samples (fresh draws)"]["metrics"]["mmd2"]
+    assert (
+        "**By MMD² the equal-steps monolith's edge is gone, and not because it improved.** "
+        f"Top-2 − monolith moves by {iv(moves[0], 2, 1e3)} and {iv(moves[1], 2, 1e3)} (×10⁻³) to a tie at either "
+        f"rate: the top-2 row's MMD² falls by {iv(top2, 2, 1e3)[1:]} while the monolith's rises by "
+        f"{iv(mono[0], 2, 1e3)[1:]} and {iv(mono[1], 2, 1e3)[1:]}."
+    ) in t
+    assert f"the true samples themselves score {iv(truth, 2, 1e3)} (over sampling seeds)" in t
+
+
+def test_the_routing_modes_come_closer():
+    t = text()
+    own, shared = (ES, 1.6e-2), (ES, None)
+    top1, full = paired(own, "8FM: top2 − top1"), paired(own, "8FM: top2 − full")
+    was1, was_full = paired(shared, "8FM: top2 − top1"), paired(shared, "8FM: top2 − full")
+    c1 = change(was1["per_training"], top1["per_training"])
+    c2 = change(was_full["per_training"], full["per_training"])
+    assert not top1["resolved"] and full["resolved"] and full["hi"] < 0 and was1["resolved"] and was_full["resolved"]
+    assert c1["hi"] < 0 < c2["lo"]
+    assert max(abs(x["mean"]) for x in (top1, full, was1, was_full)) < 0.2
+    assert (
+        f"**The routing modes come closer**: top-2 − top-1 {iv(top1, 2)} (a tie; {iv(was1, 2)} at the shared rate), "
+        f"top-2 − full {iv(full, 2)} (full ahead, resolved; {iv(was_full, 2)}), changes of {iv(c1, 2)} and "
+        f"{iv(c2, 2)} paired; all within a fifth of a nat."
+    ) in t
     for what in ("8FM: top2 − top1", "8FM: top2 − full", GAP, FIRST, SECOND):  # the monolith plays no part
-        assert paired(1.6e-2, what) == paired(8e-3, what)
+        assert paired(own, what) == paired((ES, 8e-3), what) == paired((EI, 4e-3), what)
 
 
-def test_the_routers_share_is_the_runs():
+def test_the_routers_share_grows_because_the_experts_part_shrinks():
     t = text()
-    gap = {r: paired(r, GAP) for r in (None, 1.6e-2)}
-    closed = change(gap[None]["per_training"], gap[1.6e-2]["per_training"])
-    assert closed["lo"] > 0
+    own, shared = (ES, 1.6e-2), (ES, None)
+    gap = {k: paired(k, GAP) for k in (shared, own)}
+    closed = change(gap[shared]["per_training"], gap[own]["per_training"])
+    assert closed["lo"] > 0 and 0.4 < gap[own]["mean"] / gap[shared]["mean"] < 0.5
+    assert f"halves, from {iv(gap[shared], 1)} to {iv(gap[own], 1)} nats ({iv(closed, 1)} paired)" in t
+    assert paired(shared, FIRST) == paired(own, FIRST)  # the same router at exact experts
+    cost = change(paired(shared, SECOND)["per_training"], paired(own, SECOND)["per_training"])
+    assert verdict(cost) == "a tie"
     assert (
-        f"halves, from {iv(gap[None], 1)} to {iv(gap[1.6e-2], 1)} nats ({iv(closed, 1)} paired)" in t
-        and 0.4 < gap[1.6e-2]["mean"] / gap[None]["mean"] < 0.5
-    )
-    assert paired(None, FIRST) == paired(1.6e-2, FIRST)  # the same router at exact experts
-    assert f"costs {iv(paired(None, FIRST), 1)} with exact experts, as before, and {iv(paired(1.6e-2, SECOND), 1)}" in t
-    assert f"({iv(paired(None, SECOND), 1)} at the shared rate)" in t
-    share = {  # ratio of the means, as the In-short bullet gives it
-        (r, w): 100 * paired(r, w)["mean"] / gap[r]["mean"] for r in (None, 1.6e-2) for w in (FIRST, SECOND)
-    }
-    assert (
-        f"from {share[None, FIRST]:.1f} % to {share[1.6e-2, FIRST]:.1f} % with the router exchanged first and from "
-        f"{share[None, SECOND]:.1f} % to {share[1.6e-2, SECOND]:.1f} % with it exchanged second"
+        f"costs {iv(paired(own, FIRST), 1)} with exact experts and, with the trained experts, "
+        f"{iv(paired(own, SECOND), 1)} against {iv(paired(shared, SECOND), 1)} at the shared rate: a change of "
+        f"{iv(cost, 1)}, a tie."
     ) in t
+    share = {(k, w): 100 * paired(k, w)["mean"] / gap[k]["mean"] for k in (shared, own) for w in (FIRST, SECOND)}
 
-    def per_training(r: float | None, w: str) -> list[float]:
-        return [100 * a / b for a, b in zip(paired(r, w)["per_training"], gap[r]["per_training"], strict=True)]
+    def per_training(k: tuple, w: str) -> list[float]:
+        return [100 * a / b for a, b in zip(paired(k, w)["per_training"], gap[k]["per_training"], strict=True)]
 
-    rises = [change(per_training(None, w), per_training(1.6e-2, w)) for w in (FIRST, SECOND)]
+    rises = [change(per_training(shared, w), per_training(own, w)) for w in (FIRST, SECOND)]
     assert all(x["lo"] > 0 for x in rises)
-    assert f"({iv(rises[0], 1)} and {iv(rises[1], 1)} points, each training's share paired by training)" in t
-
-
-@pytest.mark.parametrize("rate", sorted(OWN))
-def test_the_excess_loss_gap_is_above_zero_on_every_cluster(rate):
-    (rung,) = [g for g in load(LADDER)["rungs"] if g["label"] == OWN[rate]]
-    assert all(c["lo"] > 0 for c in rung["monolith_minus_expert_by_cluster"].values())
+    assert (
+        f"ratios of the means: from {share[shared, FIRST]:.1f} % to {share[own, FIRST]:.1f} % with the router "
+        f"exchanged first, from {share[shared, SECOND]:.1f} % to {share[own, SECOND]:.1f} % exchanged second; each "
+        f"training's share rises by {iv(rises[0], 1)} and {iv(rises[1], 1)} points) because the experts' part "
+        "shrinks, not because the router costs more."
+    ) in t
 
 
 def test_in_short_names_the_own_rates():
-    bullet = doc_claims.passage("- **Each side at its own rate**", "- **By MMD².**")
-    lead = {r: paired(r, TOP2_MONOLITH) for r in (None, *OWN)}
-    moves = change(lead[None]["per_training"], lead[1.6e-2]["per_training"])
-    assert f"top-2's lead holds ({iv(lead[1.6e-2], 1)} and {iv(lead[8e-3], 1)}" in bullet
-    assert f"its change from the shared rate {iv(moves, 1)}, a tie" in bullet
-    assert num(100 * paired(1.6e-2, SECOND)["mean"] / paired(1.6e-2, GAP)["mean"], 1, sign=False) in bullet
+    bullet = doc_claims.passage("- **Each side at its own rate**", "- **Shared structure.**")
+    lead = {k: paired(k, TOP2_MONOLITH) for k in RUNS}
+    own, shared = (ES, 1.6e-2), (ES, None)
+    gap = {k: paired(k, GAP) for k in (shared, own)}
+    share = [100 * paired(k, SECOND)["mean"] / gap[k]["mean"] for k in (shared, own)]
+    ei = [lead_change((EI, r)) for r in (4e-3, 8e-3)]
+    assert (
+        "(6,400 expert steps; the experts at 8×10⁻³, the monolith at 1.6×10⁻² or 8×10⁻³ under equal steps and at "
+        "4×10⁻³ or 8×10⁻³ under equal images; rates picked by excess loss on these same trainings"
+    ) in bullet
+    assert (
+        f"top-2's lead holds under equal steps ({iv(lead[ES, 1.6e-2], 1)} and {iv(lead[ES, 8e-3], 1)} nats; its "
+        f"change from the shared rate {iv(lead_change(own), 1)}, a tie) and grows under equal images "
+        f"({iv(lead[EI, 4e-3], 1)} and {iv(lead[EI, 8e-3], 1)}; {iv(ei[0], 1)} and {iv(ei[1], 1)})."
+    ) in bullet
+    assert "By MMD² the equal-steps monolith's edge becomes a tie, its own MMD² worse at the rate picked." in bullet
+    assert (
+        f"On the empty caption the gap of trained experts and router to exact ones halves ({iv(gap[shared], 1)} → "
+        f"{iv(gap[own], 1)}) while the router's cost does not change resolvably, so the router's share rises from "
+        f"{share[0]:.1f} % to {share[1]:.1f} % (exchanged second)."
+    ) in bullet
+    assert re.search(
+        r"\*\*The router\.\*\*.*\*\*Each side at its own rate\*\*",
+        doc_claims.passage("**In short**, on the mixture whose clusters share no structure", "Details below."),
+    )
