@@ -464,3 +464,30 @@ def test_the_committed_tables_are_their_manifests_rendered(key):
     committed = (RESULTS / f"reproduce-gmm-subspace-{RUNS[key]}-tables.md").read_text()
     assert committed.strip() == render_truth_tables(m, m["results"]).strip()
     assert "learning rate 0.008" + (f" (the monolith {key[1]:g})" if key[1] != 8e-3 else ";") in committed
+
+
+HELD_OUT = "6400-text-lr8e-3-mono1.6e-2-6-trainings"  # the first own-rate run with trainings 3-5 added
+
+
+def test_on_trainings_the_sweep_never_saw_the_lead_holds():
+    """Trainings 3-5 were never run by the rate sweep (it ran trainings 0-2 at these rates), so on them the rates
+    were not picked: top-2 − monolith there, and over all six."""
+    m = load(f"reproduce-gmm-subspace-{HELD_OUT}-manifest.json")
+    first = manifest((ES, 1.6e-2))
+    assert m["command"].startswith(
+        BASE + "--set expert.optim.lr=8e-3 --set reproduce.monolith_lr=1.6e-2 --set evaluation.training_seeds=6 "
+        f"--reuse {first['command'].split('--out ')[1].split()[0]} --out "
+    )
+    assert m["seeds"]["trainings"] == 6
+    (lead,) = [e["delta_log_density"] for e in m["paired"] if e["what"] == TOP2_MONOLITH]
+    assert lead["per_training"][:3] == paired((ES, 1.6e-2), TOP2_MONOLITH)["per_training"]  # trainings 0-2 reused
+    records = load("gmm_capacity_pilot.json")
+    records = records["records"] if isinstance(records, dict) else records
+    assert max(r.get("training", 0) for r in records if r["label"] in SWEEP.values() and r["steps"] == 6400) == 2
+    held_out = interval(lead["per_training"][3:])
+    assert held_out["lo"] > 0 and lead["lo"] > 0 and lead["trainings"] == 6
+    assert (
+        f"on them alone top-2 − monolith is {iv(held_out, 1)} nats (three trainings), against "
+        f"{iv(paired((ES, 1.6e-2), TOP2_MONOLITH), 1)} on trainings 0–2, and {iv(lead, 1)} over all six"
+    ) in text()
+    assert f"({round(m['seconds'] / 60, 1)} min)" in text()
