@@ -57,6 +57,12 @@ def paired(key: tuple, what: str, metric: str = "delta_log_density") -> dict:
     return entry[metric]
 
 
+def sweep_records() -> list[dict]:
+    """The rate sweep's records (``benchmarks/gmm_capacity_pilot.py``)."""
+    records = load("gmm_capacity_pilot.json")
+    return records["records"] if isinstance(records, dict) else records
+
+
 def change(before: list[float], after: list[float]) -> dict:
     """A change paired by training."""
     return interval([b - a for a, b in zip(before, after, strict=True)])
@@ -138,8 +144,7 @@ def test_the_runs_are_the_commands_named_at_the_rates_named():
     assert same["reproduce"]["monolith_lr"] == same["expert"]["optim"]["lr"]
     assert "at 8×10⁻³ both sides share one rate again" in t
     assert "the monolith takes 51,200 steps at batch 32; no sweep was run for it" in t
-    records = load("gmm_capacity_pilot.json")
-    records = records["records"] if isinstance(records, dict) else records
+    records = sweep_records()
     assert not any(r["budget"]["protocol"] == "equal_images" and r["steps"] == 6400 for r in records)
 
 
@@ -147,8 +152,7 @@ def test_the_networks_are_the_sweeps_and_the_routers_the_shared_runs():
     """Per training, the experts of clusters 0, 3 and 4 and the equal-steps monoliths have the tensor hashes of the
     rate sweep's records at these rates (so the rates were picked on these trainings), and the routers those of the
     shared-rate runs; the sweep compared every rate on training 0 and the best two of each side on 1 and 2."""
-    records = load("gmm_capacity_pilot.json")
-    records = records["records"] if isinstance(records, dict) else records
+    records = sweep_records()
 
     def sweep(label: str, training: int) -> dict:
         (r,) = [r for r in records if (r["label"], r["steps"], r.get("training", 0)) == (label, 6400, training)]
@@ -481,8 +485,7 @@ def test_on_trainings_the_sweep_never_saw_the_lead_holds():
     assert m["seeds"]["trainings"] == 6
     (lead,) = [e["delta_log_density"] for e in m["paired"] if e["what"] == TOP2_MONOLITH]
     assert lead["per_training"][:3] == paired((ES, 1.6e-2), TOP2_MONOLITH)["per_training"]  # trainings 0-2 reused
-    records = load("gmm_capacity_pilot.json")
-    records = records["records"] if isinstance(records, dict) else records
+    records = sweep_records()
     assert max(r.get("training", 0) for r in records if r["label"] in SWEEP.values() and r["steps"] == 6400) == 2
     held_out = interval(lead["per_training"][3:])
     assert held_out["lo"] > 0 and lead["lo"] > 0 and lead["trainings"] == 6
