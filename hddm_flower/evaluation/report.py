@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..config.schema import Config
 from ..data import Dataset
-from ..provenance import now, versions
+from ..provenance import now, source, versions
 from ..rundir import REPORT_JSON, REPORT_MD
 from ..safeio import write_atomic
 from .model_card import write_model_cards
@@ -81,6 +81,7 @@ def write_report(
         | {"clusters": [{k: c[k] for k in ("id", "size", "detail", "categories")} for c in dataset_meta["clusters"]]},
         "config": cfg.to_dict(),
         "versions": versions(),
+        "source": source(),
         **extra,
     }
     write_atomic(run_dir / REPORT_JSON, json.dumps(report, indent=2))

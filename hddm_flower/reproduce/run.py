@@ -52,7 +52,7 @@ from ..devices import resolve_device, resolve_precision
 from ..ensemble import Ensemble
 from ..evaluation.evaluate import evaluate_run, feature_network
 from ..gmm.truth import interval
-from ..provenance import now, versions
+from ..provenance import now, source, versions
 from ..rundir import CONFIG, FEATURE_NET, ROUTER, expert_dir, experts_dir
 from ..safeio import write_atomic
 from ..stages.assemble import evaluate_and_report, load_ensemble
@@ -380,6 +380,7 @@ def reproduce(
         "budget": dataclasses.asdict(budget_of(cfg)),
         "artefacts": artefacts,
         "versions": versions(),
+        "source": source(),
         "results": results if truth else {n: row_summary(r) for n, r in results.items()},
     }
     if truth:
