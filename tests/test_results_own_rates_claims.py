@@ -14,7 +14,7 @@ from . import doc_claims
 from .doc_claims import load
 
 START = "**At the samples, each side at its own rate.**"
-END = "**Where the monolith waits: the mean-only level.**"
+END = "**At 800 and 3,200 steps, each side at its own rate.**"
 
 ES, EI = "equal steps", "equal images"
 # (budget, the monolith's own rate; None: the shared-rate rung of In short, both sides at 2e-3) → the run's name
