@@ -52,7 +52,7 @@ from ..devices import resolve_device, resolve_precision
 from ..ensemble import Ensemble
 from ..evaluation.evaluate import evaluate_run, feature_network
 from ..gmm.truth import interval
-from ..provenance import now, source, versions
+from ..provenance import now, source, source_since, versions
 from ..rundir import CONFIG, FEATURE_NET, ROUTER, expert_dir, experts_dir
 from ..safeio import write_atomic
 from ..stages.assemble import evaluate_and_report, load_ensemble
@@ -261,7 +261,7 @@ def reproduce(
     many processes (one torch thread each). ``reuse``: other outputs whose finished experts, monoliths and routers
     are copied in where their fingerprints match this run's (and, on a gmm dataset, whose rows are where the rows'
     keys match): another rung of a ladder that trains its experts alike trains and samples only what differs."""
-    start, load_start = time.perf_counter(), os.getloadavg()
+    start, load_start, code = time.perf_counter(), os.getloadavg(), source()  # the checkout as the run begins
     configs = configs or default_configs(cfg.num_experts, cfg.reproduce.ddpm_counts)
     reuse = [Path(d) for d in reuse]
     for d in reuse:
@@ -380,7 +380,7 @@ def reproduce(
         "budget": dataclasses.asdict(budget_of(cfg)),
         "artefacts": artefacts,
         "versions": versions(),
-        "source": source(),
+        "source": source_since(code),
         "results": results if truth else {n: row_summary(r) for n, r in results.items()},
     }
     if truth:
