@@ -4,6 +4,8 @@ runs at those rates on trainings 0-2 (none of which the sweeps trained), the tab
 readings recomputed from the manifests and ``benchmarks/gmm_ladder.py``'s records, and what In short and Not shown
 say of them."""
 
+import re
+
 import pytest
 
 from hddm_flower.gmm.truth import interval
@@ -28,8 +30,15 @@ BASE = "hddm reproduce --config configs/reproduce-gmm-subspace.yaml "
 EQUAL_IMAGES = "--set reproduce.budget=equal_images --set expert.batch_size=32 "
 SWEEP = (
     "python -m benchmarks.gmm_capacity_pilot --config configs/reproduce-gmm-nano.yaml --steps S --clusters 0 3 4 "
-    '--training 3 --set "data.gmm_covariance=cluster data.gmm_rank=8 expert.optim.lr=LR"'
+    '--label clu-r8-nano-lrLR --work W --threads 1 --training 3 --set "data.gmm_covariance=cluster data.gmm_rank=8 '
+    'expert.optim.lr=LR"'
 )
+
+
+def options(command: str) -> dict[str, str]:
+    """A command's options, each with its value (what follows it up to the next option), in any order."""
+    head, *rest = re.split(r" (?=--)", command)
+    return {"": head} | dict((part.split(" ", 1) + [""])[:2] for part in rest)
 
 
 def own(budget: str, steps: int) -> str:
@@ -121,8 +130,13 @@ def test_each_pick_is_the_sweeps_best_with_a_worse_rate_on_either_side(steps):
     assert {r["label"] for r in sweep_records(steps)} == {f"clu-r8-nano-lr{r}" for r in experts_rates} | {
         f"clu-r8-nano-ei-lr{r}" for r in ei_rates
     }
-    for r in sweep_records(steps):
-        assert "--training 3" in r["command"] and "--clusters 0 3 4" in r["command"]
+    for r in sweep_records(steps):  # each record's command is the doc's, S, LR, the label and W filled in
+        rate = r["label"].split("-lr")[-1]
+        expect = SWEEP.replace("--steps S", f"--steps {steps}").replace("LR", rate).replace('"', "")
+        if "-ei-" in r["label"]:
+            expect = expect.replace("clu-r8-nano-lr", "clu-r8-nano-ei-lr") + " reproduce.budget=equal_images "
+            expect += "expert.batch_size=32"
+        assert options(re.sub(r"--work \S+", "--work W", r["command"])) == options(expect)
         assert r["budget"]["protocol"] == ("equal_images" if "-ei-" in r["label"] else "equal_steps")
         assert r["set"].startswith("data.gmm_covariance=cluster data.gmm_rank=8 expert.optim.lr=")
         assert r["config"] == "configs/reproduce-gmm-nano.yaml" and r["samples"] == 256
@@ -176,7 +190,8 @@ def test_the_runs_are_the_commands_named_on_trainings_the_sweeps_never_ran():
     assert (
         f"`{BASE}--set router.conditioning=text --set expert.optim.lr=1.6e-2 --set reproduce.monolith_lr=1.6e-2 --out "
         f"OUT --jobs 2` ({minutes[ES, 800]} min); under equal images the same with `{EQUAL_IMAGES}--set "
-        f"reproduce.monolith_lr=8e-3 --reuse OUT --jobs 3` ({minutes[EI, 800]} min); at 3,200 steps both again with "
+        f"reproduce.monolith_lr=8e-3 --reuse OUT --out OUT_EI --jobs 3` ({minutes[EI, 800]} min); at 3,200 steps both "
+        "again with "
         f"`--set expert.steps=3200`, the experts at 8e-3 and the monoliths at 1.6e-2 and 4e-3 ({minutes[ES, 3200]} and "
         f"{minutes[EI, 3200]} min)"
     ) in t
@@ -188,7 +203,19 @@ def test_the_runs_are_the_commands_named_on_trainings_the_sweeps_never_ran():
     assert manifest(own(ES, 800)).get("source") is None  # run before manifests named their commit
     commits = {manifest(own(*k))["source"]["commit"] for k in KEYS if k != (ES, 800)}
     assert commits == {"b540557"} and all(not manifest(own(*k))["source"]["uncommitted"] for k in KEYS[1:])
-    assert "(the first at c5fb94d, the others at b540557, which adds only the commit to the manifest" in t
+    assert (
+        "The first run began at c5fb94d and its checkout moved to b540557 (which changes only the provenance a "
+        "manifest records) while it evaluated; the other three ran at b540557, which their manifests name"
+    ) in t
+    # all rows but the monolith's of the equal-images 800 run, sampled again at b540557, are the first run's to the bit
+    first, again = (manifest(own(b, 800))["results"] for b in (ES, EI))
+    same = [n for n in again if n != MONOLITH]
+
+    def numbers(r: dict) -> dict:
+        return {k: r[k] for k in ("metrics", "per_seed", "per_training") if k in r}
+
+    assert len(same) == 26 and all(numbers(again[n]) == numbers(first[n]) for n in same)
+    assert numbers(again[MONOLITH]) != numbers(first[MONOLITH])
     assert SWEEP in t
     adopted = {k: sum(bool(r.get("reused_from")) for r in manifest(own(*k))["results"].values()) for k in KEYS}
     assert adopted == {(ES, 800): 0, (EI, 800): 0, (ES, 3200): 0, (EI, 3200): 26}
@@ -203,7 +230,10 @@ def test_the_runs_are_the_commands_named_on_trainings_the_sweeps_never_ran():
         "(doubling, from 2×10⁻³ to 3.2×10⁻² at 800 steps; at 3,200 from 4×10⁻³ to 3.2×10⁻² for the experts and the "
         "equal-steps monolith, from 2×10⁻³ to 1.6×10⁻² for the equal-images one, 25,600 steps at batch 32)"
     ) in t
-    assert [sci(r) for r in SWEPT[800][0]] == ["2×10⁻³", "4×10⁻³", "8×10⁻³", "1.6×10⁻²", "3.2×10⁻²"]
+    assert (
+        "for the equal-images monolith the label `clu-r8-nano-ei-lrLR` and `reproduce.budget=equal_images "
+        "expert.batch_size=32` added to `--set`"
+    ) in t
 
 
 def table() -> list[list[str]]:
@@ -255,10 +285,11 @@ def test_at_800_steps_top2_no_longer_beats_the_monolith():
     assert move["hi"] < 0 and mono["mean"] > 6 * top2["mean"] > 0 and top2["lo"] > 0
     by = ", ".join(f"{-x:.1f}" for x in es["per_training"][:2]) + f" and {-es['per_training'][2]:.1f}"
     assert (
-        f"**At 800 steps top-2 no longer beats the monolith under either protocol.** Under equal steps its lead of "
+        f"**At 800 steps top-2 beats the monolith under neither protocol.** Under equal steps its lead of "
         f"{iv(paired(shared(ES, 800)), 1)} nats at the shared rate becomes {iv(es, 1)}, a tie, with the monolith "
         f"ahead in each of the three trainings (by {by} nats): a change of {iv(move, 1)}, as the monolith's row gains "
-        f"{iv(mono, 1)} nats and top-2's {iv(top2, 1)}."
+        f"{iv(mono, 1)} nats and top-2's {iv(top2, 1)}. So the shared rate's verdict there rested on a monolith that "
+        "800 steps at 2×10⁻³ had left far short."
     ) in t
     grow = lead_change((EI, 800))
     assert grow["lo"] > 0
@@ -287,10 +318,11 @@ def test_at_3200_steps_the_lead_grows_and_the_experts_gain_more():
     ) in t
 
 
-def test_top2_passes_the_monolith_between_800_and_3200_under_both_protocols():
+def test_top2_passes_the_monolith_under_equal_images_and_goes_from_a_tie_to_a_lead_under_equal_steps():
     t = text()
-    for budget in (ES, EI):
-        assert paired(own(budget, 800))["lo"] < 0 < paired(own(budget, 3200))["lo"]
+    assert paired(own(EI, 800))["hi"] < 0 < paired(own(EI, 3200))["lo"]  # passes: resolved on both sides
+    es = paired(own(ES, 800))
+    assert verdict(es) == "a tie" and max(es["per_training"]) < 0 < paired(own(ES, 3200))["lo"]
     assert paired(shared(ES, 800))["lo"] > 0  # at the shared rate it led from 800 on under equal steps
     at_6400 = [
         load(f"reproduce-gmm-subspace-{n}-manifest.json")["paired"]
@@ -300,7 +332,8 @@ def test_top2_passes_the_monolith_between_800_and_3200_under_both_protocols():
     assert all(x["lo"] > 0 for x in leads)
     assert (
         "**So, each side at its own rate, top-2 passes the equal-compute monolith between 800 and 3,200 expert steps "
-        "under both protocols**, where at the shared rate it led from 800 steps on under equal steps. At 6,400 it "
+        "under equal images, and under equal steps it goes from a tie (the monolith ahead in each training) to a "
+        "resolved lead**; at the shared rate it led from 800 steps on under equal steps. At 6,400 it "
         f"leads under both too ({iv(leads[0], 1)} and {iv(leads[1], 1)}, **At the samples, each side at its own "
         "rate**, above; there the rates were picked on training 0 of the same trainings, and the equal-images "
         "monolith's among three rates without a sweep)."
@@ -328,6 +361,9 @@ def test_the_excess_loss_gap_agrees_at_3200_not_at_800():
     text_run, text_free = (load(f"reproduce-gmm-subspace-{n}-manifest.json") for n in ("3200-text", "3200"))
     for a, b in zip(text_run["artefacts"]["trainings"], text_free["artefacts"]["trainings"], strict=True):
         assert a["monolith"]["tensor_sha256"] == b["monolith"]["tensor_sha256"]
+        assert {k: e["tensor_sha256"] for k, e in a["experts"].items()} == {
+            k: e["tensor_sha256"] for k, e in b["experts"].items()
+        }
     assert (
         f"**The excess-loss gap agrees at 3,200 steps, not at 800.** At 3,200 it grows under equal steps from "
         f"{iv(gap((ES, 3200), False), 3)} to {iv(gap((ES, 3200)), 3)} and under equal images from "
@@ -348,11 +384,15 @@ def test_the_excess_loss_gap_agrees_at_3200_not_at_800():
     ) in t
     # the shared-rate equal-steps rung at 800: its prompt-aware run's networks are not the text-free run's
     text_run, text_free = (load(f"reproduce-gmm-subspace-{n}-manifest.json") for n in ("800-text", "800"))
-    for a, b in zip(text_run["artefacts"]["trainings"], text_free["artefacts"]["trainings"], strict=True):
+    ei_run = load("reproduce-gmm-subspace-ei-800-text-manifest.json")  # its experts are scored under ei-800
+    for a, b, c in zip(*(m["artefacts"]["trainings"] for m in (text_run, text_free, ei_run)), strict=True):
         assert a["monolith"]["tensor_sha256"] != b["monolith"]["tensor_sha256"]
+        assert all(a["experts"][k]["tensor_sha256"] != b["experts"][k]["tensor_sha256"] for k in a["experts"])
+        assert all(a["experts"][k]["tensor_sha256"] == c["experts"][k]["tensor_sha256"] for k in a["experts"])
     assert text_run["seeds"] == text_free["seeds"]
     assert (
-        f"(**In short**'s {iv(gap((ES, 800), False), 3)} is the text-free run's: the same seeds, trained on other "
+        "The shared-rate equal-steps rung at 800 has no excess-loss record of its monolith (**In short**'s "
+        f"{iv(gap((ES, 800), False), 3)} is the text-free run's networks: the same seeds, trained on other "
         "arithmetic), so no change is given there."
     ) in t
 
@@ -391,7 +431,8 @@ def test_the_routing_modes_stay_as_at_the_shared_rate():
 
 
 def test_in_short_gives_every_rung_at_its_own_rates():
-    bullet = doc_claims.raw_passage("- **Each side at its own rate, at every rung.**", "- **By MMD².**")
+    start, end = "- **Own rates at every rung.**", "- **Each side at its own rate** (6,400 expert steps;"
+    bullet = doc_claims.raw_passage(start, end)
     rows = doc_claims.md_table(bullet, "| protocol | 800 expert steps |")
     at_6400 = {ES: "6400-text-lr8e-3-mono1.6e-2", EI: "ei-6400-text-lr8e-3-mono4e-3"}
 
@@ -403,15 +444,101 @@ def test_in_short_gives_every_rung_at_its_own_rates():
         [budget, cell(paired(own(budget, 800))), cell(paired(own(budget, 3200))), cell(paired(at_6400[budget]))]
         for budget in (EI, ES)
     ]
-    folded = doc_claims.passage("- **Each side at its own rate, at every rung.**", "- **By MMD².**")
-    assert "So top-2 passes the monolith between 800 and 3,200 steps under both protocols." in folded
+    folded = doc_claims.passage(start, end)
     assert (
-        f"at its own rate the monolith gains {iv(row_change((ES, 800), MONOLITH), 1)} nats there, top-2 "
-        f"{iv(row_change((ES, 800), TOP2), 1)}."
+        "So under equal images top-2 passes the monolith between 800 and 3,200 steps; under equal steps it goes from "
+        "a tie at 800 (the monolith ahead in each training) to a resolved lead at 3,200. Under equal steps, its lead "
+        "at 800 at the shared rate came from the monolith's rate, too low for 800 steps: at its own rate the monolith "
+        f"gains {iv(row_change((ES, 800), MONOLITH), 1)} nats there, top-2 {iv(row_change((ES, 800), TOP2), 1)}."
     ) in folded
-    assert "picked by a sweep on a fourth training that these runs do not use" in folded
+    assert (
+        "(at 800 and 3,200 steps picked by a sweep on a fourth training that these runs do not use: **At 800 and 3,200 "
+        "steps, each side at its own rate**, below; at 6,400 the experts' and the equal-steps monolith's picked on "
+        "training 0 of the same trainings, and the equal-images monolith's the best mean of three rates tried on those "
+        "trainings: **At the samples, each side at its own rate**, below)"
+    ) in folded
+    in_short = doc_claims.passage("**In short**, on the mixture whose clusters share no structure", "Details below.")
+    assert in_short.index("- **The router.**") < in_short.index(start) < in_short.index(end)
+    assert "three trainings" in folded and all(manifest(own(*k))["seeds"]["trainings"] == 3 for k in KEYS)
     intro = doc_claims.passage("**In short**, on the mixture whose clusters share no structure", "| protocol |")
     assert "both sides at one learning rate (2×10⁻³; each at its own rate: the second table below)" in intro
     for name in ("800-text", "ei-800-text", "3200-text", "ei-3200-text", "6400-text", "ei-6400-text"):
         c = load(f"reproduce-gmm-subspace-{name}-manifest.json")["config"]
         assert c["expert"]["optim"]["lr"] == 2e-3 and not c["reproduce"].get("monolith_lr")
+    shared_bullet = doc_claims.passage("- **Where top-k passes the monolith.**", "- **By MMD².**")
+    assert shared_bullet.startswith("- **Where top-k passes the monolith.** So, at the shared rate, under equal images")
+
+
+def test_the_margins_and_what_is_not_shown():
+    t = text()
+    m8, m16, m32 = (swept(800, r, ES)["mean_over_t_and_clusters"]["monolith"] for r in ("8e-3", "1.6e-2", "3.2e-2"))
+    e8 = swept(800, "8e-3", ES)["mean_over_t_and_clusters"]["expert"]
+    ei8 = swept(3200, "8e-3", EI)["mean_over_t_and_clusters"]["monolith"]
+    assert m16 < m32 < m8 and 100 * (m32 / m16 - 1) < 0.5
+    assert (
+        f"at 800 steps the equal-steps monolith scores {m8:.3f}, {m16:.3f} and {m32:.3f} at 8×10⁻³, 1.6×10⁻² and "
+        f"3.2×10⁻² (the last two {100 * (m32 / m16 - 1):.1f} % apart) and the experts {e8:.3f} at 8×10⁻³; at 3,200 the "
+        f"equal-images monolith scores {ei8:.3f} at 8×10⁻³."
+    ) in t
+    assert "Some margins are thin (one training each)" in t
+    not_shown = doc_claims.passage(
+        "- Not shown: each side's best learning rate over more than one training",
+        "Further: a `hddm reproduce` rung above 6,400",
+    )
+    six = [
+        {
+            r.get("training", 0)
+            for r in load("gmm_capacity_pilot.json")["records"]
+            if r["label"] == label and r["steps"] == 6400
+        }
+        for label in ("clu-r8-nano-lr4e-3", "clu-r8-nano-lr3.2e-2", "clu-r8-nano-lr1.6e-2")
+    ]
+    assert six == [{0}, {0}, {0, 1, 2}]
+    assert not any(r["steps"] == 6400 and "-ei-" in r["label"] for r in load("gmm_capacity_pilot.json")["records"])
+    assert (
+        "each side's best learning rate over more than one training at any budget (at 800 and 3,200 steps each was "
+        "picked on training 3 alone, by excess loss on three clusters, some by thin margins; at 6,400 the experts' "
+        "neighbouring rates 4×10⁻³ and 3.2×10⁻² ran on training 0 only, the equal-steps monolith's 1.6×10⁻² ties "
+        "8×10⁻³ over three trainings, and the equal-images monolith was tried at three rates without a sweep), or a "
+        "rate picked by Δ log p; a rung with each side at its own rate below 800 or above 6,400 steps, or with the "
+        "text-free router (its rungs ran at the shared rate only)."
+    ) in not_shown
+
+
+def test_the_passage_says_how_the_rates_were_picked_and_what_the_intervals_cover():
+    t = text()
+    trainings = {r["training"] for s in STEPS for r in sweep_records(s)}
+    assert trainings == {3} and all(manifest(own(*k))["seeds"]["trainings"] == 3 for k in KEYS)
+    assert (
+        "were run again with each side at its own rate, picked by a sweep at the same budget on training 3, which "
+        "none of these runs trains"
+    ) in t
+    assert (
+        "Each side takes the rate of lowest excess loss over Bayes (mean over t and clusters 0, 3 and 4; one "
+        "training, so no interval)"
+    ) in t
+    assert all(set(r["per_cluster"]) == {"0", "3", "4"} for s in STEPS for r in sweep_records(s))
+    assert ("Each equal-images run adopts its equal-steps run's experts and routers and trains only its monoliths") in t
+    for steps in STEPS:
+        for tr in manifest(own(EI, steps))["artefacts"]["trainings"]:
+            assert all(e["reused"] for e in tr["experts"].values()) and not tr["monolith"]["reused"]
+        first, then = (manifest(own(b, steps))["artefacts"]["trainings"] for b in (ES, EI))
+        assert [a["router"]["tensor_sha256"] for a in first] == [b["router"]["tensor_sha256"] for b in then]
+    assert (
+        "Each ± is over the three trainings, paired by training (and by sampling seed for Δ log p and MMD²). The rates "
+        'were picked without looking at these trainings; the intervals hold given those picks. "Shared rate" is '
+        "2×10⁻³ for both sides, the rungs of **In short**"
+    ) in t
+    for k in KEYS:
+        assert manifest(shared(*k))["config"]["expert"]["optim"]["lr"] == 2e-3
+    for path in (
+        "`benchmarks/results/reproduce-gmm-subspace-{800,ei-800}-text-lr1.6e-2-mono*-*`",
+        "`reproduce-gmm-subspace-{3200,ei-3200}-text-lr8e-3-mono*-*`",
+        "`benchmarks/results/gmm_ladder_subspace_{800,3200}_own_rates.{md,json}`",
+        "`benchmarks/results/gmm_capacity_pilot-lr-sweep-{800,3200}-training-3.{md,json}`",
+    ):
+        assert path in t
+    for k in KEYS:
+        assert (doc_claims.RESULTS / f"reproduce-gmm-subspace-{own(*k)}-tables.md").exists()
+    for steps in STEPS:
+        assert (doc_claims.RESULTS / f"gmm_capacity_pilot-lr-sweep-{steps}-training-3.md").exists()
