@@ -453,6 +453,13 @@ def test_in_short_gives_every_rung_at_its_own_rates():
         "at 800 at the shared rate came from the monolith's rate, too low for 800 steps: at its own rate the monolith "
         f"gains {iv(row_change((ES, 800), MONOLITH), 1)} nats there, top-2 {iv(row_change((ES, 800), TOP2), 1)}."
     ) in folded
+    medians = [paired(own(b, 800), metric="delta_log_density_median") for b in (ES, EI)]
+    tails = [paired(own(b, 800), metric="log_deficit_p90") for b in (ES, EI)]
+    assert all(x["lo"] > 0 for x in medians + tails)
+    assert (
+        "These are means of Δ log p; at 800 steps the median has top-2 ahead under both protocols, with its worst "
+        "samples worse than the monolith's (below)."
+    ) in folded
     assert (
         "(at 800 and 3,200 steps picked by a sweep on a fourth training that these runs do not use: **At 800 and 3,200 "
         "steps, each side at its own rate**, below; at 6,400 the experts' and the equal-steps monolith's picked on "
