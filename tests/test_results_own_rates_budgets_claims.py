@@ -380,7 +380,7 @@ def test_the_excess_loss_gap_agrees_at_3200_not_at_800():
     assert verdict(gap((EI, 800))) == "a tie" and ei_move["lo"] > 0 and ei800["3"]["hi"] < 0
     assert (
         f"At 800 steps it is {iv(gap((ES, 800)), 3)} under equal steps (above zero on 6 of the 8 clusters, below on "
-        "cluster 3) while Δ log p has the monolith level or ahead; under equal images it is a tie "
+        "cluster 3) while the mean of Δ log p has the monolith level or ahead; under equal images it is a tie "
         f"({iv(gap((EI, 800)), 3)}, from {iv(gap((EI, 800), False), 3)} at the shared rate, a change of "
         f"{iv(ei_move, 3)}), below zero on cluster 3 too."
     ) in t
