@@ -7,6 +7,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+from hddm_flower.gmm.truth import interval
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "results.md"
@@ -64,3 +66,13 @@ def md_table(text: str, header: str) -> list[list[str]]:
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in rows]
     assert set(lines[i + 1].strip("|").split("|")) == {"---"}, f"{header}: no rule under the header"
     return cells
+
+
+def change(before: list[float], after: list[float]) -> dict:
+    """A change paired by training: the interval of ``after − before``, training by training."""
+    return interval([b - a for a, b in zip(before, after, strict=True)])
+
+
+def verdict(x: dict) -> str:
+    """``a tie`` where the interval holds 0, else ``resolved``, as the doc words it."""
+    return "a tie" if x["lo"] < 0 < x["hi"] else "resolved"

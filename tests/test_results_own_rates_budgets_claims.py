@@ -11,7 +11,7 @@ import pytest
 from hddm_flower.gmm.truth import interval
 
 from . import doc_claims
-from .doc_claims import load
+from .doc_claims import change, load, verdict
 
 START = "**At 800 and 3,200 steps, each side at its own rate.**"
 END = "**Where the monolith waits: the mean-only level.**"
@@ -72,11 +72,6 @@ def row(name: str, which: str) -> list[float]:
     return [sum(s["delta_log_density"] for s in t) / len(t) for t in manifest(name)["results"][which]["per_training"]]
 
 
-def change(before: list[float], after: list[float]) -> dict:
-    """A change paired by training."""
-    return interval([b - a for a, b in zip(before, after, strict=True)])
-
-
 def lead_change(key: tuple) -> dict:
     return change(paired(shared(*key))["per_training"], paired(own(*key))["per_training"])
 
@@ -110,10 +105,6 @@ def swept(steps: int, rate: str, budget: str) -> dict:
 
 def iv(x: dict, digits: int, scale: float = 1.0) -> str:
     return doc_claims.iv(x, digits, scale=scale)
-
-
-def verdict(x: dict) -> str:
-    return "a tie" if x["lo"] < 0 < x["hi"] else "resolved"
 
 
 def sci(rate: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from hddm_flower.gmm.truth import interval
 
 from . import doc_claims
-from .doc_claims import load
+from .doc_claims import change, load, verdict
 
 START = "**At the samples, each side at its own rate.**"
 END = "**At 800 and 3,200 steps, each side at its own rate.**"
@@ -63,11 +63,6 @@ def sweep_records() -> list[dict]:
     return records["records"] if isinstance(records, dict) else records
 
 
-def change(before: list[float], after: list[float]) -> dict:
-    """A change paired by training."""
-    return interval([b - a for a, b in zip(before, after, strict=True)])
-
-
 def row(key: tuple, name: str, metric: str = "delta_log_density") -> list[float]:
     """A trained row's metric per training (the mean over its sampling seeds)."""
     return [sum(s[metric] for s in t) / len(t) for t in manifest(key)["results"][name]["per_training"]]
@@ -92,10 +87,6 @@ def excess(key: tuple, side: str) -> list[float]:
 
 def iv(x: dict, digits: int, scale: float = 1.0) -> str:
     return doc_claims.iv(x, digits, scale=scale)
-
-
-def verdict(x: dict) -> str:
-    return "a tie" if x["lo"] < 0 < x["hi"] else "resolved"
 
 
 def test_the_runs_are_the_commands_named_at_the_rates_named():
