@@ -11,7 +11,7 @@ trains them, with the seeds of one training (``--training i``, 0 unless given: t
 :func:`hddm_flower.training_seeds.training_config` gives training i of ``evaluation.training_seeds``), and scored by
 :func:`benchmarks.gmm_ladder.excess_loss`. One training per call, so no interval: a pilot says where to look, and
 its reruns with ``--training 1``, ``2`` give independent trainings. Appends one JSON record per budget to
-``WORK/pilot.jsonl`` and prints it. ``--train-only experts`` and ``--train-only monolith`` in two processes train one
+``WORK/pilot.jsonl`` (with the checkout's commit, :func:`hddm_flower.provenance.source`) and prints it. ``--train-only experts`` and ``--train-only monolith`` in two processes train one
 budget's networks on both cores; a call without it then reuses them and scores.
 ``--summarise RECORDS`` trains nothing: it puts the records of ``--label`` side by side over their trainings
 (intervals over the trainings present, :func:`summarise`) in ``benchmarks/results/gmm_capacity_pilot-LABEL.{md,json}``;
@@ -45,6 +45,7 @@ from hddm_flower.checkpoints import META, WEIGHTS, save_expert
 from hddm_flower.config.io import load_config, parse_overrides
 from hddm_flower.gmm.dataset import load_reference
 from hddm_flower.gmm.truth import interval
+from hddm_flower.provenance import source, source_since
 from hddm_flower.reproduce.training import tensor_sha256, train_monolith
 from hddm_flower.stages.expert import train_one_expert
 from hddm_flower.stages.prepare import prepare_data
@@ -355,7 +356,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     for steps in args.steps:
-        start, load0 = time.time(), os.getloadavg()
+        start, load0, at_start = time.time(), os.getloadavg(), source()
         cfg = load_config(args.config, parse_overrides(args.set) | {"expert.steps": steps})
         dataset = prepare_data(cfg, args.cache_dir)
         cfg = training_config(cfg, args.training)
@@ -380,6 +381,7 @@ def main() -> None:
             "machine": machine() + f", {args.threads} torch threads",
             "load_average": {"start": load0, "end": os.getloadavg()},
             "seconds": round(time.time() - start, 1),
+            "source": source_since(at_start),
         } | result
         with open(work / "pilot.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
