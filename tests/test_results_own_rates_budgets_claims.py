@@ -619,3 +619,79 @@ def test_at_800_steps_on_trainings_the_sweep_never_ran():
     assert t.count("(the monolith ahead in each of trainings 0–2, not in one of 4–6)") == 1
     in_short = doc_claims.passage("- **Own rates at every rung.**", "- **Each side at its own rate** (6,400")
     assert "a tie at 800 (the monolith ahead in each of trainings 0–2, not in one of 4–6)" in in_short
+
+
+GAP = "empty caption · full: gap, trained experts · trained router − exact · exact"
+FIRST = "empty caption · full: router share at exact experts (ET − EE)"  # the trained router beside exact experts
+SECOND = "empty caption · full: router share with trained experts (TT − TE)"  # beside the trained experts
+RUNGS = (800, 3200, 6400)
+OWN_ES = {800: own(ES, 800), 3200: own(ES, 3200), 6400: "6400-text-lr8e-3-mono1.6e-2"}
+
+
+def share(name: str, what: str) -> float:
+    """The router's share of the gap, in %, as the ratio of the means."""
+    return 100 * paired(name, what)["mean"] / paired(name, GAP)["mean"]
+
+
+def shares_by_training(name: str, what: str) -> list[float]:
+    return [
+        100 * a / b for a, b in zip(paired(name, what)["per_training"], paired(name, GAP)["per_training"], strict=True)
+    ]
+
+
+def test_at_own_rates_the_routers_share_rises_with_the_budget_and_the_experts_part_is_most():
+    t = text()
+    for steps in STEPS:  # the monolith plays no part: both protocols' runs give the same factorial
+        for what in (GAP, FIRST, SECOND):
+            assert paired(own(ES, steps), what) == paired(own(EI, steps), what)
+    gaps = {s: paired(OWN_ES[s], GAP) for s in RUNGS}
+    closed = [change(paired(shared(ES, s), GAP)["per_training"], gaps[s]["per_training"]) for s in STEPS]
+    cost = {s: paired(OWN_ES[s], SECOND) for s in STEPS}
+    moved = [change(paired(shared(ES, s), SECOND)["per_training"], cost[s]["per_training"]) for s in STEPS]
+    assert all(verdict(x) == "resolved" and x["lo"] > 0 for x in closed)
+    assert all(verdict(x) == "a tie" for x in moved)
+    assert [verdict(cost[s]) for s in STEPS] == ["a tie", "resolved"]
+    first = {s: paired(OWN_ES[s], FIRST) for s in RUNGS}
+    assert first[800] == first[3200] == first[6400] == paired(shared(ES, 800), FIRST)  # the same router, exact experts
+    own_shares = {w: [share(OWN_ES[s], w) for s in RUNGS] for w in (FIRST, SECOND)}
+    was = {w: [share(shared(ES, s), w) for s in RUNGS] for w in (FIRST, SECOND)}
+    assert all(a < b < c for a, b, c in own_shares.values())
+    rises = {  # from 800 to 6,400 and from 800 to 3,200
+        (w, b): change(shares_by_training(OWN_ES[800], w), shares_by_training(OWN_ES[b], w))
+        for w in (FIRST, SECOND)
+        for b in (3200, 6400)
+    }
+    assert [verdict(rises[w, 6400]) for w in (FIRST, SECOND)] == ["resolved", "resolved"]
+    assert [verdict(rises[w, 3200]) for w in (FIRST, SECOND)] == ["resolved", "a tie"]
+    experts_least = min(100 - x for w in (FIRST, SECOND) for x in own_shares[w])
+    pct = lambda xs: ", ".join(f"{x:.1f}" for x in xs[:-1]) + f" and {xs[-1]:.1f}"  # noqa: E731
+    pct_list = lambda xs: ", ".join(f"{x:.1f}" for x in xs)  # noqa: E731
+    assert (
+        "- **The router's share of the gap rises with the budget, and the experts' part is still most of it.** On the "
+        "empty caption with full routing (the monolith plays no part, so both protocols share it) the gap of trained "
+        f"experts and router to exact ones is {iv(gaps[800], 1)} nats at 800 steps and {iv(gaps[3200], 1)} at 3,200 "
+        f"({iv(gaps[6400], 1)} at 6,400), against {iv(paired(shared(ES, 800), GAP), 1)} and "
+        f"{iv(paired(shared(ES, 3200), GAP), 1)} at the shared rate: own rates close it by {iv(closed[0], 1)} and "
+        f"{iv(closed[1], 1)} (paired by training). The trained router's cost beside the trained experts (exchanged "
+        f"second) does not change resolvably: {iv(cost[800], 1)} (a tie) and {iv(cost[3200], 1)}, changes of "
+        f"{iv(moved[0], 1)} and {iv(moved[1], 1)} from the shared rate; beside exact experts (exchanged first) it is "
+        f"{iv(first[800], 1)} at every rung. So the router's share, the ratio of the means, is "
+        f"{pct(own_shares[FIRST])} % at 800, 3,200 and 6,400 steps exchanged first and {pct(own_shares[SECOND])} % "
+        f"exchanged second (at the shared rate {pct_list(was[FIRST])} % and {pct_list(was[SECOND])} %); each "
+        f"training's share rises from 800 to 6,400 steps by {iv(rises[FIRST, 6400], 1)} and "
+        f"{iv(rises[SECOND, 6400], 1)} points, resolved, while from 800 to 3,200 only the first "
+        f"({iv(rises[FIRST, 3200], 1)}) is. The experts' part is {experts_least:.1f} % of the gap or more at every rung."
+    ) in t
+    assert 100 * (1 - paired(OWN_ES[6400], SECOND)["mean"] / gaps[6400]["mean"]) == pytest.approx(experts_least)
+    bullet = doc_claims.passage(
+        "- **Own rates at every rung.**", "- **Each side at its own rate** (6,400 expert steps;"
+    )
+    assert (
+        "On the empty caption the router's share of the gap of trained parts to exact ones (exchanged second) is "
+        f"{pct(own_shares[SECOND])} % at 800, 3,200 and 6,400 steps, against {pct(was[SECOND])} % at the shared rate: "
+        "own rates shrink the experts' part while the router's cost does not change resolvably."
+    ) in bullet
+    assert all(x["lo"] > 0 for x in closed) and all(verdict(x) == "a tie" for x in moved)
+    assert verdict(
+        change(paired("6400-text", SECOND)["per_training"], paired(OWN_ES[6400], SECOND)["per_training"])
+    ) == ("a tie")
