@@ -95,8 +95,8 @@ def train(
 
 
 def network_hashes(root: Path) -> dict[str, str]:
-    """The :func:`~hddm_flower.reproduce.training.tensor_sha256` of every network in ``root`` (``monolith``,
-    ``experts/cluster-k-fm``): what a manifest of ``hddm reproduce`` records for the same networks."""
+    """The :func:`~hddm_flower.reproduce.training.tensor_sha256` of each network in ``root`` (``monolith``,
+    ``experts/cluster-k-fm``), as a manifest of ``hddm reproduce`` records them."""
     folders = [root / "monolith", *sorted((root / "experts").glob("cluster-*"))]
     return {f.relative_to(root).as_posix(): tensor_sha256(f / WEIGHTS) for f in folders if (f / WEIGHTS).exists()}
 
@@ -104,8 +104,7 @@ def network_hashes(root: Path) -> dict[str, str]:
 def pilot(
     cfg, dataset, root: Path, clusters: list[int], samples: int, device: str = "cpu", target: str = "data"
 ) -> dict:
-    """Train (or reuse from ``root``) the experts of ``clusters`` and the monolith; their excess losses and the
-    networks' tensor hashes."""
+    """Train (or reuse from ``root``) the experts of ``clusters`` and the monolith; their excess losses and hashes."""
     seconds = train(cfg, dataset, root, clusters, device=device, target=target)
     ref = load_reference(dataset)
     per_cluster = excess_loss(cfg, ref, root, samples, seed=cfg.evaluation.seed)
