@@ -7,6 +7,7 @@ hddm train-router --run-dir RUN                train the router into RUN/router
 hddm assemble --run-dir RUN                    router + evaluation + samples + report for RUN/experts
 hddm evaluate --run-dir RUN                    metrics for every routing mode, report.md/json, grids, plots
 hddm reproduce --out DIR                       8FM, 2DDPM:6FM, 4:4 and a monolith: the paper's two tables
+hddm tables OUT/manifest.json --trainings 0 1 2 a Gaussian-mixture reproduce run read over some of its trainings
 hddm sample --run-dir RUN --prompt "dog face"  sample a grid from an assembled run
 hddm add-expert RUN EXPERT_DIR                 add a late (or replacement) expert to an assembled run
 hddm convert-dit DiT-XL-2-256x256.pt --out DIR convert an ImageNet DiT into an expert initialisation
@@ -258,6 +259,44 @@ def cmd_reproduce(args) -> None:
     print(f"tables: {out / 'tables.md'}  manifest: {out / 'manifest.json'}  ({result['seconds']:.0f} s)")
 
 
+def cmd_tables(args) -> None:
+    from .gmm.compare import over_trainings, paired_truth, trainings_of
+    from .gmm.evaluate import render_truth_tables
+    from .provenance import source
+    from .safeio import write_atomic
+
+    path = Path(args.manifest)
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    results = manifest.get("results") if isinstance(manifest, dict) else None
+    if not isinstance(results, dict) or not results or not all("row" in r for r in results.values()):
+        raise ValueError(f"{path}: not the manifest of an `hddm reproduce` run on a Gaussian mixture")
+    n = trainings_of(results)
+    keep = args.trainings if args.trainings is not None else list(range(n))
+    read = over_trainings(results, keep)
+    paired = paired_truth(read)
+    head = (
+        f"Read by `{args.command_line}`: trainings {', '.join(map(str, keep))} of the {n} in `{path}`, so every "
+        f"interval over trainings below is over these {len(keep)}; a trained row's per-step router KL is training "
+        "0's, shown only when training 0 is read first."
+    )
+    md = head + "\n\n" + render_truth_tables(manifest | {"results": read, "paired": paired}, read)
+    if args.out is None:
+        print(md)
+        return
+    out = Path(args.out)
+    if out.suffix != ".md":
+        raise ValueError(f"--out {out}: name a .md file (the paired differences go beside it as .json)")
+    if out.resolve() == (path.parent / "tables.md").resolve():
+        raise ValueError(f"--out {out}: that is the run's own tables; name another file")
+    record = {"command": args.command_line, "manifest": str(path), "trainings": keep, "of": n, "source": source()}
+    write_atomic(out.with_suffix(".json"), json.dumps(record | {"paired": paired}, indent=2))
+    write_atomic(out, md)
+    print(f"tables: {out}  paired differences: {out.with_suffix('.json')}")
+
+
 def cmd_add_expert(args) -> None:
     from .stages.add_expert import add_expert
 
@@ -484,6 +523,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="other --out folders: their experts, monoliths and routers are copied in where the fingerprints match "
         "(e.g. another budget protocol whose experts train alike), and on a gmm dataset their rows' results",
     )
+    sp = sub.add_parser(
+        "tables",
+        help="a Gaussian-mixture reproduce run's tables read again from its manifest, over the trainings named",
+        description="Render the tables of an `hddm reproduce` run on a Gaussian mixture from its manifest.json, "
+        "over some of its trainings (e.g. leaving out the one a learning rate was picked on): each interval over "
+        "trainings and each paired difference recomputed over those.",
+    )
+    sp.add_argument("manifest", metavar="MANIFEST", help="OUT/manifest.json of a finished hddm reproduce run")
+    sp.add_argument(
+        "--trainings",
+        type=int,
+        nargs="+",
+        metavar="I",
+        help="the trainings to read over, e.g. 0 1 2 4 5 6 (default: all)",
+    )
+    sp.add_argument("--out", help="FILE.md to write, the paired differences beside it as FILE.json (default: print)")
+    sp.set_defaults(fn=cmd_tables)
     sp = add(
         "add-expert",
         cmd_add_expert,

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -112,3 +113,40 @@ def test_paper_config_without_its_local_files_fails_clearly(tmp_path, capsys):
         "hddm prepare: error: shard /data/laion-aesthetics/00000.tar does not exist "
         "(set data.skip_bad_shards: true to skip it)"
     ) and not any(tmp_path.iterdir())
+
+
+def test_tables_reads_a_gmm_run_over_some_of_its_trainings(tmp_path, capsys):
+    """`hddm tables` on the committed 7-training manifest, read over trainings 0-2, gives the paired differences of
+    the committed run of those three trainings to the bit (they were reused, not retrained), and its tables say
+    which trainings they cover; bad requests fail with one line, exit 2 and nothing written."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    seven = results / "reproduce-gmm-subspace-800-text-lr1.6e-2-mono1.6e-2-7-trainings-manifest.json"
+    three = json.loads((results / "reproduce-gmm-subspace-800-text-lr1.6e-2-mono1.6e-2-manifest.json").read_text())
+    out = tmp_path / "read.md"
+    assert main(["tables", str(seven), "--trainings", "0", "1", "2", "--out", str(out)]) == 0
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["paired"] == three["paired"] and record["trainings"] == [0, 1, 2] and record["of"] == 7
+    md = out.read_text()
+    assert "trainings 0, 1, 2 of the 7" in md and "Each cell: the mean over 3 independent trainings" in md
+    everything = json.loads(seven.read_text())
+    assert main(["tables", str(seven), "--out", str(out)]) == 0  # every training: the run's own paired table
+    assert json.loads(out.with_suffix(".json").read_text())["paired"] == everything["paired"]
+    capsys.readouterr()
+    bad = tmp_path / "bad.md"
+    not_gmm = tmp_path / "manifest.json"
+    not_gmm.write_text(json.dumps({"results": {"8FM": {"top2": {}}}}))
+    for argv, message in (
+        ([str(seven), "--trainings", "7"], "training 7: these results hold trainings 0–6"),
+        ([str(not_gmm)], "not the manifest of an `hddm reproduce` run on a Gaussian mixture"),
+        ([str(seven), "--out", str(tmp_path / "bad.txt")], "name a .md file"),
+        ([str(not_gmm), "--out", str(tmp_path / "tables.md")], "not the manifest"),
+    ):
+        assert main(["tables", *argv, "--out", str(bad)] if "--out" not in argv else ["tables", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, err
+    assert not bad.exists() and not bad.with_suffix(".json").exists() and not (tmp_path / "bad.txt").exists()
+    own = tmp_path / "run"
+    own.mkdir()
+    (own / "manifest.json").write_text(seven.read_text())
+    assert main(["tables", str(own / "manifest.json"), "--out", str(own / "tables.md")]) == 2
+    assert "the run's own tables" in capsys.readouterr().err and not (own / "tables.md").exists()

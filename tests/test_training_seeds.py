@@ -78,3 +78,44 @@ def test_paired_truth_pairs_rows_by_training_and_seed():
     assert got["8FM: top2 − full"]["per_training"] == [2.0, 4.0]
     assert got["8FM: top2 − monolith"]["per_training"] == [1.0, 3.0]
     assert got["8FM: top2, trained − exact router"]["inner_half"] == pytest.approx(stats.t.ppf(0.975, 1) * 1.0)
+
+
+def test_over_trainings_reads_the_kept_trainings_only():
+    """Intervals over a subset of trainings are those of the kept trainings' values, in closed form; exact rows (no
+    training) stay; one kept training leaves an interval over its sampling seeds; bad subsets are refused."""
+    from hddm_flower.gmm.compare import over_trainings, paired_truth
+
+    pt = lambda *vals: [[{"mmd2": v} for v in t] for t in vals]  # noqa: E731
+    row = {"group": "8FM", "mode": "top2", "router": "trained", "experts": "trained"}
+    top2 = pt([1.0, 3.0], [2.0, 2.0], [9.0, 9.0], [6.0, 4.0])  # per-training means 2, 2, 9, 5
+    mono = pt([0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0])
+    results = {
+        "exact": {"row": row | {"group": "exact"}, "per_seed": [{"mmd2": 0.5}, {"mmd2": 0.5}]},
+        "8FM · top2": {"row": row, "per_seed": top2[0], "per_training": top2, "router_steps": [{"kl": [0.0]}]},
+        "monolith (equal compute)": {"row": row | {"group": "monolith", "mode": "top1"}, "per_training": mono},
+    }
+    results["monolith (equal compute)"]["per_seed"] = mono[0]
+    held = over_trainings(results, [0, 1, 3])  # training 2 left out
+    r = held["8FM · top2"]
+    sd = math.sqrt(((2 - 3) ** 2 + (2 - 3) ** 2 + (5 - 3) ** 2) / 2)
+    assert r["nested"]["mmd2"]["mean"] == pytest.approx(3.0) and r["nested"]["mmd2"]["per_training"] == [2, 2, 5]
+    assert r["nested"]["mmd2"]["half"] == pytest.approx(stats.t.ppf(0.975, 2) * sd / math.sqrt(3))
+    assert r["per_seed"] == top2[0] and r["router_steps"] == [{"kl": [0.0]}]
+    assert held["exact"] is results["exact"]
+    (lead,) = [e for e in paired_truth(held) if e["what"] == "8FM: top2 − monolith"]
+    assert lead["mmd2"]["per_training"] == [2.0, 2.0, 4.0] and lead["mmd2"]["covers"] == "trainings"
+    later = over_trainings(results, [3, 1])  # in the order given; training 0's router record goes with training 0
+    assert later["8FM · top2"]["per_training"] == [top2[3], top2[1]] and "router_steps" not in later["8FM · top2"]
+    assert later["8FM · top2"]["metrics"]["mmd2"]["mean"] == pytest.approx(5.0)
+    one = over_trainings(results, [2])["8FM · top2"]
+    assert "per_training" not in one and "nested" not in one and one["metrics"]["mmd2"]["half"] == 0.0
+    (lead,) = [e for e in paired_truth(over_trainings(results, [3])) if e["what"] == "8FM: top2 − monolith"]
+    assert lead["mmd2"]["covers"] == "sampling seeds of one training" and lead["mmd2"]["per_seed"] == [5.0, 3.0]
+    assert results["8FM · top2"]["per_training"] == top2 and "nested" not in results["8FM · top2"]  # untouched
+    for bad, match in (
+        ([4], "training 4: these results hold trainings 0–3"),
+        ([1, 1], "each training once"),
+        ([], "no training"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            over_trainings(results, bad)

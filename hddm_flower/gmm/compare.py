@@ -140,6 +140,38 @@ def trainings_of(results: dict[str, Any]) -> int:
     return max((len(r["per_training"]) for r in results.values() if "per_training" in r), default=1)
 
 
+def over_trainings(results: dict[str, Any], keep: list[int]) -> dict[str, Any]:
+    """``results`` read over the trainings ``keep`` only (e.g. leaving out one a learning rate was picked on): each
+    trained row's ``per_training`` keeps those trainings in that order, its ``per_seed`` and ``metrics`` become the
+    first kept training's, its ``nested`` intervals are over the kept trainings (dropped for one), and its per-step
+    router record (training 0's) goes unless training 0 is the first kept. The exact rows do not depend on a
+    training and stay. Raises ValueError for an index the rows do not have, a repeated one, or none."""
+    n = trainings_of(results)
+    if not keep:
+        raise ValueError("no training to read over: name at least one")
+    if bad := [i for i in keep if not 0 <= i < n]:
+        raise ValueError(f"training {bad[0]}: these results hold trainings 0–{n - 1}")
+    if len(set(keep)) != len(keep):
+        raise ValueError(f"trainings {' '.join(map(str, keep))}: each training once")
+    out = {}
+    for name, r in results.items():
+        if "per_training" not in r:
+            out[name] = r
+            continue
+        per_training = [r["per_training"][i] for i in keep]
+        first = per_training[0]
+        keys = [k for k in first[0] if k in METRICS or k.startswith("router_")]  # as the run summarised them
+        row = {k: v for k, v in r.items() if k not in ("per_training", "nested", "router_steps")}
+        row |= {"per_seed": first, "metrics": {k: interval([m[k] for m in first]) for k in keys}}
+        if keep[0] == 0 and "router_steps" in r:
+            row["router_steps"] = r["router_steps"]
+        if len(keep) > 1:
+            row["per_training"] = per_training
+            row["nested"] = {k: nested_interval([[m[k] for m in seeds] for seeds in per_training]) for k in keys}
+        out[name] = row
+    return out
+
+
 def paired_summary(a: list[list[float]], b: list[list[float]]) -> dict[str, Any]:
     """The paired difference ``a − b`` (``[training][seed]``): over trainings (outer) with the inner half-width
     when there are several, else over the one training's sampling seeds; ``covers`` says which, ``resolved``

@@ -384,10 +384,11 @@ def render_router(results: dict[str, Any], trainings: int) -> list[str]:
     for n in probed:
         r = results[n]
         m = r.get("nested", r["metrics"])
-        steps = r["router_steps"]
-        kl = [sum(s["kl"][i] for s in steps) / len(steps) for i in range(len(steps[0]["kl"]))]
+        steps = r.get("router_steps")  # training 0's (absent from a reading that leaves training 0 out)
+        kl = [sum(s["kl"][i] for s in steps) / len(steps) for i in range(len(steps[0]["kl"]))] if steps else None
+        by_step = f"{kl[0]:.3f} / {kl[len(kl) // 2]:.3f} / {kl[-1]:.3f}" if kl else "–"
         lines.append(
-            f"| {n} | {_cell(m['router_kl'], '.3f')} | {kl[0]:.3f} / {kl[len(kl) // 2]:.3f} / {kl[-1]:.3f} | "
+            f"| {n} | {_cell(m['router_kl'], '.3f')} | {by_step} | "
             f"{_cell(m['router_top1_agreement'], '.3f')} | {_cell(m['router_top2_agreement'], '.3f')} | "
             f"{_cell(m.get('router_prior_tv'), '.3f')} |"
         )
