@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from hddm_flower.gmm.compare import over_trainings, paired_truth
 from hddm_flower.gmm.truth import interval
 
 from . import doc_claims
@@ -603,6 +604,21 @@ def test_at_800_steps_on_trainings_the_sweep_never_ran():
     median = paired(SEVEN, metric="delta_log_density_median")["per_training"]
     held, six = interval(lead[4:]), interval(lead[:3] + lead[4:])
     med_six = interval(median[:3] + median[4:])
+    for keep, name, x in (([4, 5, 6], "4-6", held), ([0, 1, 2, 4, 5, 6], "0-2-4-6", six)):  # the committed readings
+        read = load(f"reproduce-gmm-subspace-{SEVEN}-read-{name}.json")
+        assert read["trainings"] == keep and read["of"] == 7 and not read["source"]["uncommitted"]
+        assert read["command"] == (
+            f"hddm tables benchmarks/results/reproduce-gmm-subspace-{SEVEN}-manifest.json --trainings "
+            f"{' '.join(map(str, keep))} --out benchmarks/results/reproduce-gmm-subspace-{SEVEN}-read-{name}.md"
+        )
+        assert read["paired"] == paired_truth(over_trainings(m["results"], keep))  # what the manifest holds
+        (entry,) = [e for e in read["paired"] if e["what"] == TOP2_MONOLITH]
+        assert entry["delta_log_density"]["per_training"] == [lead[i] for i in keep]
+        assert iv(entry["delta_log_density"], 1) == iv(x, 1) and entry["delta_log_density"]["covers"] == "trainings"
+        if name == "0-2-4-6":
+            assert iv(entry["delta_log_density_median"], 1) == iv(med_six, 1)
+        md = doc_claims.DOC.parents[1] / "benchmarks" / "results" / f"reproduce-gmm-subspace-{SEVEN}-read-{name}.md"
+        assert f"trainings {', '.join(map(str, keep))} of the 7" in md.read_text()
     minutes = f"{m['seconds'] / 60:.1f}"
     assert verdict(held) == verdict(six) == "a tie" and med_six["lo"] > 0
     assert max(lead[4:]) > 0 > max(lead[:3])  # the monolith ahead in each of trainings 0-2, not in one of 4-6
@@ -614,7 +630,10 @@ def test_at_800_steps_on_trainings_the_sweep_never_ran():
         f"(a tie; by training {by}), over trainings 0–2 and 4–6 {iv(six, 1)} (a tie); the median {iv(med_six, 1)} "
         "(top-2 ahead, resolved). So the monolith is not ahead in every training: by the mean the rung is a tie over "
         "six trainings (`benchmarks/results/reproduce-gmm-subspace-800-text-lr1.6e-2-mono1.6e-2-7-trainings-*`; "
-        "trainings 0–2 reused to the bit)."
+        "trainings 0–2 reused to the bit). Both readings are the run's manifest read again over those trainings, "
+        "`hddm tables MANIFEST --trainings 4 5 6 --out READ.md` and `--trainings 0 1 2 4 5 6`, whose tables and paired "
+        "differences are committed beside it (`…-7-trainings-read-4-6.{md,json}`, "
+        "`…-7-trainings-read-0-2-4-6.{md,json}`)."
     ) in t
     assert t.count("(the monolith ahead in each of trainings 0–2, not in one of 4–6)") == 1
     in_short = doc_claims.passage("- **Own rates at every rung.**", "- **Each side at its own rate** (6,400")
