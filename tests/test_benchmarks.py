@@ -434,3 +434,35 @@ def test_a_record_added_while_another_process_holds_the_file_waits_and_keeps_its
         th.join()
     (store,) = added  # it waited for the other, read what it wrote, and returns it
     assert store == json.loads(path.read_text()) and set(store) == {"x", "y"}
+
+
+def test_a_rate_picked_over_trainings_is_the_lowest_mean_and_the_others_are_paired_against_it():
+    """Three rates over trainings 3 and 7 (closed forms: the excess loss constant over t, one cluster): the best is
+    the lowest mean, each other rate − the best is paired by training (Student-t, 1 degree of freedom), the count of
+    trainings a rate is lowest in, the interior flag, and a training a label lacks is refused."""
+    import pytest
+
+    from benchmarks.gmm_capacity_pilot import TIMES
+    from benchmarks.gmm_rate_pick import markdown, pick
+
+    def record(label, training, expert, monolith):
+        per = {"0": {"expert": [expert] * len(TIMES), "monolith": [monolith] * len(TIMES)}}
+        return {"label": label, "steps": 800, "training": training, "per_cluster": per}
+
+    values = {"a": ((0.30, 0.20), (0.40, 0.10)), "b": ((0.20, 0.25), (0.24, 0.30)), "c": ((0.25, 0.26), (0.22, 0.40))}
+    records = [record(k, t, *v[i]) for k, v in values.items() for i, t in enumerate((3, 7))]
+    records.append(record("a", 8, 0.1, 0.1))  # a training the other labels lack: not read
+    expert = pick(records, ["a", "b", "c"], 800, "expert")
+    assert expert["trainings"] == [3, 7] and expert["best"] == "b" and expert["interior"]
+    assert expert["means"]["b"] == pytest.approx(0.22) and expert["lowest_in"] == {"a": 0, "b": 1, "c": 1}
+    c = expert["minus_best"]["c"]  # c − b: 0.05 and −0.02, mean 0.015, sd 0.035·√2
+    assert c["mean"] == pytest.approx(0.015) and c["half"] == pytest.approx(12.706204736174707 * 0.035)
+    assert not c["resolved"] and "b" not in expert["minus_best"]
+    monolith = pick(records, ["a", "b", "c"], 800, "monolith")
+    assert monolith["best"] == "a" and not monolith["interior"] and monolith["lowest_in"]["a"] == 2
+    table = markdown([expert, monolith], "CMD", {"machine": "M", "date": "D", "commit": "C"})
+    assert "| b | 0.2000 | 0.2400 | 0.2200 | – | 1 |" in table and "at an end of the rates tried" in table
+    with pytest.raises(ValueError, match="label b: no record of 800 steps, training 8"):
+        pick(records, ["a", "b"], 800, "expert", trainings=[3, 8])
+    with pytest.raises(ValueError, match="no training has a record of 400 steps"):
+        pick(records, ["a", "b"], 400, "expert")
