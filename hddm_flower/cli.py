@@ -7,7 +7,7 @@ hddm train-router --run-dir RUN                train the router into RUN/router
 hddm assemble --run-dir RUN                    router + evaluation + samples + report for RUN/experts
 hddm evaluate --run-dir RUN                    metrics for every routing mode, report.md/json, grids, plots
 hddm reproduce --out DIR                       8FM, 2DDPM:6FM, 4:4 and a monolith: the paper's two tables
-hddm tables OUT/manifest.json --trainings 0 1 2 a Gaussian-mixture reproduce run read over some of its trainings
+hddm tables OUT/manifest.json --trainings 0 2  a Gaussian-mixture run's tables over some of its trainings
 hddm sample --run-dir RUN --prompt "dog face"  sample a grid from an assembled run
 hddm add-expert RUN EXPERT_DIR                 add a late (or replacement) expert to an assembled run
 hddm convert-dit DiT-XL-2-256x256.pt --out DIR convert an ImageNet DiT into an expert initialisation
@@ -260,8 +260,7 @@ def cmd_reproduce(args) -> None:
 
 
 def cmd_tables(args) -> None:
-    from .gmm.compare import over_trainings, paired_truth, trainings_of
-    from .gmm.evaluate import render_truth_tables
+    from .gmm.reading import read_over_trainings
     from .provenance import source
     from .safeio import write_atomic
 
@@ -270,31 +269,33 @@ def cmd_tables(args) -> None:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
-    results = manifest.get("results") if isinstance(manifest, dict) else None
-    if not isinstance(results, dict) or not results or not all("row" in r for r in results.values()):
-        raise ValueError(f"{path}: not the manifest of an `hddm reproduce` run on a Gaussian mixture")
-    n = trainings_of(results)
-    keep = args.trainings if args.trainings is not None else list(range(n))
-    read = over_trainings(results, keep)
-    paired = paired_truth(read)
-    head = (
-        f"Read by `{args.command_line}`: trainings {', '.join(map(str, keep))} of the {n} in `{path}`, so every "
-        f"interval over trainings below is over these {len(keep)}; a trained row's per-step router KL is training "
-        "0's, shown only when training 0 is read first."
-    )
-    md = head + "\n\n" + render_truth_tables(manifest | {"results": read, "paired": paired}, read)
+    if args.out is not None:  # checked before any work: nothing but an earlier reading is ever replaced
+        out = Path(args.out)
+        record_path = out.with_suffix(".json")
+        if out.suffix != ".md":
+            raise ValueError(f"--out {out}: name a .md file (the paired differences go beside it as .json)")
+        for target in (out, record_path):
+            if target.exists() and not _an_earlier_reading(record_path):
+                raise ValueError(f"--out {out}: {target} exists and is not an earlier `hddm tables` reading")
+    tables, record = read_over_trainings(manifest, args.trainings, str(path), args.command_line)
     if args.out is None:
-        print(md)
+        print(tables)
         return
-    out = Path(args.out)
-    if out.suffix != ".md":
-        raise ValueError(f"--out {out}: name a .md file (the paired differences go beside it as .json)")
-    if out.resolve() == (path.parent / "tables.md").resolve():
-        raise ValueError(f"--out {out}: that is the run's own tables; name another file")
-    record = {"command": args.command_line, "manifest": str(path), "trainings": keep, "of": n, "source": source()}
-    write_atomic(out.with_suffix(".json"), json.dumps(record | {"paired": paired}, indent=2))
-    write_atomic(out, md)
-    print(f"tables: {out}  paired differences: {out.with_suffix('.json')}")
+    write_atomic(record_path, json.dumps(record | {"source": source()}, indent=2))
+    try:
+        write_atomic(out, tables)
+    except OSError:
+        record_path.unlink(missing_ok=True)  # no record without its tables
+        raise
+    print(f"tables: {out}  paired differences: {record_path}")
+
+
+def _an_earlier_reading(record_path: Path) -> bool:
+    """Whether ``record_path`` is the record an earlier ``hddm tables --out`` wrote (so its pair may be replaced)."""
+    try:
+        return json.loads(record_path.read_text()).get("command", "").startswith("hddm tables ")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def cmd_add_expert(args) -> None:

@@ -118,7 +118,8 @@ def test_paper_config_without_its_local_files_fails_clearly(tmp_path, capsys):
 def test_tables_reads_a_gmm_run_over_some_of_its_trainings(tmp_path, capsys):
     """`hddm tables` on the committed 7-training manifest, read over trainings 0-2, gives the paired differences of
     the committed run of those three trainings to the bit (they were reused, not retrained), and its tables say
-    which trainings they cover; bad requests fail with one line, exit 2 and nothing written."""
+    which trainings they cover; one training is read over its sampling seeds; bad requests fail with one line, exit 2
+    and nothing written, and nothing but an earlier reading is ever replaced (not the manifest, not a run's tables)."""
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     seven = results / "reproduce-gmm-subspace-800-text-lr1.6e-2-mono1.6e-2-7-trainings-manifest.json"
     three = json.loads((results / "reproduce-gmm-subspace-800-text-lr1.6e-2-mono1.6e-2-manifest.json").read_text())
@@ -129,24 +130,49 @@ def test_tables_reads_a_gmm_run_over_some_of_its_trainings(tmp_path, capsys):
     md = out.read_text()
     assert "trainings 0, 1, 2 of the 7" in md and "Each cell: the mean over 3 independent trainings" in md
     everything = json.loads(seven.read_text())
-    assert main(["tables", str(seven), "--out", str(out)]) == 0  # every training: the run's own paired table
+    assert main(["tables", str(seven), "--out", str(out)]) == 0  # an earlier reading is replaced
     assert json.loads(out.with_suffix(".json").read_text())["paired"] == everything["paired"]
+    assert main(["tables", str(seven), "--trainings", "4", "--out", str(out)]) == 0
+    one = out.read_text()
+    assert "training 4 of the 7 in" in one and "alone, so every interval below is over its sampling seeds" in one
+    assert (
+        "one** training ± the half-width of its 95 % Student-t interval; it does not cover another training of the same config (the run has 7: read over several, `hddm tables`)."
+        in one
+    )
+    assert "– in a reading that does not start with training 0" in one
+    (lead,) = [
+        e for e in json.loads(out.with_suffix(".json").read_text())["paired"] if e["what"] == "8FM: top2 − monolith"
+    ]
+    assert lead["delta_log_density"]["covers"] == "sampling seeds of one training"
     capsys.readouterr()
     bad = tmp_path / "bad.md"
     not_gmm = tmp_path / "manifest.json"
     not_gmm.write_text(json.dumps({"results": {"8FM": {"top2": {}}}}))
+    older = tmp_path / "older.json"  # a Gaussian-mixture manifest of an older version: a field it lacks
+    older.write_text(json.dumps({"results": {"x": {"row": {}}}}))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(seven.read_text())
+    (run / "tables.md").write_text("the run's own tables")
+    (run / "NAME-tables.md").write_text("a committed run's tables")
     for argv, message in (
-        ([str(seven), "--trainings", "7"], "training 7: these results hold trainings 0–6"),
-        ([str(not_gmm)], "not the manifest of an `hddm reproduce` run on a Gaussian mixture"),
+        ([str(seven), "--trainings", "7", "--out", str(bad)], "training 7: these results hold trainings 0–6"),
+        ([str(not_gmm), "--out", str(bad)], "not the manifest of an `hddm reproduce` run on a Gaussian mixture"),
+        ([str(older), "--out", str(bad)], "a manifest this version cannot read (KeyError"),
         ([str(seven), "--out", str(tmp_path / "bad.txt")], "name a .md file"),
-        ([str(not_gmm), "--out", str(tmp_path / "tables.md")], "not the manifest"),
+        ([str(run / "manifest.json"), "--out", str(run / "manifest.md")], "manifest.json exists and is not an earlier"),
+        ([str(run / "manifest.json"), "--out", str(run / "tables.md")], "tables.md exists and is not an earlier"),
+        ([str(run / "manifest.json"), "--out", str(run / "NAME-tables.md")], "exists and is not an earlier"),
     ):
-        assert main(["tables", *argv, "--out", str(bad)] if "--out" not in argv else ["tables", *argv]) == 2
+        assert main(["tables", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and message in err, err
     assert not bad.exists() and not bad.with_suffix(".json").exists() and not (tmp_path / "bad.txt").exists()
-    own = tmp_path / "run"
-    own.mkdir()
-    (own / "manifest.json").write_text(seven.read_text())
-    assert main(["tables", str(own / "manifest.json"), "--out", str(own / "tables.md")]) == 2
-    assert "the run's own tables" in capsys.readouterr().err and not (own / "tables.md").exists()
+    assert (run / "manifest.json").read_text() == seven.read_text() and not (run / "manifest.md").exists()
+    assert (run / "tables.md").read_text() == "the run's own tables" and not (run / "tables.json").exists()
+    assert (run / "NAME-tables.md").read_text() == "a committed run's tables"
+    stuck = tmp_path / "stuck.md"  # an earlier reading whose tables cannot be written again: no record left alone
+    assert main(["tables", str(seven), "--trainings", "0", "1", "--out", str(stuck)]) == 0
+    stuck.unlink()
+    stuck.mkdir()
+    assert main(["tables", str(seven), "--out", str(stuck)]) == 2 and not stuck.with_suffix(".json").exists()

@@ -89,10 +89,11 @@ def test_over_trainings_reads_the_kept_trainings_only():
     row = {"group": "8FM", "mode": "top2", "router": "trained", "experts": "trained"}
     top2 = pt([1.0, 3.0], [2.0, 2.0], [9.0, 9.0], [6.0, 4.0])  # per-training means 2, 2, 9, 5
     mono = pt([0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0])
+    stale = {"metrics": {"mmd2": "training 0's"}, "nested": "all four", "per_sample_file": "training 0's"}
     results = {
         "exact": {"row": row | {"group": "exact"}, "per_seed": [{"mmd2": 0.5}, {"mmd2": 0.5}]},
-        "8FM · top2": {"row": row, "per_seed": top2[0], "per_training": top2, "router_steps": [{"kl": [0.0]}]},
-        "monolith (equal compute)": {"row": row | {"group": "monolith", "mode": "top1"}, "per_training": mono},
+        "8FM · top2": {"row": row, "per_seed": top2[0], "per_training": top2, "router_steps": [{"kl": [0.0]}]} | stale,
+        "monolith (equal compute)": {"row": row | {"group": "monolith", "mode": "top1"}, "per_training": mono} | stale,
     }
     results["monolith (equal compute)"]["per_seed"] = mono[0]
     held = over_trainings(results, [0, 1, 3])  # training 2 left out
@@ -100,18 +101,22 @@ def test_over_trainings_reads_the_kept_trainings_only():
     sd = math.sqrt(((2 - 3) ** 2 + (2 - 3) ** 2 + (5 - 3) ** 2) / 2)
     assert r["nested"]["mmd2"]["mean"] == pytest.approx(3.0) and r["nested"]["mmd2"]["per_training"] == [2, 2, 5]
     assert r["nested"]["mmd2"]["half"] == pytest.approx(stats.t.ppf(0.975, 2) * sd / math.sqrt(3))
-    assert r["per_seed"] == top2[0] and r["router_steps"] == [{"kl": [0.0]}]
+    assert r["per_seed"] == top2[0] and r["router_steps"] == [{"kl": [0.0]}] and r["per_sample_file"] == "training 0's"
+    assert r["metrics"]["mmd2"]["mean"] == pytest.approx(2.0)  # training 0's, recomputed from its seeds
     assert held["exact"] is results["exact"]
     (lead,) = [e for e in paired_truth(held) if e["what"] == "8FM: top2 − monolith"]
     assert lead["mmd2"]["per_training"] == [2.0, 2.0, 4.0] and lead["mmd2"]["covers"] == "trainings"
-    later = over_trainings(results, [3, 1])  # in the order given; training 0's router record goes with training 0
-    assert later["8FM · top2"]["per_training"] == [top2[3], top2[1]] and "router_steps" not in later["8FM · top2"]
+    later = over_trainings(results, [3, 1])  # in the order given; training 0's own fields go with training 0
+    assert later["8FM · top2"]["per_training"] == [top2[3], top2[1]]
+    assert not {"router_steps", "per_sample_file"} & set(later["8FM · top2"])
+    assert not {"router_steps", "per_sample_file"} & set(over_trainings(results, [1, 0])["8FM · top2"])  # not first
     assert later["8FM · top2"]["metrics"]["mmd2"]["mean"] == pytest.approx(5.0)
     one = over_trainings(results, [2])["8FM · top2"]
     assert "per_training" not in one and "nested" not in one and one["metrics"]["mmd2"]["half"] == 0.0
+    assert "nested" not in over_trainings(results, [0])["8FM · top2"]  # no stale interval over all four either
     (lead,) = [e for e in paired_truth(over_trainings(results, [3])) if e["what"] == "8FM: top2 − monolith"]
     assert lead["mmd2"]["covers"] == "sampling seeds of one training" and lead["mmd2"]["per_seed"] == [5.0, 3.0]
-    assert results["8FM · top2"]["per_training"] == top2 and "nested" not in results["8FM · top2"]  # untouched
+    assert results["8FM · top2"]["per_training"] == top2 and results["8FM · top2"]["nested"] == "all four"  # untouched
     for bad, match in (
         ([4], "training 4: these results hold trainings 0–3"),
         ([1, 1], "each training once"),

@@ -140,12 +140,23 @@ def trainings_of(results: dict[str, Any]) -> int:
     return max((len(r["per_training"]) for r in results.values() if "per_training" in r), default=1)
 
 
+TRAINING_0_ONLY = ("router_steps", "per_sample_file", "sampling_seconds", "reused_from")
+"""A trained row's fields that are training 0's alone (its per-step router record, its samples' file, its sampling
+time, where its row was adopted from)."""
+
+
+def nested_by_metric(per_training: list[list[dict]], keys) -> dict[str, dict]:
+    """Per metric of ``keys``, :func:`~hddm_flower.training_seeds.nested_interval` of ``[training][seed]`` values."""
+    return {k: nested_interval([[m[k] for m in seeds] for seeds in per_training]) for k in keys}
+
+
 def over_trainings(results: dict[str, Any], keep: list[int]) -> dict[str, Any]:
     """``results`` read over the trainings ``keep`` only (e.g. leaving out one a learning rate was picked on): each
-    trained row's ``per_training`` keeps those trainings in that order, its ``per_seed`` and ``metrics`` become the
-    first kept training's, its ``nested`` intervals are over the kept trainings (dropped for one), and its per-step
-    router record (training 0's) goes unless training 0 is the first kept. The exact rows do not depend on a
-    training and stay. Raises ValueError for an index the rows do not have, a repeated one, or none."""
+    trained row's ``per_training`` keeps those trainings in that order, its ``per_seed`` and ``metrics`` (the metrics
+    the run summarised) become the first kept training's, its ``nested`` intervals are over the kept trainings (for
+    one, none: its intervals are over sampling seeds), and its fields of :data:`TRAINING_0_ONLY` stay only when
+    training 0 is the first kept. The exact rows do not depend on a training and stay. Raises ValueError for an index
+    the rows do not have, a repeated one, or none."""
     n = trainings_of(results)
     if not keep:
         raise ValueError("no training to read over: name at least one")
@@ -159,15 +170,12 @@ def over_trainings(results: dict[str, Any], keep: list[int]) -> dict[str, Any]:
             out[name] = r
             continue
         per_training = [r["per_training"][i] for i in keep]
-        first = per_training[0]
-        keys = [k for k in first[0] if k in METRICS or k.startswith("router_")]  # as the run summarised them
-        row = {k: v for k, v in r.items() if k not in ("per_training", "nested", "router_steps")}
+        first, keys = per_training[0], list(r["metrics"])
+        dropped = ("per_training", "nested", *(TRAINING_0_ONLY if keep[0] != 0 else ()))
+        row = {k: v for k, v in r.items() if k not in dropped}
         row |= {"per_seed": first, "metrics": {k: interval([m[k] for m in first]) for k in keys}}
-        if keep[0] == 0 and "router_steps" in r:
-            row["router_steps"] = r["router_steps"]
         if len(keep) > 1:
-            row["per_training"] = per_training
-            row["nested"] = {k: nested_interval([[m[k] for m in seeds] for seeds in per_training]) for k in keys}
+            row |= {"per_training": per_training, "nested": nested_by_metric(per_training, keys)}
         out[name] = row
     return out
 

@@ -43,7 +43,7 @@ from ..ensemble import Ensemble, VelocityScaling
 from ..evaluation.evaluate import Prompts, sample_mode
 from ..models import router_conditioning
 from ..rundir import ROUTER
-from .compare import TABLE_4, paired_truth, render_paired, trainings_of
+from .compare import TABLE_4, nested_by_metric, paired_truth, render_paired, trainings_of
 from .dataset import GMMReference, load_reference
 from .exact import ExactRouter, exact_expert
 from .router_probe import ROUTER_METRICS, RouterProbe
@@ -316,7 +316,6 @@ def evaluate_truth(
     Each job's result is kept in ``roots[i]/truth-rows/`` under its :func:`row_key` and not sampled again while the
     key holds, nor when ``donors[i]`` (other outputs of training i) holds it: a rung that changes only the monolith's
     budget samples only the monolith's row."""
-    from ..training_seeds import nested_interval
 
     o = cfg.objectives
     main = f"{o.ddpm}DDPM:{o.fm}FM" if o.ddpm and o.fm else f"{cfg.num_experts}{'DDPM' if o.ddpm else 'FM'}"
@@ -347,11 +346,8 @@ def evaluate_truth(
         if r.group != "exact" and len(roots) > 1:
             per_training = [done[r.name, i]["per_seed"] for i in range(len(roots))]
             results[r.name]["per_training"] = per_training
-            results[r.name]["nested"] = {
-                k: nested_interval([[m[k] for m in seeds] for seeds in per_training])
-                for k in METRICS + ROUTER_METRICS
-                if k in per_training[0][0]
-            }
+            keys = [k for k in METRICS + ROUTER_METRICS if k in per_training[0][0]]
+            results[r.name]["nested"] = nested_by_metric(per_training, keys)
     return results
 
 
@@ -370,12 +366,14 @@ def render_router(results: dict[str, Any], trainings: int) -> list[str]:
     if not probed:
         return []
     covers = f"over {trainings} trainings [sampling seeds within one]" if trainings > 1 else "over sampling seeds"
+    missing = any("router_steps" not in results[n] for n in probed)
+    by_step_note = "; – in a reading that does not start with training 0" if missing else ""
     lines = [
         "**The trained router on the sampler's own trajectories** (every router call at the x_t the ensemble "
         "visits, against the exact posterior there: p(k | x_t, t), or p(k | x_t, t, c) for a caption-reading "
         f"router). KL(exact ‖ router) and agreement are means over the Euler steps and samples, ± {covers}; the "
-        "per-step KL of training 0 (mean over seeds) at t = 1, the middle step and the last step; prior TV: the "
-        "router's TV distance to the exact prior at t = 1 (the cluster weights).",
+        f"per-step KL of training 0 (mean over seeds{by_step_note}) at t = 1, the middle step and the last step; prior "
+        "TV: the router's TV distance to the exact prior at t = 1 (the cluster weights).",
         "",
         "| row | KL(exact ‖ router) | KL at t = 1 / middle / last step | top-1 agreement | top-2 agreement "
         "| prior TV at t = 1 |",
@@ -435,7 +433,12 @@ def render_truth_tables(manifest: dict, results: dict[str, Any]) -> str:
         "per-training means over sampling seeds [the mean half-width over sampling seeds within one training]."
         if trainings > 1
         else "Each cell: the mean over sampling seeds of **one** training ± the half-width of its 95 % Student-t "
-        "interval; it does not cover another training of the same config (`evaluation.training_seeds` > 1)."
+        "interval; it does not cover another training of the same config ("
+        + (
+            f"the run has {ran}: read over several, `hddm tables`)."
+            if (ran := manifest.get("seeds", {}).get("trainings", 1)) > 1
+            else "`evaluation.training_seeds` > 1)."
+        )
     )
 
     exact = [n for n, r in results.items() if r["row"]["group"] == "exact"]
