@@ -5,6 +5,7 @@ readings recomputed from the manifests and ``benchmarks/gmm_ladder.py``'s record
 say of them."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -658,48 +659,107 @@ def shares_by_training(name: str, what: str) -> list[float]:
     ]
 
 
-def test_at_own_rates_the_routers_share_rises_with_the_budget_and_the_experts_part_is_most():
+EXPERTS_EXACT = "empty caption · full: experts share under the exact router (TE − EE)"
+SIX = "6400-text-lr8e-3-mono1.6e-2-6-trainings"
+
+
+def reading(name: str, keep: str) -> list[dict]:
+    """The paired differences of a committed ``hddm tables`` reading of ``name`` over ``keep`` (e.g. ``3-5``)."""
+    return load(f"reproduce-gmm-subspace-{name}-read-{keep}.json")["paired"]
+
+
+def read_shares(paired_rows: list[dict], what: str) -> tuple[float, list[float]]:
+    """The router's share in a reading: the ratio of the means (%) and each training's share."""
+    (gap,) = [e["delta_log_density"] for e in paired_rows if e["what"] == GAP]
+    (part,) = [e["delta_log_density"] for e in paired_rows if e["what"] == what]
+    each = [100 * a / b for a, b in zip(part["per_training"], gap["per_training"], strict=True)]
+    return 100 * part["mean"] / gap["mean"], each
+
+
+def test_at_own_rates_the_routers_share_rises_as_the_experts_part_shrinks():
     t = text()
     for steps in STEPS:  # the monolith plays no part: both protocols' runs give the same factorial
         for what in (GAP, FIRST, SECOND):
             assert paired(own(ES, steps), what) == paired(own(EI, steps), what)
     gaps = {s: paired(OWN_ES[s], GAP) for s in RUNGS}
     closed = [change(paired(shared(ES, s), GAP)["per_training"], gaps[s]["per_training"]) for s in STEPS]
+    exact_router = [
+        change(paired(shared(ES, s), EXPERTS_EXACT)["per_training"], paired(OWN_ES[s], EXPERTS_EXACT)["per_training"])
+        for s in STEPS
+    ]
     cost = {s: paired(OWN_ES[s], SECOND) for s in STEPS}
     moved = [change(paired(shared(ES, s), SECOND)["per_training"], cost[s]["per_training"]) for s in STEPS]
-    assert all(verdict(x) == "resolved" and x["lo"] > 0 for x in closed)
+    assert all(verdict(x) == "resolved" and x["lo"] > 0 for x in closed + exact_router)
     assert all(verdict(x) == "a tie" for x in moved)
     assert [verdict(cost[s]) for s in STEPS] == ["a tie", "resolved"]
     first = {s: paired(OWN_ES[s], FIRST) for s in RUNGS}
     assert first[800] == first[3200] == first[6400] == paired(shared(ES, 800), FIRST)  # the same router, exact experts
+    runs = [shared(ES, s) for s in RUNGS] + [OWN_ES[s] for s in RUNGS]
+    assert len({manifest(n)["fingerprints"]["router"] for n in runs}) == 1  # one router at every rung and rate
+    assert {iv(paired(n, FIRST), 1) for n in runs} == {iv(first[800], 1)}  # the 3,200 shared-rate rows sampled anew:
+    assert (
+        max(abs(a - b) for n in runs for a, b in zip(paired(n, FIRST)["per_training"], first[800]["per_training"]))
+        < 0.05
+    )
     own_shares = {w: [share(OWN_ES[s], w) for s in RUNGS] for w in (FIRST, SECOND)}
     was = {w: [share(shared(ES, s), w) for s in RUNGS] for w in (FIRST, SECOND)}
     assert all(a < b < c for a, b, c in own_shares.values())
-    rises = {  # from 800 to 6,400 and from 800 to 3,200
-        (w, b): change(shares_by_training(OWN_ES[800], w), shares_by_training(OWN_ES[b], w))
+    by_rate = [change(shares_by_training(shared(ES, s), SECOND), shares_by_training(OWN_ES[s], SECOND)) for s in STEPS]
+    assert all(verdict(x) == "a tie" for x in by_rate)
+    rises = {
+        (w, a, b): change(shares_by_training(OWN_ES[a], w), shares_by_training(OWN_ES[b], w))
         for w in (FIRST, SECOND)
-        for b in (3200, 6400)
+        for a, b in ((800, 3200), (3200, 6400), (800, 6400))
     }
-    assert [verdict(rises[w, 6400]) for w in (FIRST, SECOND)] == ["resolved", "resolved"]
-    assert [verdict(rises[w, 3200]) for w in (FIRST, SECOND)] == ["resolved", "a tie"]
+    assert [verdict(rises[w, 800, 6400]) for w in (FIRST, SECOND)] == ["resolved", "resolved"]
+    assert [verdict(rises[w, 800, 3200]) for w in (FIRST, SECOND)] == ["resolved", "a tie"]
+    assert [verdict(rises[w, 3200, 6400]) for w in (FIRST, SECOND)] == ["a tie", "resolved"]
+    # 6,400 on trainings its rates were not picked on: the six-training run read by hddm tables
+    assert load(f"reproduce-gmm-subspace-{SIX}-read-3-5.json")["trainings"] == [3, 4, 5]
+    held = [read_shares(reading(SIX, "3-5"), w)[0] for w in (FIRST, SECOND)]
+    all_six = [share(SIX, w) for w in (FIRST, SECOND)]
+    both = []  # trainings 1, 2, 4, 5: held out from the 800-step pick (training 3) and the 6,400-step one (training 0)
+    for w in (FIRST, SECOND):
+        at_800, at_6400 = (read_shares(reading(n, "1-2-4-5"), w)[1] for n in (SEVEN, SIX))
+        both.append(change(at_800, at_6400))
+    assert all(verdict(x) == "resolved" and x["lo"] > 0 for x in both)
+    for name in (SEVEN, SIX):
+        read = load(f"reproduce-gmm-subspace-{name}-read-1-2-4-5.json")
+        assert read["trainings"] == [1, 2, 4, 5] and read["paired"] == paired_truth(
+            over_trainings(manifest(name)["results"], [1, 2, 4, 5])
+        )
+    assert reading(SIX, "3-5") == paired_truth(over_trainings(manifest(SIX)["results"], [3, 4, 5]))
+    assert [paired(SIX, w)["per_training"][:3] for w in (GAP, SECOND)] == [
+        paired(OWN_ES[6400], w)["per_training"] for w in (GAP, SECOND)
+    ]  # the six-training run's trainings 0-2 are the three-training run's
     experts_least = min(100 - x for w in (FIRST, SECOND) for x in own_shares[w])
     pct = lambda xs: ", ".join(f"{x:.1f}" for x in xs[:-1]) + f" and {xs[-1]:.1f}"  # noqa: E731
     pct_list = lambda xs: ", ".join(f"{x:.1f}" for x in xs)  # noqa: E731
     assert (
-        "- **The router's share of the gap rises with the budget, and the experts' part is still most of it.** On the "
-        "empty caption with full routing (the monolith plays no part, so both protocols share it) the gap of trained "
-        f"experts and router to exact ones is {iv(gaps[800], 1)} nats at 800 steps and {iv(gaps[3200], 1)} at 3,200 "
-        f"({iv(gaps[6400], 1)} at 6,400), against {iv(paired(shared(ES, 800), GAP), 1)} and "
-        f"{iv(paired(shared(ES, 3200), GAP), 1)} at the shared rate: own rates close it by {iv(closed[0], 1)} and "
-        f"{iv(closed[1], 1)} (paired by training). The trained router's cost beside the trained experts (exchanged "
-        f"second) does not change resolvably: {iv(cost[800], 1)} (a tie) and {iv(cost[3200], 1)}, changes of "
-        f"{iv(moved[0], 1)} and {iv(moved[1], 1)} from the shared rate; beside exact experts (exchanged first) it is "
-        f"{iv(first[800], 1)} at every rung. So the router's share, the ratio of the means, is "
-        f"{pct(own_shares[FIRST])} % at 800, 3,200 and 6,400 steps exchanged first and {pct(own_shares[SECOND])} % "
-        f"exchanged second (at the shared rate {pct_list(was[FIRST])} % and {pct_list(was[SECOND])} %); each "
-        f"training's share rises from 800 to 6,400 steps by {iv(rises[FIRST, 6400], 1)} and "
-        f"{iv(rises[SECOND, 6400], 1)} points, resolved, while from 800 to 3,200 only the first "
-        f"({iv(rises[FIRST, 3200], 1)}) is. The experts' part is {experts_least:.1f} % of the gap or more at every rung."
+        "- **The router's share of the gap rises as the experts' part shrinks; the router's cost does not move "
+        "resolvably.** On the empty caption with full routing (the monolith plays no part, so both protocols share "
+        f"it) the gap of trained experts and router to exact ones is {iv(gaps[800], 1)} nats at 800 steps and "
+        f"{iv(gaps[3200], 1)} at 3,200 ({iv(gaps[6400], 1)} at 6,400), against {iv(paired(shared(ES, 800), GAP), 1)} "
+        f"and {iv(paired(shared(ES, 3200), GAP), 1)} at the shared rate: own rates close it by {iv(closed[0], 1)} and "
+        f"{iv(closed[1], 1)} (paired by training), and the experts' part closes under either router (under the exact "
+        f"one by {iv(exact_router[0], 1)} and {iv(exact_router[1], 1)}). The trained router's cost beside the trained "
+        f"experts (exchanged second) changes by ties, {iv(moved[0], 1)} and {iv(moved[1], 1)}, to {iv(cost[800], 1)} "
+        f"(itself a tie) and {iv(cost[3200], 1)}; beside exact experts (exchanged first) it is one router at every "
+        f"rung and rate, {iv(first[800], 1)}, so that share moves with the gap alone. The router's share, the ratio of "
+        f"the means, is {pct(own_shares[FIRST])} % at 800, 3,200 and 6,400 steps exchanged first and "
+        f"{pct(own_shares[SECOND])} % exchanged second (at the shared rate {pct_list(was[FIRST])} % and "
+        f"{pct_list(was[SECOND])} %); paired by training, own rates move the share exchanged second by ties at 800 and "
+        f"3,200 ({iv(by_rate[0], 1)} and {iv(by_rate[1], 1)} points). From 800 to 6,400 steps each training's share "
+        f"rises by {iv(rises[FIRST, 800, 6400], 1)} (exchanged first) and {iv(rises[SECOND, 800, 6400], 1)} points "
+        f"(second), resolved; rung to rung only 800 → 3,200 exchanged first ({iv(rises[FIRST, 800, 3200], 1)}) and "
+        f"3,200 → 6,400 exchanged second ({iv(rises[SECOND, 3200, 6400], 1)}) are. These 6,400-step numbers are "
+        "trainings 0–2, and its rates were picked on training 0: on trainings 3–5 of its six-training run the share "
+        f"is {held[0]:.1f} % and {held[1]:.1f} % (over all six {all_six[0]:.1f} % and {all_six[1]:.1f} %), and on "
+        "trainings 1, 2, 4 and 5, held out from both rungs' picks, the rise from 800 to 6,400 steps is "
+        f"{iv(both[0], 1)} and {iv(both[1], 1)} points, resolved (`hddm tables` readings: "
+        "`…-6400-text-lr8e-3-mono1.6e-2-6-trainings-read-{3-5,1-2-4-5}.{md,json}`, "
+        "`…-800-text-lr1.6e-2-mono1.6e-2-7-trainings-read-1-2-4-5.{md,json}`). The experts' part is "
+        f"{experts_least:.1f} % of the gap or more at every rung."
     ) in t
     assert 100 * (1 - paired(OWN_ES[6400], SECOND)["mean"] / gaps[6400]["mean"]) == pytest.approx(experts_least)
     bullet = doc_claims.passage(
@@ -707,10 +767,29 @@ def test_at_own_rates_the_routers_share_rises_with_the_budget_and_the_experts_pa
     )
     assert (
         "On the empty caption the router's share of the gap of trained parts to exact ones (exchanged second) is "
-        f"{pct(own_shares[SECOND])} % at 800, 3,200 and 6,400 steps, against {pct(was[SECOND])} % at the shared rate: "
-        "own rates shrink the experts' part while the router's cost does not change resolvably."
+        f"{pct(own_shares[SECOND])} % at 800, 3,200 and 6,400 steps, against {pct(was[SECOND])} % at the shared rate "
+        f"(paired by training, ties at 800 and 3,200; at 6,400 it is {held[1]:.1f} % on trainings 3–5, where no rate "
+        "was picked): own rates shrink the experts' part while the router's cost does not change resolvably."
     ) in bullet
-    assert all(x["lo"] > 0 for x in closed) and all(verdict(x) == "a tie" for x in moved)
     assert verdict(
         change(paired("6400-text", SECOND)["per_training"], paired(OWN_ES[6400], SECOND)["per_training"])
     ) == ("a tie")
+
+
+def test_the_committed_readings_are_what_hddm_tables_renders_from_the_manifests():
+    """Each committed ``hddm tables`` reading, tables and paired differences, is what the reading renders now from
+    its manifest with the command it records."""
+    from hddm_flower.gmm.reading import read_over_trainings
+
+    results = doc_claims.DOC.parents[1] / "benchmarks" / "results"
+    files = sorted(results.glob("reproduce-gmm-*-read-*.json"))
+    assert len(files) == 5
+    for f in files:
+        record = load(f.name)
+        path = record["manifest"]
+        tables, fresh = read_over_trainings(load(Path(path).name), record["trainings"], path, record["command"])
+        assert {k: v for k, v in record.items() if k != "source"} == fresh, f.name
+        assert f.with_suffix(".md").read_text() == tables, f.name
+        assert not record["source"]["uncommitted"] and record["command"].endswith(
+            f"--out {path.rsplit('/', 1)[0]}/{f.stem}.md"
+        )
