@@ -4,6 +4,7 @@ runs at those rates on trainings 0-2 (none of which the sweeps trained), the tab
 readings recomputed from the manifests and ``benchmarks/gmm_ladder.py``'s records, and what In short and Not shown
 say of them."""
 
+import json
 import re
 from pathlib import Path
 
@@ -793,3 +794,59 @@ def test_the_committed_readings_are_what_hddm_tables_renders_from_the_manifests(
         assert not record["source"]["uncommitted"] and record["command"].endswith(
             f"--out {path.rsplit('/', 1)[0]}/{f.stem}.md"
         )
+
+
+RECORDS = "benchmarks/results/gmm_capacity_pilot.json"
+
+
+def rate_pick(name: str) -> dict:
+    """A committed ``benchmarks.gmm_rate_pick`` result, checked against the pilot records it was made from."""
+    from benchmarks.gmm_rate_pick import pick
+
+    result = load(f"gmm_rate_pick-{name}.json")
+    records = load("gmm_capacity_pilot.json")["records"]
+    opts = options(result["command"])
+    labels, steps = opts["--labels"].split(), int(opts["--steps"])
+    fresh = [pick(records, labels, steps, who) for who in opts["--who"].split()]
+    assert json.loads(json.dumps(fresh)) == result["picks"] and opts["--records"] == str(RECORDS)
+    return {p["who"]: p for p in result["picks"]}
+
+
+def test_the_picks_over_three_trainings():
+    t = text()
+    es, ei = rate_pick("800-equal-steps"), rate_pick("800-equal-images")
+    label = lambda rate, budget=ES: f"clu-r8-nano-{'ei-' if budget == EI else ''}lr{rate}"  # noqa: E731
+    for p in (es["expert"], es["monolith"], ei["monolith"]):
+        assert p["trainings"] == [3, 7, 8] and p["interior"] and p["steps"] == 800
+    records = [r for r in load("gmm_capacity_pilot.json")["records"] if r["steps"] == 800 and r["training"] in (7, 8)]
+    assert len(records) == 20 and {r["label"] for r in records} == {
+        label(x, b) for b in (ES, EI) for x in SWEPT[800][0]
+    }
+    for r in records:  # the sweep's command with another training, at a named clean commit
+        o = options(r["command"])
+        assert o["--training"] == str(r["training"]) and o["--steps"] == "800" and o["--clusters"] == "0 3 4"
+        assert r["source"]["commit"] and not r["source"]["uncommitted"] and "AVX-512" in r["machine"]
+    mono, mono_ei, experts = es["monolith"], ei["monolith"], es["expert"]
+    assert mono["best"] == label(PICKS[800][1]) and mono["lowest_in"][mono["best"]] == 3
+    assert mono_ei["best"] == label(PICKS[800][2], EI) and mono_ei["lowest_in"][mono_ei["best"]] == 3
+    assert experts["best"] == label("8e-3") != label(PICKS[800][0]) and experts["lowest_in"][label("8e-3")] == 2
+    d = lambda p, rate, budget=ES: p["minus_best"][label(rate, budget)]  # noqa: E731
+    v = lambda x: "resolved" if x["resolved"] else "a tie"  # noqa: E731
+    f = lambda x: f"{x['mean']:+.4f} ± {x['half']:.4f}"  # noqa: E731
+    cells = [d(mono, "8e-3"), d(mono, "3.2e-2"), d(mono_ei, "4e-3", EI), d(mono_ei, "1.6e-2", EI)]
+    assert [v(x) for x in cells] == ["resolved", "a tie", "resolved", "a tie"] and v(d(experts, "1.6e-2")) == "a tie"
+    assert (
+        "both monoliths keep their rates, each the lowest in all three trainings (equal steps 1.6×10⁻², with 8×10⁻³ "
+        f"worse by {f(cells[0])}, resolved, and 3.2×10⁻² by {f(cells[1])}, a tie; equal images 8×10⁻³, with 4×10⁻³ "
+        f"worse by {f(cells[2])}, resolved, and 1.6×10⁻² by {f(cells[3])}, a tie). The experts' best over the three is "
+        f"8×10⁻³ (the lowest in two of them), not training 3's 1.6×10⁻², a tie behind it ({f(d(experts, '1.6e-2'))})."
+    ) in t
+    assert (
+        "**The picks over three trainings.** The same sweep on trainings 7 and 8, which no run of this page trains (the "
+        "command above with `--training 7` and `--training 8`; 2-core Intel Xeon (AVX-512), 2026-12-07; each record "
+        "names its commit), compared by `python -m benchmarks.gmm_rate_pick --records "
+        "benchmarks/results/gmm_capacity_pilot.json --steps 800 --labels LABEL … --name N`"
+    ) in t
+    assert {r["date"][:10] for r in records} == {"2026-12-07"}
+    for f in (doc_claims.DOC.parents[1] / "benchmarks" / "results").glob("*manifest.json"):  # no run trains 7 or 8
+        assert json.loads(f.read_text()).get("seeds", {}).get("trainings", 1) <= 7, f.name
