@@ -10,9 +10,9 @@ and the monolith (:func:`hddm_flower.reproduce.training.train_monolith`) are tra
 trains them, with the seeds of one training (``--training i``, 0 unless given: the seeds
 :func:`hddm_flower.training_seeds.training_config` gives training i of ``evaluation.training_seeds``), and scored by
 :func:`benchmarks.gmm_ladder.excess_loss`. One training per call, so no interval: a pilot says where to look, and
-its reruns with ``--training 1``, ``2`` give independent trainings. Appends one JSON record per budget to
-``WORK/pilot.jsonl`` (with the checkout's commit, :func:`hddm_flower.provenance.source`) and prints it. ``--train-only experts`` and ``--train-only monolith`` in two processes train one
-budget's networks on both cores; a call without it then reuses them and scores.
+its reruns with ``--training 1``, ``2`` give independent trainings. Appends one JSON record per budget (naming the
+commit: :func:`hddm_flower.provenance.source`) to ``WORK/pilot.jsonl`` and prints it. ``--train-only experts`` and
+``--train-only monolith`` in two processes train one budget's networks; a call without it then reuses them and scores.
 ``--summarise RECORDS`` trains nothing: it puts the records of ``--label`` side by side over their trainings
 (intervals over the trainings present, :func:`summarise`) in ``benchmarks/results/gmm_capacity_pilot-LABEL.{md,json}``;
 with several labels and ``--name N`` (and ``--steps`` to keep only those budgets) it puts the labels side by side
