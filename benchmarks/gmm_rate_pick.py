@@ -21,13 +21,25 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import RESULTS, stamp, write_result
-from benchmarks.gmm_capacity_pilot import _at_t, _by_training, _jsonl
+from benchmarks.gmm_capacity_pilot import DEFAULTS, SAME, _at_t, _by_training, _jsonl
 from hddm_flower.gmm.truth import interval
 
 
 def pick(records: list[dict], labels: list[str], steps: int, who: str, trainings: list[int] | None = None) -> dict:
-    """The comparison of the module docstring for one network ``who`` (``expert`` or ``monolith``)."""
+    """The comparison of the module docstring for one network ``who`` (``expert`` or ``monolith``). Raises
+    ValueError for a label named twice or without records, labels that differ in more than the learning rate, a
+    training named twice, or a training some label lacks."""
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"labels {' '.join(labels)}: each label once")
+    if trainings is not None and len(set(trainings)) != len(trainings):
+        raise ValueError(f"trainings {' '.join(map(str, trainings))}: each training once")
     runs = {label: _by_training(records, label).get(steps, {}) for label in labels}
+    if empty := [label for label, r in runs.items() if not r]:
+        raise ValueError(f"label {empty[0]}: no record of {steps} steps")
+    shapes = {label: _shape(next(iter(r.values()))) for label, r in runs.items()}
+    if differ := [label for label in labels if shapes[label] != shapes[labels[0]]]:
+        keys = [k for k in shapes[labels[0]] if shapes[differ[0]][k] != shapes[labels[0]][k]]
+        raise ValueError(f"labels {labels[0]} and {differ[0]} differ in more than the learning rate: {keys}")
     common = sorted(set.intersection(*(set(r) for r in runs.values())))
     if trainings is None:
         trainings = common
@@ -44,7 +56,7 @@ def pick(records: list[dict], labels: list[str], steps: int, who: str, trainings
     for label in labels:
         if label != best:
             d = interval([a - b for a, b in zip(values[label], values[best], strict=True)])
-            against[label] = d | {"resolved": d["n"] > 1 and (d["lo"] > 0 or d["hi"] < 0)}
+            against[label] = d | {"resolved": d["n"] > 1 and d["lo"] > 0}  # the best has the lowest mean
     i = labels.index(best)
     return {
         "who": who,
@@ -56,6 +68,16 @@ def pick(records: list[dict], labels: list[str], steps: int, who: str, trainings
         "interior": 0 < i < len(labels) - 1,
         "lowest_in": {label: lowest.count(label) for label in labels},
         "minus_best": against,
+    }
+
+
+def _shape(record: dict) -> dict:
+    """What the labels of one sweep share: everything a record's label fixes but the learning rate."""
+    rest = " ".join(x for x in record.get("set", "").split() if not x.startswith("expert.optim.lr="))
+    return {k: record.get(k, DEFAULTS.get(k)) for k in SAME if k != "set"} | {
+        "set without the rate": rest,
+        "clusters": sorted(record["per_cluster"]),
+        "budget": {k: v for k, v in record.get("budget", {}).items() if k != "lr"},
     }
 
 

@@ -464,5 +464,21 @@ def test_a_rate_picked_over_trainings_is_the_lowest_mean_and_the_others_are_pair
     assert "| b | 0.2000 | 0.2400 | 0.2200 | – | 1 |" in table and "at an end of the rates tried" in table
     with pytest.raises(ValueError, match="label b: no record of 800 steps, training 8"):
         pick(records, ["a", "b"], 800, "expert", trainings=[3, 8])
-    with pytest.raises(ValueError, match="no training has a record of 400 steps"):
+    with pytest.raises(ValueError, match="label a: no record of 400 steps"):
         pick(records, ["a", "b"], 400, "expert")
+    with pytest.raises(ValueError, match="each label once"):
+        pick(records, ["a", "b", "a"], 800, "expert")
+    with pytest.raises(ValueError, match="trainings 3 3 7: each training once"):  # a repeat would narrow the interval
+        pick(records, ["a", "b"], 800, "expert", trainings=[3, 3, 7])
+    other = [r | {"label": "d", "per_cluster": r["per_cluster"] | {"1": r["per_cluster"]["0"]}} for r in records[:2]]
+    with pytest.raises(ValueError, match=r"labels a and d differ in more than the learning rate: \['clusters'\]"):
+        pick(records + other, ["a", "d"], 800, "expert")
+    rates = [r | {"set": f"data.gmm_rank=8 expert.optim.lr={r['label']}"} for r in records]  # only the rate differs
+    assert pick(rates, ["a", "b", "c"], 800, "expert")["best"] == "b"
+    images = [
+        r | {"label": "e", "set": "data.gmm_rank=8 expert.optim.lr=e reproduce.budget=equal_images"}
+        for r in rates
+        if r["label"] == "a"
+    ]
+    with pytest.raises(ValueError, match="differ in more than the learning rate: \\['set without the rate'\\]"):
+        pick(rates + images, ["a", "e"], 800, "expert")
