@@ -417,9 +417,22 @@ def test_the_routers_share_grows_because_the_experts_part_shrinks():
         "shrinks, not because the router costs more."
     ) in t
     held = [held_out_share(w) for w in (FIRST, SECOND)]
+    swept = {r.get("training", 0) for r in load("gmm_capacity_pilot.json")["records"] if r["steps"] == 6400}
+    assert swept & {3, 4, 5} == {3} and all(  # training 3 ran at 6,400 steps only in the shared-rate pilot
+        r["label"] == "clu-r8-nano"
+        for r in load("gmm_capacity_pilot.json")["records"]
+        if r["steps"] == 6400 and r.get("training", 0) == 3
+    )
+    six_sweep = {
+        r.get("training", 0)
+        for r in load("gmm_capacity_pilot.json")["records"]
+        if r["steps"] == 6400 and r["label"] in ("clu-r8-nano-lr8e-3", "clu-r8-nano-lr1.6e-2")
+    }
+    assert six_sweep == {0, 1, 2}  # the 6,400-step sweep's two best rates, on trainings 0-2
     assert held[1] < share[own, SECOND] and held[0] > share[shared, FIRST] and held[1] > share[shared, SECOND]
     assert (
-        "These are trainings 0–2, and the rates were picked on training 0: on trainings 3–5 of the six-training run at "
+        "These are trainings 0–2, on which the rates were picked (training 0) and the two best swept (1 and 2): on "
+        "trainings 3–5 of the six-training run at "
         f"the same rates the share is {held[0]:.1f} % and {held[1]:.1f} % (`hddm tables MANIFEST --trainings 3 4 5`: "
         f"`…-6-trainings-read-3-5.{{md,json}}`), against the shared rate's {share[shared, FIRST]:.1f} % and "
         f"{share[shared, SECOND]:.1f} % on trainings 0–2; the shared rate has no run of trainings 3–5 to pair them "
@@ -459,8 +472,10 @@ def test_in_short_names_the_own_rates():
     assert (
         f"On the empty caption the gap of trained experts and router to exact ones halves ({iv(gap[shared], 1)} → "
         f"{iv(gap[own], 1)}) while the router's cost does not change resolvably, so the router's share rises from "
-        f"{share[0]:.1f} % to {share[1]:.1f} % (exchanged second; trainings 0–2, one of which the rates were picked "
-        f"on; on trainings 3–5 of the six-training run it is {held_out_share(SECOND):.1f} %)."
+        f"{share[0]:.1f} % to {share[1]:.1f} % (exchanged second; trainings 0–2, on which the rates were picked and "
+        f"swept; on trainings 3–5 of the six-training run, where the sweep tried neither of its two best rates, it is "
+        f"{held_out_share(SECOND):.1f} %, and the shared rate has no run of those, so the rise is shown on trainings "
+        "0–2 only)."
     ) in bullet
     assert re.search(
         r"\*\*The router\.\*\*.*\*\*Each side at its own rate\*\*",
