@@ -873,6 +873,23 @@ def test_the_picks_over_three_trainings():
     assert all(r["machine"].startswith("AMD EPYC") and "source" not in r for r in three if "-lr" in r["label"])
     assert all(r["machine"].startswith("Intel(R) Xeon(R)") for r in records)
     other = [r for r in load("gmm_capacity_pilot.json")["records"] if r.get("training") in (7, 8)]
+    es3, ei3 = rate_pick("3200-equal-steps"), rate_pick("3200-equal-images")
+    at_3200 = [es3["expert"], es3["monolith"], ei3["monolith"]]
+    assert [p["best"] for p in at_3200] == [label(PICKS[3200][0]), label(PICKS[3200][1]), label(PICKS[3200][2], EI)]
+    assert all(p["trainings"] == [3, 7] and p["interior"] and p["lowest_in"][p["best"]] == 2 for p in at_3200)
+    resolved = {(p["who"], k): x for p in at_3200 for k, x in p["minus_best"].items() if x["resolved"]}
+    assert list(resolved) == [("expert", label("4e-3")), ("monolith", label("4e-3"))]
+    assert len([k for p in at_3200 for k in p["minus_best"]]) == 9  # 3 + 3 + 3 neighbours and farther rates
+    assert (
+        "At 3,200 steps the sweep ran on training 7 too (8 records; "
+        "`benchmarks/results/gmm_rate_pick-3200-{equal-steps,equal-images}.{md,json}`): over trainings 3 and 7 each "
+        "side's pick is the lowest in both (the experts' 8×10⁻³, the equal-steps monolith's 1.6×10⁻², the equal-images "
+        "monolith's 4×10⁻³), but with two trainings most of its neighbours are ties (the experts' 4×10⁻³ worse by "
+        f"{f(resolved['expert', label('4e-3')])} and the equal-steps monolith's 4×10⁻³ by "
+        f"{f(resolved['monolith', label('4e-3')])}, resolved; each other neighbour a tie)."
+    ) in t
+    seven = [r for r in load("gmm_capacity_pilot.json")["records"] if r["steps"] == 3200 and r.get("training") == 7]
+    assert len(seven) == 8 and all(r["source"]["commit"] and not r["source"]["uncommitted"] for r in seven)
     sweep_labels = {label(x, b) for b in (ES, EI) for x in {*SWEPT[800][0], *SWEPT[3200][0], *SWEPT[3200][1]}}
     assert {r["label"] for r in other} <= sweep_labels  # no other pilot label ran trainings 7 or 8
     assert {r["date"][:10] for r in records} == {"2026-12-07"}
