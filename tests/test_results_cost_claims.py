@@ -16,7 +16,7 @@ from . import doc_claims
 from .doc_claims import RESULTS, iv, load, num
 
 START = "| set | machine | date | wall (the ladder alone) | es-800 · ei-800 · es-3200 · ei-3200 · colour, s |"
-END = "- Not shown: each side's best learning rate over more than one training"
+END = "- Not shown: each side's best learning rate over more than three trainings"
 
 AVX512 = "gmm_ladder_cost.json"  # the set of 2026-12-05
 AVX2 = "gmm_ladder_cost-2026-12-04.json"
