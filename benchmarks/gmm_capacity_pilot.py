@@ -108,7 +108,7 @@ def pilot(
     seconds = train(cfg, dataset, root, clusters, device=device, target=target)
     ref = load_reference(dataset)
     per_cluster = excess_loss(cfg, ref, root, samples, seed=cfg.evaluation.seed)
-    mean = {who: _at_t(per_cluster, who, None) for who in ("expert", "monolith")}
+    mean = {who: at_t(per_cluster, who, None) for who in ("expert", "monolith")}
     return {
         "per_cluster": per_cluster,
         "mean_over_t_and_clusters": mean,
@@ -121,7 +121,7 @@ SAME = ("config", "set", "preset", "samples", "target")  # what every record of 
 DEFAULTS = {"samples": 256, "target": "data"}  # what a record without the key had
 
 
-def _by_training(records: list[dict], label: str) -> dict[int, dict[int, dict]]:
+def by_training(records: list[dict], label: str) -> dict[int, dict[int, dict]]:
     """``{steps: {training: record}}`` of ``label`` (a record without ``training`` is training 0, without
     ``samples`` one of the default 256, without ``target`` one trained on the data). Raises when the label's
     records differ in :data:`SAME` or in their clusters, or when one budget and training has two records with
@@ -147,7 +147,7 @@ def _by_training(records: list[dict], label: str) -> dict[int, dict[int, dict]]:
     return dict(sorted(out.items()))
 
 
-def _at_t(per_cluster: dict, who: str, i: int | None) -> float:
+def at_t(per_cluster: dict, who: str, i: int | None) -> float:
     """``who``'s excess loss at ``TIMES[i]`` (``None``: the mean over t), averaged over the clusters of a record's
     ``per_cluster``."""
     per = per_cluster.values()
@@ -160,19 +160,19 @@ def summarise(records: list[dict], label: str) -> dict:
     present (``n``: how many; one training gives a half-width of 0), and each one's change per doubling of the
     budget since the budget before, paired by training (``(m₂ / m₁)^(1 / log₂(S₂ / S₁)) − 1`` over the trainings
     present at both)."""
-    rungs = _by_training(records, label)
+    rungs = by_training(records, label)
     out, before = {}, None
     for steps, runs in rungs.items():
         row = {"trainings": sorted(runs), "record_dates": [runs[k].get("date") for k in sorted(runs)]}
         for key, i in [("mean_over_t", None), *((f"t={t}", j) for j, t in enumerate(TIMES))]:
-            e = [_at_t(r["per_cluster"], "expert", i) for r in runs.values()]
-            m = [_at_t(r["per_cluster"], "monolith", i) for r in runs.values()]
+            e = [at_t(r["per_cluster"], "expert", i) for r in runs.values()]
+            m = [at_t(r["per_cluster"], "monolith", i) for r in runs.values()]
             cell = {"expert": interval(e), "monolith": interval(m), "gap": interval([b - a for a, b in zip(e, m)])}
             if before is not None and (both := sorted(set(runs) & set(rungs[before]))):
                 doublings = math.log2(steps / before)
                 for who in ("expert", "monolith"):
                     change = [
-                        (_at_t(runs[k]["per_cluster"], who, i) / _at_t(rungs[before][k]["per_cluster"], who, i))
+                        (at_t(runs[k]["per_cluster"], who, i) / at_t(rungs[before][k]["per_cluster"], who, i))
                         ** (1 / doublings)
                         - 1
                         for k in both
@@ -312,7 +312,7 @@ def main() -> None:
         p.error(f"--target exact --device {args.device}: the exact target trains on the cpu")
     if args.summarise:
         text = Path(args.summarise).read_text()
-        records = json.loads(text)["records"] if args.summarise.endswith(".json") else _jsonl(text)
+        records = json.loads(text)["records"] if args.summarise.endswith(".json") else read_jsonl(text)
         if args.steps:  # only these budgets, in a comparison of its own (a label's summary holds every budget)
             if not args.name:
                 p.error("--summarise with --steps: name the comparison (--name) so the label's full summary stays")
@@ -392,7 +392,7 @@ def main() -> None:
         )
 
 
-def _jsonl(text: str) -> list[dict]:
+def read_jsonl(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 

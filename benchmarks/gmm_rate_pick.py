@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import RESULTS, stamp, write_result
-from benchmarks.gmm_capacity_pilot import DEFAULTS, SAME, _at_t, _by_training, _jsonl
+from benchmarks.gmm_capacity_pilot import DEFAULTS, SAME, at_t, by_training, read_jsonl
 from hddm_flower.gmm.truth import interval
 
 
@@ -33,7 +33,7 @@ def pick(records: list[dict], labels: list[str], steps: int, who: str, trainings
         raise ValueError(f"labels {' '.join(labels)}: each label once")
     if trainings is not None and len(set(trainings)) != len(trainings):
         raise ValueError(f"trainings {' '.join(map(str, trainings))}: each training once")
-    runs = {label: _by_training(records, label).get(steps, {}) for label in labels}
+    runs = {label: by_training(records, label).get(steps, {}) for label in labels}
     if empty := [label for label, r in runs.items() if not r]:
         raise ValueError(f"label {empty[0]}: no record of {steps} steps")
     shapes = {label: _shape(next(iter(r.values()))) for label, r in runs.items()}
@@ -48,7 +48,7 @@ def pick(records: list[dict], labels: list[str], steps: int, who: str, trainings
         raise ValueError(f"label {label}: no record of {steps} steps, training {t}")
     if not trainings:
         raise ValueError(f"labels {' '.join(labels)}: no training has a record of {steps} steps under every label")
-    values = {label: [_at_t(runs[label][t]["per_cluster"], who, None) for t in trainings] for label in labels}
+    values = {label: [at_t(runs[label][t]["per_cluster"], who, None) for t in trainings] for label in labels}
     means = {label: sum(v) / len(v) for label, v in values.items()}
     best = min(labels, key=means.__getitem__)
     lowest = [min(labels, key=lambda label: values[label][i]) for i in range(len(trainings))]
@@ -118,7 +118,7 @@ def main() -> None:
     p.add_argument("--name", required=True, help="writes benchmarks/results/gmm_rate_pick-NAME.{md,json}")
     args = p.parse_args()
     text = Path(args.records).read_text()
-    records = json.loads(text)["records"] if args.records.endswith(".json") else _jsonl(text)
+    records = json.loads(text)["records"] if args.records.endswith(".json") else read_jsonl(text)
     try:
         picks = [pick(records, args.labels, args.steps, who, args.trainings) for who in args.who]
     except ValueError as e:
