@@ -906,3 +906,57 @@ def test_the_picks_over_three_trainings():
     assert {r["date"][:10] for r in records} == {"2026-12-07"}
     for f in (doc_claims.DOC.parents[1] / "benchmarks" / "results").glob("*manifest.json"):  # no run trains 7 or 8
         assert json.loads(f.read_text()).get("seeds", {}).get("trainings", 1) <= 7, f.name
+
+
+PICKED_3 = {ES: "800-text-lr8e-3-mono1.6e-2", EI: "ei-800-text-lr8e-3-mono8e-3"}
+
+
+def test_with_the_experts_at_their_three_training_rate_the_800_step_verdicts_stand():
+    t = text()
+    lead = {b: paired(PICKED_3[b]) for b in (ES, EI)}
+    was = {b: paired(own(b, 800)) for b in (ES, EI)}
+    moves = {b: change(was[b]["per_training"], lead[b]["per_training"]) for b in (ES, EI)}
+    median = {b: paired(PICKED_3[b], metric="delta_log_density_median") for b in (ES, EI)}
+    assert verdict(lead[ES]) == "a tie" and max(lead[ES]["per_training"]) < 0
+    assert verdict(lead[EI]) == "resolved" and lead[EI]["hi"] < 0
+    assert all(verdict(moves[b]) == "a tie" for b in (ES, EI)) and all(median[b]["lo"] > 0 for b in (ES, EI))
+    es, ei = manifest(PICKED_3[ES]), manifest(PICKED_3[EI])
+    for m, budget in ((es, ES), (ei, EI)):
+        c = m["config"]
+        assert c["expert"]["optim"]["lr"] == 8e-3 and m["seeds"]["trainings"] == 3
+        assert c["reproduce"]["monolith_lr"] == float({ES: PICKS[800][1], EI: PICKS[800][2]}[budget])
+        then = manifest(own(budget, 800))["command"].replace("expert.optim.lr=1.6e-2", "expert.optim.lr=8e-3")
+        parts = lambda c: sorted(re.split(r" (?=--)", c))  # noqa: E731  the options in any order, each --set kept
+        assert parts(m["command"].replace("-e8", "-own")) == parts(then)  # the same command but the experts' rate
+    assert es["source"]["commit"] and not es["source"]["uncommitted"] and not ei["source"]["uncommitted"]
+    assert all(e["reused"] for tr in ei["artefacts"]["trainings"] for e in tr["experts"].values())
+    mono = [tr["monolith"]["tensor_sha256"] for tr in es["artefacts"]["trainings"]]
+    assert not set(mono) & {tr["monolith"]["tensor_sha256"] for tr in manifest(own(ES, 800))["artefacts"]["trainings"]}
+    mono_move = change(row(own(ES, 800), MONOLITH), row(PICKED_3[ES], MONOLITH))
+    assert verdict(mono_move) == "a tie"
+    lad = load("gmm_ladder_subspace_800_picked_over_three.json")
+    assert lad["machine"].startswith("Intel(R) Xeon(R)") and lad["date"].startswith("2026-12-07")  # the runs' machine
+    (g,) = [g for g in lad["rungs"] if g["label"] == "es-800"]
+    experts = [g["excess_mean_over_t"]["expert"], ladder((ES, 800))["excess_mean_over_t"]["expert"]]
+    loads = (es["load_average"]["end"][0], es["load_average"]["start"][0])
+    lvl = lambda x: f"{x['mean']:.3f} ± {x['half']:.3f}"  # noqa: E731  a level, unsigned
+    assert abs(experts[0]["mean"] - experts[1]["mean"]) < min(x["half"] for x in experts)  # "hardly differ"
+    assert (
+        "- **With the experts at their best rate over three trainings the 800-step verdicts stand.** Run again with the "
+        "experts at 8×10⁻³ (`--set expert.optim.lr=8e-3` in both commands above, the monoliths at their picks; "
+        f"{es['seconds'] / 60:.1f} min under equal steps beside the sweep's last process, load {loads[0]:.1f}–"
+        f"{loads[1]:.1f}, and {ei['seconds'] / 60:.1f} min under equal images with `--reuse`; the Intel Xeon, "
+        f"2026-12-07), top-2 − monolith is {iv(lead[ES], 1)} under equal steps (a tie, the monolith still ahead in each "
+        f"of trainings 0–2) and {iv(lead[EI], 1)} under equal images (the monolith ahead, resolved): changes of "
+        f"{iv(moves[ES], 1)} and {iv(moves[EI], 1)} from the experts at 1.6×10⁻², ties. By the median top-2 is ahead "
+        f"under both ({iv(median[ES], 1)} and {iv(median[EI], 1)}). Over all 8 clusters the experts' excess loss is "
+        f"{lvl(experts[0])} at 8×10⁻³ and {lvl(experts[1])} at 1.6×10⁻², so on these trainings the two rates hardly "
+        "differ. The monoliths were trained again from the same seeds on another machine and their tensors differ; "
+        f"their row moves by {iv(mono_move, 1)}, a tie"
+    ) in t
+    assert es["created_at"].startswith("2026-12-07") and ei["created_at"].startswith("2026-12-07")
+    in_short = doc_claims.passage("- **Own rates at every rung.**", "- **Each side at its own rate** (6,400")
+    assert (
+        "At 800 steps the experts' rate is training 3's pick; at 8×10⁻³, their best over three trainings, the verdicts "
+        f"are the same ({iv(lead[ES], 1)}, a tie, and {iv(lead[EI], 1)}, below)."
+    ) in in_short
