@@ -837,6 +837,10 @@ def rate_pick(name: str) -> dict:
     labels, steps = opts["--labels"].split(), int(opts["--steps"])
     fresh = [pick(records, labels, steps, who) for who in opts["--who"].split()]
     assert json.loads(json.dumps(fresh)) == result["picks"] and opts["--records"] == str(RECORDS)
+    from benchmarks.gmm_rate_pick import markdown
+
+    md = (doc_claims.DOC.parents[1] / "benchmarks" / "results" / f"gmm_rate_pick-{name}.md").read_text()
+    assert md == markdown(result["picks"], result["command"], result) and not result["uncommitted"]
     return {p["who"]: p for p in result["picks"]}
 
 
