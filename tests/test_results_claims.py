@@ -378,8 +378,9 @@ def test_the_routers_share_is_its_range_over_the_rungs_and_orders_for_each_route
     whole_rise = rise(800, 6400)
     assert whole_rise["lo"] > 0
     assert (
-        f"({', '.join(f'{x:.1f}' for x in first)} % with the router exchanged first, whose cost at exact experts is "
-        f"the same at every rung; {', '.join(f'{x:.1f}' for x in second)} % with it exchanged second, where over "
+        f"({', '.join(f'{x:.1f}' for x in first)} % with the router exchanged first, the trained router put in place "
+        "of the exact one beside exact experts, whose cost there is the same at every rung; "
+        f"{', '.join(f'{x:.1f}' for x in second)} % with it exchanged second, beside the trained experts, where over "
         f"trainings only the rise from 800 to 6,400 is resolved: {iv(whole_rise, 1)} points, each training's share "
         "paired by training)"
     ) in paragraph()
