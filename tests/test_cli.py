@@ -148,6 +148,8 @@ def test_tables_reads_a_gmm_run_over_some_of_its_trainings(tmp_path, capsys):
     bad = tmp_path / "bad.md"
     not_gmm = tmp_path / "manifest.json"
     not_gmm.write_text(json.dumps({"results": {"8FM": {"top2": {}}}}))
+    odd = tmp_path / "odd.json"  # rows that are not objects
+    odd.write_text(json.dumps({"results": {"x": 5}}))
     older = tmp_path / "older.json"  # a Gaussian-mixture manifest of an older version: a field it lacks
     older.write_text(json.dumps({"results": {"x": {"row": {}}}}))
     run = tmp_path / "run"
@@ -158,6 +160,7 @@ def test_tables_reads_a_gmm_run_over_some_of_its_trainings(tmp_path, capsys):
     for argv, message in (
         ([str(seven), "--trainings", "7", "--out", str(bad)], "training 7: these results hold trainings 0–6"),
         ([str(not_gmm), "--out", str(bad)], "not the manifest of an `hddm reproduce` run on a Gaussian mixture"),
+        ([str(odd), "--out", str(bad)], "not the manifest of an `hddm reproduce` run on a Gaussian mixture"),
         ([str(older), "--out", str(bad)], "a manifest this version cannot read (KeyError"),
         ([str(seven), "--out", str(tmp_path / "bad.txt")], "name a .md file"),
         ([str(run / "manifest.json"), "--out", str(run / "manifest.md")], "manifest.json exists and is not an earlier"),

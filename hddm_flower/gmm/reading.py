@@ -16,7 +16,11 @@ def read_over_trainings(manifest: Any, keep: list[int] | None, name: str, comman
     "trainings", "of", "paired"}``. Raises ValueError naming ``name`` for anything but a Gaussian-mixture run's
     manifest (an older one that lacks a field included), and for trainings it does not hold."""
     results = manifest.get("results") if isinstance(manifest, dict) else None
-    if not isinstance(results, dict) or not results or not all("row" in r for r in results.values()):
+    if (
+        not isinstance(results, dict)
+        or not results
+        or not all(isinstance(r, dict) and "row" in r for r in results.values())
+    ):
         raise ValueError(f"{name}: not the manifest of an `hddm reproduce` run on a Gaussian mixture")
     try:
         n = trainings_of(results)
