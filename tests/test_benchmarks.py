@@ -364,13 +364,13 @@ def test_processes_adding_to_one_results_file_side_by_side_each_keep_the_others_
             store["a"] = 1
             inside.set()
             time.sleep(0.5)  # the second writer arrives while this one holds the file
-        wrote.append("a")
+            wrote.append("a")  # inside the block: the order of the two blocks, not of the threads after them
 
     def second():
         inside.wait()
         with results_file(path) as store:  # waits for the first, then reads what it wrote
             store["b"] = 2
-        wrote.append("b")
+            wrote.append("b")
 
     threads = [threading.Thread(target=f) for f in (first, second)]
     for th in threads:
